@@ -1,0 +1,51 @@
+"""The acceptance rule of Leviathan et al. / Chen et al. (2023), as a pure function.
+
+Given k drafted tokens d_i with the draft's distributions q_i and the target's distributions
+p_1..p_{k+1} (one target pass over [last, d_1..d_k]), accept d_i with probability
+min(1, p_i(d_i) / q_i(d_i)); at the first rejection emit a token from norm(max(0, p_i - q_i));
+if all k pass emit a bonus token from p_{k+1}. The emitted tokens then follow p exactly.
+
+A drafter without probabilities (n-gram lookup) is a point mass: q_i(d_i) = 1.
+Greedy decoding is the one-hot case: accept while d_i equals argmax p_i, then emit that argmax.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .sampling import sample
+
+
+def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int]:
+    """(number accepted, next token) for greedy decoding; target_logits has k+1 rows."""
+    choices = target_logits.argmax(-1)
+    k = draft_tokens.shape[0]
+    mismatches = (choices[:k] != draft_tokens).nonzero()
+    n = int(mismatches[0]) if mismatches.numel() else k
+    return n, int(choices[n])
+
+
+def verify_sampled(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    generator: torch.Generator,
+) -> tuple[int, int]:
+    """(number accepted, next token) by the rejection rule; target_probs has k+1 rows."""
+    k = draft_tokens.shape[0]
+    rows = torch.arange(k)
+    p = target_probs[rows, draft_tokens]
+    q = draft_probs[rows, draft_tokens] if draft_probs is not None else torch.ones(k)
+    u = torch.rand(k, generator=generator)
+    rejected = (u * q >= p).nonzero()  # u < p/q accepts; p >= q always accepts since u < 1
+    if not rejected.numel():
+        return k, int(sample(target_probs[k], generator))
+    n = int(rejected[0])
+    if draft_probs is not None:
+        residual = (target_probs[n] - draft_probs[n]).clamp_min(0)
+    else:
+        residual = target_probs[n].clone()
+        residual[draft_tokens[n]] = 0
+    if residual.sum() <= 0:  # only reachable through float round-off
+        residual = target_probs[n]
+    return n, int(sample(residual / residual.sum(), generator))

@@ -1,0 +1,83 @@
+"""Drafters propose the next k tokens; the target decides. Any drafter keeps decoding lossless.
+
+Interface (the loop needs nothing else):
+    reset(prompt_ids)                      -- a new sequence starts
+    propose(tokens, k, params, rng) -> Proposal (tokens, and their distributions q when known)
+    observe(num_accepted)                  -- feedback after verification
+A drafter without distributions (n-gram lookup) returns probs=None: a point mass, q = 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .model import Transformer
+from .sampling import SamplingParams, probs_from_logits, sample
+
+
+@dataclass
+class Proposal:
+    tokens: torch.Tensor  # [k] int64
+    probs: torch.Tensor | None  # [k, target vocab] float32, None for a point-mass drafter
+
+
+class DraftModelDrafter:
+    """Drafts autoregressively with a smaller model that shares the target's tokenizer."""
+
+    def __init__(self, model: Transformer, target_vocab_size: int, max_len: int):
+        self.model = model
+        self.target_vocab_size = target_vocab_size
+        self.cache = model.new_cache(num_slots=1, max_len=max_len)
+        self.cached: list[int] = []  # tokens whose keys/values are in the cache, in order
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        self.cache.set_length(0, 0)
+        self.cached = []
+        if len(prompt_ids) > 1:
+            self._feed(prompt_ids[:-1])
+
+    def propose(self, tokens: list[int], k: int, params: SamplingParams, rng: torch.Generator) -> Proposal:
+        keep = _common_prefix(self.cached, tokens, limit=len(tokens) - 1)
+        self.cache.set_length(0, keep)
+        self.cached = self.cached[:keep]
+        logits = self._feed(tokens[keep:])
+        drafted, probs = [], []
+        for i in range(k):
+            logits = self._align(logits)
+            if params.greedy:
+                token = int(logits.argmax())
+            else:
+                q = probs_from_logits(logits, params)
+                token = int(sample(q, rng))
+                probs.append(q)
+            drafted.append(token)
+            if i + 1 < k:
+                logits = self._feed([token])
+        return Proposal(torch.tensor(drafted, dtype=torch.long), torch.stack(probs) if probs else None)
+
+    def observe(self, num_accepted: int) -> None:
+        pass
+
+    def _feed(self, tokens: list[int]) -> torch.Tensor:
+        ids = torch.tensor([tokens], dtype=torch.long, device=self.model.device)
+        logits = self.model(ids, self.cache, [0], num_logits=1)
+        self.cached += tokens
+        return logits[0, -1].cpu()
+
+    def _align(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft logits over the target's vocabulary: rows the target lacks can never be drafted."""
+        size = self.target_vocab_size
+        if logits.shape[0] >= size:
+            return logits[:size]
+        return torch.cat([logits, logits.new_full((size - logits.shape[0],), float("-inf"))])
+
+
+def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if n >= limit or x != y:
+            break
+        n += 1
+    return n

@@ -1,0 +1,199 @@
+"""The speculative decoding loop.
+
+    prefill the target with the prompt (all but its last token); the drafter prefills itself
+    while not done:
+        draft k tokens (and their probabilities q)          drafter.propose
+        run the target once over [pending, d1..dk]          k+1 positions -> p1..p(k+1)
+        accept d1..dn by min(1, p/q), then one more token     acceptance.verify_*
+        roll the target cache back to the accepted length   a length, not a copy
+        emit the accepted tokens through the stop rules     StopChecker
+        drafter.observe(n)
+
+With no drafter the same loop is plain decoding: k = 0, one target pass per token.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from .acceptance import verify_greedy, verify_sampled
+from .drafters import DraftModelDrafter, Proposal
+from .errors import InvalidParameterError, PromptTooLongError
+from .loading import LoadedModel, load_model
+from .sampling import SamplingParams, probs_from_logits
+from .stats import GenerationStats
+from .stopping import StopChecker
+
+DEFAULT_MAX_SEQ_LEN = 4096
+
+
+@dataclass
+class GenerationOutput:
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "stop" (EOS or a stop string) or "length" (max_tokens or the context is full)
+    stats: GenerationStats
+    prompt_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class StreamChunk:
+    text: str  # newly safe text, possibly empty (held back for a possible stop string)
+    token_id: int | None  # the token this chunk comes from; None for a final flush
+    output: GenerationOutput | None = None  # set on the last chunk only
+
+
+class SpeculativeGenerator:
+    """Target + optional draft. `draft=None` gives plain decoding through the very same loop."""
+
+    def __init__(
+        self,
+        target: str | os.PathLike | LoadedModel = "target",
+        draft: str | os.PathLike | LoadedModel | None = "draft",
+        num_speculative_tokens: int = 4,
+        dtype: str | torch.dtype = "float32",
+        device: str | None = "cpu",
+        max_seq_len: int = DEFAULT_MAX_SEQ_LEN,
+        progress: bool = True,
+    ):
+        if draft is not None and num_speculative_tokens < 1:
+            raise InvalidParameterError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
+        if max_seq_len < 2:
+            raise InvalidParameterError(f"max_seq_len must be >= 2, got {max_seq_len}")
+        self.target = target if isinstance(target, LoadedModel) else load_model(target, dtype, device, progress)
+        self.tokenizer = self.target.tokenizer
+        self.max_seq_len = min(max_seq_len, self.target.model.config.max_position_embeddings)
+        self.num_speculative_tokens = num_speculative_tokens if draft is not None else 0
+        self.draft: LoadedModel | None = None
+        self.drafter: DraftModelDrafter | None = None
+        if draft is not None:
+            self.draft = draft if isinstance(draft, LoadedModel) else load_model(draft, dtype, device, progress)
+            self.tokenizer.check_compatible(self.draft.tokenizer)
+            self.max_seq_len = min(self.max_seq_len, self.draft.model.config.max_position_embeddings)
+            vocab = self.target.model.config.vocab_size
+            self.drafter = DraftModelDrafter(self.draft.model, vocab, self.max_seq_len)
+        self.target_cache = self.target.model.new_cache(num_slots=1, max_len=self.max_seq_len)
+
+    # ---- public API -------------------------------------------------------------------------------
+    def generate(self, prompt: str | list[int] | list[dict], max_tokens: int = 128, **options) -> GenerationOutput:
+        for chunk in self.stream(prompt, max_tokens, **options):
+            if chunk.output is not None:
+                return chunk.output
+        raise AssertionError("stream ended without an output")
+
+    def stream(
+        self,
+        prompt: str | list[int] | list[dict],
+        max_tokens: int = 128,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: list[str] | None = None,
+    ) -> Iterator[StreamChunk]:
+        """Yields one chunk per generated token; the last chunk carries the whole GenerationOutput.
+
+        `prompt` is raw text, token ids, or chat messages ([{"role": ..., "content": ...}]) rendered
+        with the model's chat template.
+        """
+        params = SamplingParams(temperature, top_k, top_p, seed)
+        if max_tokens < 1:
+            raise InvalidParameterError(f"max_tokens must be >= 1, got {max_tokens}")
+        prompt_ids = self.encode_prompt(prompt)
+        return self._run(prompt_ids, params, StopChecker(self.tokenizer, max_tokens, stop))
+
+    def encode_prompt(self, prompt: str | list[int] | list[dict]) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidParameterError("prompt is empty")
+            ids = self.tokenizer.encode(prompt)
+        elif prompt and all(isinstance(m, dict) for m in prompt):
+            ids = self.tokenizer.encode_chat(prompt)
+        elif prompt and all(isinstance(t, int) for t in prompt):
+            ids = list(prompt)
+        else:
+            raise InvalidParameterError("prompt must be a non-empty string, token id list, or list of messages")
+        if not ids:
+            raise InvalidParameterError("prompt encodes to no tokens")
+        if len(ids) + 1 > self.max_seq_len:
+            raise PromptTooLongError(
+                f"prompt has {len(ids)} tokens; the context holds {self.max_seq_len} (prompt + at least 1 new)"
+            )
+        vocab = self.target.model.config.vocab_size
+        if any(not 0 <= t < vocab for t in ids):
+            raise InvalidParameterError(f"prompt token ids must be in [0, {vocab})")
+        return ids
+
+    # ---- the loop ---------------------------------------------------------------------------------
+    def _run(self, prompt_ids: list[int], params: SamplingParams, stopper: StopChecker) -> Iterator[StreamChunk]:
+        stats = GenerationStats(prompt_tokens=len(prompt_ids))
+        rng = params.make_generator()
+        tokens = list(prompt_ids)
+        start = time.perf_counter()
+        self._prefill(tokens, stats)
+        while not stopper.finished:
+            room = self.max_seq_len - len(tokens)
+            if room < 0:
+                yield StreamChunk(stopper.finish("length"), None)
+                break
+            k = min(self.num_speculative_tokens, room, stopper.max_tokens - len(stopper.token_ids) - 1)
+            proposal = self._propose(tokens, k, params, rng, stats)
+            accepted, next_token = self._verify(tokens, proposal, params, rng, stats)
+            stats.record_round(k, accepted)
+            if self.drafter is not None:
+                self.drafter.observe(accepted)
+            for token in [*proposal.tokens[:accepted].tolist(), next_token]:
+                tokens.append(token)
+                is_stop_token = token in self.tokenizer.stop_token_ids
+                piece = stopper.add(token)
+                stats.new_tokens += not is_stop_token
+                if piece or not is_stop_token:
+                    yield StreamChunk(piece, None if is_stop_token else token)
+                if stopper.finished:
+                    break
+        stats.time_total = time.perf_counter() - start
+        text = stopper.text
+        output = GenerationOutput(text, list(stopper.token_ids), stopper.finish_reason or "length", stats, prompt_ids)
+        yield StreamChunk("", None, output)
+
+    def _prefill(self, tokens: list[int], stats: GenerationStats) -> None:
+        begin = time.perf_counter()
+        self.target_cache.set_length(0, 0)
+        if len(tokens) > 1:
+            self._target_forward(tokens[:-1], num_logits=1)
+        if self.drafter is not None:
+            self.drafter.reset(tokens)
+        stats.time_prefill = time.perf_counter() - begin
+
+    def _propose(self, tokens, k, params, rng, stats) -> Proposal:
+        if k <= 0 or self.drafter is None:
+            return Proposal(torch.empty(0, dtype=torch.long), None)
+        begin = time.perf_counter()
+        proposal = self.drafter.propose(tokens, k, params, rng)
+        stats.time_draft += time.perf_counter() - begin
+        return proposal
+
+    def _verify(self, tokens, proposal: Proposal, params, rng, stats) -> tuple[int, int]:
+        begin = time.perf_counter()
+        pending = tokens[self.target_cache.lengths[0] :]
+        k = proposal.tokens.shape[0]
+        logits = self._target_forward(pending + proposal.tokens.tolist(), num_logits=k + 1)
+        if params.greedy:
+            accepted, next_token = verify_greedy(proposal.tokens, logits)
+        else:
+            accepted, next_token = verify_sampled(
+                proposal.tokens, proposal.probs, probs_from_logits(logits, params), rng
+            )
+        self.target_cache.set_length(0, len(tokens) + accepted)
+        stats.time_target += time.perf_counter() - begin
+        return accepted, next_token
+
+    def _target_forward(self, ids: list[int], num_logits: int) -> torch.Tensor:
+        model = self.target.model
+        batch = torch.tensor([ids], dtype=torch.long, device=model.device)
+        return model(batch, self.target_cache, [0], num_logits=num_logits)[0].cpu()

@@ -1,0 +1,85 @@
+"""Read a GGUF file: config from its metadata, tensors dequantized by the `gguf` package."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from gguf import GGUFReader
+from gguf.quants import dequantize
+
+from .config import ModelConfig
+from .errors import ModelLoadError
+
+SUPPORTED_ARCHITECTURES = {"llama", "qwen2", "mistral"}
+_LAYER_NAMES = {
+    "attn_norm": "attn_norm.weight", "q": "attn_q.weight", "k": "attn_k.weight", "v": "attn_v.weight",
+    "q_bias": "attn_q.bias", "k_bias": "attn_k.bias", "v_bias": "attn_v.bias", "o": "attn_output.weight",
+    "mlp_norm": "ffn_norm.weight", "gate": "ffn_gate.weight", "up": "ffn_up.weight", "down": "ffn_down.weight",
+}
+_GLOBAL_NAMES = {"embed": "token_embd.weight", "norm": "output_norm.weight", "lm_head": "output.weight"}
+
+
+class GGUFSource:
+    def __init__(self, path: Path):
+        try:
+            self.reader = GGUFReader(path)
+        except Exception as exc:  # the gguf package raises assorted errors for non-GGUF bytes
+            raise ModelLoadError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from None
+        self.path = path
+        self.tensors = {t.name: t for t in self.reader.tensors}
+        self.arch = str(self._field("general.architecture"))
+        if self.arch not in SUPPORTED_ARCHITECTURES:
+            raise ModelLoadError(
+                f"{path}: architecture '{self.arch}' is not supported (supported: "
+                f"{', '.join(sorted(SUPPORTED_ARCHITECTURES))})"
+            )
+        self.config = self._config()
+
+    def _field(self, key: str, default=None):
+        field = self.reader.fields.get(key)
+        if field is None:
+            if default is None:
+                raise ModelLoadError(f"{self.path}: GGUF metadata lacks '{key}'")
+            return default
+        return field.contents()
+
+    def _config(self) -> ModelConfig:
+        a = self.arch
+        num_heads = int(self._field(f"{a}.attention.head_count"))
+        hidden = int(self._field(f"{a}.embedding_length"))
+        return ModelConfig(
+            vocab_size=int(self.tensors["token_embd.weight"].shape[1]),
+            hidden_size=hidden,
+            num_layers=int(self._field(f"{a}.block_count")),
+            num_heads=num_heads,
+            num_kv_heads=int(self._field(f"{a}.attention.head_count_kv", num_heads)),
+            intermediate_size=int(self._field(f"{a}.feed_forward_length")),
+            rope_theta=float(self._field(f"{a}.rope.freq_base", 10000.0)),
+            rms_norm_eps=float(self._field(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)),
+            qkv_bias="blk.0.attn_q.bias" in self.tensors,
+            tie_word_embeddings="output.weight" not in self.tensors,
+            max_position_embeddings=int(self._field(f"{a}.context_length", 4096)),
+            head_dim=int(self._field(f"{a}.attention.key_length", hidden // num_heads)),
+        )
+
+    def fetch(self, name: str) -> torch.Tensor | None:
+        layer, _, short = name.partition(".")
+        gguf_name = f"blk.{layer}.{_LAYER_NAMES[short]}" if short else _GLOBAL_NAMES[name]
+        tensor = self.tensors.get(gguf_name)
+        if tensor is None:
+            return None
+        array = dequantize(tensor.data, tensor.tensor_type)
+        array = array.reshape(tuple(int(d) for d in reversed(tensor.shape)) or array.shape)
+        weight = torch.from_numpy(np.array(array, dtype=np.float32))  # a writable copy
+        if self.arch in {"llama", "mistral"} and short in {"q", "k", "q_bias", "k_bias"}:
+            heads = self.config.num_heads if short.startswith("q") else self.config.num_kv_heads
+            weight = _undo_rope_permutation(weight, heads)
+        return weight
+
+
+def _undo_rope_permutation(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """llama.cpp's converter interleaves each head's rotary halves for Llama; restore HF's layout."""
+    rest = weight.shape[1:]
+    return weight.reshape(heads, weight.shape[0] // heads // 2, 2, *rest).transpose(1, 2).reshape(weight.shape)

@@ -1,0 +1,176 @@
+"""A Llama-family decoder in plain PyTorch, with a slotted KV cache.
+
+`forward(tokens, cache, slots)` runs any number of new tokens for one or several sequences (slots) at
+once and appends their keys/values to the cache; rolling back rejected tokens is `cache.set_length`.
+Cache entries past a slot's length are never read: the attention mask only admits key positions at or
+before each query's position, and every position is rewritten before it is read again.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+
+
+class KVCache:
+    """Preallocated keys and values: per layer, [slots, max_len, kv_heads, head_dim]."""
+
+    def __init__(self, config: ModelConfig, num_slots: int, max_len: int, dtype: torch.dtype, device):
+        shape = (num_slots, max_len, config.num_kv_heads, config.head_size)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+        self.lengths = [0] * num_slots
+        self.max_len = max_len
+
+    @property
+    def num_slots(self) -> int:
+        return len(self.lengths)
+
+    def set_length(self, slot: int, length: int) -> None:
+        if not 0 <= length <= self.lengths[slot]:
+            raise ValueError(f"slot {slot}: cannot set length {length} (holds {self.lengths[slot]})")
+        self.lengths[slot] = length
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x32 * self.weight.float()).to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_size
+        qkv_out = (config.num_heads + 2 * config.num_kv_heads) * config.head_size
+        self.wqkv = nn.Linear(config.hidden_size, qkv_out, bias=config.qkv_bias)
+        self.wo = nn.Linear(config.num_heads * config.head_size, config.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, mask, layer_keys, layer_values, slots, starts):
+        batch, seq, _ = x.shape
+        q, k, v = self.wqkv(x).split(
+            [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim],
+            dim=-1,
+        )
+        q = q.view(batch, seq, self.num_heads, self.head_dim)
+        k = k.view(batch, seq, self.num_kv_heads, self.head_dim)
+        v = v.view(batch, seq, self.num_kv_heads, self.head_dim)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        for row, (slot, start) in enumerate(zip(slots, starts, strict=True)):
+            layer_keys[slot, start : start + seq] = k[row]
+            layer_values[slot, start : start + seq] = v[row]
+        span = max(starts) + seq
+        if batch == 1:
+            keys, values = layer_keys[slots[0], :span].unsqueeze(0), layer_values[slots[0], :span].unsqueeze(0)
+        else:
+            index = torch.tensor(slots, device=x.device)
+            keys, values = layer_keys[index, :span], layer_values[index, :span]
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask, enable_gqa=True
+        )
+        return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.w_gate_up = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.w_down = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.w_gate_up(x).chunk(2, dim=-1)
+        return self.w_down(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.attn = Attention(config)
+        self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos, sin, mask, layer_keys, layer_values, slots, starts):
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask, layer_keys, layer_values, slots, starts)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    def new_cache(self, num_slots: int = 1, max_len: int | None = None) -> KVCache:
+        max_len = max_len or self.config.max_position_embeddings
+        return KVCache(self.config, num_slots, max_len, self.dtype, self.device)
+
+    def _rope(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._rope_cache is None or self._rope_cache[0].shape[0] < length:
+            dim = self.config.head_size
+            inv_freq = 1.0 / (self.config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+            angles = torch.outer(torch.arange(length, dtype=torch.float64), inv_freq)
+            angles = torch.cat((angles, angles), dim=-1)
+            self._rope_cache = (angles.cos().to(self.device), angles.sin().to(self.device))
+        return self._rope_cache
+
+    @torch.inference_mode()
+    def forward(
+        self, tokens: torch.Tensor, cache: KVCache, slots: list[int], num_logits: int | None = None
+    ) -> torch.Tensor:
+        """tokens [batch, seq] for cache slots `slots`; returns float32 logits [batch, num_logits or seq, V]."""
+        batch, seq = tokens.shape
+        starts = [cache.lengths[s] for s in slots]
+        if max(starts) + seq > cache.max_len:
+            raise ValueError(f"sequence of {max(starts) + seq} tokens exceeds the cache's {cache.max_len}")
+        positions = torch.tensor(starts, device=tokens.device)[:, None] + torch.arange(seq, device=tokens.device)
+        cos_full, sin_full = self._rope(cache.max_len)
+        cos = cos_full[positions].to(self.dtype).unsqueeze(2)
+        sin = sin_full[positions].to(self.dtype).unsqueeze(2)
+        mask = self._mask(positions, max(starts) + seq) if seq > 1 or batch > 1 else None
+        x = self.embed(tokens)
+        for layer, block in enumerate(self.layers):
+            x = block(x, cos, sin, mask, cache.keys[layer], cache.values[layer], slots, starts)
+        for slot in slots:
+            cache.lengths[slot] += seq
+        if num_logits is not None:
+            x = x[:, -num_logits:]
+        x = self.norm(x)
+        head = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(x, head).float()
+
+    @staticmethod
+    def _mask(positions: torch.Tensor, span: int) -> torch.Tensor:
+        """[batch, 1, seq, span] boolean: key position <= query position."""
+        key_positions = torch.arange(span, device=positions.device)
+        return (key_positions[None, None, :] <= positions[:, :, None]).unsqueeze(1)

@@ -1,0 +1,79 @@
+"""One sampling module for the draft, the target and acceptance.
+
+Temperature, top-k and top-p reshape a logit vector into the distribution that plain decoding samples
+from. Speculative decoding applies the *same* function to the target (p) and the draft (q): the
+acceptance rule then reproduces the filtered target distribution exactly, whatever q is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import InvalidParameterError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 means greedy; top_k 0 and top_p 1 mean no filter; seed None means random."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise InvalidParameterError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise InvalidParameterError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise InvalidParameterError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def make_generator(self) -> torch.Generator:
+        generator = torch.Generator()
+        if self.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(self.seed)
+        return generator
+
+
+def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Distribution over the last axis after temperature, top-k and top-p (float32).
+
+    Greedy params give a one-hot distribution at the argmax, so greedy is the temperature -> 0 limit.
+    """
+    logits = logits.float()
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    logits = logits / params.temperature
+    if 0 < params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(-1)
+        mass_before = sorted_probs.cumsum(-1) - sorted_probs
+        drop_sorted = mass_before >= params.top_p  # keeps the smallest prefix whose mass reaches top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.softmax(-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One token id per row of ``probs`` (shape [..., V] -> [...])."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+
+
+def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+    """Plain decoding's choice for one position's logits."""
+    if params.greedy:
+        return int(logits.argmax())
+    return int(sample(probs_from_logits(logits, params), generator))

@@ -1,0 +1,66 @@
+"""Per-generation statistics, named as vLLM and Spec-Bench name them."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    target_passes: int = 0  # decode passes of the target (prefill not counted): plain decoding has one per token
+    drafted: int = 0
+    accepted: int = 0
+    drafted_by_position: list[int] = field(default_factory=list)
+    accepted_by_position: list[int] = field(default_factory=list)
+    time_prefill: float = 0.0
+    time_draft: float = 0.0
+    time_target: float = 0.0
+    time_total: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """New tokens per target pass (1.0 for plain decoding)."""
+        return self.new_tokens / self.target_passes if self.target_passes else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.time_total if self.time_total else 0.0
+
+    @property
+    def time_other(self) -> float:
+        return max(0.0, self.time_total - self.time_prefill - self.time_draft - self.time_target)
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_by_position, self.drafted_by_position, strict=True)]
+
+    def record_round(self, drafted: int, accepted: int) -> None:
+        self.target_passes += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        missing = drafted - len(self.drafted_by_position)
+        if missing > 0:
+            self.drafted_by_position += [0] * missing
+            self.accepted_by_position += [0] * missing
+        for i in range(drafted):
+            self.drafted_by_position[i] += 1
+            self.accepted_by_position[i] += i < accepted
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        for name in ("acceptance_rate", "mean_accepted_length", "tokens_per_second", "time_other"):
+            data[name] = getattr(self, name)
+        return data
+
+    def summary(self) -> str:
+        return (
+            f"{self.new_tokens} new tokens in {self.time_total:.2f} s ({self.tokens_per_second:.2f} tok/s) | "
+            f"target passes {self.target_passes} | drafted {self.drafted} | accepted {self.accepted} | "
+            f"acceptance {self.acceptance_rate:.1%} | mean accepted length {self.mean_accepted_length:.2f}"
+        )
