@@ -14,8 +14,18 @@ from .sampling import SamplingParams
 from .stats import GenerationStats
 
 __all__ = [
-    "BundledModelError", "GenerationOutput", "GenerationStats", "InvalidParameterError", "LoadedModel",
-    "ModelLoadError", "PromptTooLongError", "SamplingParams", "SpeculativeGenerator", "StreamChunk",
-    "TokenizerMismatchError", "VerispecError", "load_model",
+    "BundledModelError",
+    "GenerationOutput",
+    "GenerationStats",
+    "InvalidParameterError",
+    "LoadedModel",
+    "ModelLoadError",
+    "PromptTooLongError",
+    "SamplingParams",
+    "SpeculativeGenerator",
+    "StreamChunk",
+    "TokenizerMismatchError",
+    "VerispecError",
+    "load_model",
 ]
 __version__ = "0.1.0"

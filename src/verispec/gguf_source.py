@@ -14,9 +14,18 @@ from .errors import ModelLoadError
 
 SUPPORTED_ARCHITECTURES = {"llama", "qwen2", "mistral"}
 _LAYER_NAMES = {
-    "attn_norm": "attn_norm.weight", "q": "attn_q.weight", "k": "attn_k.weight", "v": "attn_v.weight",
-    "q_bias": "attn_q.bias", "k_bias": "attn_k.bias", "v_bias": "attn_v.bias", "o": "attn_output.weight",
-    "mlp_norm": "ffn_norm.weight", "gate": "ffn_gate.weight", "up": "ffn_up.weight", "down": "ffn_down.weight",
+    "attn_norm": "attn_norm.weight",
+    "q": "attn_q.weight",
+    "k": "attn_k.weight",
+    "v": "attn_v.weight",
+    "q_bias": "attn_q.bias",
+    "k_bias": "attn_k.bias",
+    "v_bias": "attn_v.bias",
+    "o": "attn_output.weight",
+    "mlp_norm": "ffn_norm.weight",
+    "gate": "ffn_gate.weight",
+    "up": "ffn_up.weight",
+    "down": "ffn_down.weight",
 }
 _GLOBAL_NAMES = {"embed": "token_embd.weight", "norm": "output_norm.weight", "lm_head": "output.weight"}
 

@@ -13,10 +13,18 @@ from .errors import ModelLoadError
 
 SUPPORTED_MODEL_TYPES = {"llama", "qwen2", "mistral"}
 _LAYER_NAMES = {
-    "attn_norm": "input_layernorm.weight", "q": "self_attn.q_proj.weight", "k": "self_attn.k_proj.weight",
-    "v": "self_attn.v_proj.weight", "q_bias": "self_attn.q_proj.bias", "k_bias": "self_attn.k_proj.bias",
-    "v_bias": "self_attn.v_proj.bias", "o": "self_attn.o_proj.weight", "mlp_norm": "post_attention_layernorm.weight",
-    "gate": "mlp.gate_proj.weight", "up": "mlp.up_proj.weight", "down": "mlp.down_proj.weight",
+    "attn_norm": "input_layernorm.weight",
+    "q": "self_attn.q_proj.weight",
+    "k": "self_attn.k_proj.weight",
+    "v": "self_attn.v_proj.weight",
+    "q_bias": "self_attn.q_proj.bias",
+    "k_bias": "self_attn.k_proj.bias",
+    "v_bias": "self_attn.v_proj.bias",
+    "o": "self_attn.o_proj.weight",
+    "mlp_norm": "post_attention_layernorm.weight",
+    "gate": "mlp.gate_proj.weight",
+    "up": "mlp.up_proj.weight",
+    "down": "mlp.down_proj.weight",
 }
 _GLOBAL_NAMES = {"embed": "model.embed_tokens.weight", "norm": "model.norm.weight", "lm_head": "lm_head.weight"}
 
