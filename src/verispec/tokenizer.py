@@ -22,7 +22,9 @@ class Tokenizer:
     @classmethod
     def from_folder(cls, folder: Path, gguf_file: str | None = None, extra_stop_ids=()) -> Tokenizer:
         from transformers import AutoTokenizer  # heavy import, only when a model is loaded
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.set_verbosity_error()  # its Mistral-regex heuristic misfires on Qwen/SmolLM tokenizers
         try:
             hf = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf_file, local_files_only=True)
         except Exception as exc:

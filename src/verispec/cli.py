@@ -1,0 +1,137 @@
+"""Command line: `verispec generate`, plus subcommands that register themselves in COMMANDS.
+
+Every user mistake ends as one line `verispec: error: ...` and exit status 2; no tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from .errors import VerispecError
+
+# name -> (add_arguments, run); run(args) returns an exit status. Other modules may extend this.
+COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags shared by every command that loads models (vLLM's names)."""
+    parser.add_argument("--model", default="target", help="target: bundled 'target', a .gguf file or a HF folder")
+    parser.add_argument(
+        "--speculative-model", default="draft", help="draft model: bundled 'draft', a .gguf, a HF folder, or 'none'"
+    )
+    parser.add_argument("--num-speculative-tokens", type=int, default=4, help="tokens drafted per target pass (k)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    parser.add_argument("--max-model-len", type=int, default=4096, help="context length (tokens) to allocate")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: all cores)")
+
+
+def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0, help="0 = off")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+
+
+def build_generator(args: argparse.Namespace, with_draft: bool = True):
+    import torch
+
+    from .generator import SpeculativeGenerator
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise VerispecError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    draft = args.speculative_model if with_draft and args.speculative_model.lower() != "none" else None
+    return SpeculativeGenerator(
+        target=args.model,
+        draft=draft,
+        num_speculative_tokens=args.num_speculative_tokens,
+        dtype=args.dtype,
+        device=args.device,
+        max_seq_len=args.max_model_len,
+    )
+
+
+def _generate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prompt", help="prompt text ('-' reads standard input)")
+    add_model_arguments(parser)
+    add_sampling_arguments(parser)
+    parser.add_argument("--chat", action="store_true", help="render the prompt as a user message (chat template)")
+    parser.add_argument("--compare", action="store_true", help="also run plain target decoding and compare")
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from .generator import SpeculativeGenerator
+
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    request = [{"role": "user", "content": prompt}] if args.chat and prompt else prompt
+    generator = build_generator(args)
+    options = dict(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        seed=args.seed, stop=args.stop,
+    )  # fmt: skip
+    spec = _stream_to_stdout(generator, request, options)
+    print(f"[speculative] {spec.stats.summary()}", file=sys.stderr)
+    if args.compare:
+        plain_generator = SpeculativeGenerator(
+            target=generator.target, draft=None, max_seq_len=generator.max_seq_len, progress=False
+        )
+        plain = plain_generator.generate(request, **options)
+        speedup = spec.stats.tokens_per_second / plain.stats.tokens_per_second
+        same = "identical" if plain.token_ids == spec.token_ids else "DIFFERENT"
+        print(f"[plain]       {plain.stats.summary()}", file=sys.stderr)
+        print(f"[compare]     speedup {speedup:.2f}x | texts {same}", file=sys.stderr)
+        if args.temperature > 0 and same == "DIFFERENT":
+            print(
+                "[compare]     (sampled runs follow the same distribution, not the same random stream)", file=sys.stderr
+            )
+    return 0
+
+
+def _stream_to_stdout(generator, request, options):
+    output = None
+    for chunk in generator.stream(request, **options):
+        if chunk.text:
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+        output = chunk.output or output
+    sys.stdout.write("\n")
+    return output
+
+
+COMMANDS["generate"] = (_generate_arguments, _generate)
+
+
+def _load_extensions() -> None:
+    for module in ("verispec.bench.cli", "verispec.server.cli"):
+        try:
+            __import__(module)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not module.startswith(exc.name):
+                raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    _load_extensions()
+    parser = argparse.ArgumentParser(prog="verispec", description="Lossless speculative decoding.")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for name, (add_arguments, _) in COMMANDS.items():
+        add_arguments(subparsers.add_parser(name))
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command][1](args)
+    except VerispecError as exc:
+        print(f"verispec: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("verispec: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
