@@ -1,0 +1,341 @@
+"""FastAPI routes: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics.
+
+Every client mistake is answered with a 4xx and OpenAI's error body; a 500 means a bug in verispec.
+A handler encodes and checks the request, hands it to the scheduler thread, and reads its events from an
+asyncio queue; if the client goes away (mid-stream or while waiting) the request is cancelled at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..errors import InvalidParameterError, ModelLoadError
+from ..generator import GenerationOutput
+from ..sampling import SamplingParams
+from .events import AsyncSink, EngineRequest, ErrorEvent, FinishEvent
+from .protocol import (
+    ApiError,
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
+    Delta,
+    ModelCard,
+    ModelList,
+    Usage,
+    VerispecStats,
+    new_id,
+)
+from .scheduler import QueueFullError, Scheduler, SchedulerStoppedError
+
+log = logging.getLogger("verispec.server")
+RequestT = TypeVar("RequestT", CompletionRequest, ChatCompletionRequest)
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+DISCONNECT_POLL_SECONDS = 0.5
+
+
+@dataclass
+class ServerState:
+    scheduler: Scheduler
+    model_name: str
+    draining: bool = False  # set on SIGTERM: new requests get 503 while running ones finish
+    started: int = field(default_factory=lambda: int(time.time()))
+
+
+@dataclass
+class Job:
+    """A request accepted by a handler: what the route needs to answer it."""
+
+    id: str
+    engine: EngineRequest
+    sink: AsyncSink
+    stream: bool
+    include_usage: bool
+
+
+def create_app(state: ServerState) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        if not state.scheduler.alive:
+            state.scheduler.start()
+        yield
+        state.scheduler.stop()
+
+    app = FastAPI(title="verispec", lifespan=lifespan)
+    app.state.verispec = state
+    _add_error_handlers(app, state)
+    _add_info_routes(app, state)
+    _add_generation_routes(app, state)
+    return app
+
+
+# ---- errors -----------------------------------------------------------------------------------------------
+def _add_error_handlers(app: FastAPI, state: ServerState) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, exc: ApiError) -> JSONResponse:
+        state.scheduler.metrics.rejected.labels(code=exc.code or exc.type).inc()
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = "not_found" if exc.status_code == 404 else f"http_{exc.status_code}"
+        return JSONResponse(ApiError(exc.status_code, str(exc.detail), code=code).body(), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def server_error(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        error = ApiError(500, f"internal server error ({type(exc).__name__})", type="server_error", code="internal")
+        return JSONResponse(error.body(), status_code=500)
+
+
+def _validation_error(exc: ValidationError) -> ApiError:
+    errors = exc.errors(include_url=False)
+    if errors and errors[0]["type"] == "json_invalid":
+        return ApiError(400, f"malformed JSON body: {errors[0]['msg']}", code="invalid_json")
+    parts = [f"{_location(e['loc']) or 'body'}: {e['msg']}" for e in errors[:3]]
+    param = _location(errors[0]["loc"]) if errors else None
+    return ApiError(422, "invalid request: " + "; ".join(parts), param=param or None, code="invalid_value")
+
+
+def _location(loc: tuple) -> str:
+    """'messages.0.content' from pydantic's location, without the union-member tags ('list[int]')."""
+    return ".".join(str(p) for p in loc if isinstance(p, int) or "[" not in str(p) and p not in {"str", "int"})
+
+
+# ---- info -------------------------------------------------------------------------------------------------
+def _add_info_routes(app: FastAPI, state: ServerState) -> None:
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if not state.scheduler.alive:
+            error = ApiError(503, "the scheduler is not running", type="server_error", code="unavailable")
+            return JSONResponse(error.body(), status_code=503)
+        return JSONResponse({"status": "draining" if state.draining else "ok"})
+
+    @app.get("/v1/models")
+    async def models() -> ModelList:
+        card = ModelCard(id=state.model_name, created=state.started, max_model_len=state.scheduler.max_model_len)
+        return ModelList(data=[card])
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(state.scheduler.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+# ---- generation -------------------------------------------------------------------------------------------
+def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = await _parse(request, CompletionRequest)
+        prompt_ids = _encode_completion_prompt(state, body)
+        job = _submit(state, body, prompt_ids, COMPLETION_DEFAULT_MAX_TOKENS, body.max_tokens, "prompt")
+        if job.stream:
+            return _sse(state, job, _completion_chunks(state, job))
+        output, queue_seconds = await _result(request, state, job)
+        return JSONResponse(_completion(state, job, output, queue_seconds).model_dump())
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        body = await _parse(request, ChatCompletionRequest)
+        prompt_ids = _encode_chat(state, body)
+        room = state.scheduler.max_model_len - len(prompt_ids)
+        requested = body.max_completion_tokens or body.max_tokens
+        job = _submit(state, body, prompt_ids, room, requested, "messages")
+        if job.stream:
+            return _sse(state, job, _chat_chunks(state, job))
+        output, queue_seconds = await _result(request, state, job)
+        return JSONResponse(_chat_completion(state, job, output, queue_seconds).model_dump())
+
+
+async def _parse(request: Request, model: type[RequestT]) -> RequestT:
+    try:
+        return model.model_validate_json(await request.body())
+    except ValidationError as exc:
+        raise _validation_error(exc) from None
+
+
+def _encode_completion_prompt(state: ServerState, body: CompletionRequest) -> list[int]:
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        if len(prompt) != 1:
+            raise ApiError(400, "one prompt per request is supported", param="prompt", code="unsupported_parameter")
+        prompt = prompt[0]
+    if not prompt:
+        raise ApiError(400, "prompt is empty", param="prompt", code="invalid_value")
+    if isinstance(prompt, str):
+        return state.scheduler.tokenizer.encode(prompt)
+    vocab = state.scheduler.target.model.config.vocab_size
+    if not all(0 <= t < vocab for t in prompt):
+        raise ApiError(400, f"prompt token ids must be in [0, {vocab})", param="prompt", code="invalid_value")
+    return list(prompt)
+
+
+def _encode_chat(state: ServerState, body: ChatCompletionRequest) -> list[int]:
+    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    try:
+        return state.scheduler.tokenizer.encode_chat(messages)
+    except ModelLoadError as exc:  # no chat template
+        raise ApiError(400, str(exc), param="messages", code="no_chat_template") from None
+
+
+def _submit(
+    state: ServerState,
+    body: CompletionRequest | ChatCompletionRequest,
+    prompt_ids: list[int],
+    default_max: int,
+    requested: int | None,
+    prompt_param: str,
+) -> Job:
+    """Check the request against the model and the limits, then queue it; raises ApiError."""
+    _check_request(state, body)
+    max_tokens = _max_tokens(state, prompt_ids, default_max, requested, prompt_param)
+    temperature = 1.0 if body.temperature is None else body.temperature
+    try:
+        params = SamplingParams(temperature, max(body.top_k, 0), body.top_p, body.seed)
+    except InvalidParameterError as exc:
+        raise ApiError(400, str(exc), code="invalid_value") from None
+    job_id = new_id("chatcmpl" if prompt_param == "messages" else "cmpl")
+    sink = AsyncSink()
+    request = EngineRequest(job_id, prompt_ids, params, max_tokens, sink, body.stop_list(), body.speculative)
+    try:
+        state.scheduler.submit(request)
+    except QueueFullError as exc:
+        raise ApiError(429, str(exc), type="rate_limit_error", code="queue_full") from None
+    except SchedulerStoppedError as exc:
+        raise ApiError(503, str(exc), type="server_error", code="shutting_down") from None
+    except InvalidParameterError as exc:
+        raise ApiError(400, str(exc), code="invalid_value") from None
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return Job(job_id, request, sink, body.stream, include_usage)
+
+
+def _check_request(state: ServerState, body: CompletionRequest | ChatCompletionRequest) -> None:
+    if state.draining:
+        raise ApiError(503, "the server is shutting down", type="server_error", code="shutting_down")
+    if body.model not in (None, state.model_name):
+        raise ApiError(400, f"the model `{body.model}` does not exist", param="model", code="model_not_found")
+    if problem := body.unsupported():
+        raise ApiError(400, problem[1], param=problem[0], code="unsupported_parameter")
+
+
+def _max_tokens(
+    state: ServerState, prompt_ids: list[int], default_max: int, requested: int | None, prompt_param: str
+) -> int:
+    """The request's max_tokens (default when absent); 400 when prompt + max_tokens overflow the context."""
+    context = state.scheduler.max_model_len
+    max_tokens = requested or max(1, min(default_max, context - len(prompt_ids)))
+    if not prompt_ids:
+        raise ApiError(400, "the prompt encodes to no tokens", param=prompt_param, code="invalid_value")
+    if len(prompt_ids) + max_tokens > context:
+        message = (
+            f"this model's maximum context length is {context} tokens; the request needs "
+            f"{len(prompt_ids) + max_tokens} ({len(prompt_ids)} in the prompt, {max_tokens} for the completion)"
+        )
+        param = "max_tokens" if requested else prompt_param
+        raise ApiError(400, message, param=param, code="context_length_exceeded")
+    return max_tokens
+
+
+async def _result(http_request: Request, state: ServerState, job: Job) -> tuple[GenerationOutput, float]:
+    """Wait for the finished output; cancels the request if the client disconnects meanwhile."""
+    try:
+        while True:
+            try:
+                event = await asyncio.wait_for(job.sink.queue.get(), DISCONNECT_POLL_SECONDS)
+            except TimeoutError:
+                if await http_request.is_disconnected():
+                    raise ApiError(499, "client closed the request", code="client_closed") from None
+                continue
+            if isinstance(event, FinishEvent):
+                return event.output, event.queue_seconds
+            if isinstance(event, ErrorEvent):
+                raise ApiError(500, event.message, type="server_error", code="internal")
+    finally:
+        state.scheduler.cancel(job.id)
+
+
+def _sse(state: ServerState, job: Job, chunks: AsyncIterator[BaseModel | dict]) -> StreamingResponse:
+    async def body() -> AsyncIterator[str]:
+        try:
+            async for chunk in chunks:
+                data = chunk if isinstance(chunk, dict) else chunk.model_dump()
+                yield f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+            yield "data: [DONE]\n\n"
+        finally:  # also on cancellation when the client disconnects
+            state.scheduler.cancel(job.id)
+
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
+
+
+def _usage(output: GenerationOutput) -> Usage:
+    prompt, completion = len(output.prompt_ids), len(output.token_ids)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+def _completion(state: ServerState, job: Job, output: GenerationOutput, queue_seconds: float) -> Completion:
+    choice = CompletionChoice(text=output.text, finish_reason=output.finish_reason)
+    stats = VerispecStats.from_stats(output.stats, queue_seconds)
+    return Completion(id=job.id, model=state.model_name, choices=[choice], usage=_usage(output), verispec=stats)
+
+
+def _chat_completion(state: ServerState, job: Job, output: GenerationOutput, queue_seconds: float) -> ChatCompletion:
+    choice = ChatChoice(message=AssistantMessage(content=output.text), finish_reason=output.finish_reason)
+    stats = VerispecStats.from_stats(output.stats, queue_seconds)
+    return ChatCompletion(id=job.id, model=state.model_name, choices=[choice], usage=_usage(output), verispec=stats)
+
+
+def _error_chunk(event: ErrorEvent) -> dict:
+    return ApiError(500, event.message, type="server_error", code="internal").body()
+
+
+async def _completion_chunks(state: ServerState, job: Job) -> AsyncIterator[BaseModel | dict]:
+    """One chunk per token with new text, then a chunk with the finish reason (and usage when asked)."""
+    async for event in job.sink.events():
+        if isinstance(event, ErrorEvent):
+            yield _error_chunk(event)
+        elif isinstance(event, FinishEvent):
+            stats = VerispecStats.from_stats(event.output.stats, event.queue_seconds)
+            choice = CompletionChoice(text="", finish_reason=event.output.finish_reason)
+            yield Completion(id=job.id, model=state.model_name, choices=[choice], verispec=stats)
+            if job.include_usage:
+                yield Completion(id=job.id, model=state.model_name, choices=[], usage=_usage(event.output))
+        elif event.text:
+            choice = CompletionChoice(text=event.text, finish_reason=None)
+            yield Completion(id=job.id, model=state.model_name, choices=[choice])
+
+
+async def _chat_chunks(state: ServerState, job: Job) -> AsyncIterator[BaseModel | dict]:
+    def chunk(delta: Delta, finish_reason: str | None = None, **extra) -> ChatCompletionChunk:
+        choices = [ChatChunkChoice(delta=delta, finish_reason=finish_reason)] if delta is not None else []
+        return ChatCompletionChunk(id=job.id, model=state.model_name, choices=choices, **extra)
+
+    yield chunk(Delta(role="assistant", content=""))
+    async for event in job.sink.events():
+        if isinstance(event, ErrorEvent):
+            yield _error_chunk(event)
+        elif isinstance(event, FinishEvent):
+            stats = VerispecStats.from_stats(event.output.stats, event.queue_seconds)
+            yield chunk(Delta(), event.output.finish_reason, verispec=stats)
+            if job.include_usage:
+                yield chunk(None, usage=_usage(event.output))
+        elif event.text:
+            yield chunk(Delta(content=event.text))

@@ -1,0 +1,132 @@
+"""Batched forwards over rows of different lengths, and a draft model that drafts for many sequences at once.
+
+Rows are right-padded to a common width. Padding cannot change a real token's result: each row reads only
+its own cache slot, a query attends only to key positions at or before its own, and after the forward
+every slot's length is set back to its real tokens, so padded keys are never read again (they are
+overwritten before any later read). Only float round-off of differently shaped matrix products remains.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..drafters import Proposal
+from ..model import KVCache, Transformer
+from ..sampling import SamplingParams, probs_from_logits, sample
+
+PAD_TOKEN = 0  # any valid id: padded positions are computed and then forgotten
+CATCH_UP_WIDTH = 4  # longer draft catch-ups (after drafting was suspended) run alone first
+
+
+def padded_forward(model: Transformer, cache: KVCache, rows: list[list[int]], slots: list[int]) -> list[torch.Tensor]:
+    """One forward of all `rows` (row i appends to slot i); returns each row's logits [len(row), V] on the CPU."""
+    width = max(len(row) for row in rows)
+    padded = [row + [PAD_TOKEN] * (width - len(row)) for row in rows]
+    starts = [cache.lengths[slot] for slot in slots]
+    batch = torch.tensor(padded, dtype=torch.long, device=model.device)
+    logits = model(batch, cache, slots).cpu()
+    for slot, start, row in zip(slots, starts, rows, strict=True):
+        cache.set_length(slot, start + len(row))
+    return [logits[i, : len(row)] for i, row in enumerate(rows)]
+
+
+@dataclass
+class DraftJob:
+    """One sequence's drafting request for this step: its tokens so far (the last one is not yet verified)."""
+
+    slot: int
+    tokens: list[int]
+    k: int
+    params: SamplingParams
+    rng: torch.Generator
+
+
+class BatchedDrafter:
+    """A draft model with one cache slot per sequence; `propose` drafts k tokens for many sequences together.
+
+    Per sequence it makes the same choices as `drafters.DraftModelDrafter` (argmax when greedy, else a
+    sample from the filtered draft distribution q, drawn from the sequence's own generator).
+    """
+
+    def __init__(self, model: Transformer, target_vocab_size: int, num_slots: int, max_len: int):
+        self.model = model
+        self.target_vocab_size = target_vocab_size
+        self.cache = model.new_cache(num_slots=num_slots, max_len=max_len)
+        self.fed: list[list[int]] = [[] for _ in range(num_slots)]  # tokens held in each slot, in order
+
+    def reset(self, slot: int, prompt_ids: list[int]) -> None:
+        self.cache.set_length(slot, 0)
+        self.fed[slot] = []
+        if len(prompt_ids) > 1:
+            self._feed_alone(slot, prompt_ids[:-1])
+
+    def propose(self, jobs: list[DraftJob]) -> list[Proposal]:
+        logits = self._catch_up(jobs)
+        drafted: list[list[int]] = [[] for _ in jobs]
+        probs: list[list[torch.Tensor]] = [[] for _ in jobs]
+        for step in range(max(job.k for job in jobs)):
+            active = [i for i, job in enumerate(jobs) if job.k > step]
+            for i in active:
+                token, q = self._choose(logits[i], jobs[i])
+                drafted[i].append(token)
+                if q is not None:
+                    probs[i].append(q)
+            feeding = [i for i in active if jobs[i].k > step + 1]
+            if feeding:
+                rows = [[drafted[i][-1]] for i in feeding]
+                outputs = padded_forward(self.model, self.cache, rows, [jobs[i].slot for i in feeding])
+                for i, out in zip(feeding, outputs, strict=True):
+                    self.fed[jobs[i].slot].append(drafted[i][-1])
+                    logits[i] = out[-1]
+        return [
+            Proposal(torch.tensor(d, dtype=torch.long), torch.stack(p) if p else None)
+            for d, p in zip(drafted, probs, strict=True)
+        ]
+
+    def _catch_up(self, jobs: list[DraftJob]) -> list[torch.Tensor]:
+        """Feed each slot the tokens it lacks (at least the last one); returns the logits after each."""
+        todo = []
+        for job in jobs:
+            fed = self.fed[job.slot]
+            keep = _common_prefix(fed, job.tokens, limit=len(job.tokens) - 1)
+            self.cache.set_length(job.slot, keep)
+            del fed[keep:]
+            missing = job.tokens[keep:]
+            if len(missing) > CATCH_UP_WIDTH:
+                self._feed_alone(job.slot, missing[:-CATCH_UP_WIDTH])
+                missing = missing[-CATCH_UP_WIDTH:]
+            todo.append(missing)
+        outputs = padded_forward(self.model, self.cache, todo, [job.slot for job in jobs])
+        for job, missing in zip(jobs, todo, strict=True):
+            self.fed[job.slot] += missing
+        return [out[-1] for out in outputs]
+
+    def _feed_alone(self, slot: int, tokens: list[int]) -> None:
+        ids = torch.tensor([tokens], dtype=torch.long, device=self.model.device)
+        self.model(ids, self.cache, [slot], num_logits=1)
+        self.fed[slot] += tokens
+
+    def _choose(self, logits: torch.Tensor, job: DraftJob) -> tuple[int, torch.Tensor | None]:
+        logits = self._align(logits)
+        if job.params.greedy:
+            return int(logits.argmax()), None
+        q = probs_from_logits(logits, job.params)
+        return int(sample(q, job.rng)), q
+
+    def _align(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft logits over the target's vocabulary: rows the target lacks can never be drafted."""
+        size = self.target_vocab_size
+        if logits.shape[0] >= size:
+            return logits[:size]
+        return torch.cat([logits, logits.new_full((size - logits.shape[0],), float("-inf"))])
+
+
+def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if n >= limit or x != y:
+            break
+        n += 1
+    return n

@@ -1,0 +1,132 @@
+"""`verispec serve` and `verispec bench-serve`, registered in verispec.cli.COMMANDS."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+from pathlib import Path
+
+from .. import bundled
+from ..cli import COMMANDS, add_model_arguments
+from ..errors import VerispecError
+from ..loading import LoadedModel
+from .policy import POLICIES
+
+TINY = "tiny"  # --model tiny / --speculative-model tiny: the random test pair of verispec.testing
+
+
+def _serve_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--served-model-name", default=None, help="model id clients use (default: from --model)")
+    parser.add_argument("--max-num-seqs", type=int, default=8, help="requests decoded together (cache slots)")
+    parser.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot before 429")
+    parser.add_argument(
+        "--draft-policy", default="auto", choices=POLICIES, help="auto: draft only while it pays (docs/server.md)"
+    )
+    parser.add_argument("--drain-timeout", type=float, default=120.0, help="seconds SIGTERM waits for requests")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .app import ServerState, create_app
+
+    scheduler = build_scheduler(args)
+    name = args.served_model_name or model_id(args.model)
+    state = ServerState(scheduler, name)
+    target_bytes, draft_bytes = scheduler.kv_cache_bytes()
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
+    logging.getLogger("verispec.server").info(
+        "model %s (draft: %s, k=%d, policy %s) | %d slots x %d tokens | KV cache %.0f MiB target + %.0f MiB draft",
+        name, args.speculative_model, args.num_speculative_tokens, args.draft_policy, args.max_num_seqs,
+        scheduler.max_model_len, target_bytes / 2**20, draft_bytes / 2**20,
+    )  # fmt: skip
+    config = uvicorn.Config(
+        create_app(state), host=args.host, port=args.port, log_level=args.log_level,
+        timeout_graceful_shutdown=args.drain_timeout, access_log=False,
+    )  # fmt: skip
+    server = _draining_server(config, state)
+    quiet = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.run()  # uvicorn re-raises the stop signal afterwards; the quiet handlers make that a clean exit
+    finally:
+        for sig, handler in quiet.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+def _draining_server(config, state):
+    """A uvicorn.Server that marks the app as draining on SIGTERM/SIGINT (new requests then get 503).
+
+    uvicorn itself then stops accepting connections, waits for the open ones to finish (up to
+    --drain-timeout) and runs the app's shutdown, which stops the scheduler thread.
+    """
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            state.draining = True
+            super().handle_exit(sig, frame)
+
+    return DrainingServer(config)
+
+
+def build_scheduler(args: argparse.Namespace):
+    import torch
+
+    from .scheduler import Scheduler, SchedulerConfig
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise VerispecError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    target, draft = load_pair(args)
+    config = SchedulerConfig(
+        max_num_seqs=args.max_num_seqs, max_queue=args.max_queue, max_model_len=args.max_model_len,
+        num_speculative_tokens=args.num_speculative_tokens, draft_policy=args.draft_policy,
+    )  # fmt: skip
+    return Scheduler(target, draft, config)
+
+
+def load_pair(args: argparse.Namespace) -> tuple[LoadedModel, LoadedModel | None]:
+    from ..loading import load_model
+
+    if TINY in (args.model, args.speculative_model):
+        from ..testing import tiny_pair
+
+        if args.model != TINY:
+            raise VerispecError("--speculative-model tiny needs --model tiny (the pair shares a tokenizer)")
+        tiny_target, tiny_draft = tiny_pair()
+        return tiny_target, tiny_draft if args.speculative_model == TINY else None
+    target = load_model(args.model, args.dtype, args.device)
+    if args.speculative_model.lower() == "none":
+        return target, None
+    if args.speculative_model == args.model:
+        return target, target  # one copy of the weights serves as both
+    return target, load_model(args.speculative_model, args.dtype, args.device)
+
+
+def model_id(source: str) -> str:
+    if bundled.is_bundled_name(source):
+        return bundled.BUNDLED[source].name if source in bundled.BUNDLED else source
+    return source if source == TINY else Path(source).stem if source.endswith(".gguf") else Path(source).name
+
+
+def _bench_arguments(parser: argparse.ArgumentParser) -> None:
+    from .bench import add_bench_arguments
+
+    add_bench_arguments(parser)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from .bench import run_bench
+
+    return run_bench(args)
+
+
+COMMANDS["serve"] = (_serve_arguments, _serve)
+COMMANDS["bench-serve"] = (_bench_arguments, _bench)

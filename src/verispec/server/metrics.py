@@ -1,0 +1,66 @@
+"""Prometheus metrics of the server (prometheus_client, a registry of its own per server)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+PREFIX = "verispec_"
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_ITL_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0)
+_LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        counter, gauge, histogram = self._counter, self._gauge, self._histogram
+        self.requests = counter("requests", "Finished requests by finish reason", "finish_reason")
+        self.rejected = counter("rejected_requests", "Requests refused before running, by error code", "code")
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of admitted requests")
+        self.generation_tokens = counter("generation_tokens", "Generated tokens")
+        self.drafted = counter("draft_tokens", "Drafted tokens")
+        self.accepted = counter("accepted_tokens", "Drafted tokens the target accepted")
+        self.drafted_at = counter("draft_tokens_by_position", "Drafted tokens by draft position", "position")
+        self.accepted_at = counter("accepted_tokens_by_position", "Accepted tokens by draft position", "position")
+        self.acceptance_rate = gauge("acceptance_rate", "Accepted / drafted tokens since start")
+        self.steps = counter("scheduler_steps", "Scheduler steps by mode (draft or plain)", "mode")
+        self.running = gauge("num_requests_running", "Requests holding a sequence slot")
+        self.waiting = gauge("num_requests_waiting", "Requests queued for a slot")
+        self.ttft = histogram("time_to_first_token_seconds", "Arrival to first token", _TTFT_BUCKETS)
+        self.itl = histogram("inter_token_latency_seconds", "Time between a request's tokens", _ITL_BUCKETS)
+        self.latency = histogram("request_latency_seconds", "Arrival to finish", _LATENCY_BUCKETS)
+        self._drafted_total = 0
+        self._accepted_total = 0
+
+    def _counter(self, name: str, doc: str, *labels: str) -> Counter:
+        return Counter(PREFIX + name, doc, labels, registry=self.registry)
+
+    def _gauge(self, name: str, doc: str) -> Gauge:
+        return Gauge(PREFIX + name, doc, registry=self.registry)
+
+    def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+        return Histogram(PREFIX + name, doc, buckets=buckets, registry=self.registry)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def set_queue(self, running: int, waiting: int) -> None:
+        self.running.set(running)
+        self.waiting.set(waiting)
+
+    def record_round(self, drafted: int, accepted: int) -> None:
+        if not drafted:
+            return
+        self.drafted.inc(drafted)
+        self.accepted.inc(accepted)
+        for i in range(drafted):
+            self.drafted_at.labels(position=str(i + 1)).inc()
+            if i < accepted:
+                self.accepted_at.labels(position=str(i + 1)).inc()
+        self._drafted_total += drafted
+        self._accepted_total += accepted
+        self.acceptance_rate.set(self._accepted_total / self._drafted_total)
+
+    def record_finish(self, reason: str, seconds: float) -> None:
+        self.requests.labels(finish_reason=reason).inc()
+        self.latency.observe(seconds)

@@ -1,0 +1,90 @@
+"""When drafting pays: the scheduler's rule for suspending speculation, from costs measured online.
+
+A step over B running sequences, S of which may draft, either
+    drafts:  yields sum(E_i for the S drafting) + (B - S) tokens in  draft(S) + verify(B)  seconds, or
+    doesn't: yields B tokens                                      in  plain(B)              seconds,
+where E_i is sequence i's measured tokens per speculative round (1 + accepted drafts; the prior for a new
+sequence is the server-wide average), draft(S) the time to draft k tokens for S sequences, verify(B) one
+target pass over B rows of k+1 tokens and plain(B) one over B rows of 1 token. The scheduler drafts when
+the first rate (tokens/s) beats the second.
+
+The three times are running averages per batch size, taken from the steps the server actually runs. A
+batch size seen for the first time tries drafting, then plain decoding, so both are measured; after that
+every `probe_every`-th step at a batch size runs the mode that was *not* chosen, so the numbers follow the
+machine (warm-up, other load) and a decision can flip back.
+
+On a GPU the target is memory-bound and verify(B) ~ plain(B) until B*(k+1) tokens fill the chip; on a
+2-core CPU the target is compute-bound already at a few rows, verify(B) ~ (k+1)*plain(B), and drafting
+stops paying at a small batch. The rule needs no per-machine constant for either case.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+POLICIES = ("auto", "always", "never")
+
+
+@dataclass
+class _Average:
+    value: float | None = None
+    count: int = 0
+
+    def add(self, sample: float, smoothing: float) -> None:
+        self.value = sample if self.value is None else (1 - smoothing) * self.value + smoothing * sample
+        self.count += 1
+
+
+@dataclass
+class DraftPolicy:
+    mode: str = "auto"
+    probe_every: int = 16
+    smoothing: float = 0.3
+    prior_weight: float = 2.0  # a new sequence's E counts as this many rounds at the server-wide average
+    plain: dict[int, _Average] = field(default_factory=lambda: defaultdict(_Average))
+    verify: dict[int, _Average] = field(default_factory=lambda: defaultdict(_Average))
+    draft: dict[int, _Average] = field(default_factory=lambda: defaultdict(_Average))
+    round_tokens: _Average = field(default_factory=_Average)  # server-wide tokens per speculative round
+    steps: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+
+    def __post_init__(self) -> None:
+        if self.mode not in POLICIES:
+            raise ValueError(f"draft policy must be one of {', '.join(POLICIES)}, got {self.mode!r}")
+
+    def expected_tokens(self, rounds: int, tokens: int) -> float:
+        """E for a sequence that produced `tokens` in `rounds` speculative rounds so far."""
+        prior = self.round_tokens.value or 2.0
+        return (tokens + self.prior_weight * prior) / (rounds + self.prior_weight)
+
+    def should_draft(self, batch: int, expected: list[float]) -> bool:
+        """Whether this step drafts; `expected` holds E_i of the sequences that may draft."""
+        if not expected or self.mode == "never":
+            return False
+        if self.mode == "always":
+            return True
+        if self.verify[batch].value is None or self.draft[len(expected)].value is None:
+            return True
+        if self.plain[batch].value is None:
+            return False
+        choice = self.drafting_rate(batch, expected) > self.plain_rate(batch)
+        self.steps[batch] += 1
+        return not choice if self.steps[batch] % self.probe_every == 0 else choice
+
+    def drafting_rate(self, batch: int, expected: list[float]) -> float:
+        seconds = self.draft[len(expected)].value + self.verify[batch].value
+        return (sum(expected) + batch - len(expected)) / seconds
+
+    def plain_rate(self, batch: int) -> float:
+        return batch / self.plain[batch].value
+
+    def record(self, batch: int, drafting: int, draft_seconds: float, verify_seconds: float) -> None:
+        """Times of one step; `drafting` is how many sequences drafted (0: a plain step)."""
+        if drafting:
+            self.draft[drafting].add(draft_seconds, self.smoothing)
+            self.verify[batch].add(verify_seconds, self.smoothing)
+        else:
+            self.plain[batch].add(verify_seconds, self.smoothing)
+
+    def record_round(self, tokens: int) -> None:
+        self.round_tokens.add(tokens, self.smoothing / 4)

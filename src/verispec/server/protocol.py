@@ -1,0 +1,237 @@
+"""Request and response bodies in OpenAI's shapes (pydantic), plus the OpenAI-style error.
+
+Requests are validated strictly (JSON types as OpenAI documents them: no "5" for 5); unknown fields are
+ignored, but known features verispec does not implement (n > 1, logprobs, penalties, ...) are refused
+with a 400 rather than silently dropped.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
+
+from ..stats import GenerationStats
+
+
+class ApiError(Exception):
+    """An error answered as {"error": {"message", "type", "param", "code"}} with an HTTP status."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _GenerationRequest(_Strict):
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)  # None: OpenAI's default, 1
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = Field(default=0, ge=-1)  # extension (vLLM's); 0 or -1: off
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    speculative: bool = True  # extension: false decodes this request without drafting
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        """(param, message) for a requested feature verispec lacks."""
+        if self.n != 1:
+            return "n", "only n=1 is supported"
+        if self.presence_penalty or self.frequency_penalty:
+            param = "presence_penalty" if self.presence_penalty else "frequency_penalty"
+            return param, "presence and frequency penalties are not supported"
+        if self.logit_bias:
+            return "logit_bias", "logit_bias is not supported"
+        return None
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class CompletionRequest(_GenerationRequest):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    echo: bool = False
+    logprobs: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        if self.echo:
+            return "echo", "echo is not supported"
+        if self.logprobs is not None:
+            return "logprobs", "logprobs are not supported"
+        if self.best_of not in (None, 1):
+            return "best_of", "only best_of=1 is supported"
+        if self.suffix:
+            return "suffix", "suffix is not supported"
+        return super().unsupported()
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class ChatCompletionRequest(_GenerationRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+
+    def unsupported(self) -> tuple[str, str] | None:
+        if self.logprobs:
+            return "logprobs", "logprobs are not supported"
+        return super().unsupported()
+
+
+# ---- responses ----------------------------------------------------------------------------------------
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class VerispecStats(BaseModel):
+    """Per-request speculative decoding statistics (names as in vLLM and Spec-Bench)."""
+
+    drafted: int
+    accepted: int
+    acceptance_rate: float
+    mean_accepted_length: float
+    target_passes: int
+    acceptance_by_position: list[float]
+    queue_seconds: float
+    total_seconds: float
+
+    @classmethod
+    def from_stats(cls, stats: GenerationStats, queue_seconds: float) -> VerispecStats:
+        return cls(
+            drafted=stats.drafted,
+            accepted=stats.accepted,
+            acceptance_rate=stats.acceptance_rate,
+            mean_accepted_length=stats.mean_accepted_length,
+            target_passes=stats.target_passes,
+            acceptance_by_position=stats.acceptance_by_position,
+            queue_seconds=queue_seconds,
+            total_seconds=stats.time_total,
+        )
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: str | None
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    verispec: VerispecStats | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: str
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    verispec: VerispecStats
+
+
+class Delta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+    @model_serializer
+    def _present_fields(self) -> dict[str, str]:  # OpenAI omits absent delta fields rather than sending null
+        return {k: v for k, v in (("role", self.role), ("content", self.content)) if v is not None}
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: Delta
+    logprobs: None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    verispec: VerispecStats | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "verispec"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"

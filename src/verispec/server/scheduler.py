@@ -1,0 +1,356 @@
+"""Continuous batching with speculation: one loop, in one thread, serves every running request.
+
+Each step follows the single-sequence loop of `generator.py`, for all running sequences at once:
+
+    admit waiting requests into free slots (prefill target and draft caches)
+    drop cancelled requests (their slots are free from this step on)
+    decide whether this step drafts (policy.DraftPolicy: does drafting pay at this batch size?)
+    draft k tokens for every sequence that may draft         BatchedDrafter.propose, one draft pass per position
+    run the target ONCE over [pending, d1..dk] for all rows  padded_forward, rows right-padded
+    per sequence: accept by acceptance.verify_*, roll its cache back to the accepted length
+    emit the accepted tokens one by one through its StopChecker; finished sequences leave
+
+Requests join and leave between steps. A row's result does not depend on the other rows (see
+batching.py), so a greedy request gets the same text whatever else runs beside it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from ..acceptance import verify_greedy, verify_sampled
+from ..drafters import Proposal
+from ..errors import InvalidParameterError, PromptTooLongError, VerispecError
+from ..generator import GenerationOutput
+from ..loading import LoadedModel
+from ..sampling import probs_from_logits
+from ..stats import GenerationStats
+from ..stopping import StopChecker
+from .batching import BatchedDrafter, DraftJob, padded_forward
+from .events import EngineRequest, ErrorEvent, FinishEvent, TokenEvent
+from .metrics import Metrics
+from .policy import DraftPolicy
+
+log = logging.getLogger("verispec.server")
+
+
+class QueueFullError(VerispecError):
+    """All sequence slots are busy and the waiting queue is full."""
+
+
+class SchedulerStoppedError(VerispecError):
+    """The scheduler no longer accepts requests (shutting down)."""
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 8  # sequences decoded together (cache slots)
+    max_queue: int = 64  # requests waiting for a slot
+    max_model_len: int = 4096  # prompt + generated tokens per sequence
+    num_speculative_tokens: int = 4
+    draft_policy: str = "auto"  # auto | always | never (see policy.py)
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1 or self.max_queue < 0 or self.max_model_len < 2:
+            raise InvalidParameterError("need max_num_seqs >= 1, max_queue >= 0 and max_model_len >= 2")
+        if self.num_speculative_tokens < 1:
+            raise InvalidParameterError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
+
+
+@dataclass
+class Sequence:
+    request: EngineRequest
+    slot: int
+    tokens: list[int]  # prompt + generated; the target cache holds all but the last
+    stopper: StopChecker
+    stats: GenerationStats
+    rng: torch.Generator
+    admitted: float
+    last_emit: float | None = None
+    spec_rounds: int = 0  # rounds in which this sequence drafted ...
+    spec_tokens: int = 0  # ... and the tokens those rounds produced
+    queue_seconds: float = field(default=0.0)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        target: LoadedModel,
+        draft: LoadedModel | None,
+        config: SchedulerConfig | None = None,
+        metrics: Metrics | None = None,
+    ):
+        self.config = config or SchedulerConfig()
+        self.target = target
+        self.tokenizer = target.tokenizer
+        self.metrics = metrics or Metrics()
+        limits = [self.config.max_model_len, target.model.config.max_position_embeddings]
+        k = self.config.num_speculative_tokens
+        self.drafter: BatchedDrafter | None = None
+        if draft is not None:
+            self.tokenizer.check_compatible(draft.tokenizer)
+            limits.append(draft.model.config.max_position_embeddings)
+        self.max_model_len = min(limits)
+        headroom = k + 1  # padded rows may run past a sequence's last real position
+        slots = self.config.max_num_seqs
+        self.cache = target.model.new_cache(num_slots=slots, max_len=self.max_model_len + headroom)
+        if draft is not None:
+            vocab = target.model.config.vocab_size
+            self.drafter = BatchedDrafter(draft.model, vocab, slots, self.max_model_len + headroom)
+        self.policy = DraftPolicy(mode=self.config.draft_policy if draft is not None else "never")
+        self.running: dict[int, Sequence] = {}
+        self.free_slots = list(range(slots))
+        self.waiting: deque[EngineRequest] = deque()
+        self.active: dict[str, EngineRequest] = {}  # waiting or running, by request id
+        self.cond = threading.Condition()
+        self.thread: threading.Thread | None = None
+        self.stopping = False
+
+    # ---- any thread ---------------------------------------------------------------------------------
+    def kv_cache_bytes(self) -> tuple[int, int]:
+        return self.cache.nbytes(), self.drafter.cache.nbytes() if self.drafter else 0
+
+    def submit(self, request: EngineRequest) -> None:
+        if request.max_tokens < 1:
+            raise InvalidParameterError(f"max_tokens must be >= 1, got {request.max_tokens}")
+        total = len(request.prompt_ids) + request.max_tokens
+        if total > self.max_model_len:
+            raise PromptTooLongError(
+                f"prompt + max_tokens = {total} tokens exceeds the context of {self.max_model_len}"
+            )
+        with self.cond:
+            if self.stopping:
+                raise SchedulerStoppedError("the server is shutting down")
+            if len(self.active) >= self.config.max_num_seqs + self.config.max_queue:
+                raise QueueFullError(
+                    f"{self.config.max_num_seqs} requests running and {self.config.max_queue} waiting; retry later"
+                )
+            self.active[request.request_id] = request
+            self.waiting.append(request)
+            self._update_gauges()
+            self.cond.notify()
+
+    def cancel(self, request_id: str) -> None:
+        """Stop a request (its client went away); a waiting one leaves at once, a running one before the next step."""
+        with self.cond:
+            request = self.active.get(request_id)
+            if request is None:
+                return
+            request.cancelled = True
+            if request in self.waiting:
+                self.waiting.remove(request)
+                del self.active[request_id]
+                self.metrics.record_finish("cancelled", time.perf_counter() - request.arrival)
+                self._update_gauges()
+            self.cond.notify()
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._loop, name="verispec-scheduler", daemon=True)
+        self.thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the loop; requests still waiting or running get an error event."""
+        with self.cond:
+            self.stopping = True
+            self.cond.notify()
+        if self.thread is not None:
+            self.thread.join(timeout)
+        self._fail_all("the server is shutting down")
+
+    @property
+    def alive(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    # ---- the scheduler thread -----------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                while not self.stopping and not self.waiting and not self.running:
+                    self.cond.wait(timeout=1.0)
+                if self.stopping:
+                    return
+            try:
+                self.step()
+            except Exception:
+                log.exception("scheduler step failed; failing the running requests")
+                self._fail_all("internal error in the scheduler (see the server log)")
+
+    def run_until_idle(self, max_steps: int = 100_000) -> None:
+        """Run steps in the calling thread until nothing is waiting or running (for tests and tools)."""
+        for _ in range(max_steps):
+            if not self.step():
+                return
+        raise RuntimeError(f"still busy after {max_steps} steps")
+
+    def step(self) -> bool:
+        """Admit, then one round for every running sequence. False when there was nothing to do."""
+        self._admit()
+        self._drop_cancelled()
+        if not self.running:
+            return False
+        seqs = list(self.running.values())
+        ks = [self._draft_length(seq) for seq in seqs]
+        eligible = [seq for seq, k in zip(seqs, ks, strict=True) if k]
+        expected = [self.policy.expected_tokens(seq.spec_rounds, seq.spec_tokens) for seq in eligible]
+        if not self.policy.should_draft(len(seqs), expected):
+            ks = [0] * len(seqs)
+        begin = time.perf_counter()
+        proposals = self._propose(seqs, ks)
+        drafted = time.perf_counter()
+        verdicts = self._verify(seqs, proposals)
+        verified = time.perf_counter()
+        drafting = sum(1 for k in ks if k)
+        self.policy.record(len(seqs), drafting, drafted - begin, verified - drafted)
+        self.metrics.steps.labels(mode="draft" if drafting else "plain").inc()
+        for seq, proposal, (accepted, next_token) in zip(seqs, proposals, verdicts, strict=True):
+            seq.stats.time_draft += drafted - begin
+            seq.stats.time_target += verified - drafted
+            self._advance(seq, proposal, accepted, next_token)
+        with self.cond:
+            self._update_gauges()
+        return True
+
+    def _admit(self) -> None:
+        while True:
+            with self.cond:
+                if not self.waiting or not self.free_slots:
+                    return
+                request = self.waiting.popleft()
+                slot = self.free_slots.pop(0)
+            self._start_sequence(request, slot)
+
+    def _start_sequence(self, request: EngineRequest, slot: int) -> None:
+        now = time.perf_counter()
+        prompt = request.prompt_ids
+        seq = Sequence(
+            request=request,
+            slot=slot,
+            tokens=list(prompt),
+            stopper=StopChecker(self.tokenizer, request.max_tokens, request.stop),
+            stats=GenerationStats(prompt_tokens=len(prompt)),
+            rng=request.params.make_generator(),
+            admitted=now,
+            queue_seconds=now - request.arrival,
+        )
+        self.running[slot] = seq
+        self.cache.set_length(slot, 0)
+        if len(prompt) > 1:
+            ids = torch.tensor([prompt[:-1]], dtype=torch.long, device=self.target.model.device)
+            self.target.model(ids, self.cache, [slot], num_logits=1)
+        if self.drafter is not None and request.speculative:
+            self.drafter.reset(slot, prompt)
+        seq.stats.time_prefill = time.perf_counter() - now
+        self.metrics.prompt_tokens.inc(len(prompt))
+
+    def _drop_cancelled(self) -> None:
+        for seq in [s for s in self.running.values() if s.request.cancelled]:
+            self._release(seq, "cancelled")
+
+    def _draft_length(self, seq: Sequence) -> int:
+        if self.drafter is None or not seq.request.speculative:
+            return 0
+        room = self.max_model_len - len(seq.tokens)
+        left = seq.request.max_tokens - len(seq.stopper.token_ids) - 1
+        return max(0, min(self.config.num_speculative_tokens, room, left))
+
+    def _propose(self, seqs: list[Sequence], ks: list[int]) -> list[Proposal]:
+        empty = Proposal(torch.empty(0, dtype=torch.long), None)
+        proposals = [empty] * len(seqs)
+        jobs = [
+            (i, DraftJob(seq.slot, seq.tokens, k, seq.request.params, seq.rng))
+            for i, (seq, k) in enumerate(zip(seqs, ks, strict=True))
+            if k
+        ]
+        if jobs:
+            for (i, _), proposal in zip(jobs, self.drafter.propose([job for _, job in jobs]), strict=True):
+                proposals[i] = proposal
+        return proposals
+
+    def _verify(self, seqs: list[Sequence], proposals: list[Proposal]) -> list[tuple[int, int]]:
+        """One target pass over [pending, drafts] of every sequence; (accepted, next token) per sequence."""
+        rows = [
+            seq.tokens[self.cache.lengths[seq.slot] :] + p.tokens.tolist()
+            for seq, p in zip(seqs, proposals, strict=True)
+        ]
+        all_logits = padded_forward(self.target.model, self.cache, rows, [seq.slot for seq in seqs])
+        verdicts = []
+        for seq, proposal, logits in zip(seqs, proposals, all_logits, strict=True):
+            k = proposal.tokens.shape[0]
+            logits = logits[-(k + 1) :]
+            params = seq.request.params
+            if params.greedy:
+                verdict = verify_greedy(proposal.tokens, logits)
+            else:
+                verdict = verify_sampled(proposal.tokens, proposal.probs, probs_from_logits(logits, params), seq.rng)
+            self.cache.set_length(seq.slot, len(seq.tokens) + verdict[0])
+            verdicts.append(verdict)
+        return verdicts
+
+    def _advance(self, seq: Sequence, proposal: Proposal, accepted: int, next_token: int) -> None:
+        k = proposal.tokens.shape[0]
+        seq.stats.record_round(k, accepted)
+        self.metrics.record_round(k, accepted)
+        if k:
+            seq.spec_rounds += 1
+            seq.spec_tokens += accepted + 1
+            self.policy.record_round(accepted + 1)
+        stop_ids = self.tokenizer.stop_token_ids
+        for token in [*proposal.tokens[:accepted].tolist(), next_token]:
+            seq.tokens.append(token)
+            is_stop_token = token in stop_ids
+            piece = seq.stopper.add(token)
+            seq.stats.new_tokens += not is_stop_token
+            if not is_stop_token:
+                self._record_token_time(seq)
+            if piece or not is_stop_token:
+                seq.request.sink(TokenEvent(piece, None if is_stop_token else token))
+            if seq.stopper.finished:
+                self._finish(seq)
+                return
+
+    def _record_token_time(self, seq: Sequence) -> None:
+        now = time.perf_counter()
+        if seq.last_emit is None:
+            self.metrics.ttft.observe(now - seq.request.arrival)
+        else:
+            self.metrics.itl.observe(now - seq.last_emit)
+        seq.last_emit = now
+        self.metrics.generation_tokens.inc()
+
+    def _finish(self, seq: Sequence) -> None:
+        seq.stats.time_total = time.perf_counter() - seq.admitted
+        stopper = seq.stopper
+        reason = stopper.finish_reason or "length"
+        output = GenerationOutput(stopper.text, list(stopper.token_ids), reason, seq.stats, seq.request.prompt_ids)
+        seq.request.sink(FinishEvent(output, seq.queue_seconds))
+        self._release(seq, reason)
+
+    def _release(self, seq: Sequence, reason: str) -> None:
+        with self.cond:
+            del self.running[seq.slot]
+            self.free_slots.append(seq.slot)
+            self.active.pop(seq.request.request_id, None)
+            self.metrics.record_finish(reason, time.perf_counter() - seq.request.arrival)
+            self._update_gauges()
+
+    def _fail_all(self, message: str) -> None:
+        with self.cond:
+            requests = list(self.waiting) + [seq.request for seq in self.running.values()]
+            self.waiting.clear()
+            for seq in list(self.running.values()):
+                self.free_slots.append(seq.slot)
+            self.running.clear()
+            self.active.clear()
+            self._update_gauges()
+        for request in requests:
+            self.metrics.record_finish("error", time.perf_counter() - request.arrival)
+            request.sink(ErrorEvent(message))
+
+    def _update_gauges(self) -> None:
+        self.metrics.set_queue(len(self.running), len(self.waiting))

