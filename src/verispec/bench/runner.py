@@ -1,0 +1,260 @@
+"""Runs a bench: every contender over the same prompts, interleaved prompt by prompt, after a warm-up.
+
+Per prompt the contenders run one after another, in an order rotated by the prompt's index, so
+machine drift (thermal, other load) hits every method alike. Ctrl-C stops the loop; the finished
+runs are kept and written, then the interrupt goes on to the caller.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+import torch
+from tqdm import tqdm
+
+from ..errors import InvalidParameterError
+from ..loading import LoadedModel, load_model
+from .config import BenchConfig, as_command
+from .costs import Costs, measure_costs
+from .datasets import Request, load_requests
+from .memory import PeakMemory
+from .methods import Outcome, build_methods
+from .peers import HFLoader, build_hf_peers, check_available, hf_loader
+
+
+class Contender(Protocol):
+    name: str
+    k: int
+    kind: str
+
+    def generate(self, prompt_ids: list[int], max_tokens: int, config: BenchConfig, seed: int | None) -> Outcome: ...
+
+
+@dataclass
+class Prompt:
+    index: int
+    id: str
+    token_ids: list[int]
+
+
+@dataclass
+class Run:
+    """One prompt x one contender. Counts and times that a contender cannot report are None."""
+
+    prompt: int
+    method: str
+    new_tokens: int
+    wall_s: float
+    target_passes: int
+    finish_reason: str
+    output_ids: list[int]
+    peak_rss_bytes: int
+    drafted: int | None = None
+    accepted: int | None = None
+    rejected: int | None = None
+    drafted_by_position: list[int] | None = None
+    accepted_by_position: list[int] | None = None
+    time_prefill: float | None = None
+    time_draft: float | None = None
+    time_target: float | None = None
+    time_other: float | None = None
+    peak_cuda_bytes: int | None = None
+    identical_to_plain: bool | None = None
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+@dataclass
+class Models:
+    target: LoadedModel
+    draft: LoadedModel | None
+    load_hf: HFLoader | None = None  # for --peers hf: "target" | "draft" -> a transformers model
+
+
+@dataclass
+class BenchResult:
+    config: BenchConfig
+    prompts: list[Prompt]
+    contenders: list[dict]  # name, kind, k
+    runs: list[Run] = field(default_factory=list)
+    costs: Costs | None = None
+    models: dict = field(default_factory=dict)
+    environment: dict = field(default_factory=dict)
+    skipped_prompts: list[str] = field(default_factory=list)
+    interrupted: bool = False
+    started: str = ""
+    duration_s: float = 0.0
+
+
+def run_bench(
+    config: BenchConfig, models: Models | None = None, log: Callable[[str], None] | None = None
+) -> BenchResult:
+    """Checks `config`, loads models (unless given), measures, and returns the result (not yet written)."""
+    log = log or (lambda message: print(message, file=sys.stderr))
+    config = config.checked()
+    config = replace(config, command=config.command or as_command(config))
+    check_available(config.peers, from_files=models is None or models.load_hf is None)
+    requests = load_requests(config.dataset, config.chat)
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    models = models or _load_models(config, log)
+    prompts, skipped, max_seq_len = _select_prompts(config, requests, models)
+    contenders = _contenders(config, models, max_seq_len, log)
+    result = BenchResult(config, prompts, [{"name": c.name, "kind": c.kind, "k": c.k} for c in contenders])
+    result.skipped_prompts, result.models, result.environment = skipped, _describe(models), _environment(config)
+    result.started = time.strftime("%Y-%m-%d %H:%M:%S")
+    begin = time.perf_counter()
+    _warm_up(config, contenders, prompts[0], log)
+    result.costs = _measure_costs(config, models, prompts, log)
+    try:
+        _main_loop(config, contenders, prompts, result, PeakMemory(models.target.model.device))
+    except KeyboardInterrupt:
+        result.interrupted = True
+    result.duration_s = time.perf_counter() - begin
+    _mark_identical(result)
+    return result
+
+
+def _contenders(config: BenchConfig, models: Models, max_seq_len: int, log: Callable[[str], None]) -> list[Contender]:
+    if config.uses_draft and models.draft is None:
+        raise InvalidParameterError("method 'draft' needs a draft model")
+    contenders: list[Contender] = [*build_methods(config, models.target, models.draft, max_seq_len)]
+    if config.peers:
+        log("loading peers: transformers on the same model files ...")
+        load = models.load_hf or hf_loader(config)
+        contenders += build_hf_peers(load, models.target.tokenizer.stop_token_ids, models.draft is not None)
+    return contenders
+
+
+def _load_models(config: BenchConfig, log: Callable[[str], None]) -> Models:
+    log(f"loading {config.model} ({config.dtype}) ...")
+    target = load_model(config.model, config.dtype, config.device)
+    draft = None
+    if config.uses_draft:
+        log(f"loading {config.draft_model} ({config.dtype}) ...")
+        draft = load_model(config.draft_model, config.dtype, config.device)
+        target.tokenizer.check_compatible(draft.tokenizer)
+    return Models(target, draft)
+
+
+def _select_prompts(config: BenchConfig, requests: list[Request], models: Models) -> tuple[list[Prompt], list, int]:
+    """The first num_prompts requests that fit the context with max_tokens (and k) to spare."""
+    limit = min(config.max_model_len, models.target.model.config.max_position_embeddings)
+    if models.draft is not None:
+        limit = min(limit, models.draft.model.config.max_position_embeddings)
+    spare = config.max_tokens + max(config.ks, default=0) + 2
+    tokenizer = models.target.tokenizer
+    prompts, skipped = [], []
+    for request in requests:
+        if len(prompts) == config.num_prompts:
+            break
+        ids = tokenizer.encode_chat(request.prompt) if request.is_chat else tokenizer.encode(request.prompt)
+        if ids and len(ids) + spare <= limit:
+            prompts.append(Prompt(len(prompts), request.id, ids))
+        else:
+            skipped.append(request.id)
+    if not prompts:
+        raise InvalidParameterError(
+            f"no prompt of the dataset fits the {limit}-token context with --max-tokens {config.max_tokens} to spare"
+        )
+    return prompts, skipped, max(len(p.token_ids) for p in prompts) + spare
+
+
+def _warm_up(config: BenchConfig, contenders: list[Contender], prompt: Prompt, log: Callable[[str], None]) -> None:
+    if config.warmup_tokens == 0:
+        return
+    log(f"warm-up: {len(contenders)} methods x {config.warmup_tokens} tokens ...")
+    for contender in contenders:
+        contender.generate(prompt.token_ids, config.warmup_tokens, config, config.seed)
+
+
+def _measure_costs(config: BenchConfig, models: Models, prompts: list[Prompt], log: Callable[[str], None]) -> Costs:
+    log(f"measuring step costs ({config.cost_repeats} repetitions) ...")
+    typical = sorted(prompts, key=lambda p: len(p.token_ids))[len(prompts) // 2]
+    draft = models.draft.model if models.draft is not None else None
+    return measure_costs(models.target.model, draft, typical.token_ids, config.ks, config.cost_repeats)
+
+
+def _main_loop(
+    config: BenchConfig, contenders: list[Contender], prompts: list[Prompt], result: BenchResult, memory: PeakMemory
+) -> None:
+    with tqdm(total=len(prompts) * len(contenders), desc="bench", unit="run", disable=not config.progress) as bar:
+        for prompt in prompts:
+            shift = prompt.index % len(contenders)
+            for contender in contenders[shift:] + contenders[:shift]:
+                bar.set_postfix_str(f"prompt {prompt.index + 1}/{len(prompts)} {contender.name}")
+                result.runs.append(_timed_run(config, contender, prompt, memory))
+                bar.update(1)
+
+
+def _timed_run(config: BenchConfig, contender: Contender, prompt: Prompt, memory: PeakMemory) -> Run:
+    seed = None if config.seed is None else config.seed + prompt.index
+    memory.reset()
+    begin = time.perf_counter()
+    outcome = contender.generate(prompt.token_ids, config.max_tokens, config, seed)
+    wall = time.perf_counter() - begin
+    run = Run(
+        prompt=prompt.index, method=contender.name, new_tokens=len(outcome.token_ids), wall_s=wall,
+        target_passes=outcome.target_passes, finish_reason=outcome.finish_reason, output_ids=outcome.token_ids,
+        rejected=outcome.rejected, **memory.read(),
+    )  # fmt: skip
+    if outcome.stats is not None:
+        _add_stats(run, outcome)
+    return run
+
+
+def _add_stats(run: Run, outcome: Outcome) -> None:
+    stats = outcome.stats
+    run.drafted, run.accepted = stats.drafted, stats.accepted
+    run.drafted_by_position, run.accepted_by_position = stats.drafted_by_position, stats.accepted_by_position
+    run.time_prefill, run.time_draft, run.time_target = stats.time_prefill, stats.time_draft, stats.time_target
+    run.time_other = max(0.0, run.wall_s - stats.time_prefill - stats.time_draft - stats.time_target)
+
+
+def _mark_identical(result: BenchResult) -> None:
+    plain = {run.prompt: run.output_ids for run in result.runs if run.method == "plain"}
+    for run in result.runs:
+        if run.method != "plain" and run.prompt in plain:
+            run.identical_to_plain = run.output_ids == plain[run.prompt]
+
+
+def _describe(models: Models) -> dict:
+    described = {"target": models.target}
+    if models.draft is not None:
+        described["draft"] = models.draft
+    return {role: _model_info(loaded) for role, loaded in described.items()}
+
+
+def _model_info(loaded: LoadedModel) -> dict:
+    model = loaded.model
+    return {
+        "name": loaded.name,
+        "path": str(loaded.path),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "layers": model.config.num_layers,
+        "hidden_size": model.config.hidden_size,
+        "vocab_size": model.config.vocab_size,
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "device": str(model.device),
+    }
+
+
+def _environment(config: BenchConfig) -> dict:
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "dtype": config.dtype,
+        "device": config.device,
+    }

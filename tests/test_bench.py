@@ -1,0 +1,251 @@
+"""verispec bench on tiny in-process models: complete, self-consistent outputs; clear errors on bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from verispec.bench import BenchConfig, Models, run_bench, write_outputs
+from verispec.bench import methods as bench_methods
+from verispec.bench.cli import config_from_args
+from verispec.bench.datasets import load_requests
+from verispec.bench.summary import expected_tokens_per_pass, ideal_speedup
+from verispec.bench.tiny import hf_twin, tiny_models
+from verispec.cli import main
+
+PROMPTS = [
+    {"prompt": "def add(a, b):\n    return"},
+    {"messages": [{"role": "user", "content": "Write hello world in C."}]},
+    {"turns": ["What is 2 + 2?", "And 3 + 3?"]},
+    {"prompt": "The quick brown fox"},
+]
+MAX_TOKENS = 16
+
+
+@pytest.fixture(autouse=True)
+def keep_torch_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "prompts.jsonl"
+    path.write_text("\n".join(json.dumps(row) for row in PROMPTS) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def bench(prompts_file, tmp_path_factory):
+    """One tiny bench with every method and the transformers peers; returns (results.json, report.md, folder)."""
+    threads = torch.get_num_threads()
+    target, draft = tiny_models()
+    models = Models(target, draft, load_hf=lambda role: hf_twin((target if role == "target" else draft).model))
+    config = BenchConfig(
+        dataset=str(prompts_file), num_prompts=len(PROMPTS), max_tokens=MAX_TOKENS, ks=(1, 3), peers=("hf",),
+        threads=1, warmup_tokens=2, cost_repeats=2, progress=False,
+    )  # fmt: skip
+    result = run_bench(config, models, log=lambda message: None)
+    torch.set_num_threads(threads)
+    folder = tmp_path_factory.mktemp("bench")
+    write_outputs(result, folder)
+    return json.loads((folder / "results.json").read_text()), (folder / "report.md").read_text(), folder
+
+
+METHODS = ["plain", "draft-k1", "draft-k3", "hf-plain", "hf-assisted", "hf-lookup"]
+
+
+def by_method(results: dict) -> dict[str, dict]:
+    return {row["method"]: row for row in results["summary"]}
+
+
+def test_results_cover_every_prompt_and_method(bench):
+    results, _, _ = bench
+    assert results["interrupted"] is False
+    assert [row["method"] for row in results["summary"]] == METHODS
+    assert len(results["prompts"]) == len(PROMPTS)
+    pairs = {(run["prompt"], run["method"]) for run in results["runs"]}
+    assert pairs == {(p, m) for p in range(len(PROMPTS)) for m in METHODS}
+    assert results["costs"]["c"] > 0 and set(results["costs"]["verify_ratio"]) == {"1", "3"}
+    for run in results["runs"]:
+        assert run["wall_s"] > 0 and run["peak_rss_bytes"] > 0
+        assert run["new_tokens"] == len(run["output_ids"]) <= MAX_TOKENS
+        if not run["method"].startswith("hf-"):
+            times = run["time_prefill"] + run["time_draft"] + run["time_target"] + run["time_other"]
+            assert times == pytest.approx(run["wall_s"], rel=1e-6)
+
+
+def test_counts_add_up(bench):
+    results, _, _ = bench
+    for run in results["runs"]:
+        if run["method"].startswith("hf-"):
+            continue
+        assert run["drafted"] == sum(run["drafted_by_position"])
+        assert run["accepted"] == sum(run["accepted_by_position"])
+        if run["method"] == "plain":
+            assert run["drafted"] == 0 and run["rejected"] is None
+        else:
+            assert run["accepted"] + run["rejected"] <= run["drafted"]
+            assert run["rejected"] <= run["target_passes"]
+        emitted = run["accepted"] + run["target_passes"]  # each pass emits its accepted tokens + one more
+        if run["finish_reason"] == "length":
+            assert run["new_tokens"] == emitted
+        else:
+            assert run["new_tokens"] < emitted
+    for row in results["summary"]:
+        runs = [run for run in results["runs"] if run["method"] == row["method"]]
+        assert row["new_tokens"] == sum(run["new_tokens"] for run in runs)
+        assert row["target_passes"] == sum(run["target_passes"] for run in runs)
+        assert row["mean_accepted_length"] == pytest.approx(row["new_tokens"] / row["target_passes"])
+        if row["k"]:
+            assert row["accepted"] == sum(run["accepted"] for run in runs)
+            assert row["acceptance_rate"] == pytest.approx(row["accepted"] / row["drafted"])
+
+
+def test_speedup_is_the_ratio_of_measured_rates(bench):
+    results, _, _ = bench
+    rows = by_method(results)
+    for row in rows.values():
+        runs = [run for run in results["runs"] if run["method"] == row["method"]]
+        rate = sum(run["new_tokens"] for run in runs) / sum(run["wall_s"] for run in runs)
+        assert row["tokens_per_s_total"] == pytest.approx(rate)
+        assert row["speedup"] == pytest.approx(rate / rows["plain"]["tokens_per_s_total"])
+    assert rows["plain"]["speedup"] == pytest.approx(1.0)
+
+
+def test_ideal_and_efficiency_follow_the_formula(bench):
+    results, _, _ = bench
+    c = results["costs"]["c"]
+    for method in ("draft-k1", "draft-k3"):
+        row = by_method(results)[method]
+        alpha = row["accepted"] / (row["accepted"] + row["rejected"])
+        assert row["alpha"] == pytest.approx(alpha)
+        assert row["ideal_speedup"] == pytest.approx(expected_tokens_per_pass(alpha, row["k"]) / (row["k"] * c + 1))
+        assert row["efficiency"] == pytest.approx(row["speedup"] / row["ideal_speedup"])
+        assert row["verify_ratio"] == pytest.approx(results["costs"]["verify_ratio"][str(row["k"])])
+    assert expected_tokens_per_pass(1.0, 4) == 5 and expected_tokens_per_pass(0.0, 4) == 1
+    assert ideal_speedup(0.5, 2, 0.0) == pytest.approx(1.75)
+
+
+def test_greedy_outputs_equal_plain_decoding(bench):
+    results, _, _ = bench
+    plain = {run["prompt"]: run["output_ids"] for run in results["runs"] if run["method"] == "plain"}
+    for run in results["runs"]:
+        if run["method"] != "plain":
+            assert run["output_ids"] == plain[run["prompt"]], run["method"]
+            assert run["identical_to_plain"] is True
+    for method in METHODS[1:]:
+        assert by_method(results)[method]["identical_to_plain"] == len(PROMPTS)
+
+
+def test_report_has_a_row_per_method_and_the_plots(bench):
+    results, report, folder = bench
+    rows = by_method(results)
+    assert "| method | k | prompts | new tokens | tok/s median | tok/s total | speedup |" in report
+    for method, row in rows.items():
+        line = next(line for line in report.splitlines() if line.startswith(f"| {method} |"))
+        assert f"| {row['speedup']:.2f}x |" in line and f"| {row['tokens_per_s_total']:.2f} |" in line
+        if row["k"]:
+            assert f"| {row['alpha']:.3f} |" in line and line.endswith(f"| {len(PROMPTS)}/{len(PROMPTS)} |")
+    assert results["command"] in report
+    for name in ("speedup_vs_k.png", "acceptance_by_position.png", "time_breakdown.png"):
+        assert (folder / name).read_bytes().startswith(b"\x89PNG") and f"]({name})" in report
+
+
+def test_cli_quick_tiny_run_and_ctrl_c_keeps_finished_runs(prompts_file, tmp_path, monkeypatch, capsys):
+    args = ["bench", "--tiny", "--quick", "--threads", "1", "--dataset", str(prompts_file), "--num-prompts", "3"]
+    assert main([*args, "--max-tokens", "6", "--no-plots", "--output", str(tmp_path / "ok")]) == 0
+    results = json.loads((tmp_path / "ok" / "results.json").read_text())
+    assert len(results["runs"]) == 3 * 3 and results["config"]["ks"] == [2, 4]
+    assert "--tiny" in results["command"] and "--quick" not in results["command"]
+
+    calls = {"n": 0}
+    original = bench_methods.Method.generate
+
+    def interrupted_on_the_8th_call(self, *args, **kwargs):  # 3 warm-up calls, then 4 finished runs
+        calls["n"] += 1
+        if calls["n"] == 8:
+            raise KeyboardInterrupt
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(bench_methods.Method, "generate", interrupted_on_the_8th_call)
+    assert main([*args, "--max-tokens", "6", "--output", str(tmp_path / "cut")]) == 130
+    results = json.loads((tmp_path / "cut" / "results.json").read_text())
+    assert results["interrupted"] is True and len(results["runs"]) == 4
+    rows = by_method(results)
+    assert rows["plain"]["prompts"] == 1 and rows["draft-k2"]["prompts"] == 2  # prompt 2 starts with draft-k2
+    first = [run for run in results["runs"] if run["prompt"] == 0]
+    rate = {run["method"]: run["new_tokens"] / run["wall_s"] for run in first}
+    assert rows["draft-k2"]["speedup"] == pytest.approx(rate["draft-k2"] / rate["plain"])  # same prompts only
+    assert "interrupted" in (tmp_path / "cut" / "report.md").read_text()
+    assert "verispec: interrupted" in capsys.readouterr().err
+
+
+def test_datasets_humaneval_and_jsonl(prompts_file):
+    humaneval = load_requests("humaneval")
+    assert len(humaneval) == 164 and humaneval[0].id == "HumanEval/0" and "def " in humaneval[0].prompt
+    requests = load_requests(str(prompts_file))
+    assert [r.is_chat for r in requests] == [False, True, True, False]
+    assert requests[2].prompt == [{"role": "user", "content": "What is 2 + 2?"}]
+    assert all(r.is_chat for r in load_requests(str(prompts_file), chat=True))
+
+
+def test_reported_command_repeats_the_run():
+    from verispec.cli import COMMANDS
+
+    parser = __import__("argparse").ArgumentParser()
+    COMMANDS["bench"][0](parser)
+    config = config_from_args(parser.parse_args(["--quick", "--k", "3,1", "--dtype", "bfloat16", "--chat"]))
+    again = config_from_args(parser.parse_args(config.command.split()[2:]))
+    assert again.command == config.command and again.ks == (3, 1) and again.max_tokens == 32
+
+
+# ---- bad input: one line `verispec: error: ...`, exit status 2, no traceback --------------------------------
+def bad_jsonl(tmp_path: Path) -> str:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "fine"}\n{"prompt": "broken"\n')
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--dataset", "no-such-set"], "unknown dataset 'no-such-set'"),
+        (["--dataset", "BAD"], "bad.jsonl:2: not valid JSON"),
+        (["--k", "2,0"], "k (tokens drafted per target pass) must be >= 1, got 0"),
+        (["--k", "2,x"], "--k expects comma-separated integers, got 'x'"),
+        (["--methods", "plain,medusa"], "unknown method 'medusa'"),
+        (["--peers", "vllm"], "unknown peer 'vllm'"),
+        (["--peers", "hf", "--temperature", "0.7"], "--peers compares greedy outputs"),
+        (["--speculative-model", "none"], "method 'draft' needs a draft model"),
+        (["--num-prompts", "0"], "--num-prompts must be >= 1"),
+    ],
+)
+def test_bad_input_gives_one_clear_line(args, expected, tmp_path, capsys):
+    args = [bad_jsonl(tmp_path) if a == "BAD" else a for a in args]
+    assert main(["bench", "--tiny", "--output", str(tmp_path / "out"), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("verispec: error: ") and expected in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_peer_missing_its_extra(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "accelerate", None)  # as if not installed
+    assert main(["bench", "--peers", "hf", "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("verispec: error: --peers hf needs the 'accelerate' package") and err.count("\n") == 1
+
+
+def test_bad_input_from_the_command_line_has_no_traceback(tmp_path):
+    command = [sys.executable, "-m", "verispec", "bench", "--tiny", "--dataset", bad_jsonl(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"verispec: error: {tmp_path / 'bad.jsonl'}:2: not valid JSON (Expecting ',' delimiter)"
+    ]
