@@ -9,7 +9,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from .errors import VerispecError
+from .errors import InvalidParameterError, VerispecError
 
 # name -> (add_arguments, run); run(args) returns an exit status. Other modules may extend this.
 COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
@@ -65,10 +65,24 @@ def _generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compare", action="store_true", help="also run plain target decoding and compare")
 
 
+def validate_sampling_arguments(args: argparse.Namespace) -> None:
+    """Fail on bad sampling flags before spending seconds on loading models."""
+    from .sampling import SamplingParams
+
+    SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    if args.max_tokens < 1:
+        raise InvalidParameterError(f"max_tokens must be >= 1, got {args.max_tokens}")
+    if args.num_speculative_tokens < 1:
+        raise InvalidParameterError(f"num_speculative_tokens must be >= 1, got {args.num_speculative_tokens}")
+
+
 def _generate(args: argparse.Namespace) -> int:
     from .generator import SpeculativeGenerator
 
+    validate_sampling_arguments(args)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not prompt:
+        raise InvalidParameterError("prompt is empty")
     request = [{"role": "user", "content": prompt}] if args.chat and prompt else prompt
     generator = build_generator(args)
     options = dict(

@@ -88,3 +88,16 @@ def tiny_pair(
     target = tiny_model(tiny_config(num_layers=4), seed=seed, scale=scale, residual_gain=residual_gain, dtype=dtype)
     draft = truncated_copy(target, 1)
     return tiny_loaded(target, tokenizer, "tiny-target"), tiny_loaded(draft, tokenizer, "tiny-draft")
+
+
+def word_tokenizer(size: int) -> Tokenizer:
+    """A tokenizer of `size` tokens: single letters 'a', 'b', ... and '<eos>' last (for exact-distribution tests)."""
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {chr(ord("a") + i): i for i in range(size - 1)} | {EOS_TEXT: size - 1}
+    raw = RawTokenizer(models.WordLevel(vocab=vocab, unk_token=EOS_TEXT))
+    raw.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    raw.decoder = decoders.Fuse()
+    return Tokenizer(PreTrainedTokenizerFast(tokenizer_object=raw, eos_token=EOS_TEXT))

@@ -1,0 +1,84 @@
+"""Bad input through the real command line: one line on stderr, non-zero exit, never a traceback."""
+
+import subprocess
+import sys
+
+import pytest
+
+from real_models import require_bundled, smollm2_path
+
+
+def run_cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "verispec", *args], input=stdin, capture_output=True, text=True, timeout=300
+    )
+
+
+def assert_clean_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    error_lines = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(error_lines) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in error_lines[0], result.stderr
+
+
+def test_missing_model_path():
+    assert_clean_error(run_cli("generate", "hi", "--model", "/nonexistent/model.gguf"), "does not exist")
+
+
+def test_file_that_is_not_a_model(tmp_path):
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"this is not a gguf file at all" * 10)
+    assert_clean_error(run_cli("generate", "hi", "--model", str(junk)), "not a readable GGUF")
+
+
+def test_folder_that_is_not_a_model(tmp_path):
+    assert_clean_error(run_cli("generate", "hi", "--model", str(tmp_path)), "no config.json")
+
+
+def test_unreadable_model(tmp_path):
+    locked = tmp_path / "locked.gguf"
+    locked.write_bytes(b"GGUF")
+    locked.chmod(0)
+    result = run_cli("generate", "hi", "--model", str(locked))
+    assert_clean_error(result)  # as root the file is still readable: then it is "not a readable GGUF"
+
+
+@pytest.mark.parametrize(
+    ("flags", "fragment"),
+    [
+        (["--num-speculative-tokens", "0"], "num_speculative_tokens must be >= 1"),
+        (["--temperature", "-1"], "temperature must be >= 0"),
+        (["--top-p", "0"], "top_p must be in (0, 1]"),
+        (["--top-p", "1.5"], "top_p must be in (0, 1]"),
+        (["--max-tokens", "0"], "max_tokens must be >= 1"),
+    ],
+)
+def test_bad_parameters(flags, fragment):
+    require_bundled()
+    assert_clean_error(run_cli("generate", "hi", *flags), fragment)
+
+
+def test_empty_prompt():
+    require_bundled()
+    assert_clean_error(run_cli("generate", "", "--speculative-model", "none"), "prompt is empty")
+
+
+def test_prompt_longer_than_the_context():
+    require_bundled()
+    result = run_cli("generate", "word " * 300, "--max-model-len", "64", "--speculative-model", "none")
+    assert_clean_error(result, "context holds 64")
+
+
+def test_incompatible_tokenizers():
+    require_bundled()
+    assert_clean_error(run_cli("generate", "hi", "--speculative-model", str(smollm2_path())), "tokenizers differ")
+
+
+def test_generate_streams_and_prints_stats():
+    require_bundled()
+    result = run_cli("generate", "def add(a, b):", "--max-tokens", "8", "--compare")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+    assert "acceptance" in result.stderr and "texts identical" in result.stderr

@@ -1,0 +1,185 @@
+"""The speculative loop on tiny random models: greedy identity and sampled distribution.
+
+The greedy reference is an independent decoder written here: it recomputes the whole sequence
+without a KV cache at every step, so it shares neither the cache logic nor the loop with verispec.
+"""
+
+from collections import Counter
+
+import pytest
+import torch
+
+from verispec import SpeculativeGenerator
+from verispec.drafters import Proposal
+from verispec.sampling import SamplingParams, probs_from_logits
+from verispec.testing import tiny_config, tiny_loaded, tiny_model, tiny_pair, truncated_copy, word_tokenizer
+from verispec.tokenizer import Tokenizer
+
+from distributions import total_variation
+
+PROMPTS = ["def add(a, b):", "hello world", "x"]
+
+
+def reference_greedy(model, prompt_ids, max_tokens, stop_ids) -> list[int]:
+    seq, out = list(prompt_ids), []
+    for _ in range(max_tokens):
+        logits = model(torch.tensor([seq]), model.new_cache(max_len=len(seq)), [0])[0, -1]
+        token = int(logits.argmax())
+        if token in stop_ids:
+            break
+        seq.append(token)
+        out.append(token)
+    return out
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_pair()
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+def test_greedy_output_equals_plain_greedy_for_every_k(pair, k):
+    target, draft = pair
+    generator = SpeculativeGenerator(target, draft, num_speculative_tokens=k)
+    for prompt in PROMPTS:
+        ids = target.tokenizer.encode(prompt)
+        expected = reference_greedy(target.model, ids, 40, target.tokenizer.stop_token_ids)
+        out = generator.generate(prompt, max_tokens=40)
+        assert out.token_ids == expected
+        assert out.stats.accepted > 0  # the draft agrees sometimes: the accept path really ran
+        assert out.stats.accepted < out.stats.drafted  # and disagrees sometimes: rejections ran too
+
+
+def test_plain_decoding_through_the_same_loop_matches_the_reference(pair):
+    target, _ = pair
+    generator = SpeculativeGenerator(target, None)
+    ids = target.tokenizer.encode(PROMPTS[0])
+    out = generator.generate(ids, max_tokens=30)
+    assert out.token_ids == reference_greedy(target.model, ids, 30, target.tokenizer.stop_token_ids)
+    assert out.stats.target_passes == 30 and out.stats.mean_accepted_length == 1.0
+
+
+def test_draft_equal_to_target_accepts_everything(pair):
+    target, _ = pair
+    clone = tiny_loaded(truncated_copy(target.model, target.model.config.num_layers), target.tokenizer)
+    out = SpeculativeGenerator(target, clone, num_speculative_tokens=5).generate(PROMPTS[0], max_tokens=36)
+    assert out.stats.accepted == out.stats.drafted > 0
+    assert out.stats.target_passes == 6  # 36 tokens, 6 per pass
+    assert out.token_ids == reference_greedy(target.model, target.tokenizer.encode(PROMPTS[0]), 36, set())
+
+
+class AlwaysWrongDrafter:
+    """Proposes, at every position, a token the target's greedy choice is not."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def reset(self, prompt_ids):
+        pass
+
+    def propose(self, tokens, k, params, rng):
+        model = self.target.model
+        seq, drafted = list(tokens), []
+        for _ in range(k):
+            best = int(model(torch.tensor([seq]), model.new_cache(max_len=len(seq)), [0])[0, -1].argmax())
+            drafted.append((best + 1) % model.config.vocab_size)
+            seq.append(best)
+        return Proposal(torch.tensor(drafted), None)
+
+    def observe(self, accepted):
+        pass
+
+
+def test_always_wrong_draft_accepts_nothing_and_changes_nothing(pair):
+    target, draft = pair
+    generator = SpeculativeGenerator(target, draft, num_speculative_tokens=3)
+    generator.drafter = AlwaysWrongDrafter(target)
+    out = generator.generate(PROMPTS[1], max_tokens=20)
+    assert out.stats.accepted == 0 and out.stats.drafted > 0
+    assert out.token_ids == reference_greedy(target.model, target.tokenizer.encode(PROMPTS[1]), 20, set())
+
+
+def test_eos_inside_a_drafted_block_cuts_where_plain_decoding_does(pair):
+    target, draft = pair
+    prompt_ids = target.tokenizer.encode(PROMPTS[0])
+    free_run = reference_greedy(target.model, prompt_ids, 40, set())
+    stop_token = free_run[13]  # its first occurrence ends generation
+    cut = free_run.index(stop_token)
+    tokenizer = Tokenizer(target.tokenizer.hf, extra_stop_ids=(stop_token,))
+    clone = tiny_loaded(truncated_copy(target.model, 4), tokenizer)  # accepts all: EOS lands mid-block
+    for drafter_model in (clone, tiny_loaded(draft.model, tokenizer)):
+        generator = SpeculativeGenerator(tiny_loaded(target.model, tokenizer), drafter_model, num_speculative_tokens=6)
+        out = generator.generate(prompt_ids, max_tokens=40)
+        assert out.token_ids == free_run[:cut]
+        assert out.finish_reason == "stop"
+        assert generator.target_cache.lengths[0] <= len(prompt_ids) + cut + 1
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 7, 11])
+def test_max_tokens_cuts_exactly(pair, max_tokens):
+    target, draft = pair
+    clone = tiny_loaded(truncated_copy(target.model, 4), target.tokenizer)
+    out = SpeculativeGenerator(target, clone, num_speculative_tokens=4).generate(PROMPTS[2], max_tokens=max_tokens)
+    expected = reference_greedy(target.model, target.tokenizer.encode(PROMPTS[2]), max_tokens, set())
+    assert out.token_ids == expected and out.finish_reason == "length"
+
+
+def test_stop_string_inside_a_drafted_block(pair):
+    target, _ = pair
+    clone = tiny_loaded(truncated_copy(target.model, 4), target.tokenizer)
+    plain = SpeculativeGenerator(target, None).generate(PROMPTS[0], max_tokens=30)
+    stop = plain.text[9:11]
+    spec = SpeculativeGenerator(target, clone, num_speculative_tokens=6).generate(
+        PROMPTS[0], max_tokens=30, stop=[stop]
+    )
+    plain_stopped = SpeculativeGenerator(target, None).generate(PROMPTS[0], max_tokens=30, stop=[stop])
+    assert spec.text == plain_stopped.text == plain.text[: plain.text.index(stop)]
+    assert spec.token_ids == plain_stopped.token_ids and spec.finish_reason == "stop"
+
+
+def test_streamed_text_concatenates_to_the_final_text(pair):
+    target, draft = pair
+    generator = SpeculativeGenerator(target, draft, num_speculative_tokens=3)
+    chunks = list(generator.stream(PROMPTS[0], max_tokens=25))
+    assert "".join(c.text for c in chunks) == chunks[-1].output.text
+    assert [c.token_id for c in chunks if c.token_id is not None] == chunks[-1].output.token_ids
+
+
+# ---- sampled decoding: distribution of the first tokens ------------------------------------------------------
+VOCAB = 7
+RUNS = 4000
+TOLERANCE = 0.06  # TV over 49 outcomes of the first two tokens; sampling noise ~0.02 at N = 4000
+
+
+def _exact_first_two(model, prompt_ids, params) -> dict:
+    def probs(seq):
+        logits = model(torch.tensor([seq]), model.new_cache(max_len=len(seq)), [0])[0, -1]
+        return probs_from_logits(logits, params)
+
+    first = probs(prompt_ids)
+    return {(a, b): float(first[a]) * float(pb) for a in range(VOCAB) for b, pb in enumerate(probs([*prompt_ids, a]))}
+
+
+@pytest.mark.parametrize(
+    "params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=3, top_p=0.9)]
+)
+def test_sampled_speculative_decoding_follows_the_target_distribution(params):
+    tokenizer = word_tokenizer(VOCAB)
+    config = tiny_config(vocab_size=VOCAB)
+    target_model = tiny_model(config, seed=3, scale=1.0, residual_gain=0.5)
+    draft_model = tiny_model(tiny_config(vocab_size=VOCAB, hidden_size=32, num_layers=1), seed=4)
+    tokenizer.stop_token_ids = frozenset()  # no EOS: the first two tokens always exist
+    target = tiny_loaded(target_model, tokenizer)
+    prompt_ids = [0, 1, 2]
+    exact = _exact_first_two(target_model, prompt_ids, params)
+    generator = SpeculativeGenerator(target, tiny_loaded(draft_model, tokenizer), num_speculative_tokens=3)
+    counts, accepted = Counter(), 0
+    for seed in range(RUNS):
+        out = generator.generate(prompt_ids, max_tokens=2, temperature=params.temperature, top_k=params.top_k,
+                                 top_p=params.top_p, seed=seed)  # fmt: skip
+        counts[tuple(out.token_ids)] += 1
+        accepted += out.stats.accepted
+    assert accepted > 0
+    assert total_variation(counts, exact, RUNS) < TOLERANCE
+    # the test can fail: the draft's own distribution is measurably different at this sample size
+    assert total_variation(counts, _exact_first_two(draft_model, prompt_ids, params), RUNS) > TOLERANCE
