@@ -13,6 +13,7 @@ import torch
 from verispec.bench import BenchConfig, Models, run_bench, write_outputs
 from verispec.bench import methods as bench_methods
 from verispec.bench.cli import config_from_args
+from verispec.bench.config import QUICK
 from verispec.bench.datasets import load_requests
 from verispec.bench.summary import expected_tokens_per_pass, ideal_speedup
 from verispec.bench.tiny import hf_twin, tiny_models
@@ -203,7 +204,7 @@ def test_reported_command_repeats_the_run():
     COMMANDS["bench"][0](parser)
     config = config_from_args(parser.parse_args(["--quick", "--k", "3,1", "--dtype", "bfloat16", "--chat"]))
     again = config_from_args(parser.parse_args(config.command.split()[2:]))
-    assert again.command == config.command and again.ks == (3, 1) and again.max_tokens == 32
+    assert again.command == config.command and again.ks == (3, 1) and again.max_tokens == QUICK["max_tokens"]
 
 
 # ---- bad input: one line `verispec: error: ...`, exit status 2, no traceback --------------------------------

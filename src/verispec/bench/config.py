@@ -13,7 +13,7 @@ PEERS = ("hf",)
 BASELINE = "plain"
 
 # --quick: a smoke run that finishes in about two minutes on the bundled models (2-core CPU).
-QUICK = {"num_prompts": 2, "max_tokens": 32, "ks": (2, 4), "cost_repeats": 3, "warmup_tokens": 4}
+QUICK = {"num_prompts": 2, "max_tokens": 24, "ks": (2, 4), "cost_repeats": 3, "warmup_tokens": 2}
 
 
 @dataclass(frozen=True)
