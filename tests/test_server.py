@@ -173,6 +173,22 @@ def test_completion_matches_plain_decoding_and_reports_stats(server, references)
 
 
 @needs_smollm2
+def test_stop_strings_and_seeded_sampling(server, plain):
+    client = server.client()
+    expected = plain.generate(PROMPTS[0], max_tokens=MAX_TOKENS, stop=["\n"])
+    result = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=MAX_TOKENS, temperature=0, stop="\n")
+    assert (result.choices[0].text, result.choices[0].finish_reason) == (expected.text, "stop")
+    sampled = [
+        client.completions.create(
+            model=MODEL, prompt=PROMPTS[6], max_tokens=12, temperature=0.9, top_p=0.95, seed=7,
+            extra_body={"top_k": 40},
+        ).choices[0].text
+        for _ in range(2)
+    ]  # fmt: skip
+    assert sampled[0] == sampled[1] and sampled[0]
+
+
+@needs_smollm2
 def test_models_lists_the_served_model(server):
     models = server.client().models.list().data
     assert [m.id for m in models] == [MODEL]
@@ -344,6 +360,21 @@ def test_mid_stream_disconnect_cancels_and_frees_the_slot(server):
     assert generated < 200, "the request kept decoding after its client left"
 
 
+@needs_smollm2
+def test_disconnect_while_waiting_for_a_non_streamed_answer_cancels_it(server):
+    before = server.metrics()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            server.url + "/v1/completions",
+            json={"prompt": PROMPTS[2], "max_tokens": 400, "temperature": 0},
+            timeout=1.5,
+        )
+    after = server.wait_metrics(lambda m: m["verispec_num_requests_running"] == 0, timeout=5)
+    cancelled = "verispec_requests_total{finish_reason=cancelled}"
+    assert after["verispec_num_requests_running"] == 0
+    assert after[cancelled] == before.get(cancelled, 0) + 1
+
+
 # ---- shutdown --------------------------------------------------------------------------------------------------
 @needs_smollm2
 def test_sigterm_drains_in_flight_requests_then_exits():
@@ -445,9 +476,13 @@ def test_draft_policy_suspends_drafting_when_it_stops_paying():
     assert DraftPolicy(mode="always").should_draft(8, [1.0]) and not DraftPolicy(mode="never").should_draft(1, [5.0])
 
 
-def test_draft_policy_probes_the_other_mode_now_and_then():
-    policy = DraftPolicy(probe_every=4)
+def test_draft_policy_probes_the_other_mode_less_and_less_while_the_decision_holds():
+    policy = DraftPolicy(probe_every=4, max_probe_interval=16)
     policy.record(2, 2, 0.01, 0.02)
     policy.record(2, 0, 0.0, 0.02)
+    decisions = [policy.should_draft(2, [3.0, 3.0]) for _ in range(60)]
+    assert [i for i, d in enumerate(decisions) if not d] == [3, 11, 27, 43, 59]  # every 4, 8, 16, 16, 16 steps
+    policy.record(2, 2, 0.01, 0.2)  # drafting became slow: the decision flips and probing is frequent again
+    policy.record(2, 2, 0.01, 0.2)
     decisions = [policy.should_draft(2, [3.0, 3.0]) for _ in range(8)]
-    assert decisions.count(False) == 2 and decisions[3] is False and decisions[7] is False
+    assert [i for i, d in enumerate(decisions) if d] == [3]

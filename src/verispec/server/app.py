@@ -8,6 +8,7 @@ asyncio queue; if the client goes away (mid-stream or while waiting) the request
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -90,7 +91,8 @@ def create_app(state: ServerState) -> FastAPI:
 def _add_error_handlers(app: FastAPI, state: ServerState) -> None:
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> JSONResponse:
-        state.scheduler.metrics.rejected.labels(code=exc.code or exc.type).inc()
+        if exc.status < 499:  # refused requests; a client that left is counted as a cancelled request
+            state.scheduler.metrics.rejected.labels(code=exc.code or exc.type).inc()
         return JSONResponse(exc.body(), status_code=exc.status)
 
     @app.exception_handler(StarletteHTTPException)
@@ -256,18 +258,20 @@ def _max_tokens(
 
 async def _result(http_request: Request, state: ServerState, job: Job) -> tuple[GenerationOutput, float]:
     """Wait for the finished output; cancels the request if the client disconnects meanwhile."""
+    loop = asyncio.get_running_loop()
+    next_check = loop.time() + DISCONNECT_POLL_SECONDS
     try:
         while True:
-            try:
-                event = await asyncio.wait_for(job.sink.queue.get(), DISCONNECT_POLL_SECONDS)
-            except TimeoutError:
+            with contextlib.suppress(TimeoutError):
+                event = await asyncio.wait_for(job.sink.queue.get(), max(0.0, next_check - loop.time()))
+                if isinstance(event, FinishEvent):
+                    return event.output, event.queue_seconds
+                if isinstance(event, ErrorEvent):
+                    raise ApiError(500, event.message, type="server_error", code="internal")
+            if loop.time() >= next_check:
                 if await http_request.is_disconnected():
-                    raise ApiError(499, "client closed the request", code="client_closed") from None
-                continue
-            if isinstance(event, FinishEvent):
-                return event.output, event.queue_seconds
-            if isinstance(event, ErrorEvent):
-                raise ApiError(500, event.message, type="server_error", code="internal")
+                    raise ApiError(499, "client closed the request", code="client_closed")
+                next_check = loop.time() + DISCONNECT_POLL_SECONDS
     finally:
         state.scheduler.cancel(job.id)
 

@@ -1,6 +1,242 @@
-def add_bench_arguments(p):
-    pass
+"""`verispec bench-serve`: throughput and latency of the server at several concurrencies, speculation on vs off.
+
+It starts `verispec serve` with the given model flags on a free loopback port (or uses --url), then for each
+concurrency C sends the same greedy chat requests, C at a time, once with speculation on and once with
+`"speculative": false`, and prints a Markdown table: total generated tokens/s, per-request latency p50/p95,
+mean accepted length, and the share of scheduler steps that drafted (the draft policy's decisions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+from ..cli import add_model_arguments
+from ..errors import VerispecError
+from .policy import POLICIES
+
+PROMPTS = [
+    "Write a Python function that checks whether a number is prime.",
+    "Write a Python function that reverses a singly linked list.",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Write a Python function that merges two sorted lists into one sorted list.",
+    "Write a Python function that counts the words in a text file.",
+    "Write a Python function that computes the factorial of n recursively.",
+    "Write a Python class for a stack with push, pop and peek.",
+    "Write a Python function that checks whether a string is a palindrome.",
+]
+STARTUP_TIMEOUT = 900.0
 
 
-def run_bench(a):
+@dataclass
+class LevelResult:
+    concurrency: int
+    speculative: bool
+    requests: int
+    tokens: int
+    seconds: float
+    tokens_per_second: float
+    latency_p50: float
+    latency_p95: float
+    mean_accepted_length: float
+    draft_step_share: float
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    parser.add_argument("--url", default=None, help="bench a running server instead of starting one")
+    parser.add_argument("--concurrency", default="1,2,4,8", help="comma-separated concurrency levels")
+    parser.add_argument("--requests", type=int, default=0, help="requests per level (default: max(4, 2 x C))")
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request")
+    parser.add_argument("--draft-policy", default="auto", choices=POLICIES, help="the started server's policy")
+    parser.add_argument("--output", default=None, help="also write the results as JSON here")
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    levels = _levels(args.concurrency)
+    with _server(args, max(levels)) as url:
+        results, costs = asyncio.run(_bench(url, levels, args))
+    print(format_table(results))
+    print()
+    print(format_costs(costs))
+    if args.output:
+        with open(args.output, "w") as out:
+            json.dump([asdict(r) for r in results], out, indent=1)
     return 0
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise VerispecError(f"--concurrency must be comma-separated integers, got {text!r}") from None
+    if not levels or min(levels) < 1:
+        raise VerispecError("--concurrency needs levels >= 1")
+    return levels
+
+
+@contextlib.contextmanager
+def _server(args: argparse.Namespace, slots: int):
+    if args.url:
+        yield args.url.rstrip("/")
+        return
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [
+        sys.executable, "-m", "verispec", "serve", "--port", str(port), "--model", args.model,
+        "--speculative-model", args.speculative_model, "--num-speculative-tokens", str(args.num_speculative_tokens),
+        "--dtype", args.dtype, "--device", args.device, "--max-model-len", str(args.max_model_len),
+        "--max-num-seqs", str(slots), "--draft-policy", args.draft_policy, "--log-level", "warning",
+    ]  # fmt: skip
+    if args.threads:
+        command += ["--threads", str(args.threads)]
+    proc = subprocess.Popen(command, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_healthy(url, proc)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen) -> None:
+    import httpx
+
+    deadline = time.monotonic() + STARTUP_TIMEOUT
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise VerispecError(f"the server exited with status {proc.returncode}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise VerispecError(f"the server did not become healthy in {STARTUP_TIMEOUT:.0f} s")
+
+
+async def _bench(
+    url: str, levels: list[int], args: argparse.Namespace
+) -> tuple[list[LevelResult], dict[tuple[str, int], float]]:
+    import httpx
+
+    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(3600.0)) as client:
+        for speculative in (True, False):  # warm up both modes
+            await _one(client, PROMPTS[0], 8, speculative)
+        results = []
+        for concurrency in levels:
+            count = args.requests or max(4, 2 * concurrency)
+            for speculative in (True, False):
+                results.append(await _level(client, concurrency, count, args.max_tokens, speculative))
+                print(_row(results[-1]), file=sys.stderr, flush=True)
+        return results, await _policy_costs(client)
+
+
+async def _level(client, concurrency: int, count: int, max_tokens: int, speculative: bool) -> LevelResult:
+    before = await _steps(client)
+    gate = asyncio.Semaphore(concurrency)
+
+    async def limited(i: int) -> tuple[float, dict]:
+        async with gate:
+            return await _one(client, PROMPTS[i % len(PROMPTS)], max_tokens, speculative)
+
+    begin = time.perf_counter()
+    answers = await asyncio.gather(*(limited(i) for i in range(count)))
+    seconds = time.perf_counter() - begin
+    after = await _steps(client)
+    latencies = sorted(latency for latency, _ in answers)
+    tokens = sum(body["usage"]["completion_tokens"] for _, body in answers)
+    passes = sum(body["verispec"]["target_passes"] for _, body in answers)
+    steps = {mode: after.get(mode, 0) - before.get(mode, 0) for mode in ("draft", "plain")}
+    return LevelResult(
+        concurrency=concurrency, speculative=speculative, requests=count, tokens=tokens, seconds=seconds,
+        tokens_per_second=tokens / seconds, latency_p50=statistics.median(latencies),
+        latency_p95=_percentile(latencies, 0.95), mean_accepted_length=tokens / passes if passes else 0.0,
+        draft_step_share=steps["draft"] / max(1, steps["draft"] + steps["plain"]),
+    )  # fmt: skip
+
+
+async def _one(client, prompt: str, max_tokens: int, speculative: bool) -> tuple[float, dict]:
+    body = {
+        "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
+        "speculative": speculative,
+    }  # fmt: skip
+    begin = time.perf_counter()
+    response = await client.post("/v1/chat/completions", json=body)
+    if response.status_code != 200:
+        raise VerispecError(f"the server answered {response.status_code}: {response.text[:300]}")
+    return time.perf_counter() - begin, response.json()
+
+
+async def _samples(client, name: str) -> list:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = (await client.get("/metrics")).text
+    return [s for family in text_string_to_metric_families(text) for s in family.samples if s.name == name]
+
+
+async def _steps(client) -> dict[str, float]:
+    return {s.labels["mode"]: s.value for s in await _samples(client, "verispec_scheduler_steps_total")}
+
+
+async def _policy_costs(client) -> dict[tuple[str, int], float]:
+    samples = await _samples(client, "verispec_draft_policy_seconds")
+    return {(s.labels["phase"], int(s.labels["batch_size"])): s.value for s in samples}
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile."""
+    rank = max(1, min(len(sorted_values), round(q * len(sorted_values) + 0.5)))
+    return sorted_values[rank - 1]
+
+
+HEADER = (
+    "| concurrency | speculation | requests | tokens | wall s | tokens/s | p50 latency s | p95 latency s "
+    "| mean accepted length | drafting steps |\n|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def _row(r: LevelResult) -> str:
+    return (
+        f"| {r.concurrency} | {'on' if r.speculative else 'off'} | {r.requests} | {r.tokens} | {r.seconds:.1f} "
+        f"| {r.tokens_per_second:.2f} | {r.latency_p50:.2f} | {r.latency_p95:.2f} | {r.mean_accepted_length:.2f} "
+        f"| {r.draft_step_share:.0%} |"
+    )
+
+
+def format_table(results: list[LevelResult]) -> str:
+    lines = [HEADER, *(_row(r) for r in results), ""]
+    for on in (r for r in results if r.speculative):
+        off = next((r for r in results if not r.speculative and r.concurrency == on.concurrency), None)
+        if off is not None and off.tokens_per_second:
+            ratio = on.tokens_per_second / off.tokens_per_second
+            lines.append(f"concurrency {on.concurrency}: speculation on / off = {ratio:.2f}x tokens/s")
+    return "\n".join(lines)
+
+
+def format_costs(costs: dict[tuple[str, int], float]) -> str:
+    """The draft policy's measured step times per batch size B (all B rows drafting)."""
+    lines = [
+        "| batch size B | plain(B) s | draft(B) s | verify(B) s | verify / plain | (draft + verify) / plain |",
+        "|---|---|---|---|---|---|",
+    ]
+    for batch in sorted({b for _, b in costs}):
+        plain, draft, verify = (costs.get((phase, batch)) for phase in ("plain", "draft", "verify"))
+        if None in (plain, draft, verify):
+            continue
+        ratios = f"{verify / plain:.2f} | {(draft + verify) / plain:.2f}"
+        lines.append(f"| {batch} | {plain:.3f} | {draft:.3f} | {verify:.3f} | {ratios} |")
+    return "\n".join(lines)

@@ -24,6 +24,13 @@ class Metrics:
         self.accepted_at = counter("accepted_tokens_by_position", "Accepted tokens by draft position", "position")
         self.acceptance_rate = gauge("acceptance_rate", "Accepted / drafted tokens since start")
         self.steps = counter("scheduler_steps", "Scheduler steps by mode (draft or plain)", "mode")
+        self.policy_seconds = gauge(
+            "draft_policy_seconds",
+            "Draft policy's running average step times: plain = target over 1 token/row, verify = target over "
+            "k+1 tokens/row (batch_size rows), draft = drafting k tokens (batch_size drafting rows)",
+            "phase",
+            "batch_size",
+        )
         self.running = gauge("num_requests_running", "Requests holding a sequence slot")
         self.waiting = gauge("num_requests_waiting", "Requests queued for a slot")
         self.ttft = histogram("time_to_first_token_seconds", "Arrival to first token", _TTFT_BUCKETS)
@@ -35,8 +42,8 @@ class Metrics:
     def _counter(self, name: str, doc: str, *labels: str) -> Counter:
         return Counter(PREFIX + name, doc, labels, registry=self.registry)
 
-    def _gauge(self, name: str, doc: str) -> Gauge:
-        return Gauge(PREFIX + name, doc, registry=self.registry)
+    def _gauge(self, name: str, doc: str, *labels: str) -> Gauge:
+        return Gauge(PREFIX + name, doc, labels, registry=self.registry)
 
     def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
         return Histogram(PREFIX + name, doc, buckets=buckets, registry=self.registry)
@@ -60,6 +67,10 @@ class Metrics:
         self._drafted_total += drafted
         self._accepted_total += accepted
         self.acceptance_rate.set(self._accepted_total / self._drafted_total)
+
+    def record_policy(self, phase: str, batch_size: int, seconds: float | None) -> None:
+        if seconds is not None:
+            self.policy_seconds.labels(phase=phase, batch_size=str(batch_size)).set(seconds)
 
     def record_finish(self, reason: str, seconds: float) -> None:
         self.requests.labels(finish_reason=reason).inc()

@@ -11,7 +11,9 @@ the first rate (tokens/s) beats the second.
 The three times are running averages per batch size, taken from the steps the server actually runs. A
 batch size seen for the first time tries drafting, then plain decoding, so both are measured; after that
 every `probe_every`-th step at a batch size runs the mode that was *not* chosen, so the numbers follow the
-machine (warm-up, other load) and a decision can flip back.
+machine (warm-up, other load) and a decision can flip back. A probe costs a slow step, so the interval
+doubles (up to `max_probe_interval`) each time the decision stays the same, and drops back to
+`probe_every` when it changes.
 
 On a GPU the target is memory-bound and verify(B) ~ plain(B) until B*(k+1) tokens fill the chip; on a
 2-core CPU the target is compute-bound already at a few rows, verify(B) ~ (k+1)*plain(B), and drafting
@@ -37,16 +39,24 @@ class _Average:
 
 
 @dataclass
+class _Probing:
+    interval: int
+    since: int = 0
+    last_choice: bool | None = None
+
+
+@dataclass
 class DraftPolicy:
     mode: str = "auto"
-    probe_every: int = 16
+    probe_every: int = 8
+    max_probe_interval: int = 256
     smoothing: float = 0.3
     prior_weight: float = 2.0  # a new sequence's E counts as this many rounds at the server-wide average
     plain: dict[int, _Average] = field(default_factory=lambda: defaultdict(_Average))
     verify: dict[int, _Average] = field(default_factory=lambda: defaultdict(_Average))
     draft: dict[int, _Average] = field(default_factory=lambda: defaultdict(_Average))
     round_tokens: _Average = field(default_factory=_Average)  # server-wide tokens per speculative round
-    steps: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    probing: dict[int, _Probing] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.mode not in POLICIES:
@@ -67,9 +77,19 @@ class DraftPolicy:
             return True
         if self.plain[batch].value is None:
             return False
-        choice = self.drafting_rate(batch, expected) > self.plain_rate(batch)
-        self.steps[batch] += 1
-        return not choice if self.steps[batch] % self.probe_every == 0 else choice
+        return self._maybe_probe(batch, self.drafting_rate(batch, expected) > self.plain_rate(batch))
+
+    def _maybe_probe(self, batch: int, choice: bool) -> bool:
+        probing = self.probing.setdefault(batch, _Probing(self.probe_every))
+        if probing.last_choice is not None and choice != probing.last_choice:
+            probing.interval = self.probe_every
+        probing.last_choice = choice
+        probing.since += 1
+        if probing.since < probing.interval:
+            return choice
+        probing.since = 0
+        probing.interval = min(2 * probing.interval, self.max_probe_interval)
+        return not choice
 
     def drafting_rate(self, batch: int, expected: list[float]) -> float:
         seconds = self.draft[len(expected)].value + self.verify[batch].value

@@ -205,9 +205,7 @@ class Scheduler:
         drafted = time.perf_counter()
         verdicts = self._verify(seqs, proposals)
         verified = time.perf_counter()
-        drafting = sum(1 for k in ks if k)
-        self.policy.record(len(seqs), drafting, drafted - begin, verified - drafted)
-        self.metrics.steps.labels(mode="draft" if drafting else "plain").inc()
+        self._record_costs(len(seqs), sum(1 for k in ks if k), drafted - begin, verified - drafted)
         for seq, proposal, (accepted, next_token) in zip(seqs, proposals, verdicts, strict=True):
             seq.stats.time_draft += drafted - begin
             seq.stats.time_target += verified - drafted
@@ -215,6 +213,16 @@ class Scheduler:
         with self.cond:
             self._update_gauges()
         return True
+
+    def _record_costs(self, batch: int, drafting: int, draft_seconds: float, verify_seconds: float) -> None:
+        policy, metrics = self.policy, self.metrics
+        policy.record(batch, drafting, draft_seconds, verify_seconds)
+        metrics.steps.labels(mode="draft" if drafting else "plain").inc()
+        if drafting:
+            metrics.record_policy("draft", drafting, policy.draft[drafting].value)
+            metrics.record_policy("verify", batch, policy.verify[batch].value)
+        else:
+            metrics.record_policy("plain", batch, policy.plain[batch].value)
 
     def _admit(self) -> None:
         while True:
