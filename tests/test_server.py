@@ -314,19 +314,16 @@ def test_bad_chat_requests_and_unknown_routes(server):
 
 @needs_smollm2
 def test_full_queue_gets_429_and_disconnects_free_every_slot(server):
-    """8 running + 2 waiting fill the server; one more is refused; closing the 10 streams frees everything."""
+    """8 running + 2 waiting fill the server; one more is refused; closing the 10 streams frees everything.
+
+    PROMPTS[2] runs the whole 400 tokens greedily, so no request ends by itself while the test looks."""
     client, streams = server.client(), []
     try:
-        for i in range(10):
-            streams.append(
-                client.completions.create(
-                    model=MODEL,
-                    prompt=PROMPTS[i % 8],
-                    max_tokens=400,
-                    temperature=0,
-                    stream=True,  # fmt: skip
-                )
+        for _ in range(10):
+            stream = client.completions.create(
+                model=MODEL, prompt=PROMPTS[2], max_tokens=400, temperature=0, stream=True
             )
+            streams.append(stream)
         full = server.wait_metrics(lambda m: m["verispec_num_requests_running"] == 8)
         assert full["verispec_num_requests_running"] == 8 and full["verispec_num_requests_waiting"] == 2
         response = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 4}, timeout=30)
