@@ -483,3 +483,24 @@ def test_draft_policy_probes_the_other_mode_less_and_less_while_the_decision_hol
     policy.record(2, 2, 0.01, 0.2)
     decisions = [policy.should_draft(2, [3.0, 3.0]) for _ in range(8)]
     assert [i for i, d in enumerate(decisions) if d] == [3]
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_scheduler_fills_the_context_exactly_and_resumes_drafting_after_a_pause(k):
+    """Requests that end exactly at the context limit, with drafting suspended then resumed (long catch-up)."""
+    target, draft = tiny_pair()
+    plain = SpeculativeGenerator(target, None, max_seq_len=64, progress=False)
+    config = SchedulerConfig(max_num_seqs=2, max_model_len=64, num_speculative_tokens=k, draft_policy="never")
+    scheduler = Scheduler(target, draft, config)
+    prompts = [target.tokenizer.encode("0123456789"), target.tokenizer.encode("z")]
+    events: list[list] = [[], []]
+    for i, ids in enumerate(prompts):
+        scheduler.submit(EngineRequest(str(i), ids, SamplingParams(), 64 - len(ids), events[i].append))
+    for _ in range(20):  # plain steps: the draft caches fall 20 tokens behind
+        scheduler.step()
+    scheduler.policy.mode = "always"
+    scheduler.run_until_idle(max_steps=200)
+    for ids, request_events in zip(prompts, events, strict=True):
+        output = request_events[-1].output
+        assert output.token_ids == plain.generate(ids, max_tokens=64 - len(ids)).token_ids
+        assert output.stats.drafted > 0

@@ -32,7 +32,7 @@ from ..loading import LoadedModel
 from ..sampling import probs_from_logits
 from ..stats import GenerationStats
 from ..stopping import StopChecker
-from .batching import BatchedDrafter, DraftJob, padded_forward
+from .batching import CATCH_UP_WIDTH, BatchedDrafter, DraftJob, padded_forward
 from .events import EngineRequest, ErrorEvent, FinishEvent, TokenEvent
 from .metrics import Metrics
 from .policy import DraftPolicy
@@ -97,12 +97,14 @@ class Scheduler:
             self.tokenizer.check_compatible(draft.tokenizer)
             limits.append(draft.model.config.max_position_embeddings)
         self.max_model_len = min(limits)
-        headroom = k + 1  # padded rows may run past a sequence's last real position
+        # padded rows may run past a sequence's last real position: verify rows are k+1 wide, draft catch-up
+        # rows up to CATCH_UP_WIDTH
         slots = self.config.max_num_seqs
-        self.cache = target.model.new_cache(num_slots=slots, max_len=self.max_model_len + headroom)
+        self.cache = target.model.new_cache(num_slots=slots, max_len=self.max_model_len + k + 1)
         if draft is not None:
             vocab = target.model.config.vocab_size
-            self.drafter = BatchedDrafter(draft.model, vocab, slots, self.max_model_len + headroom)
+            draft_len = self.max_model_len + max(k, CATCH_UP_WIDTH) + 1
+            self.drafter = BatchedDrafter(draft.model, vocab, slots, draft_len)
         self.policy = DraftPolicy(mode=self.config.draft_policy if draft is not None else "never")
         self.running: dict[int, Sequence] = {}
         self.free_slots = list(range(slots))
