@@ -12,6 +12,7 @@ class GenerationStats:
     target_passes: int = 0  # decode passes of the target (prefill not counted): plain decoding has one per token
     drafted: int = 0
     accepted: int = 0
+    rejected: int = 0  # rounds that ended on a rejected draft token; alpha = accepted / (accepted + rejected)
     drafted_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
     time_prefill: float = 0.0
@@ -44,6 +45,7 @@ class GenerationStats:
         self.target_passes += 1
         self.drafted += drafted
         self.accepted += accepted
+        self.rejected += accepted < drafted
         missing = drafted - len(self.drafted_by_position)
         if missing > 0:
             self.drafted_by_position += [0] * missing
