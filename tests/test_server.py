@@ -143,11 +143,19 @@ def server() -> Iterator[ServerProcess]:
 
 
 @pytest.fixture(scope="module")
-def plain() -> SpeculativeGenerator:
+def one_thread() -> Iterator[None]:
+    """This process computes with one thread: the server process (or the tiny models' size) needs no more."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def plain(one_thread) -> SpeculativeGenerator:
     """Plain decoding (no draft) of SmolLM2 in this process: the reference every server answer must equal."""
     from verispec import load_model
 
-    torch.set_num_threads(1)  # the server process uses the cores
     return SpeculativeGenerator(load_model(str(SMOLLM2), progress=False), None, max_seq_len=MAX_MODEL_LEN)
 
 
@@ -397,8 +405,13 @@ def test_sigterm_drains_in_flight_requests_then_exits():
 
 
 # ---- in process: the batching pieces on the tiny pair ----------------------------------------------------------------
-def test_padded_rows_do_not_change_other_rows():
-    target, _ = tiny_pair()
+@pytest.fixture
+def tiny(one_thread) -> tuple:
+    return tiny_pair()
+
+
+def test_padded_rows_do_not_change_other_rows(tiny):
+    target, _ = tiny
     model = target.model
     prompts = [[1, 2, 3, 4, 5], [7], [9, 8, 7, 6, 5, 4, 3, 2, 1], [42, 43]]
     rows = [[11, 12, 13], [14], [15, 16], [17, 18, 19, 20, 21]]
@@ -426,8 +439,8 @@ def _run_scheduler(target, draft, requests: list[tuple[str, SamplingParams, bool
 
 
 @pytest.mark.parametrize("policy", ["always", "auto", "never"])
-def test_scheduler_greedy_outputs_equal_plain_decoding(policy):
-    target, draft = tiny_pair()
+def test_scheduler_greedy_outputs_equal_plain_decoding(policy, tiny):
+    target, draft = tiny
     plain = SpeculativeGenerator(target, None, max_seq_len=256, progress=False)
     prompts = ["hello world", "a", "The quick brown fox", "xyz" * 8, "1234", "ok"]
     requests = [(p, SamplingParams(), i % 3 != 0) for i, p in enumerate(prompts)]
@@ -444,9 +457,9 @@ def test_scheduler_greedy_outputs_equal_plain_decoding(policy):
     assert (drafted == 0) == (policy == "never")
 
 
-def test_scheduler_seeded_sampling_matches_the_single_sequence_loop():
+def test_scheduler_seeded_sampling_matches_the_single_sequence_loop(tiny):
     """A seeded sampled request draws the same random stream as generator.py, whatever runs beside it."""
-    target, draft = tiny_pair()
+    target, draft = tiny
     spec = SpeculativeGenerator(target, draft, max_seq_len=256, progress=False)
     expected = spec.generate("hello", max_tokens=30, temperature=0.8, top_k=50, seed=3).token_ids
     requests = [
@@ -474,7 +487,7 @@ def test_draft_policy_suspends_drafting_when_it_stops_paying():
 
 
 def test_draft_policy_probes_the_other_mode_less_and_less_while_the_decision_holds():
-    policy = DraftPolicy(probe_every=4, max_probe_interval=16)
+    policy = DraftPolicy(probe_every=4, max_probe_interval=16, probe_budget=1.0)
     policy.record(2, 2, 0.01, 0.02)
     policy.record(2, 0, 0.0, 0.02)
     decisions = [policy.should_draft(2, [3.0, 3.0]) for _ in range(60)]
@@ -485,10 +498,19 @@ def test_draft_policy_probes_the_other_mode_less_and_less_while_the_decision_hol
     assert [i for i, d in enumerate(decisions) if d] == [3]
 
 
+def test_draft_policy_spaces_probes_by_their_cost():
+    policy = DraftPolicy(probe_every=4, probe_budget=0.02)
+    policy.record(2, 2, 0.01, 0.02)  # drafting: 6 tokens in 0.03 s; plain: 2 tokens in 0.02 s
+    policy.record(2, 0, 0.0, 0.02)
+    decisions = [policy.should_draft(2, [3.0, 3.0]) for _ in range(60)]
+    # a plain probe loses 0.02 s * (1 - 100/200) = 0.01 s, 2% of 17 drafting steps of 0.03 s
+    assert [i for i, d in enumerate(decisions) if not d] == [16, 33, 50]
+
+
 @pytest.mark.parametrize("k", [1, 4])
-def test_scheduler_fills_the_context_exactly_and_resumes_drafting_after_a_pause(k):
+def test_scheduler_fills_the_context_exactly_and_resumes_drafting_after_a_pause(k, tiny):
     """Requests that end exactly at the context limit, with drafting suspended then resumed (long catch-up)."""
-    target, draft = tiny_pair()
+    target, draft = tiny
     plain = SpeculativeGenerator(target, None, max_seq_len=64, progress=False)
     config = SchedulerConfig(max_num_seqs=2, max_model_len=64, num_speculative_tokens=k, draft_policy="never")
     scheduler = Scheduler(target, draft, config)

@@ -8,6 +8,7 @@ overwritten before any later read). Only float round-off of differently shaped m
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +49,11 @@ class BatchedDrafter:
 
     Per sequence it makes the same choices as `drafters.DraftModelDrafter` (argmax when greedy, else a
     sample from the filtered draft distribution q, drawn from the sequence's own generator).
+
+    A slot needs no prefill: `propose` feeds whatever the slot lacks, keeping the longest prefix it already
+    holds (so a new request reuses a previous one's shared prefix, and a sequence whose drafting was
+    suspended catches up only when drafting resumes). Feeds too long to batch run alone first; their time
+    is kept in `catch_up_seconds` so the draft policy can tell steady-state drafting cost from catching up.
     """
 
     def __init__(self, model: Transformer, target_vocab_size: int, num_slots: int, max_len: int):
@@ -55,14 +61,10 @@ class BatchedDrafter:
         self.target_vocab_size = target_vocab_size
         self.cache = model.new_cache(num_slots=num_slots, max_len=max_len)
         self.fed: list[list[int]] = [[] for _ in range(num_slots)]  # tokens held in each slot, in order
-
-    def reset(self, slot: int, prompt_ids: list[int]) -> None:
-        self.cache.set_length(slot, 0)
-        self.fed[slot] = []
-        if len(prompt_ids) > 1:
-            self._feed_alone(slot, prompt_ids[:-1])
+        self.catch_up_seconds = 0.0  # time of the last propose's long feeds
 
     def propose(self, jobs: list[DraftJob]) -> list[Proposal]:
+        self.catch_up_seconds = 0.0
         logits = self._catch_up(jobs)
         drafted: list[list[int]] = [[] for _ in jobs]
         probs: list[list[torch.Tensor]] = [[] for _ in jobs]
@@ -95,7 +97,9 @@ class BatchedDrafter:
             del fed[keep:]
             missing = job.tokens[keep:]
             if len(missing) > CATCH_UP_WIDTH:
+                begin = time.perf_counter()
                 self._feed_alone(job.slot, missing[:-CATCH_UP_WIDTH])
+                self.catch_up_seconds += time.perf_counter() - begin
                 missing = missing[-CATCH_UP_WIDTH:]
             todo.append(missing)
         outputs = padded_forward(self.model, self.cache, todo, [job.slot for job in jobs])

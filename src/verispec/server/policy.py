@@ -13,7 +13,8 @@ batch size seen for the first time tries drafting, then plain decoding, so both 
 every `probe_every`-th step at a batch size runs the mode that was *not* chosen, so the numbers follow the
 machine (warm-up, other load) and a decision can flip back. A probe costs a slow step, so the interval
 doubles (up to `max_probe_interval`) each time the decision stays the same, and drops back to
-`probe_every` when it changes.
+`probe_every` when it changes; and probes are spaced so that their measured cost (time spent at the
+lower rate) stays under `probe_budget` of the throughput.
 
 On a GPU the target is memory-bound and verify(B) ~ plain(B) until B*(k+1) tokens fill the chip; on a
 2-core CPU the target is compute-bound already at a few rows, verify(B) ~ (k+1)*plain(B), and drafting
@@ -22,6 +23,7 @@ stops paying at a small batch. The rule needs no per-machine constant for either
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -50,6 +52,7 @@ class DraftPolicy:
     mode: str = "auto"
     probe_every: int = 8
     max_probe_interval: int = 256
+    probe_budget: float = 0.02  # probes may cost at most this share of throughput
     smoothing: float = 0.3
     prior_weight: float = 2.0  # a new sequence's E counts as this many rounds at the server-wide average
     plain: dict[int, _Average] = field(default_factory=lambda: defaultdict(_Average))
@@ -77,15 +80,20 @@ class DraftPolicy:
             return True
         if self.plain[batch].value is None:
             return False
-        return self._maybe_probe(batch, self.drafting_rate(batch, expected) > self.plain_rate(batch))
+        drafting_rate, plain_rate = self.drafting_rate(batch, expected), self.plain_rate(batch)
+        choice = drafting_rate > plain_rate
+        step_seconds = (self.draft[len(expected)].value + self.verify[batch].value, self.plain[batch].value)
+        chosen, other = step_seconds if choice else step_seconds[::-1]
+        loss = other * (1 - min(drafting_rate, plain_rate) / max(drafting_rate, plain_rate))  # a probe's cost
+        return self._maybe_probe(batch, choice, math.ceil(loss / (self.probe_budget * chosen)))
 
-    def _maybe_probe(self, batch: int, choice: bool) -> bool:
+    def _maybe_probe(self, batch: int, choice: bool, min_interval: int) -> bool:
         probing = self.probing.setdefault(batch, _Probing(self.probe_every))
         if probing.last_choice is not None and choice != probing.last_choice:
             probing.interval = self.probe_every
         probing.last_choice = choice
         probing.since += 1
-        if probing.since < probing.interval:
+        if probing.since < max(probing.interval, min_interval):
             return choice
         probing.since = 0
         probing.interval = min(2 * probing.interval, self.max_probe_interval)

@@ -2,7 +2,7 @@
 
 Each step follows the single-sequence loop of `generator.py`, for all running sequences at once:
 
-    admit waiting requests into free slots (prefill target and draft caches)
+    admit waiting requests into free slots (prefill the target cache; the draft catches up when it drafts)
     drop cancelled requests (their slots are free from this step on)
     decide whether this step drafts (policy.DraftPolicy: does drafting pay at this batch size?)
     draft k tokens for every sequence that may draft         BatchedDrafter.propose, one draft pass per position
@@ -207,7 +207,8 @@ class Scheduler:
         drafted = time.perf_counter()
         verdicts = self._verify(seqs, proposals)
         verified = time.perf_counter()
-        self._record_costs(len(seqs), sum(1 for k in ks if k), drafted - begin, verified - drafted)
+        catch_up = self.drafter.catch_up_seconds if self.drafter and any(ks) else 0.0
+        self._record_costs(len(seqs), sum(1 for k in ks if k), drafted - begin - catch_up, verified - drafted)
         for seq, proposal, (accepted, next_token) in zip(seqs, proposals, verdicts, strict=True):
             seq.stats.time_draft += drafted - begin
             seq.stats.time_target += verified - drafted
@@ -253,8 +254,6 @@ class Scheduler:
         if len(prompt) > 1:
             ids = torch.tensor([prompt[:-1]], dtype=torch.long, device=self.target.model.device)
             self.target.model(ids, self.cache, [slot], num_logits=1)
-        if self.drafter is not None and request.speculative:
-            self.drafter.reset(slot, prompt)
         seq.stats.time_prefill = time.perf_counter() - now
         self.metrics.prompt_tokens.inc(len(prompt))
 
