@@ -26,24 +26,8 @@ from ..errors import InvalidParameterError, ModelLoadError
 from ..generator import GenerationOutput
 from ..sampling import SamplingParams
 from .events import AsyncSink, EngineRequest, ErrorEvent, FinishEvent
-from .protocol import (
-    ApiError,
-    AssistantMessage,
-    ChatChoice,
-    ChatChunkChoice,
-    ChatCompletion,
-    ChatCompletionChunk,
-    ChatCompletionRequest,
-    Completion,
-    CompletionChoice,
-    CompletionRequest,
-    Delta,
-    ModelCard,
-    ModelList,
-    Usage,
-    VerispecStats,
-    new_id,
-)
+from .protocol import ApiError, ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, new_id
+from .responses import Job, chat_chunks, chat_completion_body, completion_body, completion_chunks
 from .scheduler import QueueFullError, Scheduler, SchedulerStoppedError
 
 log = logging.getLogger("verispec.server")
@@ -58,17 +42,6 @@ class ServerState:
     model_name: str
     draining: bool = False  # set on SIGTERM: new requests get 503 while running ones finish
     started: int = field(default_factory=lambda: int(time.time()))
-
-
-@dataclass
-class Job:
-    """A request accepted by a handler: what the route needs to answer it."""
-
-    id: str
-    engine: EngineRequest
-    sink: AsyncSink
-    stream: bool
-    include_usage: bool
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -150,9 +123,9 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
         prompt_ids = _encode_completion_prompt(state, body)
         job = _submit(state, body, prompt_ids, COMPLETION_DEFAULT_MAX_TOKENS, body.max_tokens, "prompt")
         if job.stream:
-            return _sse(state, job, _completion_chunks(state, job))
+            return _sse(state, job, completion_chunks(job))
         output, queue_seconds = await _result(request, state, job)
-        return JSONResponse(_completion(state, job, output, queue_seconds).model_dump())
+        return JSONResponse(completion_body(job, output, queue_seconds).model_dump())
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -162,9 +135,9 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
         requested = body.max_completion_tokens or body.max_tokens
         job = _submit(state, body, prompt_ids, room, requested, "messages")
         if job.stream:
-            return _sse(state, job, _chat_chunks(state, job))
+            return _sse(state, job, chat_chunks(job))
         output, queue_seconds = await _result(request, state, job)
-        return JSONResponse(_chat_completion(state, job, output, queue_seconds).model_dump())
+        return JSONResponse(chat_completion_body(job, output, queue_seconds).model_dump())
 
 
 async def _parse(request: Request, model: type[RequestT]) -> RequestT:
@@ -226,7 +199,7 @@ def _submit(
     except InvalidParameterError as exc:
         raise ApiError(400, str(exc), code="invalid_value") from None
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return Job(job_id, request, sink, body.stream, include_usage)
+    return Job(job_id, state.model_name, request, sink, body.stream, include_usage)
 
 
 def _check_request(state: ServerState, body: CompletionRequest | ChatCompletionRequest) -> None:
@@ -288,58 +261,3 @@ def _sse(state: ServerState, job: Job, chunks: AsyncIterator[BaseModel | dict]) 
 
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
-
-
-def _usage(output: GenerationOutput) -> Usage:
-    prompt, completion = len(output.prompt_ids), len(output.token_ids)
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
-
-
-def _completion(state: ServerState, job: Job, output: GenerationOutput, queue_seconds: float) -> Completion:
-    choice = CompletionChoice(text=output.text, finish_reason=output.finish_reason)
-    stats = VerispecStats.from_stats(output.stats, queue_seconds)
-    return Completion(id=job.id, model=state.model_name, choices=[choice], usage=_usage(output), verispec=stats)
-
-
-def _chat_completion(state: ServerState, job: Job, output: GenerationOutput, queue_seconds: float) -> ChatCompletion:
-    choice = ChatChoice(message=AssistantMessage(content=output.text), finish_reason=output.finish_reason)
-    stats = VerispecStats.from_stats(output.stats, queue_seconds)
-    return ChatCompletion(id=job.id, model=state.model_name, choices=[choice], usage=_usage(output), verispec=stats)
-
-
-def _error_chunk(event: ErrorEvent) -> dict:
-    return ApiError(500, event.message, type="server_error", code="internal").body()
-
-
-async def _completion_chunks(state: ServerState, job: Job) -> AsyncIterator[BaseModel | dict]:
-    """One chunk per token with new text, then a chunk with the finish reason (and usage when asked)."""
-    async for event in job.sink.events():
-        if isinstance(event, ErrorEvent):
-            yield _error_chunk(event)
-        elif isinstance(event, FinishEvent):
-            stats = VerispecStats.from_stats(event.output.stats, event.queue_seconds)
-            choice = CompletionChoice(text="", finish_reason=event.output.finish_reason)
-            yield Completion(id=job.id, model=state.model_name, choices=[choice], verispec=stats)
-            if job.include_usage:
-                yield Completion(id=job.id, model=state.model_name, choices=[], usage=_usage(event.output))
-        elif event.text:
-            choice = CompletionChoice(text=event.text, finish_reason=None)
-            yield Completion(id=job.id, model=state.model_name, choices=[choice])
-
-
-async def _chat_chunks(state: ServerState, job: Job) -> AsyncIterator[BaseModel | dict]:
-    def chunk(delta: Delta, finish_reason: str | None = None, **extra) -> ChatCompletionChunk:
-        choices = [ChatChunkChoice(delta=delta, finish_reason=finish_reason)] if delta is not None else []
-        return ChatCompletionChunk(id=job.id, model=state.model_name, choices=choices, **extra)
-
-    yield chunk(Delta(role="assistant", content=""))
-    async for event in job.sink.events():
-        if isinstance(event, ErrorEvent):
-            yield _error_chunk(event)
-        elif isinstance(event, FinishEvent):
-            stats = VerispecStats.from_stats(event.output.stats, event.queue_seconds)
-            yield chunk(Delta(), event.output.finish_reason, verispec=stats)
-            if job.include_usage:
-                yield chunk(None, usage=_usage(event.output))
-        elif event.text:
-            yield chunk(Delta(content=event.text))

@@ -1,9 +1,10 @@
 """`verispec bench-serve`: throughput and latency of the server at several concurrencies, speculation on vs off.
 
 It starts `verispec serve` with the given model flags on a free loopback port (or uses --url), then for each
-concurrency C sends the same greedy chat requests, C at a time, once with speculation on and once with
-`"speculative": false`, and prints a Markdown table: total generated tokens/s, per-request latency p50/p95,
-mean accepted length, and the share of scheduler steps that drafted (the draft policy's decisions).
+concurrency C warms up (C requests of different lengths) and sends the same greedy chat requests, C at a
+time, once with speculation on and once with `"speculative": false`, and prints a Markdown table: total
+generated tokens/s, per-request latency p50/p95, mean accepted length, and the share of scheduler steps
+that drafted (the draft policy's decisions).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", default="1,2,4,8", help="comma-separated concurrency levels")
     parser.add_argument("--requests", type=int, default=0, help="requests per level (default: max(4, 2 x C))")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per level and mode, the modes alternating")
     parser.add_argument("--draft-policy", default="auto", choices=POLICIES, help="the started server's policy")
     parser.add_argument("--output", default=None, help="also write the results as JSON here")
 
@@ -139,13 +141,33 @@ async def _bench(
         results = []
         for concurrency in levels:
             count = args.requests or max(4, 2 * concurrency)
+            await _warm_up(client, concurrency)
+            runs: dict[bool, list[_Run]] = {True: [], False: []}
+            for _ in range(args.repeats):  # alternate the modes so drifting background load hits both
+                for speculative in (True, False):
+                    runs[speculative].append(await _run(client, concurrency, count, args.max_tokens, speculative))
             for speculative in (True, False):
-                results.append(await _level(client, concurrency, count, args.max_tokens, speculative))
+                results.append(_summarize(concurrency, speculative, runs[speculative]))
                 print(_row(results[-1]), file=sys.stderr, flush=True)
         return results, await _policy_costs(client)
 
 
-async def _level(client, concurrency: int, count: int, max_tokens: int, speculative: bool) -> LevelResult:
+async def _warm_up(client, concurrency: int) -> None:
+    """C requests of different lengths, so the draft policy has measured every batch size from C down to 1
+    (a long-running server has; the benchmark should not charge that one-time exploration to one mode)."""
+    await asyncio.gather(*(_one(client, PROMPTS[i % len(PROMPTS)], 4 + 4 * i, True) for i in range(concurrency)))
+
+
+@dataclass
+class _Run:
+    seconds: float
+    latencies: list[float]
+    tokens: int
+    target_passes: int
+    steps: dict[str, float]  # scheduler steps by mode during the run
+
+
+async def _run(client, concurrency: int, count: int, max_tokens: int, speculative: bool) -> _Run:
     before = await _steps(client)
     gate = asyncio.Semaphore(concurrency)
 
@@ -157,15 +179,25 @@ async def _level(client, concurrency: int, count: int, max_tokens: int, speculat
     answers = await asyncio.gather(*(limited(i) for i in range(count)))
     seconds = time.perf_counter() - begin
     after = await _steps(client)
-    latencies = sorted(latency for latency, _ in answers)
-    tokens = sum(body["usage"]["completion_tokens"] for _, body in answers)
-    passes = sum(body["verispec"]["target_passes"] for _, body in answers)
-    steps = {mode: after.get(mode, 0) - before.get(mode, 0) for mode in ("draft", "plain")}
+    return _Run(
+        seconds=seconds,
+        latencies=[latency for latency, _ in answers],
+        tokens=sum(body["usage"]["completion_tokens"] for _, body in answers),
+        target_passes=sum(body["verispec"]["target_passes"] for _, body in answers),
+        steps={mode: after.get(mode, 0) - before.get(mode, 0) for mode in ("draft", "plain")},
+    )
+
+
+def _summarize(concurrency: int, speculative: bool, runs: list[_Run]) -> LevelResult:
+    latencies = sorted(latency for run in runs for latency in run.latencies)
+    seconds, tokens = sum(run.seconds for run in runs), sum(run.tokens for run in runs)
+    passes = sum(run.target_passes for run in runs)
+    draft, plain = (sum(run.steps[mode] for run in runs) for mode in ("draft", "plain"))
     return LevelResult(
-        concurrency=concurrency, speculative=speculative, requests=count, tokens=tokens, seconds=seconds,
+        concurrency=concurrency, speculative=speculative, requests=len(latencies), tokens=tokens, seconds=seconds,
         tokens_per_second=tokens / seconds, latency_p50=statistics.median(latencies),
         latency_p95=_percentile(latencies, 0.95), mean_accepted_length=tokens / passes if passes else 0.0,
-        draft_step_share=steps["draft"] / max(1, steps["draft"] + steps["plain"]),
+        draft_step_share=draft / max(1, draft + plain),
     )  # fmt: skip
 
 
