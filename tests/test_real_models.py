@@ -4,6 +4,7 @@ Marked `real`: they need the [bundled] extra and take a few minutes on a 2-core 
 """
 
 import pytest
+import torch
 
 from verispec import SpeculativeGenerator, TokenizerMismatchError, load_model
 
@@ -45,3 +46,42 @@ def test_different_tokenizers_are_refused(pair):
     smol = load_model(smollm2_path(), "float32")
     with pytest.raises(TokenizerMismatchError, match="tokenizers differ"):
         SpeculativeGenerator(target, smol)
+
+
+@pytest.fixture(scope="module")
+def int4_pair():
+    require_bundled()
+    return load_model("target", quantization="int4"), load_model("draft", quantization="int4-all")
+
+
+def _step_and_block_logits(model, ids: list[int], block: int):
+    """Logits of the last `block` positions, decoded one token at a time and in one pass."""
+    step_cache, block_cache = model.new_cache(max_len=len(ids)), model.new_cache(max_len=len(ids))
+    for cache in (step_cache, block_cache):
+        model(torch.tensor([ids[:-block]]), cache, [0])
+    stepwise = torch.cat([model(torch.tensor([[t]]), step_cache, [0])[0] for t in ids[-block:]])
+    return stepwise, model(torch.tensor([ids[-block:]]), block_cache, [0])[0]
+
+
+def test_int4_logits_do_not_depend_on_how_many_tokens_share_the_pass(int4_pair):
+    model = int4_pair[0].model
+    ids = int4_pair[0].tokenizer.encode(humaneval_prompts(1)[0])
+    stepwise, blockwise = _step_and_block_logits(model, ids, 5)
+    assert torch.equal(stepwise, blockwise)
+    # the property is not free: with the ordinary batched attention the same logits differ
+    for layer in model.layers:
+        layer.attn.batch_invariant = False
+    try:
+        stepwise, blockwise = _step_and_block_logits(model, ids, 5)
+        assert not torch.equal(stepwise, blockwise)
+    finally:
+        for layer in model.layers:
+            layer.attn.batch_invariant = True
+
+
+def test_int4_greedy_speculative_equals_int4_plain_on_humaneval(int4_pair):
+    target, draft = int4_pair
+    plain = SpeculativeGenerator(target, None)
+    spec = SpeculativeGenerator(target, draft, num_speculative_tokens=6)
+    for prompt in humaneval_prompts(5):
+        assert spec.generate(prompt, max_tokens=TOKENS).token_ids == plain.generate(prompt, max_tokens=TOKENS).token_ids

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 
 from .errors import InvalidParameterError, VerispecError
+from .quantize import QUANTIZATIONS
 
 # name -> (add_arguments, run); run(args) returns an exit status. Other modules may extend this.
 COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
@@ -24,6 +25,15 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-speculative-tokens", type=int, default=4, help="tokens drafted per target pass (k)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    parser.add_argument(
+        "--quantization",
+        default="none",
+        choices=QUANTIZATIONS,
+        help="target weights: none (--dtype), int4 (4-bit GGUF tensors exact, int8 for the rest), int4-all, int8",
+    )
+    parser.add_argument(
+        "--speculative-quantization", default=None, choices=QUANTIZATIONS, help="draft weights (default: as target)"
+    )
     parser.add_argument("--max-model-len", type=int, default=4096, help="context length (tokens) to allocate")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: all cores)")
 
@@ -54,6 +64,8 @@ def build_generator(args: argparse.Namespace, with_draft: bool = True):
         dtype=args.dtype,
         device=args.device,
         max_seq_len=args.max_model_len,
+        quantization=args.quantization,
+        draft_quantization=args.speculative_quantization,
     )
 
 

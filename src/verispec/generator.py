@@ -60,19 +60,28 @@ class SpeculativeGenerator:
         device: str | None = "cpu",
         max_seq_len: int = DEFAULT_MAX_SEQ_LEN,
         progress: bool = True,
+        quantization: str = "none",
+        draft_quantization: str | None = None,
     ):
         if draft is not None and num_speculative_tokens < 1:
             raise InvalidParameterError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
         if max_seq_len < 2:
             raise InvalidParameterError(f"max_seq_len must be >= 2, got {max_seq_len}")
-        self.target = target if isinstance(target, LoadedModel) else load_model(target, dtype, device, progress)
+        self.target = (
+            target if isinstance(target, LoadedModel) else load_model(target, dtype, device, progress, quantization)
+        )
         self.tokenizer = self.target.tokenizer
         self.max_seq_len = min(max_seq_len, self.target.model.config.max_position_embeddings)
         self.num_speculative_tokens = num_speculative_tokens if draft is not None else 0
         self.draft: LoadedModel | None = None
         self.drafter: DraftModelDrafter | None = None
         if draft is not None:
-            self.draft = draft if isinstance(draft, LoadedModel) else load_model(draft, dtype, device, progress)
+            draft_quantization = quantization if draft_quantization is None else draft_quantization
+            self.draft = (
+                draft
+                if isinstance(draft, LoadedModel)
+                else load_model(draft, dtype, device, progress, draft_quantization)
+            )
             self.tokenizer.check_compatible(self.draft.tokenizer)
             self.max_seq_len = min(self.max_seq_len, self.draft.model.config.max_position_embeddings)
             vocab = self.target.model.config.vocab_size

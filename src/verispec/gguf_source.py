@@ -11,6 +11,7 @@ from gguf.quants import dequantize
 
 from .config import ModelConfig
 from .errors import ModelLoadError
+from .quantize import Int4Weight, int4_from_gguf
 
 SUPPORTED_ARCHITECTURES = {"llama", "qwen2", "mistral"}
 _LAYER_NAMES = {
@@ -73,19 +74,38 @@ class GGUFSource:
             head_dim=int(self._field(f"{a}.attention.key_length", hidden // num_heads)),
         )
 
-    def fetch(self, name: str) -> torch.Tensor | None:
+    def _tensor(self, name: str):
         layer, _, short = name.partition(".")
-        gguf_name = f"blk.{layer}.{_LAYER_NAMES[short]}" if short else _GLOBAL_NAMES[name]
-        tensor = self.tensors.get(gguf_name)
+        return self.tensors.get(f"blk.{layer}.{_LAYER_NAMES[short]}" if short else _GLOBAL_NAMES[name])
+
+    def _rope_heads(self, name: str) -> int | None:
+        """Heads whose rows llama.cpp permuted for this tensor (Llama-architecture q and k), else None."""
+        short = name.partition(".")[2]
+        if self.arch not in {"llama", "mistral"} or short not in {"q", "k", "q_bias", "k_bias"}:
+            return None
+        return self.config.num_heads if short.startswith("q") else self.config.num_kv_heads
+
+    def fetch(self, name: str) -> torch.Tensor | None:
+        tensor = self._tensor(name)
         if tensor is None:
             return None
         array = dequantize(tensor.data, tensor.tensor_type)
         array = array.reshape(tuple(int(d) for d in reversed(tensor.shape)) or array.shape)
         weight = torch.from_numpy(np.array(array, dtype=np.float32))  # a writable copy
-        if self.arch in {"llama", "mistral"} and short in {"q", "k", "q_bias", "k_bias"}:
-            heads = self.config.num_heads if short.startswith("q") else self.config.num_kv_heads
-            weight = _undo_rope_permutation(weight, heads)
-        return weight
+        heads = self._rope_heads(name)
+        return weight if heads is None else _undo_rope_permutation(weight, heads)
+
+    def fetch_int4(self, name: str) -> Int4Weight | None:
+        """The exact int4 form of a 4-bit tensor (Q4_K, Q4_0, Q4_1), else None."""
+        tensor = self._tensor(name)
+        if tensor is None or len(tensor.shape) != 2:
+            return None
+        cols, rows = (int(d) for d in tensor.shape)
+        weight = int4_from_gguf(np.asarray(tensor.data), tensor.tensor_type, rows, cols)
+        heads = self._rope_heads(name)
+        if weight is None or heads is None:
+            return weight
+        return Int4Weight(*(_undo_rope_permutation(t, heads) for t in (weight.q, weight.scale, weight.zero)))
 
 
 def _undo_rope_permutation(weight: torch.Tensor, heads: int) -> torch.Tensor:

@@ -20,6 +20,7 @@ from . import bundled
 from .config import ModelConfig
 from .errors import InvalidParameterError, ModelLoadError
 from .model import Transformer
+from .quantize import ACTIVATION_DTYPE, QUANTIZATIONS
 from .tokenizer import Tokenizer
 from .weights import assemble_state_dict
 
@@ -60,9 +61,20 @@ def load_model(
     dtype: str | torch.dtype = "float32",
     device: str | None = "cpu",
     progress: bool = True,
+    quantization: str = "none",
 ) -> LoadedModel:
-    """`source`: 'target' / 'draft' (the bundled pair), a .gguf file, or a Hugging Face checkpoint folder."""
+    """`source`: 'target' / 'draft' (the bundled pair), a .gguf file, or a Hugging Face checkpoint folder.
+
+    `quantization`: 'none' (weights in `dtype`), or 'int4' / 'int4-all' / 'int8' weight-only linears with
+    bfloat16 activations (CPU; see quantize.py).
+    """
     torch_dtype, torch_device = resolve_dtype(dtype), resolve_device(device)
+    if quantization not in QUANTIZATIONS:
+        raise InvalidParameterError(f"unknown quantization '{quantization}' (choose from {', '.join(QUANTIZATIONS)})")
+    if quantization != "none":
+        if torch_device.type != "cpu":
+            raise InvalidParameterError("int4/int8 quantization runs on the CPU kernels; use --device cpu")
+        torch_dtype = ACTIVATION_DTYPE
     text = str(source)
     if bundled.is_bundled_name(text):
         path = bundled.bundled_path(text, progress=progress)
@@ -73,37 +85,42 @@ def load_model(
         if not os.access(path, os.R_OK):
             raise ModelLoadError(f"model path is not readable: {path}")
     if path.is_dir():
-        config, state, tokenizer = _load_hf_folder(path, torch_dtype)
+        config, state, tokenizer = _load_hf_folder(path, torch_dtype, quantization)
     else:
-        config, state, tokenizer = _load_gguf_converted(path, torch_dtype, progress)
+        config, state, tokenizer = _load_gguf_converted(path, torch_dtype, progress, quantization)
     with torch.device("meta"):
         model = Transformer(config)
+        if quantization != "none":
+            model.use_quantized_linears(state)
     model.load_state_dict(state, assign=True, strict=True)
     return LoadedModel(text, path, model.to(torch_device).eval(), tokenizer)
 
 
-def _load_gguf_converted(path: Path, dtype: torch.dtype, progress: bool):
-    folder = _converted_folder(path, dtype)
+def _load_gguf_converted(path: Path, dtype: torch.dtype, progress: bool, quantization: str):
+    folder = _converted_folder(path, dtype, quantization)
     if not (folder / "model.safetensors").is_file():
-        _convert_gguf(path, dtype, folder, progress)
+        _convert_gguf(path, dtype, folder, progress, quantization)
     config = ModelConfig.from_json((folder / "config.json").read_text())
     stop_ids = json.loads((folder / "stop_ids.json").read_text())
     return config, load_file(folder / "model.safetensors"), Tokenizer.from_folder(folder, extra_stop_ids=stop_ids)
 
 
-def _converted_folder(path: Path, dtype: torch.dtype) -> Path:
+def _converted_folder(path: Path, dtype: torch.dtype, quantization: str) -> Path:
     stat = path.resolve().stat()
-    key = f"{path.stem}-{stat.st_size}-{int(stat.st_mtime)}-{str(dtype).removeprefix('torch.')}-v{_CONVERTED_FORMAT}"
+    form = str(dtype).removeprefix("torch.") if quantization == "none" else f"{quantization}-torch{torch.__version__}"
+    key = f"{path.stem}-{stat.st_size}-{int(stat.st_mtime)}-{form}-v{_CONVERTED_FORMAT}"
     return bundled.cache_dir() / "converted" / key
 
 
-def _convert_gguf(path: Path, dtype: torch.dtype, folder: Path, progress: bool) -> None:
+def _convert_gguf(path: Path, dtype: torch.dtype, folder: Path, progress: bool, quantization: str) -> None:
     from .gguf_source import GGUFSource
 
     source = GGUFSource(path)
     bar = tqdm(total=source.config.num_layers, desc=f"converting {path.name}", unit="layer", disable=not progress)
     try:
-        state = assemble_state_dict(source.config, source.fetch, dtype, on_layer=lambda: bar.update(1))
+        state = assemble_state_dict(
+            source.config, source.fetch, dtype, lambda: bar.update(1), quantization, source.fetch_int4
+        )
     except KeyError as missing:
         raise ModelLoadError(f"{path}: GGUF file lacks tensor for {missing}") from None
     finally:
@@ -123,12 +140,12 @@ def _convert_gguf(path: Path, dtype: torch.dtype, folder: Path, progress: bool) 
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _load_hf_folder(path: Path, dtype: torch.dtype):
+def _load_hf_folder(path: Path, dtype: torch.dtype, quantization: str):
     from .hf_source import HFSource
 
     source = HFSource(path)
     try:
-        state = assemble_state_dict(source.config, source.fetch, dtype)
+        state = assemble_state_dict(source.config, source.fetch, dtype, quantization=quantization)
     except KeyError as missing:
         raise ModelLoadError(f"{path}: checkpoint lacks the tensor for {missing}") from None
     return source.config, state, Tokenizer.from_folder(path, extra_stop_ids=source.stop_ids)

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
+from .quantize import QuantizedLinear
 
 
 class KVCache:
@@ -62,6 +63,7 @@ class Attention(nn.Module):
         qkv_out = (config.num_heads + 2 * config.num_kv_heads) * config.head_size
         self.wqkv = nn.Linear(config.hidden_size, qkv_out, bias=config.qkv_bias)
         self.wo = nn.Linear(config.num_heads * config.head_size, config.hidden_size, bias=False)
+        self.batch_invariant = False
 
     def forward(self, x, cos, sin, mask, layer_keys, layer_values, slots, starts):
         batch, seq, _ = x.shape
@@ -77,6 +79,8 @@ class Attention(nn.Module):
         for row, (slot, start) in enumerate(zip(slots, starts, strict=True)):
             layer_keys[slot, start : start + seq] = k[row]
             layer_values[slot, start : start + seq] = v[row]
+        if self.batch_invariant:
+            return self.wo(self._attend_per_query(q, layer_keys, layer_values, slots, starts))
         span = max(starts) + seq
         if batch == 1:
             keys, values = layer_keys[slots[0], :span].unsqueeze(0), layer_values[slots[0], :span].unsqueeze(0)
@@ -87,6 +91,23 @@ class Attention(nn.Module):
             q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask, enable_gqa=True
         )
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
+
+    def _attend_per_query(self, q, layer_keys, layer_values, slots, starts) -> torch.Tensor:
+        """Each query attends to exactly its own prefix, one call per query: the same shapes, hence the
+        same rounding, whether the query is decoded alone or verified beside k others."""
+        batch, seq = q.shape[:2]
+        rows = []
+        for row, (slot, start) in enumerate(zip(slots, starts, strict=True)):
+            for t in range(seq):
+                span = start + t + 1
+                out = F.scaled_dot_product_attention(
+                    q[row, t].unsqueeze(1),  # [heads, 1, dim]
+                    layer_keys[slot, :span].transpose(0, 1),
+                    layer_values[slot, :span].transpose(0, 1),
+                    enable_gqa=True,
+                )
+                rows.append(out.reshape(-1))
+        return torch.stack(rows).reshape(batch, seq, -1)
 
 
 class MLP(nn.Module):
@@ -124,6 +145,24 @@ class Transformer(nn.Module):
             None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         )
         self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def use_quantized_linears(self, state: dict[str, torch.Tensor]) -> None:
+        """Swap each nn.Linear that `state` holds quantized for a QuantizedLinear, and make attention
+        batch-invariant, so that greedy speculative decoding stays token-identical in this format."""
+
+        def quantized(name: str, in_features: int, out_features: int) -> QuantizedLinear:
+            bits = 8 if state[f"{name}.qweight"].dtype == torch.int8 else 4
+            return QuantizedLinear(in_features, out_features, bits, bias=f"{name}.bias" in state)
+
+        for name, module in list(self.named_modules()):
+            if isinstance(module, nn.Linear) and f"{name}.qweight" in state:
+                parent, _, attr = name.rpartition(".")
+                owner = self.get_submodule(parent) if parent else self
+                setattr(owner, attr, quantized(name, module.in_features, module.out_features))
+        if self.lm_head is None and "lm_head.qweight" in state:  # tied embeddings: a quantized copy
+            self.lm_head = quantized("lm_head", self.config.hidden_size, self.config.vocab_size)
+        for block in self.layers:
+            block.attn.batch_invariant = True
 
     @property
     def dtype(self) -> torch.dtype:
@@ -168,8 +207,9 @@ class Transformer(nn.Module):
         if num_logits is not None:
             x = x[:, -num_logits:]
         x = self.norm(x)
-        head = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(x, head).float()
+        if self.lm_head is None:
+            return F.linear(x, self.embed.weight).float()
+        return self.lm_head(x).float()
 
     @staticmethod
     def _mask(positions: torch.Tensor, span: int) -> torch.Tensor:

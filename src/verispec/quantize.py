@@ -1,0 +1,164 @@
+"""Weight-only int4 / int8 linears on PyTorch's own CPU kernels, with bfloat16 activations.
+
+- int4: groups of 32 weights along the input axis, w = (q - 8) * scale + zero, q in 0..15
+  (`_weight_int4pack_mm_for_cpu`). GGUF Q4_K, Q4_0 and Q4_1 blocks have exactly this form
+  (Q4_K: scale = d * sc, zero = 8 * scale - dmin * m), so they map without re-quantizing; the only
+  change is that scale and zero are stored in bfloat16.
+- int8: one scale per output row, w = q * scale, q in -127..127 (`_weight_int8pack_mm`): a
+  re-quantization of the source weights (round to nearest).
+
+Both kernels compute every output row independently of how many rows share the call (checked by
+tests), which is what keeps greedy speculative decoding token-identical to plain decoding in this
+format: a position's logits do not depend on how many tokens share its forward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType
+from gguf.quants import Q4_K
+from torch import nn
+
+GROUP = 32
+QUANTIZATIONS = ("none", "int8", "int4", "int4-all")
+ACTIVATION_DTYPE = torch.bfloat16
+
+
+@dataclass
+class Int4Weight:
+    """w = (q - 8) * scale + zero; q [N, K] uint8, scale and zero [N, K / 32] float32."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor
+
+    def dequantize(self) -> torch.Tensor:
+        expand = lambda t: t.repeat_interleave(GROUP, dim=1)  # noqa: E731
+        return (self.q.float() - 8) * expand(self.scale) + expand(self.zero)
+
+
+def int4_from_gguf(data: np.ndarray, qtype: GGMLQuantizationType, rows: int, cols: int) -> Int4Weight | None:
+    """The exact int4 form of a 4-bit GGUF tensor, or None for other types."""
+    if qtype == GGMLQuantizationType.Q4_K:
+        return _from_q4_k(data.reshape(-1, 144), rows, cols)
+    if qtype in (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1):
+        return _from_q4_0_1(data, qtype, rows, cols)
+    return None
+
+
+def _from_q4_k(blocks: np.ndarray, rows: int, cols: int) -> Int4Weight:
+    n = blocks.shape[0]
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
+    dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+    sc, m = Q4_K.get_scale_min(blocks[:, 4:16])
+    qs = blocks[:, 16:].reshape(n, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    q = (qs & 0x0F).reshape(rows, cols)
+    scale = (d * sc.astype(np.float32)).reshape(rows, cols // GROUP)
+    zero = 8 * scale - (dmin * m.astype(np.float32)).reshape(rows, cols // GROUP)
+    return Int4Weight(torch.from_numpy(q.copy()), torch.from_numpy(scale), torch.from_numpy(zero))
+
+
+def _from_q4_0_1(data: np.ndarray, qtype: GGMLQuantizationType, rows: int, cols: int) -> Int4Weight:
+    has_min = qtype == GGMLQuantizationType.Q4_1
+    blocks = data.reshape(-1, 20 if has_min else 18)
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
+    offset = blocks[:, 2:4].copy().view(np.float16).astype(np.float32) if has_min else np.zeros_like(d)
+    qs = blocks[:, 4:] if has_min else blocks[:, 2:]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=1).reshape(rows, cols)  # low nibbles first, as in ggml
+    scale = d.reshape(rows, cols // GROUP)
+    zero = offset.reshape(rows, cols // GROUP) + (8 * scale if has_min else 0)  # Q4_0: w = d * (q - 8)
+    return Int4Weight(torch.from_numpy(q.copy()), torch.from_numpy(scale), torch.from_numpy(zero))
+
+
+class QuantizedLinear(nn.Module):
+    """y = x @ W.T + b with W stored as int4 (bits=4) or int8 (bits=8); x is cast to bfloat16."""
+
+    def __init__(self, in_features: int, out_features: int, bits: int, bias: bool):
+        super().__init__()
+        self.in_features, self.out_features, self.bits = in_features, out_features, bits
+        rows = _padded(out_features)
+        if bits == 4:
+            self.register_buffer("qweight", torch.empty(rows, in_features // 2, dtype=torch.uint8))
+            self.register_buffer("qscales", torch.empty(in_features // GROUP, rows, 2, dtype=ACTIVATION_DTYPE))
+        else:
+            self.register_buffer("qweight", torch.empty(rows, in_features, dtype=torch.int8))
+            self.register_buffer("qscales", torch.empty(rows, dtype=ACTIVATION_DTYPE))
+        self.bias = nn.Parameter(torch.empty(out_features, dtype=ACTIVATION_DTYPE)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).to(ACTIVATION_DTYPE)
+        if self.bits == 4:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.qweight, GROUP, self.qscales)
+        else:
+            y = torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.qscales)
+        y = y[:, : self.out_features].reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+
+def _padded(rows: int) -> int:
+    return -(-rows // 16) * 16  # the int4 packer wants rows in multiples of 16
+
+
+def quantized_entries(parts: list[torch.Tensor | Int4Weight], mode: str) -> dict[str, torch.Tensor]:
+    """Buffers of one QuantizedLinear from its row-stacked parts (q/k/v, gate/up, or a single matrix).
+
+    int4: exact int4 when every part comes from a 4-bit GGUF tensor, int8 otherwise.
+    int4-all: int4 everywhere, rounding non-4-bit parts to nearest (cheapest; meant for drafts).
+    int8: int8 everywhere.
+    """
+    if mode in ("int4", "int4-all") and all(isinstance(p, Int4Weight) for p in parts):
+        q, scale, zero = (torch.cat([getattr(p, field) for p in parts]) for field in ("q", "scale", "zero"))
+        return _pack_int4(Int4Weight(q, scale, zero))
+    dense = torch.cat([p.dequantize() if isinstance(p, Int4Weight) else p.float() for p in parts])
+    if mode == "int4-all" and dense.shape[1] % GROUP == 0:
+        return _pack_int4(_int4_round_to_nearest(dense))
+    return _pack_int8(dense)
+
+
+def _int4_round_to_nearest(w: torch.Tensor) -> Int4Weight:
+    groups = w.reshape(w.shape[0], -1, GROUP)
+    low, high = groups.amin(-1), groups.amax(-1)
+    scale = ((high - low) / 15).clamp_min(1e-10)
+    q = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.uint8)
+    return Int4Weight(q.reshape(w.shape), scale, low + 8 * scale)
+
+
+def _pack_int4(weight: Int4Weight) -> dict[str, torch.Tensor]:
+    rows = weight.q.shape[0]
+    pad = _padded(rows) - rows
+    q, scale, zero = (F.pad(t, (0, 0, 0, pad)) for t in (weight.q, weight.scale, weight.zero))
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
+    scales = torch.stack([scale.t(), zero.t()], dim=-1).to(ACTIVATION_DTYPE).contiguous()
+    return {"qweight": packed, "qscales": scales}
+
+
+def _pack_int8(w: torch.Tensor) -> dict[str, torch.Tensor]:
+    pad = _padded(w.shape[0]) - w.shape[0]
+    w = F.pad(w, (0, 0, 0, pad))
+    scale = (w.abs().amax(dim=1) / 127).clamp_min(1e-10)
+    q = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+    return {"qweight": q, "qscales": scale.to(ACTIVATION_DTYPE)}
+
+
+def quantize_model(model, mode: str):
+    """A quantized copy of an in-memory float Transformer (every linear, and a tied head, quantized)."""
+    from .model import Transformer
+
+    state: dict[str, torch.Tensor] = {}
+    for name, tensor in model.state_dict().items():
+        owner, _, field = name.rpartition(".")
+        if field == "weight" and isinstance(model.get_submodule(owner), nn.Linear):
+            state |= {f"{owner}.{key}": value for key, value in quantized_entries([tensor], mode).items()}
+        else:
+            state[name] = tensor.to(ACTIVATION_DTYPE)
+    if model.lm_head is None:
+        state |= {f"lm_head.{key}": value for key, value in quantized_entries([model.embed.weight], mode).items()}
+    with torch.device("meta"):
+        quantized = Transformer(model.config)
+        quantized.use_quantized_linears(state)
+    quantized.load_state_dict(state, assign=True, strict=True)
+    return quantized.eval()
