@@ -50,6 +50,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=tuple(args.stop or ()),
         model=args.model, draft_model=draft, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         threads=args.threads, output=args.output, plots=not args.no_plots,
+        quantization=args.quantization, draft_quantization=args.speculative_quantization,
     )  # fmt: skip
     config = config.checked()
     return replace(config, command=as_command(config, tiny=args.tiny))

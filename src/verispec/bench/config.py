@@ -36,6 +36,8 @@ class BenchConfig:
     device: str = "cpu"
     max_model_len: int = 4096
     threads: int | None = None
+    quantization: str = "none"
+    draft_quantization: str | None = None
     warmup_tokens: int = 16
     cost_repeats: int = 10
     output: Path | None = None
@@ -125,6 +127,8 @@ def as_command(config: BenchConfig, tiny: bool = False) -> str:
         "--dtype": (config.dtype, "float32"), "--device": (config.device, "cpu"), "--threads": (config.threads, None),
         "--temperature": (config.temperature, 0.0), "--top-p": (config.top_p, 1.0), "--top-k": (config.top_k, 0),
         "--seed": (config.seed, None), "--max-model-len": (config.max_model_len, 4096),
+        "--quantization": (config.quantization, "none"),
+        "--speculative-quantization": (config.draft_quantization, None),
     }  # fmt: skip
     for flag, (value, default) in optional.items():
         if value != default:

@@ -136,11 +136,12 @@ def _contenders(config: BenchConfig, models: Models, max_seq_len: int, log: Call
 
 def _load_models(config: BenchConfig, log: Callable[[str], None]) -> Models:
     log(f"loading {config.model} ({config.dtype}) ...")
-    target = load_model(config.model, config.dtype, config.device)
+    target = load_model(config.model, config.dtype, config.device, quantization=config.quantization)
     draft = None
     if config.uses_draft:
         log(f"loading {config.draft_model} ({config.dtype}) ...")
-        draft = load_model(config.draft_model, config.dtype, config.device)
+        draft_quantization = config.draft_quantization or config.quantization
+        draft = load_model(config.draft_model, config.dtype, config.device, quantization=draft_quantization)
         target.tokenizer.check_compatible(draft.tokenizer)
     return Models(target, draft)
 
