@@ -63,7 +63,7 @@ def test_draft_equal_to_target_accepts_everything(pair):
     target, _ = pair
     clone = tiny_loaded(truncated_copy(target.model, target.model.config.num_layers), target.tokenizer)
     out = SpeculativeGenerator(target, clone, num_speculative_tokens=5).generate(PROMPTS[0], max_tokens=36)
-    assert out.stats.accepted == out.stats.drafted > 0
+    assert out.stats.accepted == out.stats.drafted > 0 and out.stats.rejected == 0
     assert out.stats.target_passes == 6  # 36 tokens, 6 per pass
     assert out.token_ids == reference_greedy(target.model, target.tokenizer.encode(PROMPTS[0]), 36, set())
 
@@ -96,6 +96,7 @@ def test_always_wrong_draft_accepts_nothing_and_changes_nothing(pair):
     generator.drafter = AlwaysWrongDrafter(target)
     out = generator.generate(PROMPTS[1], max_tokens=20)
     assert out.stats.accepted == 0 and out.stats.drafted > 0
+    assert out.stats.rejected == out.stats.drafted_by_position[0]  # every round that drafted ended on a rejection
     assert out.token_ids == reference_greedy(target.model, target.tokenizer.encode(PROMPTS[1]), 20, set())
 
 
