@@ -184,3 +184,30 @@ def test_sampled_speculative_decoding_follows_the_target_distribution(params):
     assert total_variation(counts, exact, RUNS) < TOLERANCE
     # the test can fail: the draft's own distribution is measurably different at this sample size
     assert total_variation(counts, _exact_first_two(draft_model, prompt_ids, params), RUNS) > TOLERANCE
+
+
+# ---- prompt lookup (n-gram) drafter: a point-mass drafter through the same rule -------------------------------
+REPETITIVE = "abc abc abc abc abd abc ab"
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_ngram_greedy_output_equals_plain_greedy(pair, k):
+    target, _ = pair
+    generator = SpeculativeGenerator(target, None, num_speculative_tokens=k, speculative_method="ngram")
+    drafted = 0
+    for prompt in [*PROMPTS, REPETITIVE]:
+        ids = target.tokenizer.encode(prompt)
+        out = generator.generate(ids, max_tokens=40)
+        assert out.token_ids == reference_greedy(target.model, ids, 40, target.tokenizer.stop_token_ids)
+        drafted += out.stats.drafted
+    assert drafted > 0
+
+
+def test_ngram_lookup_proposes_what_followed_the_latest_match():
+    from verispec.drafters import NgramDrafter
+
+    drafter = NgramDrafter(max_ngram=2)
+    params, rng = SamplingParams(), torch.Generator()
+    assert drafter.propose([1, 2, 3, 4, 1, 2, 5, 9, 1, 2], 3, params, rng).tokens.tolist() == [5, 9, 1]
+    assert drafter.propose([7, 8, 9], 3, params, rng).tokens.tolist() == []
+    assert drafter.propose([4, 5, 6, 4], 2, params, rng).tokens.tolist() == [5, 6]  # falls back to n = 1

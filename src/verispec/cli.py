@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 
 from .errors import InvalidParameterError, VerispecError
+from .generator import SPECULATIVE_METHODS
 from .quantize import QUANTIZATIONS
 
 # name -> (add_arguments, run); run(args) returns an exit status. Other modules may extend this.
@@ -23,6 +24,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "--speculative-model", default="draft", help="draft model: bundled 'draft', a .gguf, a HF folder, or 'none'"
     )
     parser.add_argument("--num-speculative-tokens", type=int, default=4, help="tokens drafted per target pass (k)")
+    parser.add_argument(
+        "--speculative-method",
+        default="draft",
+        choices=SPECULATIVE_METHODS,
+        help="draft: the --speculative-model drafts; ngram: prompt lookup in the context (no draft model)",
+    )
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     parser.add_argument(
@@ -66,6 +73,7 @@ def build_generator(args: argparse.Namespace, with_draft: bool = True):
         max_seq_len=args.max_model_len,
         quantization=args.quantization,
         draft_quantization=args.speculative_quantization,
+        speculative_method=args.speculative_method,
     )
 
 

@@ -81,3 +81,29 @@ def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
             break
         n += 1
     return n
+
+
+class NgramDrafter:
+    """Prompt lookup: find the latest earlier occurrence of the context's last n tokens (n from max_ngram
+    down to min_ngram) and propose the tokens that followed it. Free to run; no probabilities, so each
+    proposal is a point mass (q = 1) and the acceptance rule stays exact."""
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        pass
+
+    def propose(self, tokens: list[int], k: int, params: SamplingParams, rng: torch.Generator) -> Proposal:
+        return Proposal(torch.tensor(self._lookup(tokens, k), dtype=torch.long), None)
+
+    def observe(self, num_accepted: int) -> None:
+        pass
+
+    def _lookup(self, tokens: list[int], k: int) -> list[int]:
+        for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
+            suffix = tokens[-n:]
+            for start in range(len(tokens) - n - 1, -1, -1):
+                if tokens[start : start + n] == suffix:
+                    return tokens[start + n : start + n + k]
+        return []

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .acceptance import verify_greedy, verify_sampled
-from .drafters import DraftModelDrafter, Proposal
+from .drafters import DraftModelDrafter, NgramDrafter, Proposal
 from .errors import InvalidParameterError, PromptTooLongError
 from .loading import LoadedModel, load_model
 from .sampling import SamplingParams, probs_from_logits
@@ -30,6 +30,7 @@ from .stats import GenerationStats
 from .stopping import StopChecker
 
 DEFAULT_MAX_SEQ_LEN = 4096
+SPECULATIVE_METHODS = ("draft", "ngram")  # a draft model, or prompt lookup (no model)
 
 
 @dataclass
@@ -62,8 +63,15 @@ class SpeculativeGenerator:
         progress: bool = True,
         quantization: str = "none",
         draft_quantization: str | None = None,
+        speculative_method: str = "draft",
     ):
-        if draft is not None and num_speculative_tokens < 1:
+        if speculative_method not in SPECULATIVE_METHODS:
+            raise InvalidParameterError(
+                f"unknown speculative method '{speculative_method}' (choose from {', '.join(SPECULATIVE_METHODS)})"
+            )
+        if speculative_method == "ngram":
+            draft = None
+        if (draft is not None or speculative_method == "ngram") and num_speculative_tokens < 1:
             raise InvalidParameterError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
         if max_seq_len < 2:
             raise InvalidParameterError(f"max_seq_len must be >= 2, got {max_seq_len}")
@@ -72,9 +80,12 @@ class SpeculativeGenerator:
         )
         self.tokenizer = self.target.tokenizer
         self.max_seq_len = min(max_seq_len, self.target.model.config.max_position_embeddings)
-        self.num_speculative_tokens = num_speculative_tokens if draft is not None else 0
+        speculates = draft is not None or speculative_method == "ngram"
+        self.num_speculative_tokens = num_speculative_tokens if speculates else 0
         self.draft: LoadedModel | None = None
-        self.drafter: DraftModelDrafter | None = None
+        self.drafter: DraftModelDrafter | NgramDrafter | None = (
+            NgramDrafter() if speculative_method == "ngram" else None
+        )
         if draft is not None:
             draft_quantization = quantization if draft_quantization is None else draft_quantization
             self.draft = (
@@ -153,7 +164,7 @@ class SpeculativeGenerator:
             k = min(self.num_speculative_tokens, room, stopper.max_tokens - len(stopper.token_ids) - 1)
             proposal = self._propose(tokens, k, params, rng, stats)
             accepted, next_token = self._verify(tokens, proposal, params, rng, stats)
-            stats.record_round(k, accepted)
+            stats.record_round(proposal.tokens.shape[0], accepted)
             if self.drafter is not None:
                 self.drafter.observe(accepted)
             for token in [*proposal.tokens[:accepted].tolist(), next_token]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import InvalidParameterError
 
-METHODS = ("plain", "draft")
+METHODS = ("plain", "draft", "ngram")  # ngram: prompt lookup, no draft model
 PEERS = ("hf",)
 BASELINE = "plain"
 

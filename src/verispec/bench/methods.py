@@ -52,11 +52,15 @@ def build_methods(
         if method == "plain":
             generator = SpeculativeGenerator(target, None, max_seq_len=max_seq_len, progress=False)
             methods.append(Method("plain", 0, generator))
-        else:  # "draft": one method per k
-            methods += [_draft_method(target, draft, k, max_seq_len) for k in config.ks]
+        else:  # "draft" or "ngram": one method per k
+            methods += [_speculative_method(method, target, draft, k, max_seq_len) for k in config.ks]
     return methods
 
 
-def _draft_method(target: LoadedModel, draft: LoadedModel | None, k: int, max_seq_len: int) -> Method:
-    generator = SpeculativeGenerator(target, draft, num_speculative_tokens=k, max_seq_len=max_seq_len, progress=False)
-    return Method(method_name("draft", k), k, generator)
+def _speculative_method(
+    method: str, target: LoadedModel, draft: LoadedModel | None, k: int, max_seq_len: int
+) -> Method:
+    generator = SpeculativeGenerator(
+        target, draft, num_speculative_tokens=k, max_seq_len=max_seq_len, progress=False, speculative_method=method
+    )
+    return Method(method_name(method, k), k, generator)

@@ -88,7 +88,8 @@ def _summarize_method(contender: dict, runs: list[Run], baseline: dict[int, Run]
     )  # fmt: skip
     _add_times(row, runs)
     _add_acceptance(row, runs)
-    if row.alpha is not None and costs is not None and costs.c is not None and row.k > 0:
+    drafts_with_model = row.method.startswith("draft")  # the ideal needs k drafts per pass at measured cost c
+    if row.alpha is not None and costs is not None and costs.c is not None and row.k > 0 and drafts_with_model:
         _add_ideal(row, costs)
     compared = [r.identical_to_plain for r in runs if r.identical_to_plain is not None]
     if row.method != BASELINE:
