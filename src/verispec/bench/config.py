@@ -21,7 +21,7 @@ class BenchConfig:
     dataset: str = "humaneval"
     num_prompts: int = 10
     max_tokens: int = 128
-    methods: tuple[str, ...] = METHODS
+    methods: tuple[str, ...] = ("plain", "draft")
     ks: tuple[int, ...] = (2, 4, 6, 8)
     peers: tuple[str, ...] = ()
     chat: bool = False
