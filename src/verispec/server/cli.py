@@ -111,9 +111,13 @@ def load_pair(args: argparse.Namespace) -> tuple[LoadedModel, LoadedModel | None
 
 
 def model_id(source: str) -> str:
-    if bundled.is_bundled_name(source):
-        return bundled.BUNDLED[source].name if source in bundled.BUNDLED else source
-    return source if source == TINY else Path(source).stem if source.endswith(".gguf") else Path(source).name
+    """The id clients send: a bundled model's full name, a GGUF file's stem, a folder's name."""
+    if source in bundled.BUNDLED:
+        return bundled.BUNDLED[source].name
+    if bundled.is_bundled_name(source) or source == TINY:
+        return source
+    path = Path(source)
+    return path.stem if path.suffix == ".gguf" else path.name
 
 
 def _bench_arguments(parser: argparse.ArgumentParser) -> None:

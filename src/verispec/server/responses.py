@@ -74,7 +74,7 @@ async def completion_chunks(job: Job) -> AsyncIterator[BaseModel | dict]:
 
 
 async def chat_chunks(job: Job) -> AsyncIterator[BaseModel | dict]:
-    def chunk(delta: Delta, finish_reason: str | None = None, **extra) -> ChatCompletionChunk:
+    def chunk(delta: Delta | None, finish_reason: str | None = None, **extra) -> ChatCompletionChunk:
         choices = [ChatChunkChoice(delta=delta, finish_reason=finish_reason)] if delta is not None else []
         return ChatCompletionChunk(id=job.id, model=job.model, choices=choices, **extra)
 
