@@ -14,7 +14,8 @@ every `probe_every`-th step at a batch size runs the mode that was *not* chosen,
 machine (warm-up, other load) and a decision can flip back. A probe costs a slow step, so the interval
 doubles (up to `max_probe_interval`) each time the decision stays the same, and drops back to
 `probe_every` when it changes; and probes are spaced so that their measured cost (time spent at the
-lower rate) stays under `probe_budget` of the throughput.
+lower rate, plus the draft model catching up on the tokens it skipped while suspended) stays under
+`probe_budget` of the throughput. Catching up is kept out of draft(S), which is the steady-state cost.
 
 On a GPU the target is memory-bound and verify(B) ~ plain(B) until B*(k+1) tokens fill the chip; on a
 2-core CPU the target is compute-bound already at a few rows, verify(B) ~ (k+1)*plain(B), and drafting
@@ -59,6 +60,7 @@ class DraftPolicy:
     verify: dict[int, _Average] = field(default_factory=lambda: defaultdict(_Average))
     draft: dict[int, _Average] = field(default_factory=lambda: defaultdict(_Average))
     round_tokens: _Average = field(default_factory=_Average)  # server-wide tokens per speculative round
+    catch_up: _Average = field(default_factory=_Average)  # draft catch-up seconds when drafting resumes
     probing: dict[int, _Probing] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -85,6 +87,8 @@ class DraftPolicy:
         step_seconds = (self.draft[len(expected)].value + self.verify[batch].value, self.plain[batch].value)
         chosen, other = step_seconds if choice else step_seconds[::-1]
         loss = other * (1 - min(drafting_rate, plain_rate) / max(drafting_rate, plain_rate))  # a probe's cost
+        if not choice:  # a drafting probe also pays for the draft catching up
+            loss += self.catch_up.value or 0.0
         return self._maybe_probe(batch, choice, math.ceil(loss / (self.probe_budget * chosen)))
 
     def _maybe_probe(self, batch: int, choice: bool, min_interval: int) -> bool:
@@ -106,11 +110,15 @@ class DraftPolicy:
     def plain_rate(self, batch: int) -> float:
         return batch / self.plain[batch].value
 
-    def record(self, batch: int, drafting: int, draft_seconds: float, verify_seconds: float) -> None:
+    def record(
+        self, batch: int, drafting: int, draft_seconds: float, verify_seconds: float, catch_up_seconds: float = 0.0
+    ) -> None:
         """Times of one step; `drafting` is how many sequences drafted (0: a plain step)."""
         if drafting:
             self.draft[drafting].add(draft_seconds, self.smoothing)
             self.verify[batch].add(verify_seconds, self.smoothing)
+            if catch_up_seconds:
+                self.catch_up.add(catch_up_seconds, self.smoothing)
         else:
             self.plain[batch].add(verify_seconds, self.smoothing)
 

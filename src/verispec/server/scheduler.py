@@ -208,7 +208,7 @@ class Scheduler:
         verdicts = self._verify(seqs, proposals)
         verified = time.perf_counter()
         catch_up = self.drafter.catch_up_seconds if self.drafter and any(ks) else 0.0
-        self._record_costs(len(seqs), sum(1 for k in ks if k), drafted - begin - catch_up, verified - drafted)
+        self._record_costs(len(seqs), sum(1 for k in ks if k), drafted - begin, verified - drafted, catch_up)
         for seq, proposal, (accepted, next_token) in zip(seqs, proposals, verdicts, strict=True):
             seq.stats.time_draft += drafted - begin
             seq.stats.time_target += verified - drafted
@@ -217,9 +217,11 @@ class Scheduler:
             self._update_gauges()
         return True
 
-    def _record_costs(self, batch: int, drafting: int, draft_seconds: float, verify_seconds: float) -> None:
+    def _record_costs(
+        self, batch: int, drafting: int, draft_seconds: float, verify_seconds: float, catch_up_seconds: float
+    ) -> None:
         policy, metrics = self.policy, self.metrics
-        policy.record(batch, drafting, draft_seconds, verify_seconds)
+        policy.record(batch, drafting, draft_seconds - catch_up_seconds, verify_seconds, catch_up_seconds)
         metrics.steps.labels(mode="draft" if drafting else "plain").inc()
         if drafting:
             metrics.record_policy("draft", drafting, policy.draft[drafting].value)
