@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -35,7 +35,7 @@ from ..stopping import StopChecker
 from .batching import CATCH_UP_WIDTH, BatchedDrafter, DraftJob, padded_forward
 from .events import EngineRequest, ErrorEvent, FinishEvent, TokenEvent
 from .metrics import Metrics
-from .policy import DraftPolicy
+from .policy import POLICIES, DraftPolicy
 
 log = logging.getLogger("verispec.server")
 
@@ -61,6 +61,8 @@ class SchedulerConfig:
             raise InvalidParameterError("need max_num_seqs >= 1, max_queue >= 0 and max_model_len >= 2")
         if self.num_speculative_tokens < 1:
             raise InvalidParameterError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
+        if self.draft_policy not in POLICIES:
+            raise InvalidParameterError(f"draft_policy must be one of {', '.join(POLICIES)}, got {self.draft_policy!r}")
 
 
 @dataclass
@@ -75,7 +77,7 @@ class Sequence:
     last_emit: float | None = None
     spec_rounds: int = 0  # rounds in which this sequence drafted ...
     spec_tokens: int = 0  # ... and the tokens those rounds produced
-    queue_seconds: float = field(default=0.0)
+    queue_seconds: float = 0.0
 
 
 class Scheduler:
@@ -91,28 +93,30 @@ class Scheduler:
         self.tokenizer = target.tokenizer
         self.metrics = metrics or Metrics()
         limits = [self.config.max_model_len, target.model.config.max_position_embeddings]
-        k = self.config.num_speculative_tokens
-        self.drafter: BatchedDrafter | None = None
         if draft is not None:
             self.tokenizer.check_compatible(draft.tokenizer)
             limits.append(draft.model.config.max_position_embeddings)
         self.max_model_len = min(limits)
-        # padded rows may run past a sequence's last real position: verify rows are k+1 wide, draft catch-up
-        # rows up to CATCH_UP_WIDTH
-        slots = self.config.max_num_seqs
-        self.cache = target.model.new_cache(num_slots=slots, max_len=self.max_model_len + k + 1)
-        if draft is not None:
-            vocab = target.model.config.vocab_size
-            draft_len = self.max_model_len + max(k, CATCH_UP_WIDTH) + 1
-            self.drafter = BatchedDrafter(draft.model, vocab, slots, draft_len)
+        self._allocate_caches(target, draft)
         self.policy = DraftPolicy(mode=self.config.draft_policy if draft is not None else "never")
         self.running: dict[int, Sequence] = {}
-        self.free_slots = list(range(slots))
+        self.free_slots = list(range(self.config.max_num_seqs))
         self.waiting: deque[EngineRequest] = deque()
         self.active: dict[str, EngineRequest] = {}  # waiting or running, by request id
         self.cond = threading.Condition()
         self.thread: threading.Thread | None = None
         self.stopping = False
+
+    def _allocate_caches(self, target: LoadedModel, draft: LoadedModel | None) -> None:
+        """One slot per sequence; padded rows may run past a sequence's last real position (verify rows are
+        k+1 wide, draft catch-up rows up to CATCH_UP_WIDTH), hence the room beyond max_model_len."""
+        k, slots = self.config.num_speculative_tokens, self.config.max_num_seqs
+        self.cache = target.model.new_cache(num_slots=slots, max_len=self.max_model_len + k + 1)
+        self.drafter: BatchedDrafter | None = None
+        if draft is not None:
+            vocab = target.model.config.vocab_size
+            draft_len = self.max_model_len + max(k, CATCH_UP_WIDTH) + 1
+            self.drafter = BatchedDrafter(draft.model, vocab, slots, draft_len)
 
     # ---- any thread ---------------------------------------------------------------------------------
     def kv_cache_bytes(self) -> tuple[int, int]:
