@@ -427,8 +427,11 @@ def test_padded_rows_do_not_change_other_rows(tiny):
         assert batch_cache.lengths[slot] == len(prompts[slot]) + len(rows[slot])
 
 
-def _run_scheduler(target, draft, requests: list[tuple[str, SamplingParams, bool]], policy: str, slots: int = 3):
-    scheduler = Scheduler(target, draft, SchedulerConfig(max_num_seqs=slots, max_model_len=256, draft_policy=policy))
+def _run_scheduler(
+    target, draft, requests: list[tuple[str, SamplingParams, bool]], policy: str, method: str = "draft"
+) -> list[list]:
+    config = SchedulerConfig(max_num_seqs=3, max_model_len=256, draft_policy=policy, speculative_method=method)
+    scheduler = Scheduler(target, draft, config)
     events: list[list] = []
     for i, (prompt, params, speculative) in enumerate(requests):
         events.append([])
@@ -438,13 +441,17 @@ def _run_scheduler(target, draft, requests: list[tuple[str, SamplingParams, bool
     return events
 
 
-@pytest.mark.parametrize("policy", ["always", "auto", "never"])
-def test_scheduler_greedy_outputs_equal_plain_decoding(policy, tiny):
+POLICY_METHODS = [("always", "draft"), ("auto", "draft"), ("never", "draft"), ("always", "ngram")]
+
+
+@pytest.mark.parametrize(("policy", "method"), POLICY_METHODS)
+def test_scheduler_greedy_outputs_equal_plain_decoding(policy, method, tiny):
     target, draft = tiny
     plain = SpeculativeGenerator(target, None, max_seq_len=256, progress=False)
     prompts = ["hello world", "a", "The quick brown fox", "xyz" * 8, "1234", "ok"]
     requests = [(p, SamplingParams(), i % 3 != 0) for i, p in enumerate(prompts)]
-    events = _run_scheduler(target, draft, requests, policy)  # 6 requests on 3 slots: some wait, join later
+    draft = None if method == "ngram" else draft
+    events = _run_scheduler(target, draft, requests, policy, method)  # 6 requests on 3 slots: some wait
     for prompt, request_events in zip(prompts, events, strict=True):
         expected = plain.generate(prompt, max_tokens=30)
         final = request_events[-1]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..drafters import Proposal
+from ..drafters import NgramDrafter, Proposal
 from ..model import KVCache, Transformer
 from ..sampling import SamplingParams, probs_from_logits, sample
 
@@ -134,3 +134,15 @@ def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
             break
         n += 1
     return n
+
+
+class BatchedNgramDrafter:
+    """Prompt lookup (drafters.NgramDrafter) for many sequences: no model, so nothing to batch or catch up."""
+
+    catch_up_seconds = 0.0
+
+    def __init__(self) -> None:
+        self.lookup = NgramDrafter()
+
+    def propose(self, jobs: list[DraftJob]) -> list[Proposal]:
+        return [self.lookup.propose(job.tokens, job.k, job.params, job.rng) for job in jobs]

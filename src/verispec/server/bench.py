@@ -100,7 +100,10 @@ def _server(args: argparse.Namespace, slots: int):
         "--speculative-model", args.speculative_model, "--num-speculative-tokens", str(args.num_speculative_tokens),
         "--dtype", args.dtype, "--device", args.device, "--max-model-len", str(args.max_model_len),
         "--max-num-seqs", str(slots), "--draft-policy", args.draft_policy, "--log-level", "warning",
+        "--speculative-method", args.speculative_method, "--quantization", args.quantization,
     ]  # fmt: skip
+    if args.speculative_quantization:
+        command += ["--speculative-quantization", args.speculative_quantization]
     if args.threads:
         command += ["--threads", str(args.threads)]
     proc = subprocess.Popen(command, env={**os.environ, "PYTHONUNBUFFERED": "1"})

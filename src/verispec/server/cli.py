@@ -88,6 +88,7 @@ def build_scheduler(args: argparse.Namespace):
     config = SchedulerConfig(
         max_num_seqs=args.max_num_seqs, max_queue=args.max_queue, max_model_len=args.max_model_len,
         num_speculative_tokens=args.num_speculative_tokens, draft_policy=args.draft_policy,
+        speculative_method=args.speculative_method,
     )  # fmt: skip
     return Scheduler(target, draft, config)
 
@@ -102,12 +103,13 @@ def load_pair(args: argparse.Namespace) -> tuple[LoadedModel, LoadedModel | None
             raise VerispecError("--speculative-model tiny needs --model tiny (the pair shares a tokenizer)")
         tiny_target, tiny_draft = tiny_pair()
         return tiny_target, tiny_draft if args.speculative_model == TINY else None
-    target = load_model(args.model, args.dtype, args.device)
-    if args.speculative_model.lower() == "none":
+    target = load_model(args.model, args.dtype, args.device, quantization=args.quantization)
+    if args.speculative_model.lower() == "none" or args.speculative_method == "ngram":
         return target, None
-    if args.speculative_model == args.model:
+    draft_quantization = args.speculative_quantization or args.quantization
+    if args.speculative_model == args.model and draft_quantization == args.quantization:
         return target, target  # one copy of the weights serves as both
-    return target, load_model(args.speculative_model, args.dtype, args.device)
+    return target, load_model(args.speculative_model, args.dtype, args.device, quantization=draft_quantization)
 
 
 def model_id(source: str) -> str:

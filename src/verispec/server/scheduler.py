@@ -27,12 +27,12 @@ import torch
 from ..acceptance import verify_greedy, verify_sampled
 from ..drafters import Proposal
 from ..errors import InvalidParameterError, PromptTooLongError, VerispecError
-from ..generator import GenerationOutput
+from ..generator import SPECULATIVE_METHODS, GenerationOutput
 from ..loading import LoadedModel
 from ..sampling import probs_from_logits
 from ..stats import GenerationStats
 from ..stopping import StopChecker
-from .batching import CATCH_UP_WIDTH, BatchedDrafter, DraftJob, padded_forward
+from .batching import CATCH_UP_WIDTH, BatchedDrafter, BatchedNgramDrafter, DraftJob, padded_forward
 from .events import EngineRequest, ErrorEvent, FinishEvent, TokenEvent
 from .metrics import Metrics
 from .policy import POLICIES, DraftPolicy
@@ -55,12 +55,15 @@ class SchedulerConfig:
     max_model_len: int = 4096  # prompt + generated tokens per sequence
     num_speculative_tokens: int = 4
     draft_policy: str = "auto"  # auto | always | never (see policy.py)
+    speculative_method: str = "draft"  # draft: a draft model proposes; ngram: prompt lookup (no draft model)
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_queue < 0 or self.max_model_len < 2:
             raise InvalidParameterError("need max_num_seqs >= 1, max_queue >= 0 and max_model_len >= 2")
         if self.num_speculative_tokens < 1:
             raise InvalidParameterError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
+        if self.speculative_method not in SPECULATIVE_METHODS:
+            raise InvalidParameterError(f"speculative_method must be one of {', '.join(SPECULATIVE_METHODS)}")
         if self.draft_policy not in POLICIES:
             raise InvalidParameterError(f"draft_policy must be one of {', '.join(POLICIES)}, got {self.draft_policy!r}")
 
@@ -98,7 +101,7 @@ class Scheduler:
             limits.append(draft.model.config.max_position_embeddings)
         self.max_model_len = min(limits)
         self._allocate_caches(target, draft)
-        self.policy = DraftPolicy(mode=self.config.draft_policy if draft is not None else "never")
+        self.policy = DraftPolicy(mode=self.config.draft_policy if self.drafter is not None else "never")
         self.running: dict[int, Sequence] = {}
         self.free_slots = list(range(self.config.max_num_seqs))
         self.waiting: deque[EngineRequest] = deque()
@@ -112,15 +115,17 @@ class Scheduler:
         k+1 wide, draft catch-up rows up to CATCH_UP_WIDTH), hence the room beyond max_model_len."""
         k, slots = self.config.num_speculative_tokens, self.config.max_num_seqs
         self.cache = target.model.new_cache(num_slots=slots, max_len=self.max_model_len + k + 1)
-        self.drafter: BatchedDrafter | None = None
-        if draft is not None:
+        self.drafter: BatchedDrafter | BatchedNgramDrafter | None = None
+        if self.config.speculative_method == "ngram":
+            self.drafter = BatchedNgramDrafter()
+        elif draft is not None:
             vocab = target.model.config.vocab_size
             draft_len = self.max_model_len + max(k, CATCH_UP_WIDTH) + 1
             self.drafter = BatchedDrafter(draft.model, vocab, slots, draft_len)
 
     # ---- any thread ---------------------------------------------------------------------------------
     def kv_cache_bytes(self) -> tuple[int, int]:
-        return self.cache.nbytes(), self.drafter.cache.nbytes() if self.drafter else 0
+        return self.cache.nbytes(), self.drafter.cache.nbytes() if isinstance(self.drafter, BatchedDrafter) else 0
 
     def submit(self, request: EngineRequest) -> None:
         if request.max_tokens < 1:
