@@ -501,8 +501,21 @@ def test_draft_policy_probes_the_other_mode_less_and_less_while_the_decision_hol
     assert [i for i, d in enumerate(decisions) if not d] == [3, 11, 27, 43, 59]  # every 4, 8, 16, 16, 16 steps
     policy.record(2, 2, 0.01, 0.2)  # drafting became slow: the decision flips and probing is frequent again
     policy.record(2, 2, 0.01, 0.2)
-    decisions = [policy.should_draft(2, [3.0, 3.0]) for _ in range(8)]
-    assert [i for i, d in enumerate(decisions) if d] == [3]
+    decisions = [policy.should_draft(2, [3.0, 3.0]) for _ in range(12)]
+    # back to every 4 steps, but a drafting probe now loses 0.21 s * (1 - 28.6/100) = 0.15 s: 8 plain steps
+    assert [i for i, d in enumerate(decisions) if d] == [7]
+
+
+def test_draft_policy_ignores_one_slow_step():
+    policy = DraftPolicy(probe_every=1000)
+    for _ in range(4):
+        policy.record(1, 1, 0.02, 0.06)
+        policy.record(1, 0, 0.0, 0.05)
+    assert policy.should_draft(1, [3.0])  # 3 / 0.08 s beats 1 / 0.05 s
+    policy.record(1, 0, 0.0, 0.5)  # one plain step slowed 10x by other load
+    assert policy.should_draft(1, [3.0])
+    policy.record(1, 1, 0.02, 0.6)  # nor does one slow drafting step flip it
+    assert policy.should_draft(1, [3.0])
 
 
 def test_draft_policy_spaces_probes_by_their_cost():

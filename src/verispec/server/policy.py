@@ -8,7 +8,9 @@ sequence is the server-wide average), draft(S) the time to draft k tokens for S 
 target pass over B rows of k+1 tokens and plain(B) one over B rows of 1 token. The scheduler drafts when
 the first rate (tokens/s) beats the second.
 
-The three times are running averages per batch size, taken from the steps the server actually runs. A
+The three times are medians of the last 9 steps per batch size, taken from the steps the server actually
+runs (a median, so that one step slowed by other load cannot flip the decision), and drafting must win by
+`margin` (5%), since resuming it also costs the draft model's catch-up, which the rates leave out. A
 batch size seen for the first time tries drafting, then plain decoding, so both are measured; after that
 every `probe_every`-th step at a batch size runs the mode that was *not* chosen, so the numbers follow the
 machine (warm-up, other load) and a decision can flip back. A probe costs a slow step, so the interval
@@ -25,7 +27,8 @@ stops paying at a small batch. The rule needs no per-machine constant for either
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+import statistics
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 POLICIES = ("auto", "always", "never")
@@ -33,12 +36,29 @@ POLICIES = ("auto", "always", "never")
 
 @dataclass
 class _Average:
+    """Exponential moving average (for tokens per round, whose mean is what matters)."""
+
     value: float | None = None
-    count: int = 0
 
     def add(self, sample: float, smoothing: float) -> None:
         self.value = sample if self.value is None else (1 - smoothing) * self.value + smoothing * sample
-        self.count += 1
+
+
+@dataclass
+class _Median:
+    """Median of the last samples (for step times: one step slowed by other load must not flip a decision)."""
+
+    window: int = 9
+    samples: deque[float] = field(default_factory=deque)
+
+    @property
+    def value(self) -> float | None:
+        return statistics.median(self.samples) if self.samples else None
+
+    def add(self, sample: float) -> None:
+        self.samples.append(sample)
+        if len(self.samples) > self.window:
+            self.samples.popleft()
 
 
 @dataclass
@@ -54,13 +74,13 @@ class DraftPolicy:
     probe_every: int = 8
     max_probe_interval: int = 256
     probe_budget: float = 0.02  # probes may cost at most this share of throughput
-    smoothing: float = 0.3
+    margin: float = 0.05  # drafting must be this much faster to be chosen (it has costs the rates miss)
     prior_weight: float = 2.0  # a new sequence's E counts as this many rounds at the server-wide average
-    plain: dict[int, _Average] = field(default_factory=lambda: defaultdict(_Average))
-    verify: dict[int, _Average] = field(default_factory=lambda: defaultdict(_Average))
-    draft: dict[int, _Average] = field(default_factory=lambda: defaultdict(_Average))
+    plain: dict[int, _Median] = field(default_factory=lambda: defaultdict(_Median))
+    verify: dict[int, _Median] = field(default_factory=lambda: defaultdict(_Median))
+    draft: dict[int, _Median] = field(default_factory=lambda: defaultdict(_Median))
     round_tokens: _Average = field(default_factory=_Average)  # server-wide tokens per speculative round
-    catch_up: _Average = field(default_factory=_Average)  # draft catch-up seconds when drafting resumes
+    catch_up: _Median = field(default_factory=_Median)  # draft catch-up seconds when drafting resumes
     probing: dict[int, _Probing] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -83,7 +103,7 @@ class DraftPolicy:
         if self.plain[batch].value is None:
             return False
         drafting_rate, plain_rate = self.drafting_rate(batch, expected), self.plain_rate(batch)
-        choice = drafting_rate > plain_rate
+        choice = drafting_rate > plain_rate * (1 + self.margin)
         step_seconds = (self.draft[len(expected)].value + self.verify[batch].value, self.plain[batch].value)
         chosen, other = step_seconds if choice else step_seconds[::-1]
         loss = other * (1 - min(drafting_rate, plain_rate) / max(drafting_rate, plain_rate))  # a probe's cost
@@ -115,12 +135,12 @@ class DraftPolicy:
     ) -> None:
         """Times of one step; `drafting` is how many sequences drafted (0: a plain step)."""
         if drafting:
-            self.draft[drafting].add(draft_seconds, self.smoothing)
-            self.verify[batch].add(verify_seconds, self.smoothing)
+            self.draft[drafting].add(draft_seconds)
+            self.verify[batch].add(verify_seconds)
             if catch_up_seconds:
-                self.catch_up.add(catch_up_seconds, self.smoothing)
+                self.catch_up.add(catch_up_seconds)
         else:
-            self.plain[batch].add(verify_seconds, self.smoothing)
+            self.plain[batch].add(verify_seconds)
 
     def record_round(self, tokens: int) -> None:
-        self.round_tokens.add(tokens, self.smoothing / 4)
+        self.round_tokens.add(tokens, 0.1)
