@@ -39,13 +39,13 @@ class DraftModelDrafter:
             self._feed(prompt_ids[:-1])
 
     def propose(self, tokens: list[int], k: int, params: SamplingParams, rng: torch.Generator) -> Proposal:
-        keep = _common_prefix(self.cached, tokens, limit=len(tokens) - 1)
+        keep = common_prefix(self.cached, tokens, limit=len(tokens) - 1)
         self.cache.set_length(0, keep)
         self.cached = self.cached[:keep]
         logits = self._feed(tokens[keep:])
         drafted, probs = [], []
         for i in range(k):
-            logits = self._align(logits)
+            logits = align_to_vocab(logits, self.target_vocab_size)
             if params.greedy:
                 token = int(logits.argmax())
             else:
@@ -66,15 +66,16 @@ class DraftModelDrafter:
         self.cached += tokens
         return logits[0, -1].cpu()
 
-    def _align(self, logits: torch.Tensor) -> torch.Tensor:
-        """Draft logits over the target's vocabulary: rows the target lacks can never be drafted."""
-        size = self.target_vocab_size
-        if logits.shape[0] >= size:
-            return logits[:size]
-        return torch.cat([logits, logits.new_full((size - logits.shape[0],), float("-inf"))])
+
+def align_to_vocab(logits: torch.Tensor, size: int) -> torch.Tensor:
+    """Draft logits over the target's vocabulary: rows the target lacks can never be drafted."""
+    if logits.shape[0] >= size:
+        return logits[:size]
+    return torch.cat([logits, logits.new_full((size - logits.shape[0],), float("-inf"))])
 
 
-def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
+def common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    """Length of the common prefix of a and b, at most limit."""
     n = 0
     for x, y in zip(a, b, strict=False):
         if n >= limit or x != y:

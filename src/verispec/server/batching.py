@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..drafters import NgramDrafter, Proposal
+from ..drafters import NgramDrafter, Proposal, align_to_vocab, common_prefix
 from ..model import KVCache, Transformer
 from ..sampling import SamplingParams, probs_from_logits, sample
 
@@ -92,7 +92,7 @@ class BatchedDrafter:
         todo = []
         for job in jobs:
             fed = self.fed[job.slot]
-            keep = _common_prefix(fed, job.tokens, limit=len(job.tokens) - 1)
+            keep = common_prefix(fed, job.tokens, limit=len(job.tokens) - 1)
             self.cache.set_length(job.slot, keep)
             del fed[keep:]
             missing = job.tokens[keep:]
@@ -113,27 +113,11 @@ class BatchedDrafter:
         self.fed[slot] += tokens
 
     def _choose(self, logits: torch.Tensor, job: DraftJob) -> tuple[int, torch.Tensor | None]:
-        logits = self._align(logits)
+        logits = align_to_vocab(logits, self.target_vocab_size)
         if job.params.greedy:
             return int(logits.argmax()), None
         q = probs_from_logits(logits, job.params)
         return int(sample(q, job.rng)), q
-
-    def _align(self, logits: torch.Tensor) -> torch.Tensor:
-        """Draft logits over the target's vocabulary: rows the target lacks can never be drafted."""
-        size = self.target_vocab_size
-        if logits.shape[0] >= size:
-            return logits[:size]
-        return torch.cat([logits, logits.new_full((size - logits.shape[0],), float("-inf"))])
-
-
-def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if n >= limit or x != y:
-            break
-        n += 1
-    return n
 
 
 class BatchedNgramDrafter:
