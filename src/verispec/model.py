@@ -17,10 +17,10 @@ from .quantize import QuantizedLinear
 
 
 class KVCache:
-    """Preallocated keys and values: per layer, [slots, max_len, kv_heads, head_dim]."""
+    """Preallocated keys and values: per layer, [slots, kv_heads, max_len, head_dim]."""
 
     def __init__(self, config: ModelConfig, num_slots: int, max_len: int, dtype: torch.dtype, device):
-        shape = (num_slots, max_len, config.num_kv_heads, config.head_size)
+        shape = (num_slots, config.num_kv_heads, max_len, config.head_size)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
         self.lengths = [0] * num_slots
@@ -77,36 +77,31 @@ class Attention(nn.Module):
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         for row, (slot, start) in enumerate(zip(slots, starts, strict=True)):
-            layer_keys[slot, start : start + seq] = k[row]
-            layer_values[slot, start : start + seq] = v[row]
+            layer_keys[slot, :, start : start + seq] = k[row].transpose(0, 1)
+            layer_values[slot, :, start : start + seq] = v[row].transpose(0, 1)
         if self.batch_invariant:
             return self.wo(self._attend_per_query(q, layer_keys, layer_values, slots, starts))
         span = max(starts) + seq
         if batch == 1:
-            keys, values = layer_keys[slots[0], :span].unsqueeze(0), layer_values[slots[0], :span].unsqueeze(0)
+            keys, values = layer_keys[slots[0], :, :span].unsqueeze(0), layer_values[slots[0], :, :span].unsqueeze(0)
         else:
             index = torch.tensor(slots, device=x.device)
-            keys, values = layer_keys[index, :span], layer_values[index, :span]
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask, enable_gqa=True
-        )
+            keys, values = layer_keys[index, :, :span], layer_values[index, :, :span]
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=True)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
     def _attend_per_query(self, q, layer_keys, layer_values, slots, starts) -> torch.Tensor:
         """Each query attends to exactly its own prefix, one call per query: the same shapes, hence the
         same rounding, whether the query is decoded alone or verified beside k others."""
         batch, seq = q.shape[:2]
+        grouped = q.view(batch, seq, self.num_kv_heads, -1, self.head_dim)  # [.., kv_heads, group, dim]
         rows = []
         for row, (slot, start) in enumerate(zip(slots, starts, strict=True)):
             for t in range(seq):
                 span = start + t + 1
-                out = F.scaled_dot_product_attention(
-                    q[row, t].unsqueeze(1),  # [heads, 1, dim]
-                    layer_keys[slot, :span].transpose(0, 1),
-                    layer_values[slot, :span].transpose(0, 1),
-                    enable_gqa=True,
-                )
-                rows.append(out.reshape(-1))
+                scores = torch.matmul(grouped[row, t], layer_keys[slot, :, :span].transpose(1, 2))
+                probs = torch.softmax(scores.float() * self.head_dim**-0.5, dim=-1).to(q.dtype)
+                rows.append(torch.matmul(probs, layer_values[slot, :, :span]).reshape(-1))
         return torch.stack(rows).reshape(batch, seq, -1)
 
 
