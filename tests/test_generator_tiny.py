@@ -40,7 +40,7 @@ def pair():
 @pytest.mark.parametrize("k", range(1, 9))
 def test_greedy_output_equals_plain_greedy_for_every_k(pair, k):
     target, draft = pair
-    generator = SpeculativeGenerator(target, draft, num_speculative_tokens=k)
+    generator = SpeculativeGenerator(target, draft, num_speculative_tokens=k, adaptive=False)
     for prompt in PROMPTS:
         ids = target.tokenizer.encode(prompt)
         expected = reference_greedy(target.model, ids, 40, target.tokenizer.stop_token_ids)
@@ -62,7 +62,9 @@ def test_plain_decoding_through_the_same_loop_matches_the_reference(pair):
 def test_draft_equal_to_target_accepts_everything(pair):
     target, _ = pair
     clone = tiny_loaded(truncated_copy(target.model, target.model.config.num_layers), target.tokenizer)
-    out = SpeculativeGenerator(target, clone, num_speculative_tokens=5).generate(PROMPTS[0], max_tokens=36)
+    out = SpeculativeGenerator(target, clone, num_speculative_tokens=5, adaptive=False).generate(
+        PROMPTS[0], max_tokens=36
+    )
     assert out.stats.accepted == out.stats.drafted > 0 and out.stats.rejected == 0
     assert out.stats.target_passes == 6  # 36 tokens, 6 per pass
     assert out.token_ids == reference_greedy(target.model, target.tokenizer.encode(PROMPTS[0]), 36, set())
@@ -92,7 +94,7 @@ class AlwaysWrongDrafter:
 
 def test_always_wrong_draft_accepts_nothing_and_changes_nothing(pair):
     target, draft = pair
-    generator = SpeculativeGenerator(target, draft, num_speculative_tokens=3)
+    generator = SpeculativeGenerator(target, draft, num_speculative_tokens=3, adaptive=False)
     generator.drafter = AlwaysWrongDrafter(target)
     out = generator.generate(PROMPTS[1], max_tokens=20)
     assert out.stats.accepted == 0 and out.stats.drafted > 0
@@ -109,7 +111,9 @@ def test_eos_inside_a_drafted_block_cuts_where_plain_decoding_does(pair):
     tokenizer = Tokenizer(target.tokenizer.hf, extra_stop_ids=(stop_token,))
     clone = tiny_loaded(truncated_copy(target.model, 4), tokenizer)  # accepts all: EOS lands mid-block
     for drafter_model in (clone, tiny_loaded(draft.model, tokenizer)):
-        generator = SpeculativeGenerator(tiny_loaded(target.model, tokenizer), drafter_model, num_speculative_tokens=6)
+        generator = SpeculativeGenerator(
+            tiny_loaded(target.model, tokenizer), drafter_model, num_speculative_tokens=6, adaptive=False
+        )
         out = generator.generate(prompt_ids, max_tokens=40)
         assert out.token_ids == free_run[:cut]
         assert out.finish_reason == "stop"
@@ -120,7 +124,9 @@ def test_eos_inside_a_drafted_block_cuts_where_plain_decoding_does(pair):
 def test_max_tokens_cuts_exactly(pair, max_tokens):
     target, draft = pair
     clone = tiny_loaded(truncated_copy(target.model, 4), target.tokenizer)
-    out = SpeculativeGenerator(target, clone, num_speculative_tokens=4).generate(PROMPTS[2], max_tokens=max_tokens)
+    out = SpeculativeGenerator(target, clone, num_speculative_tokens=4, adaptive=False).generate(
+        PROMPTS[2], max_tokens=max_tokens
+    )
     expected = reference_greedy(target.model, target.tokenizer.encode(PROMPTS[2]), max_tokens, set())
     assert out.token_ids == expected and out.finish_reason == "length"
 
@@ -130,7 +136,7 @@ def test_stop_string_inside_a_drafted_block(pair):
     clone = tiny_loaded(truncated_copy(target.model, 4), target.tokenizer)
     plain = SpeculativeGenerator(target, None).generate(PROMPTS[0], max_tokens=30)
     stop = plain.text[9:11]
-    spec = SpeculativeGenerator(target, clone, num_speculative_tokens=6).generate(
+    spec = SpeculativeGenerator(target, clone, num_speculative_tokens=6, adaptive=False).generate(
         PROMPTS[0], max_tokens=30, stop=[stop]
     )
     plain_stopped = SpeculativeGenerator(target, None).generate(PROMPTS[0], max_tokens=30, stop=[stop])
@@ -140,7 +146,7 @@ def test_stop_string_inside_a_drafted_block(pair):
 
 def test_streamed_text_concatenates_to_the_final_text(pair):
     target, draft = pair
-    generator = SpeculativeGenerator(target, draft, num_speculative_tokens=3)
+    generator = SpeculativeGenerator(target, draft, num_speculative_tokens=3, adaptive=False)
     chunks = list(generator.stream(PROMPTS[0], max_tokens=25))
     assert "".join(c.text for c in chunks) == chunks[-1].output.text
     assert [c.token_id for c in chunks if c.token_id is not None] == chunks[-1].output.token_ids
@@ -164,23 +170,31 @@ def _exact_first_two(model, prompt_ids, params) -> dict:
 @pytest.mark.parametrize(
     "params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=3, top_p=0.9)]
 )
-def test_sampled_speculative_decoding_follows_the_target_distribution(params):
+@pytest.mark.parametrize(
+    "method, adaptive, prompt_ids",
+    [("draft", False, [0, 1, 2]), ("hybrid", True, [0, 1, 2, 0, 1, 2, 0, 1])],  # hybrid: the prompt repeats
+)
+def test_sampled_speculative_decoding_follows_the_target_distribution(params, method, adaptive, prompt_ids):
     tokenizer = word_tokenizer(VOCAB)
     config = tiny_config(vocab_size=VOCAB)
     target_model = tiny_model(config, seed=3, scale=1.0, residual_gain=0.5)
     draft_model = tiny_model(tiny_config(vocab_size=VOCAB, hidden_size=32, num_layers=1), seed=4)
     tokenizer.stop_token_ids = frozenset()  # no EOS: the first two tokens always exist
     target = tiny_loaded(target_model, tokenizer)
-    prompt_ids = [0, 1, 2]
     exact = _exact_first_two(target_model, prompt_ids, params)
-    generator = SpeculativeGenerator(target, tiny_loaded(draft_model, tokenizer), num_speculative_tokens=3)
-    counts, accepted = Counter(), 0
+    generator = SpeculativeGenerator(
+        target, tiny_loaded(draft_model, tokenizer), num_speculative_tokens=3, speculative_method=method,
+        adaptive=adaptive,
+    )  # fmt: skip
+    counts, accepted, drafted = Counter(), 0, 0
     for seed in range(RUNS):
         out = generator.generate(prompt_ids, max_tokens=2, temperature=params.temperature, top_k=params.top_k,
                                  top_p=params.top_p, seed=seed)  # fmt: skip
         counts[tuple(out.token_ids)] += 1
-        accepted += out.stats.accepted
-    assert accepted > 0
+        accepted, drafted = accepted + out.stats.accepted, drafted + out.stats.drafted
+    assert drafted > 0
+    # a looked-up token (a point mass) may lie outside the target's top-k: then it is always rejected
+    assert accepted > 0 or (method == "hybrid" and params.top_k)
     assert total_variation(counts, exact, RUNS) < TOLERANCE
     # the test can fail: the draft's own distribution is measurably different at this sample size
     assert total_variation(counts, _exact_first_two(draft_model, prompt_ids, params), RUNS) > TOLERANCE
@@ -193,7 +207,7 @@ REPETITIVE = "abc abc abc abc abd abc ab"
 @pytest.mark.parametrize("k", [1, 3, 6])
 def test_ngram_greedy_output_equals_plain_greedy(pair, k):
     target, _ = pair
-    generator = SpeculativeGenerator(target, None, num_speculative_tokens=k, speculative_method="ngram")
+    generator = SpeculativeGenerator(target, None, num_speculative_tokens=k, speculative_method="ngram", adaptive=False)
     drafted = 0
     for prompt in [*PROMPTS, REPETITIVE]:
         ids = target.tokenizer.encode(prompt)
@@ -211,3 +225,26 @@ def test_ngram_lookup_proposes_what_followed_the_latest_match():
     assert drafter.propose([1, 2, 3, 4, 1, 2, 5, 9, 1, 2], 3, params, rng).tokens.tolist() == [5, 9, 1]
     assert drafter.propose([7, 8, 9], 3, params, rng).tokens.tolist() == []
     assert drafter.propose([4, 5, 6, 4], 2, params, rng).tokens.tolist() == [5, 6]  # falls back to n = 1
+
+
+def test_hybrid_uses_lookup_where_the_context_repeats_and_the_model_elsewhere(pair, monkeypatch):
+    from verispec.drafters import DraftModelDrafter
+
+    target, draft = pair
+    generator = SpeculativeGenerator(
+        target, draft, num_speculative_tokens=4, speculative_method="hybrid", adaptive=False
+    )
+    used = Counter()
+    model_propose = DraftModelDrafter.propose
+
+    def counting(self, *args):
+        used["model"] += 1
+        return model_propose(self, *args)
+
+    monkeypatch.setattr(DraftModelDrafter, "propose", counting)
+    for prompt in [REPETITIVE, PROMPTS[0]]:
+        ids = target.tokenizer.encode(prompt)
+        out = generator.generate(ids, max_tokens=40)
+        assert out.token_ids == reference_greedy(target.model, ids, 40, target.tokenizer.stop_token_ids)
+        used["rounds"] += out.stats.target_passes
+    assert 0 < used["model"] < used["rounds"]  # both the model and the free lookup drafted

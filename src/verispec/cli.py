@@ -28,7 +28,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "--speculative-method",
         default="draft",
         choices=SPECULATIVE_METHODS,
-        help="draft: the --speculative-model drafts; ngram: prompt lookup in the context (no draft model)",
+        help="draft: the --speculative-model drafts; ngram: prompt lookup in the context (no draft model); "
+        "hybrid: prompt lookup where the context repeats itself, the draft model elsewhere",
     )
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
@@ -74,6 +75,7 @@ def build_generator(args: argparse.Namespace, with_draft: bool = True):
         quantization=args.quantization,
         draft_quantization=args.speculative_quantization,
         speculative_method=args.speculative_method,
+        adaptive=getattr(args, "adaptive_k", True),
     )
 
 
@@ -83,6 +85,12 @@ def _generate_arguments(parser: argparse.ArgumentParser) -> None:
     add_sampling_arguments(parser)
     parser.add_argument("--chat", action="store_true", help="render the prompt as a user message (chat template)")
     parser.add_argument("--compare", action="store_true", help="also run plain target decoding and compare")
+    parser.add_argument(
+        "--adaptive-k",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="choose 0..--num-speculative-tokens drafts per round from measured costs (default on)",
+    )
 
 
 def validate_sampling_arguments(args: argparse.Namespace) -> None:

@@ -62,7 +62,7 @@ class DraftModelDrafter:
 
     def _feed(self, tokens: list[int]) -> torch.Tensor:
         ids = torch.tensor([tokens], dtype=torch.long, device=self.model.device)
-        logits = self.model(ids, self.cache, [0], num_logits=1)
+        logits = self.model(ids, self.cache, [0], num_logits=1, invariant=False)
         self.cached += tokens
         return logits[0, -1].cpu()
 
@@ -96,15 +96,37 @@ class NgramDrafter:
         pass
 
     def propose(self, tokens: list[int], k: int, params: SamplingParams, rng: torch.Generator) -> Proposal:
-        return Proposal(torch.tensor(self._lookup(tokens, k), dtype=torch.long), None)
+        return Proposal(torch.tensor(self.lookup(tokens, k), dtype=torch.long), None)
 
     def observe(self, num_accepted: int) -> None:
         pass
 
-    def _lookup(self, tokens: list[int], k: int) -> list[int]:
+    def lookup(self, tokens: list[int], k: int) -> list[int]:
         for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
             suffix = tokens[-n:]
             for start in range(len(tokens) - n - 1, -1, -1):
                 if tokens[start : start + n] == suffix:
                     return tokens[start + n : start + n + k]
         return []
+
+
+class HybridDrafter:
+    """Prompt lookup when the context's last MIN_MATCH tokens occurred earlier (free, and then usually
+    right: code repeats names and lines), the draft model otherwise."""
+
+    MIN_MATCH = 3
+
+    def __init__(self, model: DraftModelDrafter, lookup: NgramDrafter):
+        self.model, self.ngram = model, lookup
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        self.model.reset(prompt_ids)
+
+    def propose(self, tokens: list[int], k: int, params: SamplingParams, rng: torch.Generator) -> Proposal:
+        found = self.ngram.lookup(tokens, k)
+        if found:
+            return Proposal(torch.tensor(found, dtype=torch.long), None)
+        return self.model.propose(tokens, k, params, rng)
+
+    def observe(self, num_accepted: int) -> None:
+        pass

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .acceptance import verify_greedy, verify_sampled
-from .drafters import DraftModelDrafter, NgramDrafter, Proposal
+from .adaptive import AdaptiveK
+from .drafters import DraftModelDrafter, HybridDrafter, NgramDrafter, Proposal
 from .errors import InvalidParameterError, PromptTooLongError
 from .loading import LoadedModel, load_model
 from .sampling import SamplingParams, probs_from_logits
@@ -30,7 +31,9 @@ from .stats import GenerationStats
 from .stopping import StopChecker
 
 DEFAULT_MAX_SEQ_LEN = 4096
-SPECULATIVE_METHODS = ("draft", "ngram")  # a draft model, or prompt lookup (no model)
+# draft: a draft model; ngram: prompt lookup (no model); hybrid: prompt lookup where the context repeats
+# itself, the draft model elsewhere
+SPECULATIVE_METHODS = ("draft", "ngram", "hybrid")
 
 
 @dataclass
@@ -64,6 +67,7 @@ class SpeculativeGenerator:
         quantization: str = "none",
         draft_quantization: str | None = None,
         speculative_method: str = "draft",
+        adaptive: bool = True,
     ):
         if speculative_method not in SPECULATIVE_METHODS:
             raise InvalidParameterError(
@@ -71,6 +75,8 @@ class SpeculativeGenerator:
             )
         if speculative_method == "ngram":
             draft = None
+        if speculative_method == "hybrid" and draft is None:
+            raise InvalidParameterError("the hybrid speculative method needs a draft model")
         if (draft is not None or speculative_method == "ngram") and num_speculative_tokens < 1:
             raise InvalidParameterError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
         if max_seq_len < 2:
@@ -97,6 +103,10 @@ class SpeculativeGenerator:
             self.max_seq_len = min(self.max_seq_len, self.draft.model.config.max_position_embeddings)
             vocab = self.target.model.config.vocab_size
             self.drafter = DraftModelDrafter(self.draft.model, vocab, self.max_seq_len)
+            if speculative_method == "hybrid":
+                self.drafter = HybridDrafter(self.drafter, NgramDrafter(min_ngram=HybridDrafter.MIN_MATCH))
+        # num_speculative_tokens is the most drafted per round; adaptive picks 0..that from measured costs
+        self.adaptive = AdaptiveK(self.num_speculative_tokens) if adaptive and self.num_speculative_tokens else None
         self.target_cache = self.target.model.new_cache(num_slots=1, max_len=self.max_seq_len)
 
     # ---- public API -------------------------------------------------------------------------------
@@ -162,9 +172,14 @@ class SpeculativeGenerator:
                 yield StreamChunk(stopper.finish("length"), None)
                 break
             k = min(self.num_speculative_tokens, room, stopper.max_tokens - len(stopper.token_ids) - 1)
-            proposal = self._propose(tokens, k, params, rng, stats)
-            accepted, next_token = self._verify(tokens, proposal, params, rng, stats)
-            stats.record_round(proposal.tokens.shape[0], accepted)
+            if self.adaptive is not None:
+                k = min(k, self.adaptive.choose())
+            proposal, draft_seconds = self._propose(tokens, k, params, rng, stats)
+            (accepted, next_token), target_seconds = self._verify(tokens, proposal, params, rng, stats)
+            drafted = proposal.tokens.shape[0]
+            stats.record_round(drafted, accepted)
+            if self.adaptive is not None:
+                self.adaptive.record(drafted, accepted, draft_seconds, target_seconds)
             if self.drafter is not None:
                 self.drafter.observe(accepted)
             for token in [*proposal.tokens[:accepted].tolist(), next_token]:
@@ -185,20 +200,21 @@ class SpeculativeGenerator:
         begin = time.perf_counter()
         self.target_cache.set_length(0, 0)
         if len(tokens) > 1:
-            self._target_forward(tokens[:-1], num_logits=1)
+            self._target_forward(tokens[:-1], num_logits=1, invariant=False)
         if self.drafter is not None:
             self.drafter.reset(tokens)
         stats.time_prefill = time.perf_counter() - begin
 
-    def _propose(self, tokens, k, params, rng, stats) -> Proposal:
+    def _propose(self, tokens, k, params, rng, stats) -> tuple[Proposal, float]:
         if k <= 0 or self.drafter is None:
-            return Proposal(torch.empty(0, dtype=torch.long), None)
+            return Proposal(torch.empty(0, dtype=torch.long), None), 0.0
         begin = time.perf_counter()
         proposal = self.drafter.propose(tokens, k, params, rng)
-        stats.time_draft += time.perf_counter() - begin
-        return proposal
+        seconds = time.perf_counter() - begin
+        stats.time_draft += seconds
+        return proposal, seconds
 
-    def _verify(self, tokens, proposal: Proposal, params, rng, stats) -> tuple[int, int]:
+    def _verify(self, tokens, proposal: Proposal, params, rng, stats) -> tuple[tuple[int, int], float]:
         begin = time.perf_counter()
         pending = tokens[self.target_cache.lengths[0] :]
         k = proposal.tokens.shape[0]
@@ -210,10 +226,11 @@ class SpeculativeGenerator:
                 proposal.tokens, proposal.probs, probs_from_logits(logits, params), rng
             )
         self.target_cache.set_length(0, len(tokens) + accepted)
-        stats.time_target += time.perf_counter() - begin
-        return accepted, next_token
+        seconds = time.perf_counter() - begin
+        stats.time_target += seconds
+        return (accepted, next_token), seconds
 
-    def _target_forward(self, ids: list[int], num_logits: int) -> torch.Tensor:
+    def _target_forward(self, ids: list[int], num_logits: int, invariant: bool = True) -> torch.Tensor:
         model = self.target.model
         batch = torch.tensor([ids], dtype=torch.long, device=model.device)
-        return model(batch, self.target_cache, [0], num_logits=num_logits)[0].cpu()
+        return model(batch, self.target_cache, [0], num_logits=num_logits, invariant=invariant)[0].cpu()

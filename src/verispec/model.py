@@ -65,7 +65,7 @@ class Attention(nn.Module):
         self.wo = nn.Linear(config.num_heads * config.head_size, config.hidden_size, bias=False)
         self.batch_invariant = False
 
-    def forward(self, x, cos, sin, mask, layer_keys, layer_values, slots, starts):
+    def forward(self, x, cos, sin, mask, layer_keys, layer_values, slots, starts, invariant):
         batch, seq, _ = x.shape
         q, k, v = self.wqkv(x).split(
             [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim],
@@ -79,7 +79,7 @@ class Attention(nn.Module):
         for row, (slot, start) in enumerate(zip(slots, starts, strict=True)):
             layer_keys[slot, :, start : start + seq] = k[row].transpose(0, 1)
             layer_values[slot, :, start : start + seq] = v[row].transpose(0, 1)
-        if self.batch_invariant:
+        if self.batch_invariant and invariant:
             return self.wo(self._attend_per_query(q, layer_keys, layer_values, slots, starts))
         span = max(starts) + seq
         if batch == 1:
@@ -124,8 +124,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, mask, layer_keys, layer_values, slots, starts):
-        x = x + self.attn(self.attn_norm(x), cos, sin, mask, layer_keys, layer_values, slots, starts)
+    def forward(self, x, cos, sin, mask, layer_keys, layer_values, slots, starts, invariant):
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask, layer_keys, layer_values, slots, starts, invariant)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -182,9 +182,18 @@ class Transformer(nn.Module):
 
     @torch.inference_mode()
     def forward(
-        self, tokens: torch.Tensor, cache: KVCache, slots: list[int], num_logits: int | None = None
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache,
+        slots: list[int],
+        num_logits: int | None = None,
+        invariant: bool = True,
     ) -> torch.Tensor:
-        """tokens [batch, seq] for cache slots `slots`; returns float32 logits [batch, num_logits or seq, V]."""
+        """tokens [batch, seq] for cache slots `slots`; returns float32 logits [batch, num_logits or seq, V].
+
+        invariant=False lets a batch-invariant model use ordinary (faster) attention: for prefills and
+        drafts, whose rounding never has to match a decode step's.
+        """
         batch, seq = tokens.shape
         starts = [cache.lengths[s] for s in slots]
         if max(starts) + seq > cache.max_len:
@@ -196,7 +205,7 @@ class Transformer(nn.Module):
         mask = self._mask(positions, max(starts) + seq) if seq > 1 or batch > 1 else None
         x = self.embed(tokens)
         for layer, block in enumerate(self.layers):
-            x = block(x, cos, sin, mask, cache.keys[layer], cache.values[layer], slots, starts)
+            x = block(x, cos, sin, mask, cache.keys[layer], cache.values[layer], slots, starts, invariant)
         for slot in slots:
             cache.lengths[slot] += seq
         if num_logits is not None:

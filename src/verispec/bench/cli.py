@@ -21,7 +21,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(num_speculative_tokens=None, max_tokens=None)  # None: bench or --quick default
     parser.add_argument("--dataset", default="humaneval", help="humaneval, or a .jsonl file (prompt/messages/turns)")
     parser.add_argument("--num-prompts", type=int, default=None, help="prompts to run (default 10; --quick 2)")
-    parser.add_argument("--methods", default="plain,draft", help="comma-separated: plain, draft")
+    parser.add_argument(
+        "--methods",
+        default="plain,draft",
+        help="comma-separated: plain, draft, ngram, hybrid; auto-draft, auto-ngram, auto-hybrid pick k per round "
+        "(at most --k)",
+    )
     parser.add_argument("--k", default=None, help="draft tokens per target pass, e.g. 2,4,6,8 (one method per k)")
     parser.add_argument("--peers", default=None, help="other engines in the same run: hf (transformers)")
     parser.add_argument("--chat", action="store_true", help="send raw prompts as a user message (chat template)")

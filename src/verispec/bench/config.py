@@ -8,7 +8,10 @@ from pathlib import Path
 
 from ..errors import InvalidParameterError
 
-METHODS = ("plain", "draft", "ngram")  # ngram: prompt lookup, no draft model
+# ngram: prompt lookup, no draft model; hybrid: prompt lookup where it matches, the draft model elsewhere;
+# auto-X: method X with k chosen each round from measured costs (adaptive.py), k from --k as the most
+SPECULATIVE = ("draft", "ngram", "hybrid")
+METHODS = ("plain", *SPECULATIVE, *(f"auto-{m}" for m in SPECULATIVE))
 PEERS = ("hf",)
 BASELINE = "plain"
 
@@ -53,7 +56,11 @@ class BenchConfig:
 
     @property
     def uses_draft(self) -> bool:
-        return "draft" in self.methods
+        return any(m.removeprefix("auto-") in ("draft", "hybrid") for m in self.methods)
+
+    @property
+    def speculates(self) -> bool:
+        return any(m != BASELINE for m in self.methods)
 
     def checked(self) -> BenchConfig:
         """This config with plain added as the baseline; raises InvalidParameterError on any bad value."""
@@ -61,7 +68,7 @@ class BenchConfig:
         _check_names("peer", self.peers, PEERS)
         _check_ranges(self)
         if self.uses_draft and self.draft_model is None:
-            raise InvalidParameterError("method 'draft' needs a draft model; drop --speculative-model none")
+            raise InvalidParameterError("methods draft and hybrid need a draft model; drop --speculative-model none")
         if self.peers and not self.greedy:
             raise InvalidParameterError("--peers compares greedy outputs; use --temperature 0")
         if self.peers and self.stop:
@@ -70,7 +77,7 @@ class BenchConfig:
         if BASELINE not in methods:
             methods = (BASELINE, *methods)
             notes = (*notes, "plain decoding was added: it is the baseline every speedup is measured against")
-        ks = tuple(dict.fromkeys(self.ks)) if self.uses_draft else ()
+        ks = tuple(dict.fromkeys(self.ks)) if self.speculates else ()
         return replace(self, methods=methods, ks=ks, peers=tuple(dict.fromkeys(self.peers)), notes=notes)
 
 

@@ -1,4 +1,4 @@
-"""The decoding methods a bench compares: plain decoding and a draft model at each k.
+"""The decoding methods a bench compares: plain decoding, and each speculative method at each k.
 
 All of them run through SpeculativeGenerator over the same loaded models (one load, several k).
 """
@@ -52,7 +52,7 @@ def build_methods(
         if method == "plain":
             generator = SpeculativeGenerator(target, None, max_seq_len=max_seq_len, progress=False)
             methods.append(Method("plain", 0, generator))
-        else:  # "draft" or "ngram": one method per k
+        else:  # draft, ngram, hybrid, auto-*: one method per k
             methods += [_speculative_method(method, target, draft, k, max_seq_len) for k in config.ks]
     return methods
 
@@ -60,7 +60,9 @@ def build_methods(
 def _speculative_method(
     method: str, target: LoadedModel, draft: LoadedModel | None, k: int, max_seq_len: int
 ) -> Method:
+    base = method.removeprefix("auto-")
     generator = SpeculativeGenerator(
-        target, draft, num_speculative_tokens=k, max_seq_len=max_seq_len, progress=False, speculative_method=method
-    )
+        target, draft if base != "ngram" else None, num_speculative_tokens=k, max_seq_len=max_seq_len,
+        progress=False, speculative_method=base, adaptive=base != method,
+    )  # fmt: skip
     return Method(method_name(method, k), k, generator)

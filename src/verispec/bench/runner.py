@@ -125,7 +125,7 @@ def run_bench(
 
 def _contenders(config: BenchConfig, models: Models, max_seq_len: int, log: Callable[[str], None]) -> list[Contender]:
     if config.uses_draft and models.draft is None:
-        raise InvalidParameterError("method 'draft' needs a draft model")
+        raise InvalidParameterError("methods draft and hybrid need a draft model")
     contenders: list[Contender] = [*build_methods(config, models.target, models.draft, max_seq_len)]
     if config.peers:
         log("loading peers: transformers on the same model files ...")
@@ -135,15 +135,19 @@ def _contenders(config: BenchConfig, models: Models, max_seq_len: int, log: Call
 
 
 def _load_models(config: BenchConfig, log: Callable[[str], None]) -> Models:
-    log(f"loading {config.model} ({config.dtype}) ...")
+    log(f"loading {config.model} ({_form(config.dtype, config.quantization)}) ...")
     target = load_model(config.model, config.dtype, config.device, quantization=config.quantization)
     draft = None
     if config.uses_draft:
-        log(f"loading {config.draft_model} ({config.dtype}) ...")
         draft_quantization = config.draft_quantization or config.quantization
+        log(f"loading {config.draft_model} ({_form(config.dtype, draft_quantization)}) ...")
         draft = load_model(config.draft_model, config.dtype, config.device, quantization=draft_quantization)
         target.tokenizer.check_compatible(draft.tokenizer)
     return Models(target, draft)
+
+
+def _form(dtype: str, quantization: str) -> str:
+    return dtype if quantization == "none" else f"{quantization} weights"
 
 
 def _select_prompts(config: BenchConfig, requests: list[Request], models: Models) -> tuple[list[Prompt], list, int]:

@@ -109,7 +109,7 @@ class BatchedDrafter:
 
     def _feed_alone(self, slot: int, tokens: list[int]) -> None:
         ids = torch.tensor([tokens], dtype=torch.long, device=self.model.device)
-        self.model(ids, self.cache, [slot], num_logits=1)
+        self.model(ids, self.cache, [slot], num_logits=1, invariant=False)
         self.fed[slot] += tokens
 
     def _choose(self, logits: torch.Tensor, job: DraftJob) -> tuple[int, torch.Tensor | None]:

@@ -27,7 +27,7 @@ import torch
 from ..acceptance import verify_greedy, verify_sampled
 from ..drafters import Proposal
 from ..errors import InvalidParameterError, PromptTooLongError, VerispecError
-from ..generator import SPECULATIVE_METHODS, GenerationOutput
+from ..generator import GenerationOutput
 from ..loading import LoadedModel
 from ..sampling import probs_from_logits
 from ..stats import GenerationStats
@@ -48,6 +48,9 @@ class SchedulerStoppedError(VerispecError):
     """The scheduler no longer accepts requests (shutting down)."""
 
 
+SERVER_METHODS = ("draft", "ngram")  # the batched drafters; hybrid runs in generate/bench only
+
+
 @dataclass
 class SchedulerConfig:
     max_num_seqs: int = 8  # sequences decoded together (cache slots)
@@ -62,8 +65,10 @@ class SchedulerConfig:
             raise InvalidParameterError("need max_num_seqs >= 1, max_queue >= 0 and max_model_len >= 2")
         if self.num_speculative_tokens < 1:
             raise InvalidParameterError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
-        if self.speculative_method not in SPECULATIVE_METHODS:
-            raise InvalidParameterError(f"speculative_method must be one of {', '.join(SPECULATIVE_METHODS)}")
+        if self.speculative_method not in SERVER_METHODS:
+            raise InvalidParameterError(
+                f"the server drafts with: {', '.join(SERVER_METHODS)} (not '{self.speculative_method}')"
+            )
         if self.draft_policy not in POLICIES:
             raise InvalidParameterError(f"draft_policy must be one of {', '.join(POLICIES)}, got {self.draft_policy!r}")
 
@@ -264,7 +269,7 @@ class Scheduler:
         self.cache.set_length(slot, 0)
         if len(prompt) > 1:
             ids = torch.tensor([prompt[:-1]], dtype=torch.long, device=self.target.model.device)
-            self.target.model(ids, self.cache, [slot], num_logits=1)
+            self.target.model(ids, self.cache, [slot], num_logits=1, invariant=False)
         seq.stats.time_prefill = time.perf_counter() - now
         self.metrics.prompt_tokens.inc(len(prompt))
 
