@@ -224,7 +224,7 @@ def bad_jsonl(tmp_path: Path) -> str:
         (["--methods", "plain,medusa"], "unknown method 'medusa'"),
         (["--peers", "vllm"], "unknown peer 'vllm'"),
         (["--peers", "hf", "--temperature", "0.7"], "--peers compares greedy outputs"),
-        (["--speculative-model", "none"], "method 'draft' needs a draft model"),
+        (["--speculative-model", "none"], "methods draft and hybrid need a draft model"),
         (["--num-prompts", "0"], "--num-prompts must be >= 1"),
     ],
 )

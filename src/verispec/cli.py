@@ -10,8 +10,8 @@ import sys
 from collections.abc import Callable
 
 from .errors import InvalidParameterError, VerispecError
-from .generator import SPECULATIVE_METHODS
-from .quantize import QUANTIZATIONS
+from .generator import DEFAULT_DRAFT_VOCAB, SPECULATIVE_METHODS
+from .quantize import QUANTIZATIONS, resolve_quantization
 
 # name -> (add_arguments, run); run(args) returns an exit status. Other modules may extend this.
 COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
@@ -31,16 +31,25 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="draft: the --speculative-model drafts; ngram: prompt lookup in the context (no draft model); "
         "hybrid: prompt lookup where the context repeats itself, the draft model elsewhere",
     )
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float32", "bfloat16", "float16"],
+        help="weights and activations when not quantized (default float32; naming one turns auto quantization off)",
+    )
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     parser.add_argument(
         "--quantization",
-        default="none",
-        choices=QUANTIZATIONS,
-        help="target weights: none (--dtype), int4 (4-bit GGUF tensors exact, int8 for the rest), int4-all, int8",
+        default="auto",
+        choices=("auto", *QUANTIZATIONS),
+        help="target weights: none (--dtype), int4 (4-bit GGUF tensors exact, int8 for the rest), int4-all, int8; "
+        "auto (default): int4 on the CPU unless --dtype is given, none on a GPU",
     )
     parser.add_argument(
-        "--speculative-quantization", default=None, choices=QUANTIZATIONS, help="draft weights (default: as target)"
+        "--speculative-quantization",
+        default=None,
+        choices=QUANTIZATIONS,
+        help="draft weights (default: int4-all for an int4 target, else as the target)",
     )
     parser.add_argument("--max-model-len", type=int, default=4096, help="context length (tokens) to allocate")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: all cores)")
@@ -65,6 +74,7 @@ def build_generator(args: argparse.Namespace, with_draft: bool = True):
             raise VerispecError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     draft = args.speculative_model if with_draft and args.speculative_model.lower() != "none" else None
+    method = "draft" if draft is None and args.speculative_method == "hybrid" else args.speculative_method
     return SpeculativeGenerator(
         target=args.model,
         draft=draft,
@@ -74,8 +84,9 @@ def build_generator(args: argparse.Namespace, with_draft: bool = True):
         max_seq_len=args.max_model_len,
         quantization=args.quantization,
         draft_quantization=args.speculative_quantization,
-        speculative_method=args.speculative_method,
-        adaptive=getattr(args, "adaptive_k", True),
+        speculative_method=method,
+        adaptive=args.adaptive_k,
+        draft_vocab=args.draft_vocab,
     )
 
 
@@ -85,11 +96,24 @@ def _generate_arguments(parser: argparse.ArgumentParser) -> None:
     add_sampling_arguments(parser)
     parser.add_argument("--chat", action="store_true", help="render the prompt as a user message (chat template)")
     parser.add_argument("--compare", action="store_true", help="also run plain target decoding and compare")
+    add_draft_vocab_argument(parser)
     parser.add_argument(
         "--adaptive-k",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="choose 0..--num-speculative-tokens drafts per round from measured costs (default on)",
+    )
+    parser.set_defaults(speculative_method="hybrid")
+
+
+def add_draft_vocab_argument(parser: argparse.ArgumentParser) -> None:
+    """A flag of the single-sequence loop (generate, bench) that the server does not have."""
+    parser.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=DEFAULT_DRAFT_VOCAB,
+        help=f"the draft proposes only among the first N token ids and the stop tokens (default {DEFAULT_DRAFT_VOCAB}; "
+        "0 = all)",
     )
 
 
@@ -165,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, (add_arguments, _) in COMMANDS.items():
         add_arguments(subparsers.add_parser(name))
     args = parser.parse_args(argv)
+    if hasattr(args, "quantization"):
+        args.quantization = resolve_quantization(args.quantization, args.device, dtype_chosen=args.dtype is not None)
+        args.dtype = args.dtype or "float32"
     try:
         return COMMANDS[args.command][1](args)
     except VerispecError as exc:

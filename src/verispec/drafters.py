@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .draft_head import restricted_head
 from .model import Transformer
 from .sampling import SamplingParams, probs_from_logits, sample
 
@@ -26,11 +27,14 @@ class Proposal:
 class DraftModelDrafter:
     """Drafts autoregressively with a smaller model that shares the target's tokenizer."""
 
-    def __init__(self, model: Transformer, target_vocab_size: int, max_len: int):
+    def __init__(self, model: Transformer, target_vocab_size: int, max_len: int, head_ids: torch.Tensor | None = None):
+        """head_ids: draft only these token ids (a restricted head, see draft_head.py); None: all."""
         self.model = model
         self.target_vocab_size = target_vocab_size
         self.cache = model.new_cache(num_slots=1, max_len=max_len)
         self.cached: list[int] = []  # tokens whose keys/values are in the cache, in order
+        self.head_ids = None if head_ids is None else head_ids[head_ids < target_vocab_size]
+        self.head = None if self.head_ids is None else restricted_head(model, self.head_ids)
 
     def reset(self, prompt_ids: list[int]) -> None:
         self.cache.set_length(0, 0)
@@ -62,9 +66,12 @@ class DraftModelDrafter:
 
     def _feed(self, tokens: list[int]) -> torch.Tensor:
         ids = torch.tensor([tokens], dtype=torch.long, device=self.model.device)
-        logits = self.model(ids, self.cache, [0], num_logits=1, invariant=False)
+        logits = self.model(ids, self.cache, [0], num_logits=1, invariant=False, head=self.head)[0, -1].cpu()
         self.cached += tokens
-        return logits[0, -1].cpu()
+        if self.head_ids is None:
+            return logits
+        full = logits.new_full((self.target_vocab_size,), float("-inf"))
+        return full.index_copy_(0, self.head_ids, logits)
 
 
 def align_to_vocab(logits: torch.Tensor, size: int) -> torch.Tensor:

@@ -23,14 +23,17 @@ import torch
 
 from .acceptance import verify_greedy, verify_sampled
 from .adaptive import AdaptiveK
+from .draft_head import frequent_ids
 from .drafters import DraftModelDrafter, HybridDrafter, NgramDrafter, Proposal
 from .errors import InvalidParameterError, PromptTooLongError
 from .loading import LoadedModel, load_model
+from .quantize import default_draft_quantization
 from .sampling import SamplingParams, probs_from_logits
 from .stats import GenerationStats
 from .stopping import StopChecker
 
 DEFAULT_MAX_SEQ_LEN = 4096
+DEFAULT_DRAFT_VOCAB = 65536  # a restricted draft head (draft_head.py); the CLI default, off in the API
 # draft: a draft model; ngram: prompt lookup (no model); hybrid: prompt lookup where the context repeats
 # itself, the draft model elsewhere
 SPECULATIVE_METHODS = ("draft", "ngram", "hybrid")
@@ -68,6 +71,7 @@ class SpeculativeGenerator:
         draft_quantization: str | None = None,
         speculative_method: str = "draft",
         adaptive: bool = True,
+        draft_vocab: int | None = None,
     ):
         if speculative_method not in SPECULATIVE_METHODS:
             raise InvalidParameterError(
@@ -79,6 +83,8 @@ class SpeculativeGenerator:
             raise InvalidParameterError("the hybrid speculative method needs a draft model")
         if (draft is not None or speculative_method == "ngram") and num_speculative_tokens < 1:
             raise InvalidParameterError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
+        if draft_vocab is not None and draft_vocab < 0:
+            raise InvalidParameterError(f"draft_vocab must be >= 0 (0 = the whole vocabulary), got {draft_vocab}")
         if max_seq_len < 2:
             raise InvalidParameterError(f"max_seq_len must be >= 2, got {max_seq_len}")
         self.target = (
@@ -93,7 +99,8 @@ class SpeculativeGenerator:
             NgramDrafter() if speculative_method == "ngram" else None
         )
         if draft is not None:
-            draft_quantization = quantization if draft_quantization is None else draft_quantization
+            if draft_quantization is None:
+                draft_quantization = default_draft_quantization(quantization)
             self.draft = (
                 draft
                 if isinstance(draft, LoadedModel)
@@ -102,7 +109,10 @@ class SpeculativeGenerator:
             self.tokenizer.check_compatible(self.draft.tokenizer)
             self.max_seq_len = min(self.max_seq_len, self.draft.model.config.max_position_embeddings)
             vocab = self.target.model.config.vocab_size
-            self.drafter = DraftModelDrafter(self.draft.model, vocab, self.max_seq_len)
+            head_ids = None
+            if draft_vocab and draft_vocab < self.draft.model.config.vocab_size:  # only the first ids (+ stops)
+                head_ids = frequent_ids(draft_vocab, self.draft.model.config.vocab_size, self.tokenizer.stop_token_ids)
+            self.drafter = DraftModelDrafter(self.draft.model, vocab, self.max_seq_len, head_ids)
             if speculative_method == "hybrid":
                 self.drafter = HybridDrafter(self.drafter, NgramDrafter(min_ngram=HybridDrafter.MIN_MATCH))
         # num_speculative_tokens is the most drafted per round; adaptive picks 0..that from measured costs

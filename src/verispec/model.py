@@ -79,8 +79,9 @@ class Attention(nn.Module):
         for row, (slot, start) in enumerate(zip(slots, starts, strict=True)):
             layer_keys[slot, :, start : start + seq] = k[row].transpose(0, 1)
             layer_values[slot, :, start : start + seq] = v[row].transpose(0, 1)
+        q = q.to(layer_keys.dtype)  # the cache may hold float32 (see Transformer.new_cache)
         if self.batch_invariant and invariant:
-            return self.wo(self._attend_per_query(q, layer_keys, layer_values, slots, starts))
+            return self.wo(self._attend_per_query(q, layer_keys, layer_values, slots, starts).to(x.dtype))
         span = max(starts) + seq
         if batch == 1:
             keys, values = layer_keys[slots[0], :, :span].unsqueeze(0), layer_values[slots[0], :, :span].unsqueeze(0)
@@ -88,7 +89,7 @@ class Attention(nn.Module):
             index = torch.tensor(slots, device=x.device)
             keys, values = layer_keys[index, :, :span], layer_values[index, :, :span]
         out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=True)
-        return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
+        return self.wo(out.transpose(1, 2).reshape(batch, seq, -1).to(x.dtype))
 
     def _attend_per_query(self, q, layer_keys, layer_values, slots, starts) -> torch.Tensor:
         """Each query attends to exactly its own prefix, one call per query: the same shapes, hence the
@@ -100,7 +101,7 @@ class Attention(nn.Module):
             for t in range(seq):
                 span = start + t + 1
                 scores = torch.matmul(grouped[row, t], layer_keys[slot, :, :span].transpose(1, 2))
-                probs = torch.softmax(scores.float() * self.head_dim**-0.5, dim=-1).to(q.dtype)
+                probs = torch.softmax(scores * self.head_dim**-0.5, dim=-1, dtype=torch.float32).to(q.dtype)
                 rows.append(torch.matmul(probs, layer_values[slot, :, :span]).reshape(-1))
         return torch.stack(rows).reshape(batch, seq, -1)
 
@@ -168,8 +169,11 @@ class Transformer(nn.Module):
         return self.embed.weight.device
 
     def new_cache(self, num_slots: int = 1, max_len: int | None = None) -> KVCache:
+        """On the CPU the cache holds float32 whatever the weights: small bfloat16 matmuls are slow there
+        (one decode query's attention took 4x longer in bfloat16), and keys and values are exact in float32."""
         max_len = max_len or self.config.max_position_embeddings
-        return KVCache(self.config, num_slots, max_len, self.dtype, self.device)
+        dtype = torch.float32 if self.device.type == "cpu" else self.dtype
+        return KVCache(self.config, num_slots, max_len, dtype, self.device)
 
     def _rope(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._rope_cache is None or self._rope_cache[0].shape[0] < length:
@@ -188,11 +192,13 @@ class Transformer(nn.Module):
         slots: list[int],
         num_logits: int | None = None,
         invariant: bool = True,
+        head: nn.Module | None = None,
     ) -> torch.Tensor:
         """tokens [batch, seq] for cache slots `slots`; returns float32 logits [batch, num_logits or seq, V].
 
         invariant=False lets a batch-invariant model use ordinary (faster) attention: for prefills and
-        drafts, whose rounding never has to match a decode step's.
+        drafts, whose rounding never has to match a decode step's. `head` replaces the output head (a
+        draft's restricted head, see draft_head.py).
         """
         batch, seq = tokens.shape
         starts = [cache.lengths[s] for s in slots]
@@ -211,6 +217,8 @@ class Transformer(nn.Module):
         if num_logits is not None:
             x = x[:, -num_logits:]
         x = self.norm(x)
+        if head is not None:
+            return head(x).float()
         if self.lm_head is None:
             return F.linear(x, self.embed.weight).float()
         return self.lm_head(x).float()

@@ -25,6 +25,22 @@ from torch import nn
 
 GROUP = 32
 QUANTIZATIONS = ("none", "int8", "int4", "int4-all")
+
+
+def resolve_quantization(name: str, device: str | None, dtype_chosen: bool) -> str:
+    """'auto': int4 on the CPU (these are CPU kernels) unless a dtype was asked for; none elsewhere."""
+    if name != "auto":
+        return name
+    on_cpu = device in (None, "cpu") or (device == "auto" and not torch.cuda.is_available())
+    return "int4" if on_cpu and not dtype_chosen else "none"
+
+
+def default_draft_quantization(target: str) -> str:
+    """A draft is quantized at least as hard as its target: it runs k times per target pass, and its
+    weights need not be exact (the target verifies). The bundled draft is 8-bit, so int4 would keep it int8."""
+    return "int4-all" if target in ("int4", "int4-all") else target
+
+
 ACTIVATION_DTYPE = torch.bfloat16
 
 
@@ -97,6 +113,36 @@ class QuantizedLinear(nn.Module):
             y = torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.qscales)
         y = y[:, : self.out_features].reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
+
+
+def select_rows(linear: QuantizedLinear, rows: torch.Tensor) -> QuantizedLinear:
+    """A QuantizedLinear computing only output rows `rows` of `linear` (same weights, re-packed)."""
+    small = QuantizedLinear(linear.in_features, len(rows), linear.bits, bias=linear.bias is not None)
+    picked = torch.cat([rows, rows[-1:].expand(_padded(len(rows)) - len(rows))])  # padding rows: any row
+    if linear.bits == 4:
+        q = _unpack_int4(linear.qweight, linear.in_features).index_select(0, picked)
+        small.qweight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
+        small.qscales = linear.qscales.index_select(1, picked)
+    else:
+        small.qweight = linear.qweight.index_select(0, picked)
+        small.qscales = linear.qscales.index_select(0, picked)
+    if linear.bias is not None:
+        small.bias = nn.Parameter(linear.bias.detach()[rows])
+    return small
+
+
+def _unpack_int4(packed: torch.Tensor, cols: int) -> torch.Tensor:
+    """The [rows, cols] 0..15 values that _convert_weight_to_int4pack_for_cpu packed: blocks of 64 rows laid
+    out [cols, 32] (low nibble row j, high nibble row j + 32), then the rest as [cols, rest / 2] (low nibble
+    even rows, high nibble odd rows). Tests check the round trip, since the layout is PyTorch's own."""
+    rows = packed.shape[0]
+    full = rows // 64 * 64
+    blocks = packed[:full].reshape(-1, cols, 32)
+    parts = [torch.cat([blocks & 15, blocks >> 4], dim=2).permute(0, 2, 1).reshape(full, cols)]
+    if rows > full:
+        tail = packed[full:].reshape(cols, (rows - full) // 2)
+        parts.append(torch.stack([tail & 15, tail >> 4], dim=2).reshape(cols, rows - full).t())
+    return torch.cat(parts)
 
 
 def _padded(rows: int) -> int:

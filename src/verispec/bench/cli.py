@@ -8,7 +8,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from ..cli import COMMANDS, add_model_arguments, add_sampling_arguments
+from ..cli import COMMANDS, add_draft_vocab_argument, add_model_arguments, add_sampling_arguments
 from .config import QUICK, BenchConfig, as_command, parse_ks, parse_list
 
 DEFAULT_ROOT = Path("bench-results")
@@ -18,6 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = "Measure speculative decoding against plain decoding on the same prompts, in one run."
     add_model_arguments(parser)
     add_sampling_arguments(parser)
+    add_draft_vocab_argument(parser)
     parser.set_defaults(num_speculative_tokens=None, max_tokens=None)  # None: bench or --quick default
     parser.add_argument("--dataset", default="humaneval", help="humaneval, or a .jsonl file (prompt/messages/turns)")
     parser.add_argument("--num-prompts", type=int, default=None, help="prompts to run (default 10; --quick 2)")
@@ -55,7 +56,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=tuple(args.stop or ()),
         model=args.model, draft_model=draft, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         threads=args.threads, output=args.output, plots=not args.no_plots,
-        quantization=args.quantization, draft_quantization=args.speculative_quantization,
+        quantization=args.quantization, draft_quantization=args.speculative_quantization, draft_vocab=args.draft_vocab,
     )  # fmt: skip
     config = config.checked()
     return replace(config, command=as_command(config, tiny=args.tiny))

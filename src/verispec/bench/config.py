@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import InvalidParameterError
+from ..generator import DEFAULT_DRAFT_VOCAB
 
 # ngram: prompt lookup, no draft model; hybrid: prompt lookup where it matches, the draft model elsewhere;
 # auto-X: method X with k chosen each round from measured costs (adaptive.py), k from --k as the most
@@ -41,6 +42,7 @@ class BenchConfig:
     threads: int | None = None
     quantization: str = "none"
     draft_quantization: str | None = None
+    draft_vocab: int = DEFAULT_DRAFT_VOCAB
     warmup_tokens: int = 16
     cost_repeats: int = 10
     output: Path | None = None
@@ -125,7 +127,7 @@ def as_command(config: BenchConfig, tiny: bool = False) -> str:
     """A command line that repeats this run (--quick spelled out as the values it chose)."""
     parts = ["verispec", "bench", "--dataset", config.dataset, "--num-prompts", str(config.num_prompts)]
     parts += ["--max-tokens", str(config.max_tokens), "--methods", ",".join(config.methods)]
-    if config.uses_draft:
+    if config.speculates:
         parts += ["--k", ",".join(map(str, config.ks))]
     if config.peers:
         parts += ["--peers", ",".join(config.peers)]
@@ -134,8 +136,9 @@ def as_command(config: BenchConfig, tiny: bool = False) -> str:
         "--dtype": (config.dtype, "float32"), "--device": (config.device, "cpu"), "--threads": (config.threads, None),
         "--temperature": (config.temperature, 0.0), "--top-p": (config.top_p, 1.0), "--top-k": (config.top_k, 0),
         "--seed": (config.seed, None), "--max-model-len": (config.max_model_len, 4096),
-        "--quantization": (config.quantization, "none"),
+        "--quantization": (config.quantization, None),  # always written: its default depends on --dtype
         "--speculative-quantization": (config.draft_quantization, None),
+        "--draft-vocab": (config.draft_vocab, DEFAULT_DRAFT_VOCAB),
     }  # fmt: skip
     for flag, (value, default) in optional.items():
         if value != default:

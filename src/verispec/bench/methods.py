@@ -53,16 +53,16 @@ def build_methods(
             generator = SpeculativeGenerator(target, None, max_seq_len=max_seq_len, progress=False)
             methods.append(Method("plain", 0, generator))
         else:  # draft, ngram, hybrid, auto-*: one method per k
-            methods += [_speculative_method(method, target, draft, k, max_seq_len) for k in config.ks]
+            methods += [_speculative_method(method, target, draft, k, max_seq_len, config) for k in config.ks]
     return methods
 
 
 def _speculative_method(
-    method: str, target: LoadedModel, draft: LoadedModel | None, k: int, max_seq_len: int
+    method: str, target: LoadedModel, draft: LoadedModel | None, k: int, max_seq_len: int, config: BenchConfig
 ) -> Method:
     base = method.removeprefix("auto-")
     generator = SpeculativeGenerator(
         target, draft if base != "ngram" else None, num_speculative_tokens=k, max_seq_len=max_seq_len,
-        progress=False, speculative_method=base, adaptive=base != method,
+        progress=False, speculative_method=base, adaptive=base != method, draft_vocab=config.draft_vocab,
     )  # fmt: skip
     return Method(method_name(method, k), k, generator)

@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from ..errors import InvalidParameterError
 from ..loading import LoadedModel, load_model
+from ..quantize import default_draft_quantization
 from .config import BenchConfig, as_command
 from .costs import Costs, measure_costs
 from .datasets import Request, load_requests
@@ -139,7 +140,7 @@ def _load_models(config: BenchConfig, log: Callable[[str], None]) -> Models:
     target = load_model(config.model, config.dtype, config.device, quantization=config.quantization)
     draft = None
     if config.uses_draft:
-        draft_quantization = config.draft_quantization or config.quantization
+        draft_quantization = config.draft_quantization or default_draft_quantization(config.quantization)
         log(f"loading {config.draft_model} ({_form(config.dtype, draft_quantization)}) ...")
         draft = load_model(config.draft_model, config.dtype, config.device, quantization=draft_quantization)
         target.tokenizer.check_compatible(draft.tokenizer)

@@ -11,6 +11,7 @@ from .. import bundled
 from ..cli import COMMANDS, add_model_arguments
 from ..errors import VerispecError
 from ..loading import LoadedModel
+from ..quantize import default_draft_quantization
 from .policy import POLICIES
 
 TINY = "tiny"  # --model tiny / --speculative-model tiny: the random test pair of verispec.testing
@@ -106,7 +107,7 @@ def load_pair(args: argparse.Namespace) -> tuple[LoadedModel, LoadedModel | None
     target = load_model(args.model, args.dtype, args.device, quantization=args.quantization)
     if args.speculative_model.lower() == "none" or args.speculative_method == "ngram":
         return target, None
-    draft_quantization = args.speculative_quantization or args.quantization
+    draft_quantization = args.speculative_quantization or default_draft_quantization(args.quantization)
     if args.speculative_model == args.model and draft_quantization == args.quantization:
         return target, target  # one copy of the weights serves as both
     return target, load_model(args.speculative_model, args.dtype, args.device, quantization=draft_quantization)

@@ -1,0 +1,43 @@
+"""The restricted draft head: the same logits for the ids it keeps, and output still equal to plain decoding."""
+
+import pytest
+import torch
+from test_generator_tiny import PROMPTS, reference_greedy
+
+from verispec import SpeculativeGenerator
+from verispec.draft_head import frequent_ids, restricted_head
+from verispec.quantize import quantize_model
+from verispec.testing import tiny_pair
+
+
+@pytest.mark.parametrize("mode", ["none", "int4-all", "int8"])
+def test_restricted_head_gives_the_full_heads_logits_for_its_ids(mode):
+    _, draft = tiny_pair()
+    model = draft.model if mode == "none" else quantize_model(draft.model, mode)
+    ids = torch.tensor([0, 5, 17, 18, 100, 255, 3])  # any order, not a multiple of 16
+    tokens = torch.tensor([[1, 2, 3, 4]])
+    full = model(tokens, model.new_cache(max_len=8), [0])
+    small = model(tokens, model.new_cache(max_len=8), [0], head=restricted_head(model, ids))
+    assert small.shape[-1] == len(ids)
+    torch.testing.assert_close(small, full[..., ids], rtol=0, atol=0)
+
+
+def test_frequent_ids_keep_the_first_ids_and_the_stop_tokens():
+    ids = frequent_ids(4, 300, frozenset({2, 290, 400}))
+    assert ids.tolist() == [0, 1, 2, 3, 290]
+
+
+@pytest.mark.parametrize("method", ["draft", "hybrid"])
+def test_greedy_output_with_a_restricted_draft_head_equals_plain_greedy(method):
+    target, draft = tiny_pair()
+    generator = SpeculativeGenerator(
+        target, draft, num_speculative_tokens=4, speculative_method=method, adaptive=False, draft_vocab=100
+    )
+    emitted = set()
+    for prompt in PROMPTS:
+        ids = target.tokenizer.encode(prompt)
+        out = generator.generate(ids, max_tokens=40)
+        assert out.token_ids == reference_greedy(target.model, ids, 40, target.tokenizer.stop_token_ids)
+        assert out.stats.accepted > 0
+        emitted |= set(out.token_ids)
+    assert any(t >= 100 for t in emitted)  # the target produced tokens the draft could not propose
