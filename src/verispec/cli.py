@@ -23,7 +23,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--speculative-model", default="draft", help="draft model: bundled 'draft', a .gguf, a HF folder, or 'none'"
     )
-    parser.add_argument("--num-speculative-tokens", type=int, default=4, help="tokens drafted per target pass (k)")
+    parser.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=3,
+        help="tokens drafted per target pass (k; the most, with adaptive k)",
+    )
     parser.add_argument(
         "--speculative-method",
         default="draft",

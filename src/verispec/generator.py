@@ -95,9 +95,6 @@ class SpeculativeGenerator:
         speculates = draft is not None or speculative_method == "ngram"
         self.num_speculative_tokens = num_speculative_tokens if speculates else 0
         self.draft: LoadedModel | None = None
-        self.drafter: DraftModelDrafter | NgramDrafter | None = (
-            NgramDrafter() if speculative_method == "ngram" else None
-        )
         if draft is not None:
             if draft_quantization is None:
                 draft_quantization = default_draft_quantization(quantization)
@@ -108,16 +105,24 @@ class SpeculativeGenerator:
             )
             self.tokenizer.check_compatible(self.draft.tokenizer)
             self.max_seq_len = min(self.max_seq_len, self.draft.model.config.max_position_embeddings)
-            vocab = self.target.model.config.vocab_size
-            head_ids = None
-            if draft_vocab and draft_vocab < self.draft.model.config.vocab_size:  # only the first ids (+ stops)
-                head_ids = frequent_ids(draft_vocab, self.draft.model.config.vocab_size, self.tokenizer.stop_token_ids)
-            self.drafter = DraftModelDrafter(self.draft.model, vocab, self.max_seq_len, head_ids)
-            if speculative_method == "hybrid":
-                self.drafter = HybridDrafter(self.drafter, NgramDrafter(min_ngram=HybridDrafter.MIN_MATCH))
+        self.drafter = self._make_drafter(speculative_method, draft_vocab)
         # num_speculative_tokens is the most drafted per round; adaptive picks 0..that from measured costs
         self.adaptive = AdaptiveK(self.num_speculative_tokens) if adaptive and self.num_speculative_tokens else None
         self.target_cache = self.target.model.new_cache(num_slots=1, max_len=self.max_seq_len)
+
+    def _make_drafter(
+        self, method: str, draft_vocab: int | None
+    ) -> DraftModelDrafter | NgramDrafter | HybridDrafter | None:
+        if method == "ngram":
+            return NgramDrafter()
+        if self.draft is None:
+            return None
+        head_ids = None
+        draft_rows = self.draft.model.config.vocab_size
+        if draft_vocab and draft_vocab < draft_rows:  # the draft proposes only the first ids (and stop tokens)
+            head_ids = frequent_ids(draft_vocab, draft_rows, self.tokenizer.stop_token_ids)
+        model = DraftModelDrafter(self.draft.model, self.target.model.config.vocab_size, self.max_seq_len, head_ids)
+        return HybridDrafter(model, NgramDrafter(min_ngram=HybridDrafter.MIN_MATCH)) if method == "hybrid" else model
 
     # ---- public API -------------------------------------------------------------------------------
     def generate(self, prompt: str | list[int] | list[dict], max_tokens: int = 128, **options) -> GenerationOutput:

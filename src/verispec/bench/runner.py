@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from ..errors import InvalidParameterError
 from ..loading import LoadedModel, load_model
-from ..quantize import default_draft_quantization
+from ..quantize import QuantizedLinear, default_draft_quantization
 from .config import BenchConfig, as_command
 from .costs import Costs, measure_costs
 from .datasets import Request, load_requests
@@ -239,12 +239,22 @@ def _describe(models: Models) -> dict:
     return {role: _model_info(loaded) for role, loaded in described.items()}
 
 
+def _parameter_count(model) -> int:
+    """Weights as the model defines them, quantized ones included (a tied head's quantized copy is not)."""
+    quantized = sum(
+        m.in_features * m.out_features
+        for name, m in model.named_modules()
+        if isinstance(m, QuantizedLinear) and not (name == "lm_head" and model.config.tie_word_embeddings)
+    )
+    return quantized + sum(p.numel() for p in model.parameters())
+
+
 def _model_info(loaded: LoadedModel) -> dict:
     model = loaded.model
     return {
         "name": loaded.name,
         "path": str(loaded.path),
-        "parameters": sum(p.numel() for p in model.parameters()),
+        "parameters": _parameter_count(model),
         "layers": model.config.num_layers,
         "hidden_size": model.config.hidden_size,
         "vocab_size": model.config.vocab_size,
