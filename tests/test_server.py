@@ -552,3 +552,18 @@ def test_scheduler_fills_the_context_exactly_and_resumes_drafting_after_a_pause(
         output = request_events[-1].output
         assert output.token_ids == plain.generate(ids, max_tokens=64 - len(ids)).token_ids
         assert output.stats.drafted > 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--speculative-method", "hybrid"], "the server drafts with: draft, ngram"),
+        (["--num-speculative-tokens", "0"], "num_speculative_tokens must be >= 1"),
+    ],
+)
+def test_serve_refuses_bad_flags_in_one_line_before_loading(flags, expected, capsys):
+    from verispec.cli import main
+
+    assert main(["serve", "--model", "missing.gguf", *flags]) == 2  # the config fails before the missing file
+    err = capsys.readouterr().err
+    assert err.startswith("verispec: error: ") and expected in err and err.count("\n") == 1

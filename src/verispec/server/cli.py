@@ -85,12 +85,12 @@ def build_scheduler(args: argparse.Namespace):
         if args.threads < 1:
             raise VerispecError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
-    target, draft = load_pair(args)
     config = SchedulerConfig(
         max_num_seqs=args.max_num_seqs, max_queue=args.max_queue, max_model_len=args.max_model_len,
         num_speculative_tokens=args.num_speculative_tokens, draft_policy=args.draft_policy,
         speculative_method=args.speculative_method,
     )  # fmt: skip
+    target, draft = load_pair(args)  # after the config: its mistakes are reported before seconds of loading
     return Scheduler(target, draft, config)
 
 
