@@ -33,7 +33,6 @@ class AdaptiveK:
         self.draft_time: deque[float] = deque(maxlen=window)
         self.target_time: dict[int, deque[float]] = {n: deque(maxlen=window) for n in range(1, k_max + 2)}
         self.rounds = 0
-        self.last_best = k_max
 
     # ---- decisions --------------------------------------------------------------------------------
     def choose(self) -> int:
@@ -43,7 +42,6 @@ class AdaptiveK:
         if not self.target_time[1]:
             return 0
         best = max(range(self.k_max + 1), key=self.expected_rate)
-        self.last_best = best
         if self.rounds % self.probe_every == 0:
             step = 1 if (self.rounds // self.probe_every) % 2 else -1
             return min(self.k_max, max(0, best + step))
