@@ -226,6 +226,9 @@ def bad_jsonl(tmp_path: Path) -> str:
         (["--peers", "hf", "--temperature", "0.7"], "--peers compares greedy outputs"),
         (["--speculative-model", "none"], "methods draft and hybrid need a draft model"),
         (["--num-prompts", "0"], "--num-prompts must be >= 1"),
+        (["--draft-vocab", "-1"], "--draft-vocab must be >= 0"),
+        (["--methods", "auto-medusa"], "unknown method 'auto-medusa'"),
+        (["--methods", "hybrid", "--speculative-model", "none"], "methods draft and hybrid need a draft model"),
     ],
 )
 def test_bad_input_gives_one_clear_line(args, expected, tmp_path, capsys):

@@ -110,8 +110,10 @@ def _check_ranges(config: BenchConfig) -> None:
     bad = [k for k in config.ks if k < 1]
     if bad:
         raise InvalidParameterError(f"k (tokens drafted per target pass) must be >= 1, got {bad[0]}")
-    if config.uses_draft and not config.ks:
-        raise InvalidParameterError("method 'draft' needs at least one k")
+    if config.speculates and not config.ks:
+        raise InvalidParameterError("speculative methods need at least one k")
+    if config.draft_vocab < 0:
+        raise InvalidParameterError(f"--draft-vocab must be >= 0 (0 = the whole vocabulary), got {config.draft_vocab}")
     for name in ("num_prompts", "max_tokens", "cost_repeats"):
         if getattr(config, name) < 1:
             raise InvalidParameterError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(config, name)}")

@@ -62,7 +62,7 @@ def _speculative_method(
 ) -> Method:
     base = method.removeprefix("auto-")
     generator = SpeculativeGenerator(
-        target, draft if base != "ngram" else None, num_speculative_tokens=k, max_seq_len=max_seq_len,
+        target, draft, num_speculative_tokens=k, max_seq_len=max_seq_len,
         progress=False, speculative_method=base, adaptive=base != method, draft_vocab=config.draft_vocab,
     )  # fmt: skip
     return Method(method_name(method, k), k, generator)
