@@ -5,7 +5,7 @@ import torch
 from test_generator_tiny import PROMPTS, reference_greedy
 
 from verispec import SpeculativeGenerator
-from verispec.draft_head import frequent_ids, restricted_head
+from verispec.draft_head import DraftHead, frequent_ids, restricted_head
 from verispec.quantize import quantize_model
 from verispec.testing import tiny_pair
 
@@ -20,6 +20,22 @@ def test_restricted_head_gives_the_full_heads_logits_for_its_ids(mode):
     small = model(tokens, model.new_cache(max_len=8), [0], head=restricted_head(model, ids))
     assert small.shape[-1] == len(ids)
     torch.testing.assert_close(small, full[..., ids], rtol=0, atol=0)
+
+
+def test_draft_head_spreads_its_logits_over_the_target_vocabulary():
+    _, draft = tiny_pair()
+    rows = draft.model.config.vocab_size
+    logits = torch.randn(2, 3, rows)
+    full = DraftHead(draft.model, rows + 5).over_vocab(logits)  # a target with 5 more (padding) rows
+    torch.testing.assert_close(full[..., :rows], logits, rtol=0, atol=0)
+    assert torch.isneginf(full[..., rows:]).all()
+    ids = torch.tensor([7, 0, 3, rows + 2])  # an id past the target's vocabulary is dropped
+    head = DraftHead(draft.model, rows - 1 if rows - 1 > 7 else rows, ids)
+    small = torch.randn(2, 3)
+    spread = head.over_vocab(small)
+    assert spread.shape == (2, head.size)
+    torch.testing.assert_close(spread[:, [7, 0, 3]], small, rtol=0, atol=0)
+    assert torch.isneginf(spread).sum() == 2 * (head.size - 3)
 
 
 def test_frequent_ids_keep_the_first_ids_and_the_stop_tokens():

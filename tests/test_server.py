@@ -428,9 +428,16 @@ def test_padded_rows_do_not_change_other_rows(tiny):
 
 
 def _run_scheduler(
-    target, draft, requests: list[tuple[str, SamplingParams, bool]], policy: str, method: str = "draft"
+    target,
+    draft,
+    requests: list[tuple[str, SamplingParams, bool]],
+    policy: str,
+    method: str = "draft",
+    draft_vocab: int | None = None,
 ) -> list[list]:
-    config = SchedulerConfig(max_num_seqs=3, max_model_len=256, draft_policy=policy, speculative_method=method)
+    config = SchedulerConfig(
+        max_num_seqs=3, max_model_len=256, draft_policy=policy, speculative_method=method, draft_vocab=draft_vocab
+    )
     scheduler = Scheduler(target, draft, config)
     events: list[list] = []
     for i, (prompt, params, speculative) in enumerate(requests):
@@ -441,17 +448,20 @@ def _run_scheduler(
     return events
 
 
-POLICY_METHODS = [("always", "draft"), ("auto", "draft"), ("never", "draft"), ("always", "ngram")]
+POLICY_METHODS = [
+    ("always", "draft", None), ("auto", "draft", None), ("never", "draft", None), ("always", "ngram", None),
+    ("always", "draft", 100),  # a restricted draft head (draft_head.py)
+]  # fmt: skip
 
 
-@pytest.mark.parametrize(("policy", "method"), POLICY_METHODS)
-def test_scheduler_greedy_outputs_equal_plain_decoding(policy, method, tiny):
+@pytest.mark.parametrize(("policy", "method", "draft_vocab"), POLICY_METHODS)
+def test_scheduler_greedy_outputs_equal_plain_decoding(policy, method, draft_vocab, tiny):
     target, draft = tiny
     plain = SpeculativeGenerator(target, None, max_seq_len=256, progress=False)
     prompts = ["hello world", "a", "The quick brown fox", "xyz" * 8, "1234", "ok"]
     requests = [(p, SamplingParams(), i % 3 != 0) for i, p in enumerate(prompts)]
     draft = None if method == "ngram" else draft
-    events = _run_scheduler(target, draft, requests, policy, method)  # 6 requests on 3 slots: some wait
+    events = _run_scheduler(target, draft, requests, policy, method, draft_vocab)  # 6 requests, 3 slots: some wait
     for prompt, request_events in zip(prompts, events, strict=True):
         expected = plain.generate(prompt, max_tokens=30)
         final = request_events[-1]
@@ -464,17 +474,20 @@ def test_scheduler_greedy_outputs_equal_plain_decoding(policy, method, tiny):
     assert (drafted == 0) == (policy == "never")
 
 
-def test_scheduler_seeded_sampling_matches_the_single_sequence_loop(tiny):
+@pytest.mark.parametrize("draft_vocab", [None, 100])
+def test_scheduler_seeded_sampling_matches_the_single_sequence_loop(draft_vocab, tiny):
     """A seeded sampled request draws the same random stream as generator.py, whatever runs beside it."""
     target, draft = tiny
-    spec = SpeculativeGenerator(target, draft, max_seq_len=256, progress=False, adaptive=False)  # k = 4, as served
+    spec = SpeculativeGenerator(
+        target, draft, max_seq_len=256, progress=False, adaptive=False, draft_vocab=draft_vocab
+    )  # k = 4, as served
     expected = spec.generate("hello", max_tokens=30, temperature=0.8, top_k=50, seed=3).token_ids
     requests = [
         ("hello", SamplingParams(0.8, top_k=50, seed=3), True),
         ("something else", SamplingParams(1.0, seed=1), True),
         ("greedy", SamplingParams(), False),
     ]
-    events = _run_scheduler(target, draft, requests, "always")
+    events = _run_scheduler(target, draft, requests, "always", draft_vocab=draft_vocab)
     assert events[0][-1].output.token_ids == expected
 
 

@@ -112,7 +112,7 @@ def _generate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_draft_vocab_argument(parser: argparse.ArgumentParser) -> None:
-    """A flag of the single-sequence loop (generate, bench) that the server does not have."""
+    """--draft-vocab, for every command that drafts with a model (generate, bench, serve, bench-serve)."""
     parser.add_argument(
         "--draft-vocab",
         type=int,

@@ -26,6 +26,36 @@ def frequent_ids(size: int, vocab_size: int, always: frozenset[int]) -> torch.Te
     return torch.cat([torch.arange(min(size, vocab_size)), torch.tensor(extra, dtype=torch.long)])
 
 
+class DraftHead:
+    """A draft model's output head, giving logits over the target's vocabulary: from all of the draft's rows,
+    or (ids given) from those rows only, the others -inf so that they are never drafted."""
+
+    def __init__(self, model: Transformer, target_vocab_size: int, ids: torch.Tensor | None = None):
+        self.size = target_vocab_size
+        self.ids = None if ids is None else ids[ids < target_vocab_size]
+        self.module = None if self.ids is None else restricted_head(model, self.ids)
+
+    def over_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """[..., rows the head computed] -> [..., target vocabulary]."""
+        if self.ids is None:
+            return align_to_vocab(logits, self.size)
+        full = logits.new_full((*logits.shape[:-1], self.size), float("-inf"))
+        full[..., self.ids] = logits
+        return full
+
+
+def draft_ids(draft_vocab: int | None, draft_rows: int, stop_ids: frozenset[int]) -> torch.Tensor | None:
+    """The ids a --draft-vocab of N keeps, or None (all) for 0, None or N >= the draft's rows."""
+    return frequent_ids(draft_vocab, draft_rows, stop_ids) if draft_vocab and draft_vocab < draft_rows else None
+
+
+def align_to_vocab(logits: torch.Tensor, size: int) -> torch.Tensor:
+    """Draft logits over the target's vocabulary: rows the target lacks can never be drafted."""
+    if logits.shape[-1] >= size:
+        return logits[..., :size]
+    return torch.cat([logits, logits.new_full((*logits.shape[:-1], size - logits.shape[-1]), float("-inf"))], dim=-1)
+
+
 def restricted_head(model: Transformer, ids: torch.Tensor) -> nn.Module:
     """A head computing the logits of `ids` only (in that order), from the model's own head weights."""
     head = model.lm_head

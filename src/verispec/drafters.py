@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .draft_head import restricted_head
+from .draft_head import DraftHead
 from .model import Transformer
 from .sampling import SamplingParams, probs_from_logits, sample
 
@@ -30,11 +30,9 @@ class DraftModelDrafter:
     def __init__(self, model: Transformer, target_vocab_size: int, max_len: int, head_ids: torch.Tensor | None = None):
         """head_ids: draft only these token ids (a restricted head, see draft_head.py); None: all."""
         self.model = model
-        self.target_vocab_size = target_vocab_size
         self.cache = model.new_cache(num_slots=1, max_len=max_len)
         self.cached: list[int] = []  # tokens whose keys/values are in the cache, in order
-        self.head_ids = None if head_ids is None else head_ids[head_ids < target_vocab_size]
-        self.head = None if self.head_ids is None else restricted_head(model, self.head_ids)
+        self.head = DraftHead(model, target_vocab_size, head_ids)
 
     def reset(self, prompt_ids: list[int]) -> None:
         self.cache.set_length(0, 0)
@@ -49,7 +47,6 @@ class DraftModelDrafter:
         logits = self._feed(tokens[keep:])
         drafted, probs = [], []
         for i in range(k):
-            logits = align_to_vocab(logits, self.target_vocab_size)
             if params.greedy:
                 token = int(logits.argmax())
             else:
@@ -66,19 +63,9 @@ class DraftModelDrafter:
 
     def _feed(self, tokens: list[int]) -> torch.Tensor:
         ids = torch.tensor([tokens], dtype=torch.long, device=self.model.device)
-        logits = self.model(ids, self.cache, [0], num_logits=1, invariant=False, head=self.head)[0, -1].cpu()
+        logits = self.model(ids, self.cache, [0], num_logits=1, invariant=False, head=self.head.module)
         self.cached += tokens
-        if self.head_ids is None:
-            return logits
-        full = logits.new_full((self.target_vocab_size,), float("-inf"))
-        return full.index_copy_(0, self.head_ids, logits)
-
-
-def align_to_vocab(logits: torch.Tensor, size: int) -> torch.Tensor:
-    """Draft logits over the target's vocabulary: rows the target lacks can never be drafted."""
-    if logits.shape[0] >= size:
-        return logits[:size]
-    return torch.cat([logits, logits.new_full((size - logits.shape[0],), float("-inf"))])
+        return self.head.over_vocab(logits[0, -1].cpu())
 
 
 def common_prefix(a: list[int], b: list[int], limit: int) -> int:

@@ -23,7 +23,7 @@ import torch
 
 from .acceptance import verify_greedy, verify_sampled
 from .adaptive import AdaptiveK
-from .draft_head import frequent_ids
+from .draft_head import draft_ids
 from .drafters import DraftModelDrafter, HybridDrafter, NgramDrafter, Proposal
 from .errors import InvalidParameterError, PromptTooLongError
 from .loading import LoadedModel, load_model
@@ -117,10 +117,7 @@ class SpeculativeGenerator:
             return NgramDrafter()
         if self.draft is None:
             return None
-        head_ids = None
-        draft_rows = self.draft.model.config.vocab_size
-        if draft_vocab and draft_vocab < draft_rows:  # the draft proposes only the first ids (and stop tokens)
-            head_ids = frequent_ids(draft_vocab, draft_rows, self.tokenizer.stop_token_ids)
+        head_ids = draft_ids(draft_vocab, self.draft.model.config.vocab_size, self.tokenizer.stop_token_ids)
         model = DraftModelDrafter(self.draft.model, self.target.model.config.vocab_size, self.max_seq_len, head_ids)
         return HybridDrafter(model, NgramDrafter(min_ngram=HybridDrafter.MIN_MATCH)) if method == "hybrid" else model
 

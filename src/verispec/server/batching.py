@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..drafters import NgramDrafter, Proposal, align_to_vocab, common_prefix
+from ..draft_head import DraftHead
+from ..drafters import NgramDrafter, Proposal, common_prefix
 from ..model import KVCache, Transformer
 from ..sampling import SamplingParams, probs_from_logits, sample
 
@@ -21,13 +22,21 @@ PAD_TOKEN = 0  # any valid id: padded positions are computed and then forgotten
 CATCH_UP_WIDTH = 4  # longer draft catch-ups (after drafting was suspended) run alone first
 
 
-def padded_forward(model: Transformer, cache: KVCache, rows: list[list[int]], slots: list[int]) -> list[torch.Tensor]:
-    """One forward of all `rows` (row i appends to slot i); returns each row's logits [len(row), V] on the CPU."""
+def padded_forward(
+    model: Transformer, cache: KVCache, rows: list[list[int]], slots: list[int], draft_head: DraftHead | None = None
+) -> list[torch.Tensor]:
+    """One forward of all `rows` (row i appends to slot i); returns each row's logits [len(row), V] on the CPU.
+
+    With a `draft_head` it is a draft's forward: that head, ordinary attention (a draft's rounding never has
+    to match a decode step's, see Transformer.forward), logits over the target's vocabulary."""
     width = max(len(row) for row in rows)
     padded = [row + [PAD_TOKEN] * (width - len(row)) for row in rows]
     starts = [cache.lengths[slot] for slot in slots]
     batch = torch.tensor(padded, dtype=torch.long, device=model.device)
-    logits = model(batch, cache, slots).cpu()
+    if draft_head is None:
+        logits = model(batch, cache, slots).cpu()
+    else:
+        logits = draft_head.over_vocab(model(batch, cache, slots, invariant=False, head=draft_head.module).cpu())
     for slot, start, row in zip(slots, starts, rows, strict=True):
         cache.set_length(slot, start + len(row))
     return [logits[i, : len(row)] for i, row in enumerate(rows)]
@@ -56,9 +65,12 @@ class BatchedDrafter:
     is kept in `catch_up_seconds` so the draft policy can tell steady-state drafting cost from catching up.
     """
 
-    def __init__(self, model: Transformer, target_vocab_size: int, num_slots: int, max_len: int):
+    def __init__(
+        self, model: Transformer, target_vocab_size: int, num_slots: int, max_len: int, head_ids: torch.Tensor | None
+    ):
+        """head_ids: draft only these token ids (a restricted head, see draft_head.py); None: all."""
         self.model = model
-        self.target_vocab_size = target_vocab_size
+        self.head = DraftHead(model, target_vocab_size, head_ids)
         self.cache = model.new_cache(num_slots=num_slots, max_len=max_len)
         self.fed: list[list[int]] = [[] for _ in range(num_slots)]  # tokens held in each slot, in order
         self.catch_up_seconds = 0.0  # time of the last propose's long feeds
@@ -78,7 +90,7 @@ class BatchedDrafter:
             feeding = [i for i in active if jobs[i].k > step + 1]
             if feeding:
                 rows = [[drafted[i][-1]] for i in feeding]
-                outputs = padded_forward(self.model, self.cache, rows, [jobs[i].slot for i in feeding])
+                outputs = padded_forward(self.model, self.cache, rows, [jobs[i].slot for i in feeding], self.head)
                 for i, out in zip(feeding, outputs, strict=True):
                     self.fed[jobs[i].slot].append(drafted[i][-1])
                     logits[i] = out[-1]
@@ -102,18 +114,17 @@ class BatchedDrafter:
                 self.catch_up_seconds += time.perf_counter() - begin
                 missing = missing[-CATCH_UP_WIDTH:]
             todo.append(missing)
-        outputs = padded_forward(self.model, self.cache, todo, [job.slot for job in jobs])
+        outputs = padded_forward(self.model, self.cache, todo, [job.slot for job in jobs], self.head)
         for job, missing in zip(jobs, todo, strict=True):
             self.fed[job.slot] += missing
         return [out[-1] for out in outputs]
 
     def _feed_alone(self, slot: int, tokens: list[int]) -> None:
         ids = torch.tensor([tokens], dtype=torch.long, device=self.model.device)
-        self.model(ids, self.cache, [slot], num_logits=1, invariant=False)
+        self.model(ids, self.cache, [slot], num_logits=1, invariant=False, head=self.head.module)
         self.fed[slot] += tokens
 
     def _choose(self, logits: torch.Tensor, job: DraftJob) -> tuple[int, torch.Tensor | None]:
-        logits = align_to_vocab(logits, self.target_vocab_size)
         if job.params.greedy:
             return int(logits.argmax()), None
         q = probs_from_logits(logits, job.params)

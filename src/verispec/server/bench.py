@@ -22,7 +22,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-from ..cli import add_model_arguments
+from ..cli import add_draft_vocab_argument, add_model_arguments
 from ..errors import VerispecError
 from .policy import POLICIES
 
@@ -55,6 +55,7 @@ class LevelResult:
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
+    add_draft_vocab_argument(parser)
     parser.add_argument("--url", default=None, help="bench a running server instead of starting one")
     parser.add_argument("--concurrency", default="1,2,4,8", help="comma-separated concurrency levels")
     parser.add_argument("--requests", type=int, default=0, help="requests per level (default: max(4, 2 x C))")
@@ -98,10 +99,13 @@ def _server(args: argparse.Namespace, slots: int):
     command = [
         sys.executable, "-m", "verispec", "serve", "--port", str(port), "--model", args.model,
         "--speculative-model", args.speculative_model, "--num-speculative-tokens", str(args.num_speculative_tokens),
-        "--dtype", args.dtype, "--device", args.device, "--max-model-len", str(args.max_model_len),
+        "--device", args.device, "--max-model-len", str(args.max_model_len),
         "--max-num-seqs", str(slots), "--draft-policy", args.draft_policy, "--log-level", "warning",
         "--speculative-method", args.speculative_method, "--quantization", args.quantization,
+        "--draft-vocab", str(args.draft_vocab),
     ]  # fmt: skip
+    if args.dtype:
+        command += ["--dtype", args.dtype]
     if args.speculative_quantization:
         command += ["--speculative-quantization", args.speculative_quantization]
     if args.threads:

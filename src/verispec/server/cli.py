@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 
 from .. import bundled
-from ..cli import COMMANDS, add_model_arguments
+from ..cli import COMMANDS, add_draft_vocab_argument, add_model_arguments
 from ..errors import VerispecError
 from ..loading import LoadedModel
 from ..quantize import default_draft_quantization
@@ -19,6 +19,7 @@ TINY = "tiny"  # --model tiny / --speculative-model tiny: the random test pair o
 
 def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
+    add_draft_vocab_argument(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", default=None, help="model id clients use (default: from --model)")
@@ -88,7 +89,7 @@ def build_scheduler(args: argparse.Namespace):
     config = SchedulerConfig(
         max_num_seqs=args.max_num_seqs, max_queue=args.max_queue, max_model_len=args.max_model_len,
         num_speculative_tokens=args.num_speculative_tokens, draft_policy=args.draft_policy,
-        speculative_method=args.speculative_method,
+        speculative_method=args.speculative_method, draft_vocab=args.draft_vocab,
     )  # fmt: skip
     target, draft = load_pair(args)  # after the config: its mistakes are reported before seconds of loading
     return Scheduler(target, draft, config)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from ..acceptance import verify_greedy, verify_sampled
+from ..draft_head import draft_ids
 from ..drafters import Proposal
 from ..errors import InvalidParameterError, PromptTooLongError, VerispecError
 from ..generator import GenerationOutput
@@ -59,6 +60,7 @@ class SchedulerConfig:
     num_speculative_tokens: int = 4
     draft_policy: str = "auto"  # auto | always | never (see policy.py)
     speculative_method: str = "draft"  # draft: a draft model proposes; ngram: prompt lookup (no draft model)
+    draft_vocab: int | None = None  # the draft proposes only the first N ids and stop tokens (draft_head.py)
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_queue < 0 or self.max_model_len < 2:
@@ -71,6 +73,8 @@ class SchedulerConfig:
             )
         if self.draft_policy not in POLICIES:
             raise InvalidParameterError(f"draft_policy must be one of {', '.join(POLICIES)}, got {self.draft_policy!r}")
+        if self.draft_vocab is not None and self.draft_vocab < 0:
+            raise InvalidParameterError(f"draft_vocab must be >= 0 (0 = the whole vocabulary), got {self.draft_vocab}")
 
 
 @dataclass
@@ -126,7 +130,8 @@ class Scheduler:
         elif draft is not None:
             vocab = target.model.config.vocab_size
             draft_len = self.max_model_len + max(k, CATCH_UP_WIDTH) + 1
-            self.drafter = BatchedDrafter(draft.model, vocab, slots, draft_len)
+            ids = draft_ids(self.config.draft_vocab, draft.model.config.vocab_size, self.tokenizer.stop_token_ids)
+            self.drafter = BatchedDrafter(draft.model, vocab, slots, draft_len, ids)
 
     # ---- any thread ---------------------------------------------------------------------------------
     def kv_cache_bytes(self) -> tuple[int, int]:
