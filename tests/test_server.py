@@ -474,6 +474,30 @@ def test_scheduler_greedy_outputs_equal_plain_decoding(policy, method, draft_voc
     assert (drafted == 0) == (policy == "never")
 
 
+def test_long_prompts_are_prefilled_in_chunks_between_decode_steps(tiny):
+    """Running requests keep decoding while a long prompt is prefilled, and chunking does not change its output."""
+    target, draft = tiny
+    long_prompt = target.tokenizer.encode("the quick brown fox jumps over the lazy dog " * 3)
+
+    def run(requests):
+        config = SchedulerConfig(max_num_seqs=2, max_model_len=256, draft_policy="always", prefill_chunk=8)
+        scheduler, order = Scheduler(target, draft, config), []
+        for name, ids in requests:
+            sink = lambda event, name=name: order.append((name, event))  # noqa: E731
+            scheduler.submit(EngineRequest(name, ids, SamplingParams(), 40, sink))
+            scheduler.step()
+        scheduler.run_until_idle()
+        return order
+
+    together = run([("short", target.tokenizer.encode("ok")), ("long", long_prompt)])
+    alone = run([("long", long_prompt)])
+    outputs = lambda order: {n: e.output.token_ids for n, e in order if isinstance(e, FinishEvent)}  # noqa: E731
+    assert outputs(together)["long"] == outputs(alone)["long"]
+    names = [name for name, event in together if isinstance(event, TokenEvent)]
+    chunks = -(-(len(long_prompt) - 1) // 8)
+    assert len(long_prompt) > 3 * 8 and names.index("long") >= chunks - 1  # "short" decoded during each chunk
+
+
 @pytest.mark.parametrize("draft_vocab", [None, 100])
 def test_scheduler_seeded_sampling_matches_the_single_sequence_loop(draft_vocab, tiny):
     """A seeded sampled request draws the same random stream as generator.py, whatever runs beside it."""

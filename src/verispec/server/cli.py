@@ -26,6 +26,9 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=8, help="requests decoded together (cache slots)")
     parser.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot before 429")
     parser.add_argument(
+        "--prefill-chunk", type=int, default=128, help="prompt tokens prefilled per scheduler step (chunked prefill)"
+    )
+    parser.add_argument(
         "--draft-policy", default="auto", choices=POLICIES, help="auto: draft only while it pays (docs/server.md)"
     )
     parser.add_argument("--drain-timeout", type=float, default=120.0, help="seconds SIGTERM waits for requests")
@@ -90,6 +93,7 @@ def build_scheduler(args: argparse.Namespace):
         max_num_seqs=args.max_num_seqs, max_queue=args.max_queue, max_model_len=args.max_model_len,
         num_speculative_tokens=args.num_speculative_tokens, draft_policy=args.draft_policy,
         speculative_method=args.speculative_method, draft_vocab=args.draft_vocab,
+        prefill_chunk=args.prefill_chunk,
     )  # fmt: skip
     target, draft = load_pair(args)  # after the config: its mistakes are reported before seconds of loading
     return Scheduler(target, draft, config)

@@ -2,8 +2,9 @@
 
 Each step follows the single-sequence loop of `generator.py`, for all running sequences at once:
 
-    admit waiting requests into free slots (prefill the target cache; the draft catches up when it drafts)
+    admit waiting requests into free slots
     drop cancelled requests (their slots are free from this step on)
+    prefill one chunk of one admitted prompt (the draft catches up when it drafts)
     decide whether this step drafts (policy.DraftPolicy: does drafting pay at this batch size?)
     draft k tokens for every sequence that may draft         BatchedDrafter.propose, one draft pass per position
     run the target ONCE over [pending, d1..dk] for all rows  padded_forward, rows right-padded
@@ -61,10 +62,13 @@ class SchedulerConfig:
     draft_policy: str = "auto"  # auto | always | never (see policy.py)
     speculative_method: str = "draft"  # draft: a draft model proposes; ngram: prompt lookup (no draft model)
     draft_vocab: int | None = None  # the draft proposes only the first N ids and stop tokens (draft_head.py)
+    prefill_chunk: int = 128  # prompt tokens prefilled per step, so running requests wait one chunk, not a prompt
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_queue < 0 or self.max_model_len < 2:
             raise InvalidParameterError("need max_num_seqs >= 1, max_queue >= 0 and max_model_len >= 2")
+        if self.prefill_chunk < 1:
+            raise InvalidParameterError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
         if self.num_speculative_tokens < 1:
             raise InvalidParameterError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
         if self.speculative_method not in SERVER_METHODS:
@@ -90,6 +94,11 @@ class Sequence:
     spec_rounds: int = 0  # rounds in which this sequence drafted ...
     spec_tokens: int = 0  # ... and the tokens those rounds produced
     queue_seconds: float = 0.0
+    prefilled: int = 0  # prompt tokens (all but the last) in the target cache
+
+    @property
+    def prefilling(self) -> bool:
+        return self.prefilled < len(self.request.prompt_ids) - 1
 
 
 class Scheduler:
@@ -215,7 +224,10 @@ class Scheduler:
         self._drop_cancelled()
         if not self.running:
             return False
-        seqs = list(self.running.values())
+        self._prefill_chunk()
+        seqs = [seq for seq in self.running.values() if not seq.prefilling]
+        if not seqs:
+            return True
         ks = [self._draft_length(seq) for seq in seqs]
         eligible = [seq for seq, k in zip(seqs, ks, strict=True) if k]
         expected = [self.policy.expected_tokens(seq.spec_rounds, seq.spec_tokens) for seq in eligible]
@@ -272,11 +284,21 @@ class Scheduler:
         )
         self.running[slot] = seq
         self.cache.set_length(slot, 0)
-        if len(prompt) > 1:
-            ids = torch.tensor([prompt[:-1]], dtype=torch.long, device=self.target.model.device)
-            self.target.model(ids, self.cache, [slot], num_logits=1, invariant=False)
-        seq.stats.time_prefill = time.perf_counter() - now
         self.metrics.prompt_tokens.inc(len(prompt))
+
+    def _prefill_chunk(self) -> None:
+        """The next chunk of the earliest admitted prompt still prefilling. Chunks are cut at the same places
+        whatever else runs, so a request's cache (and its greedy output) does not depend on its neighbours."""
+        seq = next((seq for seq in self.running.values() if seq.prefilling), None)
+        if seq is None:
+            return
+        begin = time.perf_counter()
+        end = min(seq.prefilled + self.config.prefill_chunk, len(seq.request.prompt_ids) - 1)
+        chunk = seq.request.prompt_ids[seq.prefilled : end]
+        ids = torch.tensor([chunk], dtype=torch.long, device=self.target.model.device)
+        self.target.model(ids, self.cache, [seq.slot], num_logits=1, invariant=False)
+        seq.prefilled = end
+        seq.stats.time_prefill += time.perf_counter() - begin
 
     def _drop_cancelled(self) -> None:
         for seq in [s for s in self.running.values() if s.request.cancelled]:
