@@ -15,6 +15,7 @@ from verispec.bench import methods as bench_methods
 from verispec.bench.cli import config_from_args
 from verispec.bench.config import QUICK
 from verispec.bench.datasets import load_requests
+from verispec.bench.runner import reference_method
 from verispec.bench.summary import expected_tokens_per_pass, ideal_speedup
 from verispec.bench.tiny import hf_twin, tiny_models
 from verispec.cli import main
@@ -244,6 +245,23 @@ def test_peer_missing_its_extra(monkeypatch, tmp_path, capsys):
     assert main(["bench", "--peers", "hf", "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("verispec: error: --peers hf needs the 'accelerate' package") and err.count("\n") == 1
+
+
+def test_llamacpp_peer_missing_its_package(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # as if not installed
+    assert main(["bench", "--peers", "llamacpp", "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("verispec: error: --peers llamacpp needs llama-cpp-python") and err.count("\n") == 1
+
+
+def test_each_method_is_compared_with_its_own_plain_decoding():
+    methods = {"plain", "draft-k3", "auto-hybrid-k3", "hf-plain", "hf-assisted", "llamacpp-plain", "llamacpp-lookup"}
+    assert reference_method("draft-k3", methods) == "plain"
+    assert reference_method("auto-hybrid-k3", methods) == "plain"
+    assert reference_method("hf-plain", methods) == "plain"
+    assert reference_method("hf-assisted", methods) == "hf-plain"
+    assert reference_method("llamacpp-lookup", methods) == "llamacpp-plain"
+    assert reference_method("llamacpp-draft", methods - {"llamacpp-plain"}) == "plain"
 
 
 def test_bad_input_from_the_command_line_has_no_traceback(tmp_path):

@@ -29,7 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(at most --k)",
     )
     parser.add_argument("--k", default=None, help="draft tokens per target pass, e.g. 2,4,6,8 (one method per k)")
-    parser.add_argument("--peers", default=None, help="other engines in the same run: hf (transformers)")
+    parser.add_argument(
+        "--peers",
+        default=None,
+        help="other engines in the same run: hf (transformers), llamacpp (llama-cpp-python; GGUF models)",
+    )
     parser.add_argument("--chat", action="store_true", help="send raw prompts as a user message (chat template)")
     parser.add_argument("--warmup-tokens", type=int, default=None, help="tokens per method in the warm-up (0 = none)")
     parser.add_argument("--cost-repeats", type=int, default=None, help="repetitions per measured step cost")

@@ -13,7 +13,7 @@ from ..generator import DEFAULT_DRAFT_VOCAB
 # auto-X: method X with k chosen each round from measured costs (adaptive.py), k from --k as the most
 SPECULATIVE = ("draft", "ngram", "hybrid")
 METHODS = ("plain", *SPECULATIVE, *(f"auto-{m}" for m in SPECULATIVE))
-PEERS = ("hf",)
+PEERS = ("hf", "llamacpp")
 BASELINE = "plain"
 
 # --quick: a smoke run that finishes in about two minutes on the bundled models (2-core CPU).

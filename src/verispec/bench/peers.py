@@ -31,18 +31,22 @@ class PeerUnavailableError(VerispecError):
 
 def check_available(peers: tuple[str, ...], from_files: bool = True) -> None:
     """Fail before any model is loaded when a peer's packages are missing."""
+    if "llamacpp" in peers:
+        from .llamacpp import check_available as check_llamacpp
+
+        check_llamacpp()
     if "hf" not in peers:
         return
     needed = ("transformers", "accelerate", "gguf") if from_files else ("transformers",)
     for package in needed:
-        if not _installed(package):
+        if not installed(package):
             raise PeerUnavailableError(
                 f"--peers hf needs the '{package}' package (transformers loads GGUF files with accelerate and "
                 f"gguf): pip install transformers accelerate gguf"
             )
 
 
-def _installed(package: str) -> bool:
+def installed(package: str) -> bool:
     try:
         return importlib.util.find_spec(package) is not None
     except (ImportError, ValueError):  # ValueError: a module whose __spec__ is None (e.g. blocked in sys.modules)
@@ -126,7 +130,9 @@ def build_hf_peers(load: HFLoader, stop_ids: frozenset[int], with_draft: bool) -
 
 
 def peer_settings() -> dict:
-    return {
+    from .llamacpp import peer_settings as llamacpp_settings
+
+    return llamacpp_settings() | {
         "hf-plain": "generate(do_sample=False)",
         "hf-assisted": "generate(assistant_model=draft), transformers' default assistant settings",
         "hf-lookup": f"generate(prompt_lookup_num_tokens={PROMPT_LOOKUP_TOKENS})",

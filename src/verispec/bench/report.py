@@ -140,7 +140,7 @@ def _legend(result: BenchResult) -> str:
             "token is accepted; c = draft step / target step; ideal = E / (k·c + 1) with "
             "E = (1 − α^(k+1)) / (1 − α) (Leviathan et al. 2023); 'ideal, measured verify' puts the measured "
             "T(k+1)/T(1) in place of the 1; efficiency = speedup / ideal; = plain: prompts whose output token ids "
-            "equal plain decoding's.",
+            "equal plain decoding's (a peer's speculative method: its own plain decoding's, when that ran).",
             *(f"Peer {name}: {text}." for name, text in peer_settings().items() if _has_method(result, name)),
         ]
     )

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from ..errors import InvalidParameterError
 from ..loading import LoadedModel, load_model
 from ..quantize import QuantizedLinear, default_draft_quantization
-from .config import BenchConfig, as_command
+from .config import PEERS, BenchConfig, as_command
 from .costs import Costs, measure_costs
 from .datasets import Request, load_requests
 from .memory import PeakMemory
@@ -128,10 +128,16 @@ def _contenders(config: BenchConfig, models: Models, max_seq_len: int, log: Call
     if config.uses_draft and models.draft is None:
         raise InvalidParameterError("methods draft and hybrid need a draft model")
     contenders: list[Contender] = [*build_methods(config, models.target, models.draft, max_seq_len)]
-    if config.peers:
+    stop_ids = models.target.tokenizer.stop_token_ids
+    if "hf" in config.peers:
         log("loading peers: transformers on the same model files ...")
         load = models.load_hf or hf_loader(config)
-        contenders += build_hf_peers(load, models.target.tokenizer.stop_token_ids, models.draft is not None)
+        contenders += build_hf_peers(load, stop_ids, models.draft is not None)
+    if "llamacpp" in config.peers:
+        from .llamacpp import build_llamacpp_peers
+
+        log("loading peers: llama.cpp on the same GGUF files ...")
+        contenders += build_llamacpp_peers(config, stop_ids, max_seq_len, torch.get_num_threads())
     return contenders
 
 
@@ -226,10 +232,20 @@ def _add_stats(run: Run, outcome: Outcome) -> None:
 
 
 def _mark_identical(result: BenchResult) -> None:
-    plain = {run.prompt: run.output_ids for run in result.runs if run.method == "plain"}
+    outputs = {(run.method, run.prompt): run.output_ids for run in result.runs}
+    methods = {run.method for run in result.runs}
     for run in result.runs:
-        if run.method != "plain" and run.prompt in plain:
-            run.identical_to_plain = run.output_ids == plain[run.prompt]
+        reference = reference_method(run.method, methods)
+        if run.method != reference and (reference, run.prompt) in outputs:
+            run.identical_to_plain = run.output_ids == outputs[reference, run.prompt]
+
+
+def reference_method(method: str, methods: set[str]) -> str:
+    """Whose output a method's is compared with: ours and a peer's plain decoding, our plain decoding; a peer's
+    speculative method, that peer's own plain decoding when it ran (does *its* speculation keep its output?)."""
+    family = method.partition("-")[0]
+    own_plain = f"{family}-plain"
+    return own_plain if family in PEERS and own_plain in methods and method != own_plain else "plain"
 
 
 def _describe(models: Models) -> dict:
