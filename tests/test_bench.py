@@ -271,3 +271,22 @@ def test_bad_input_from_the_command_line_has_no_traceback(tmp_path):
     assert done.stderr.strip().splitlines() == [
         f"verispec: error: {tmp_path / 'bad.jsonl'}:2: not valid JSON (Expecting ',' delimiter)"
     ]
+
+
+@pytest.mark.real
+def test_llamacpp_peers_run_on_the_bundled_gguf_files(tmp_path):
+    """Skipped unless llama-cpp-python is installed (the [llamacpp] extra; it builds from source)."""
+    pytest.importorskip("llama_cpp")
+    from real_models import require_bundled
+
+    require_bundled()
+    config = BenchConfig(
+        num_prompts=1, max_tokens=12, methods=("plain",), ks=(), peers=("llamacpp",), draft_model="draft",
+        warmup_tokens=0, cost_repeats=1, progress=False, output=tmp_path, plots=False,
+    )  # fmt: skip
+    runs = {run.method: run for run in run_bench(config, log=lambda message: None).runs}
+    assert set(runs) == {"plain", "llamacpp-plain", "llamacpp-lookup", "llamacpp-draft"}
+    plain = runs["llamacpp-plain"]
+    assert len(plain.output_ids) == 12 and plain.target_passes == 12  # the prompt's pass, then one per token
+    for name in ("llamacpp-lookup", "llamacpp-draft"):
+        assert 0 < runs[name].target_passes <= 12 and runs[name].identical_to_plain is not None

@@ -596,6 +596,8 @@ def test_scheduler_fills_the_context_exactly_and_resumes_drafting_after_a_pause(
     [
         (["--speculative-method", "hybrid"], "the server drafts with: draft, ngram"),
         (["--num-speculative-tokens", "0"], "num_speculative_tokens must be >= 1"),
+        (["--prefill-chunk", "0"], "prefill_chunk must be >= 1"),
+        (["--draft-vocab", "-5"], "draft_vocab must be >= 0"),
     ],
 )
 def test_serve_refuses_bad_flags_in_one_line_before_loading(flags, expected, capsys):

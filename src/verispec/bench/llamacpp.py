@@ -97,6 +97,7 @@ class LlamaCppPeer:
 def build_llamacpp_peers(config: BenchConfig, stop_ids: frozenset[int], context: int, threads: int) -> list:
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
+    context = -(-(context + 64) // 256) * 256  # room for a pass's drafts past the last kept token
     target = gguf_file(config.model)
     peers = [
         LlamaCppPeer("llamacpp-plain", _load(target, threads, context), stop_ids),
