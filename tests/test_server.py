@@ -563,11 +563,14 @@ def test_draft_policy_spaces_probes_by_their_cost():
     # a plain probe loses 0.02 s * (1 - 100/200) = 0.01 s, 2% of 17 drafting steps of 0.03 s
     assert [i for i, d in enumerate(decisions) if not d] == [16, 33, 50]
     suspended = DraftPolicy(probe_every=4, probe_budget=0.02)
-    suspended.record(1, 1, 0.05, 0.05, catch_up_seconds=0.1)  # drafting: 2 tokens in 0.1 s, after a 0.1 s catch-up
+    suspended.record(1, 1, 0.05, 0.05, catch_up_seconds=0.1, catch_up_tokens=10)  # 2 tokens in 0.1 s, 0.01 s/token
     suspended.record(1, 0, 0.0, 0.02)  # plain: 1 token in 0.02 s
-    decisions = [suspended.should_draft(1, [2.0]) for _ in range(300)]
-    # a drafting probe loses 0.1 s * (1 - 20/50) + 0.1 s of catching up = 0.16 s, 2% of 400 plain steps
+    decisions = [suspended.should_draft(1, [2.0], lag_tokens=10) for _ in range(300)]
+    # a drafting probe loses 0.1 s * (1 - 20/50) + 10 tokens * 0.01 s of catching up = 0.16 s: 400 plain steps
     assert not any(decisions)
+    assert any(suspended.should_draft(1, [2.0], lag_tokens=0) for _ in range(300))  # without a lag: 0.06 s, 150
+    far_behind = [suspended.should_draft(1, [2.0], lag_tokens=100) for _ in range(2000)]
+    assert not any(far_behind)  # 100 tokens behind: 1.06 s of loss, a probe at most every 2,650 steps
 
 
 @pytest.mark.parametrize("k", [1, 4])

@@ -73,10 +73,15 @@ class BatchedDrafter:
         self.head = DraftHead(model, target_vocab_size, head_ids)
         self.cache = model.new_cache(num_slots=num_slots, max_len=max_len)
         self.fed: list[list[int]] = [[] for _ in range(num_slots)]  # tokens held in each slot, in order
-        self.catch_up_seconds = 0.0  # time of the last propose's long feeds
+        self.catch_up_seconds = 0.0  # time of the last propose's long feeds ...
+        self.catch_up_tokens = 0  # ... and the tokens they fed
+
+    def lag(self, slot: int, tokens: list[int]) -> int:
+        """Tokens the slot would have to catch up on before drafting for `tokens`."""
+        return len(tokens) - common_prefix(self.fed[slot], tokens, limit=len(tokens) - 1)
 
     def propose(self, jobs: list[DraftJob]) -> list[Proposal]:
-        self.catch_up_seconds = 0.0
+        self.catch_up_seconds, self.catch_up_tokens = 0.0, 0
         logits = self._catch_up(jobs)
         drafted: list[list[int]] = [[] for _ in jobs]
         probs: list[list[torch.Tensor]] = [[] for _ in jobs]
@@ -112,6 +117,7 @@ class BatchedDrafter:
                 begin = time.perf_counter()
                 self._feed_alone(job.slot, missing[:-CATCH_UP_WIDTH])
                 self.catch_up_seconds += time.perf_counter() - begin
+                self.catch_up_tokens += len(missing) - CATCH_UP_WIDTH
                 missing = missing[-CATCH_UP_WIDTH:]
             todo.append(missing)
         outputs = padded_forward(self.model, self.cache, todo, [job.slot for job in jobs], self.head)
@@ -134,10 +140,13 @@ class BatchedDrafter:
 class BatchedNgramDrafter:
     """Prompt lookup (drafters.NgramDrafter) for many sequences: no model, so nothing to batch or catch up."""
 
-    catch_up_seconds = 0.0
+    catch_up_seconds, catch_up_tokens = 0.0, 0
 
     def __init__(self) -> None:
         self.lookup = NgramDrafter()
+
+    def lag(self, slot: int, tokens: list[int]) -> int:
+        return 0
 
     def propose(self, jobs: list[DraftJob]) -> list[Proposal]:
         return [self.lookup.propose(job.tokens, job.k, job.params, job.rng) for job in jobs]

@@ -17,7 +17,9 @@ machine (warm-up, other load) and a decision can flip back. A probe costs a slow
 doubles (up to `max_probe_interval`) each time the decision stays the same, and drops back to
 `probe_every` when it changes; and probes are spaced so that their measured cost (time spent at the
 lower rate, plus the draft model catching up on the tokens it skipped while suspended) stays under
-`probe_budget` of the throughput. Catching up is kept out of draft(S), which is the steady-state cost.
+`probe_budget` of the throughput. Catching up is kept out of draft(S), which is the steady-state cost;
+its price is the draft's measured seconds per caught-up token times the tokens the draft now lacks, which
+grows the longer drafting stays suspended (a median of past catch-ups would underestimate it).
 
 On a GPU the target is memory-bound and verify(B) ~ plain(B) until B*(k+1) tokens fill the chip; on a
 2-core CPU the target is compute-bound already at a few rows, verify(B) ~ (k+1)*plain(B), and drafting
@@ -80,7 +82,7 @@ class DraftPolicy:
     verify: dict[int, _Median] = field(default_factory=lambda: defaultdict(_Median))
     draft: dict[int, _Median] = field(default_factory=lambda: defaultdict(_Median))
     round_tokens: _Average = field(default_factory=_Average)  # server-wide tokens per speculative round
-    catch_up: _Median = field(default_factory=_Median)  # draft catch-up seconds when drafting resumes
+    catch_up: _Median = field(default_factory=_Median)  # draft catch-up seconds per token when drafting resumes
     probing: dict[int, _Probing] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -92,8 +94,9 @@ class DraftPolicy:
         prior = self.round_tokens.value or 2.0
         return (tokens + self.prior_weight * prior) / (rounds + self.prior_weight)
 
-    def should_draft(self, batch: int, expected: list[float]) -> bool:
-        """Whether this step drafts; `expected` holds E_i of the sequences that may draft."""
+    def should_draft(self, batch: int, expected: list[float], lag_tokens: int = 0) -> bool:
+        """Whether this step drafts; `expected` holds E_i of the sequences that may draft, `lag_tokens` the
+        tokens the draft model would have to catch up on first (summed over those sequences)."""
         if not expected or self.mode == "never":
             return False
         if self.mode == "always":
@@ -108,7 +111,7 @@ class DraftPolicy:
         chosen, other = step_seconds if choice else step_seconds[::-1]
         loss = other * (1 - min(drafting_rate, plain_rate) / max(drafting_rate, plain_rate))  # a probe's cost
         if not choice:  # a drafting probe also pays for the draft catching up
-            loss += self.catch_up.value or 0.0
+            loss += lag_tokens * (self.catch_up.value or 0.0)
         return self._maybe_probe(batch, choice, math.ceil(loss / (self.probe_budget * chosen)))
 
     def _maybe_probe(self, batch: int, choice: bool, min_interval: int) -> bool:
@@ -131,14 +134,15 @@ class DraftPolicy:
         return batch / self.plain[batch].value
 
     def record(
-        self, batch: int, drafting: int, draft_seconds: float, verify_seconds: float, catch_up_seconds: float = 0.0
-    ) -> None:
+        self, batch: int, drafting: int, draft_seconds: float, verify_seconds: float,
+        catch_up_seconds: float = 0.0, catch_up_tokens: int = 0,
+    ) -> None:  # fmt: skip
         """Times of one step; `drafting` is how many sequences drafted (0: a plain step)."""
         if drafting:
             self.draft[drafting].add(draft_seconds)
             self.verify[batch].add(verify_seconds)
-            if catch_up_seconds:
-                self.catch_up.add(catch_up_seconds)
+            if catch_up_tokens:
+                self.catch_up.add(catch_up_seconds / catch_up_tokens)
         else:
             self.plain[batch].add(verify_seconds)
 

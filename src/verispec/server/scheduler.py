@@ -231,15 +231,16 @@ class Scheduler:
         ks = [self._draft_length(seq) for seq in seqs]
         eligible = [seq for seq, k in zip(seqs, ks, strict=True) if k]
         expected = [self.policy.expected_tokens(seq.spec_rounds, seq.spec_tokens) for seq in eligible]
-        if not self.policy.should_draft(len(seqs), expected):
+        lag = sum(self.drafter.lag(seq.slot, seq.tokens) for seq in eligible) if eligible else 0
+        if not self.policy.should_draft(len(seqs), expected, lag):
             ks = [0] * len(seqs)
         begin = time.perf_counter()
         proposals = self._propose(seqs, ks)
         drafted = time.perf_counter()
         verdicts = self._verify(seqs, proposals)
         verified = time.perf_counter()
-        catch_up = self.drafter.catch_up_seconds if self.drafter and any(ks) else 0.0
-        self._record_costs(len(seqs), sum(1 for k in ks if k), drafted - begin, verified - drafted, catch_up)
+        caught_up = (self.drafter.catch_up_seconds, self.drafter.catch_up_tokens) if any(ks) else (0.0, 0)
+        self._record_costs(len(seqs), sum(1 for k in ks if k), drafted - begin, verified - drafted, *caught_up)
         for seq, proposal, (accepted, next_token) in zip(seqs, proposals, verdicts, strict=True):
             seq.stats.time_draft += drafted - begin
             seq.stats.time_target += verified - drafted
@@ -249,10 +250,13 @@ class Scheduler:
         return True
 
     def _record_costs(
-        self, batch: int, drafting: int, draft_seconds: float, verify_seconds: float, catch_up_seconds: float
-    ) -> None:
+        self, batch: int, drafting: int, draft_seconds: float, verify_seconds: float, catch_up_seconds: float,
+        catch_up_tokens: int,
+    ) -> None:  # fmt: skip
         policy, metrics = self.policy, self.metrics
-        policy.record(batch, drafting, draft_seconds - catch_up_seconds, verify_seconds, catch_up_seconds)
+        policy.record(
+            batch, drafting, draft_seconds - catch_up_seconds, verify_seconds, catch_up_seconds, catch_up_tokens
+        )
         metrics.steps.labels(mode="draft" if drafting else "plain").inc()
         if drafting:
             metrics.record_policy("draft", drafting, policy.draft[drafting].value)
