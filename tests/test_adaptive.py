@@ -88,7 +88,7 @@ class WrongModelDrafter(DraftModelDrafter):
 
     def propose(self, tokens, k, params, rng) -> Proposal:
         proposal = super().propose(tokens, k, params, rng)
-        return Proposal((proposal.tokens + 1) % self.target_vocab_size, None)
+        return Proposal((proposal.tokens + 1) % self.head.size, None)
 
 
 def test_a_draft_that_is_always_wrong_is_soon_switched_off(pair):
