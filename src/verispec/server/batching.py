@@ -77,8 +77,9 @@ class BatchedDrafter:
         self.catch_up_tokens = 0  # ... and the tokens they fed
 
     def lag(self, slot: int, tokens: list[int]) -> int:
-        """Tokens the slot would have to catch up on before drafting for `tokens`."""
-        return len(tokens) - common_prefix(self.fed[slot], tokens, limit=len(tokens) - 1)
+        """About how many tokens the slot would have to catch up on before drafting for `tokens` (it may also
+        hold up to k rejected drafts, which this ignores: a price estimate, computed every step, kept O(1))."""
+        return max(1, len(tokens) - len(self.fed[slot]))
 
     def propose(self, jobs: list[DraftJob]) -> list[Proposal]:
         self.catch_up_seconds, self.catch_up_tokens = 0.0, 0
