@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from verispec.acceptance import expected_tokens_per_round
 from verispec.bench import BenchConfig, Models, run_bench, write_outputs
 from verispec.bench import methods as bench_methods
 from verispec.bench.cli import config_from_args
 from verispec.bench.config import QUICK
 from verispec.bench.datasets import load_requests
 from verispec.bench.runner import reference_method
-from verispec.bench.summary import expected_tokens_per_pass, ideal_speedup
+from verispec.bench.summary import ideal_speedup
 from verispec.bench.tiny import hf_twin, tiny_models
 from verispec.cli import main
 
@@ -128,10 +129,10 @@ def test_ideal_and_efficiency_follow_the_formula(bench):
         row = by_method(results)[method]
         alpha = row["accepted"] / (row["accepted"] + row["rejected"])
         assert row["alpha"] == pytest.approx(alpha)
-        assert row["ideal_speedup"] == pytest.approx(expected_tokens_per_pass(alpha, row["k"]) / (row["k"] * c + 1))
+        assert row["ideal_speedup"] == pytest.approx(expected_tokens_per_round(alpha, row["k"]) / (row["k"] * c + 1))
         assert row["efficiency"] == pytest.approx(row["speedup"] / row["ideal_speedup"])
         assert row["verify_ratio"] == pytest.approx(results["costs"]["verify_ratio"][str(row["k"])])
-    assert expected_tokens_per_pass(1.0, 4) == 5 and expected_tokens_per_pass(0.0, 4) == 1
+    assert expected_tokens_per_round(1.0, 4) == 5 and expected_tokens_per_round(0.0, 4) == 1
     assert ideal_speedup(0.5, 2, 0.0) == pytest.approx(1.75)
 
 

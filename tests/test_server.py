@@ -515,62 +515,88 @@ def test_scheduler_seeded_sampling_matches_the_single_sequence_loop(draft_vocab,
     assert events[0][-1].output.token_ids == expected
 
 
-def test_draft_policy_suspends_drafting_when_it_stops_paying():
-    policy = DraftPolicy(probe_every=1000)
-    assert policy.should_draft(1, [3.0])  # nothing measured: try drafting first
-    policy.record(1, 1, draft_seconds=0.02, verify_seconds=0.06)
-    assert not policy.should_draft(1, [3.0])  # then measure plain decoding
-    policy.record(1, 0, draft_seconds=0.0, verify_seconds=0.05)
-    assert policy.should_draft(1, [3.0])  # 3 tokens / 0.08 s beats 1 / 0.05 s
-    for batch, verify, plain in [(8, 0.45, 0.10)]:  # compute-bound: verifying 5 tokens a row costs ~5x
-        policy.record(batch, batch, draft_seconds=0.08, verify_seconds=verify)
-        policy.record(batch, 0, draft_seconds=0.0, verify_seconds=plain)
-        assert not policy.should_draft(batch, [3.0] * batch)  # 24 / 0.53 s < 8 / 0.10 s
-    assert not policy.should_draft(1, [1.1])  # a draft that is rarely right never pays
-    assert DraftPolicy(mode="always").should_draft(8, [1.0]) and not DraftPolicy(mode="never").should_draft(1, [5.0])
+def _cpu_like_costs(batch: int, k: int) -> tuple[float, float]:
+    """(draft, verify) seconds as on a CPU whose matmuls work on blocks of 4 rows (docs/speed.md)."""
+    return 0.03 * k, 0.1 * -(-batch * (k + 1) // 4)
 
 
-def test_draft_policy_probes_the_other_mode_less_and_less_while_the_decision_holds():
-    policy = DraftPolicy(probe_every=4, max_probe_interval=16, probe_budget=1.0)
-    policy.record(2, 2, 0.01, 0.02)
-    policy.record(2, 0, 0.0, 0.02)
-    decisions = [policy.should_draft(2, [3.0, 3.0]) for _ in range(60)]
-    assert [i for i, d in enumerate(decisions) if not d] == [3, 11, 27, 43, 59]  # every 4, 8, 16, 16, 16 steps
-    policy.record(2, 2, 0.01, 0.2)  # drafting became slow: the decision flips and probing is frequent again
-    policy.record(2, 2, 0.01, 0.2)
-    decisions = [policy.should_draft(2, [3.0, 3.0]) for _ in range(12)]
-    # back to every 4 steps, but a drafting probe now loses 0.21 s * (1 - 28.6/100) = 0.15 s: 8 plain steps
-    assert [i for i, d in enumerate(decisions) if d] == [7]
+def _settle(policy: DraftPolicy, batch: int, alpha: float, steps: int = 12) -> list[int]:
+    """Run `steps` steps of `batch` sequences with acceptance `alpha`; the k chosen at each."""
+    chosen = []
+    for _ in range(steps):
+        k = policy.choose_k(batch, [alpha] * batch, [policy.k_max] * batch)
+        policy.record(batch, batch if k else 0, k, *_cpu_like_costs(batch, k))
+        chosen.append(k)
+    return chosen
+
+
+def test_draft_policy_picks_the_draft_length_that_pays_at_each_batch_size():
+    policy = DraftPolicy(k_max=3, probe_every=1000)
+    assert _settle(policy, 1, 0.8)[:5] == [3, 2, 1, 0, 3]  # each k measured once, largest first; then the best
+    # one row, a = 0.8: k = 3 yields 2.95 tokens in 0.19 s (one 4-row block), plain 1 in 0.1 s
+    assert policy.choose_k(1, [0.8], [3]) == 3
+    chosen = _settle(policy, 2, 0.8)
+    # two rows: k = 1 (2 x 2 tokens, one block) beats k = 3 (two blocks); plain, bounded below by one row's
+    # plain step (2 tokens / 0.1 s < 3.6 / 0.13 s for k = 1), is never tried
+    assert chosen[-1] == 1 and 0 not in chosen
+    assert _settle(policy, 4, 0.8)[-1] == 0  # four rows: plain fills the block; any draft needs more
+    assert policy.choose_k(1, [0.1], [3]) == 0  # a draft that is rarely right never pays
+    assert policy.choose_k(1, [0.8], [1]) == 1  # a sequence that may draft 1 more token: longer k yield no more
+    assert DraftPolicy(mode="always", k_max=4).choose_k(8, [0.0], [4]) == 4
+    assert DraftPolicy(mode="never").choose_k(1, [1.0], [4]) == 0
+
+
+def test_draft_policy_probes_the_other_choice_less_and_less_while_the_decision_holds():
+    policy = DraftPolicy(k_max=1, probe_every=4, max_probe_interval=16, probe_budget=1.0)
+    policy.record(2, 2, 1, 0.01, 0.02)  # drafting: 2 x 2 tokens in 0.03 s; plain: 2 tokens in 0.02 s
+    policy.record(2, 0, 0, 0.0, 0.02)
+    decisions = [policy.choose_k(2, [1.0, 1.0], [1, 1]) for _ in range(60)]
+    assert [i for i, k in enumerate(decisions) if not k] == [3, 11, 27, 43, 59]  # every 4, 8, 16, 16, 16 steps
+    policy.record(2, 2, 1, 0.01, 0.2)  # drafting became slow: the decision flips and probing is frequent again
+    policy.record(2, 2, 1, 0.01, 0.2)
+    decisions = [policy.choose_k(2, [1.0, 1.0], [1, 1]) for _ in range(12)]
+    # back to every 4 steps, but a drafting probe now loses 0.21 s * (1 - 19.0/100) = 0.17 s: 9 plain steps
+    assert [i for i, k in enumerate(decisions) if k] == [8]
 
 
 def test_draft_policy_ignores_one_slow_step():
-    policy = DraftPolicy(probe_every=1000)
+    policy = DraftPolicy(k_max=1, probe_every=1000)
     for _ in range(4):
-        policy.record(1, 1, 0.02, 0.06)
-        policy.record(1, 0, 0.0, 0.05)
-    assert policy.should_draft(1, [3.0])  # 3 / 0.08 s beats 1 / 0.05 s
-    policy.record(1, 0, 0.0, 0.5)  # one plain step slowed 10x by other load
-    assert policy.should_draft(1, [3.0])
-    policy.record(1, 1, 0.02, 0.6)  # nor does one slow drafting step flip it
-    assert policy.should_draft(1, [3.0])
+        policy.record(1, 1, 1, 0.02, 0.06)
+        policy.record(1, 0, 0, 0.0, 0.05)
+    assert policy.choose_k(1, [1.0], [1]) == 1  # 2 / 0.08 s beats 1 / 0.05 s
+    policy.record(1, 0, 0, 0.0, 0.5)  # one plain step slowed 10x by other load
+    assert policy.choose_k(1, [1.0], [1]) == 1
+    policy.record(1, 1, 1, 0.02, 0.6)  # nor does one slow drafting step flip it
+    assert policy.choose_k(1, [1.0], [1]) == 1
 
 
 def test_draft_policy_spaces_probes_by_their_cost():
-    policy = DraftPolicy(probe_every=4, probe_budget=0.02)
-    policy.record(2, 2, 0.01, 0.02)  # drafting: 6 tokens in 0.03 s; plain: 2 tokens in 0.02 s
-    policy.record(2, 0, 0.0, 0.02)
-    decisions = [policy.should_draft(2, [3.0, 3.0]) for _ in range(60)]
-    # a plain probe loses 0.02 s * (1 - 100/200) = 0.01 s, 2% of 17 drafting steps of 0.03 s
-    assert [i for i, d in enumerate(decisions) if not d] == [16, 33, 50]
-    suspended = DraftPolicy(probe_every=4, probe_budget=0.02)
-    suspended.record(1, 1, 0.05, 0.05, catch_up_seconds=0.1, catch_up_tokens=10)  # 2 tokens in 0.1 s, 0.01 s/token
-    suspended.record(1, 0, 0.0, 0.02)  # plain: 1 token in 0.02 s
-    decisions = [suspended.should_draft(1, [2.0], lag_tokens=10) for _ in range(300)]
+    policy = DraftPolicy(k_max=1, probe_every=4, probe_budget=0.02)
+    policy.record(2, 2, 1, 0.01, 0.02)  # drafting: 4 tokens in 0.03 s; plain: 2 tokens in 0.02 s
+    policy.record(2, 0, 0, 0.0, 0.02)
+    decisions = [policy.choose_k(2, [1.0, 1.0], [1, 1]) for _ in range(60)]
+    # a plain probe loses 0.02 s * (1 - 100/133) = 0.005 s, 2% of 9 drafting steps of 0.03 s: after 9, 9
+    # (not 4, 8) steps, then 16 (the doubling interval)
+    assert [i for i, k in enumerate(decisions) if not k] == [8, 17, 33]
+    suspended = DraftPolicy(k_max=1, probe_every=4, probe_budget=0.02)
+    suspended.record(1, 1, 1, 0.05, 0.05, catch_up_seconds=0.1, catch_up_tokens=10)  # 2 tokens in 0.1 s
+    suspended.record(1, 0, 0, 0.0, 0.02)  # plain: 1 token in 0.02 s
+    decisions = [suspended.choose_k(1, [1.0], [1], lag_tokens=10) for _ in range(300)]
     # a drafting probe loses 0.1 s * (1 - 20/50) + 10 tokens * 0.01 s of catching up = 0.16 s: 400 plain steps
     assert not any(decisions)
-    assert any(suspended.should_draft(1, [2.0], lag_tokens=0) for _ in range(300))  # without a lag: 0.06 s, 150
-    far_behind = [suspended.should_draft(1, [2.0], lag_tokens=100) for _ in range(2000)]
+    assert any(suspended.choose_k(1, [1.0], [1], lag_tokens=0) for _ in range(300))  # without a lag: 0.06 s, 150
+    far_behind = [suspended.choose_k(1, [1.0], [1], lag_tokens=100) for _ in range(2000)]
     assert not any(far_behind)  # 100 tokens behind: 1.06 s of loss, a probe at most every 2,650 steps
+
+
+def test_draft_policy_learns_acceptance_from_rounds():
+    policy = DraftPolicy()
+    assert policy.acceptance(0, 0) == pytest.approx(0.6)  # the prior
+    for _ in range(500):
+        policy.record_round(4, 1)  # one accepted, then a rejection: a = 0.5
+    assert policy.acceptance(0, 0) == pytest.approx(0.5, abs=0.01)
+    assert policy.acceptance(96, 4) > 0.9  # a sequence's own record outweighs the server-wide rate
 
 
 @pytest.mark.parametrize("k", [1, 4])

@@ -49,3 +49,11 @@ def verify_sampled(
     if residual.sum() <= 0:  # only reachable through float round-off
         residual = target_probs[n]
     return n, int(sample(residual / residual.sum(), generator))
+
+
+def expected_tokens_per_round(alpha: float, k: int) -> float:
+    """Tokens a round of k drafts yields on average when each is accepted with chance alpha (Leviathan et al.
+    2023): E = (1 - alpha^(k+1)) / (1 - alpha); k + 1 when every draft is accepted."""
+    if alpha >= 1:
+        return k + 1.0
+    return (1 - alpha ** (k + 1)) / (1 - alpha)

@@ -23,6 +23,8 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
+from .acceptance import expected_tokens_per_round
+
 
 class AdaptiveK:
     def __init__(self, k_max: int, probe_every: int = 16, window: int = 9, decay: float = 0.95):
@@ -53,8 +55,7 @@ class AdaptiveK:
         return self.expected_tokens(k) / cost
 
     def expected_tokens(self, k: int) -> float:
-        a = self.acceptance
-        return float(k + 1) if a >= 1.0 else (1 - a ** (k + 1)) / (1 - a)
+        return expected_tokens_per_round(self.acceptance, k)
 
     @property
     def acceptance(self) -> float:

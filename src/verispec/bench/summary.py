@@ -12,21 +12,15 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from ..acceptance import expected_tokens_per_round
 from .config import BASELINE
 from .costs import Costs
 from .runner import BenchResult, Run
 
 
-def expected_tokens_per_pass(alpha: float, k: int) -> float:
-    """E = (1 − α^(k+1)) / (1 − α); k + 1 when every draft token is accepted."""
-    if alpha >= 1:
-        return k + 1.0
-    return (1 - alpha ** (k + 1)) / (1 - alpha)
-
-
 def ideal_speedup(alpha: float, k: int, c: float, verify_ratio: float = 1.0) -> float:
     """E / (k·c + T(k+1)/T(1)); with the default verify_ratio of 1 this is Leviathan et al.'s Theorem 3.8."""
-    return expected_tokens_per_pass(alpha, k) / (k * c + verify_ratio)
+    return expected_tokens_per_round(alpha, k) / (k * c + verify_ratio)
 
 
 @dataclass

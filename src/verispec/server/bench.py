@@ -139,7 +139,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen) -> None:
 
 async def _bench(
     url: str, levels: list[int], args: argparse.Namespace
-) -> tuple[list[LevelResult], dict[tuple[str, int], float]]:
+) -> tuple[list[LevelResult], dict[tuple[str, int, int], float]]:
     import httpx
 
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(3600.0)) as client:
@@ -228,12 +228,15 @@ async def _samples(client, name: str) -> list:
 
 
 async def _steps(client) -> dict[str, float]:
-    return {s.labels["mode"]: s.value for s in await _samples(client, "verispec_scheduler_steps_total")}
+    steps: dict[str, float] = {}
+    for sample in await _samples(client, "verispec_scheduler_steps_total"):
+        steps[sample.labels["mode"]] = steps.get(sample.labels["mode"], 0.0) + sample.value
+    return steps
 
 
-async def _policy_costs(client) -> dict[tuple[str, int], float]:
+async def _policy_costs(client) -> dict[tuple[str, int, int], float]:
     samples = await _samples(client, "verispec_draft_policy_seconds")
-    return {(s.labels["phase"], int(s.labels["batch_size"])): s.value for s in samples}
+    return {(s.labels["phase"], int(s.labels["batch_size"]), int(s.labels["k"])): s.value for s in samples}
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
@@ -266,16 +269,19 @@ def format_table(results: list[LevelResult]) -> str:
     return "\n".join(lines)
 
 
-def format_costs(costs: dict[tuple[str, int], float]) -> str:
-    """The draft policy's measured step times per batch size B (all B rows drafting)."""
+def format_costs(costs: dict[tuple[str, int, int], float]) -> str:
+    """The draft policy's measured step times per batch size B and draft length k (all B rows drafting).
+
+    (draft + verify) / plain is what a drafting step must yield per row, in tokens, to beat plain decoding."""
     lines = [
-        "| batch size B | plain(B) s | draft(B) s | verify(B) s | verify / plain | (draft + verify) / plain |",
+        "| batch size B | k | draft(B, k) s | verify(B, k) s | verify / plain | (draft + verify) / plain |",
         "|---|---|---|---|---|---|",
     ]
-    for batch in sorted({b for _, b in costs}):
-        plain, draft, verify = (costs.get((phase, batch)) for phase in ("plain", "draft", "verify"))
-        if None in (plain, draft, verify):
+    for batch, k in sorted({(b, k) for phase, b, k in costs if phase == "verify"}):
+        plain, verify = costs.get(("verify", batch, 0)), costs[("verify", batch, k)]
+        draft = costs.get(("draft", batch, k), 0.0) if k else 0.0
+        if plain is None or (k and ("draft", batch, k) not in costs):
             continue
         ratios = f"{verify / plain:.2f} | {(draft + verify) / plain:.2f}"
-        lines.append(f"| {batch} | {plain:.3f} | {draft:.3f} | {verify:.3f} | {ratios} |")
+        lines.append(f"| {batch} | {k} | {draft:.3f} | {verify:.3f} | {ratios} |")
     return "\n".join(lines)

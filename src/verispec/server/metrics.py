@@ -23,13 +23,16 @@ class Metrics:
         self.drafted_at = counter("draft_tokens_by_position", "Drafted tokens by draft position", "position")
         self.accepted_at = counter("accepted_tokens_by_position", "Accepted tokens by draft position", "position")
         self.acceptance_rate = gauge("acceptance_rate", "Accepted / drafted tokens since start")
-        self.steps = counter("scheduler_steps", "Scheduler steps by mode (draft or plain)", "mode")
+        self.steps = counter(
+            "scheduler_steps", "Scheduler steps by mode (draft or plain) and tokens drafted k", "mode", "k"
+        )
         self.policy_seconds = gauge(
             "draft_policy_seconds",
-            "Draft policy's running average step times: plain = target over 1 token/row, verify = target over "
-            "k+1 tokens/row (batch_size rows), draft = drafting k tokens (batch_size drafting rows)",
+            "Draft policy's median step times: verify = target over k+1 tokens/row (batch_size rows; k = 0 is "
+            "plain decoding), draft = drafting k tokens (batch_size drafting rows)",
             "phase",
             "batch_size",
+            "k",
         )
         self.running = gauge("num_requests_running", "Requests holding a sequence slot")
         self.waiting = gauge("num_requests_waiting", "Requests queued for a slot")
@@ -68,9 +71,8 @@ class Metrics:
         self._accepted_total += accepted
         self.acceptance_rate.set(self._accepted_total / self._drafted_total)
 
-    def record_policy(self, phase: str, batch_size: int, seconds: float | None) -> None:
-        if seconds is not None:
-            self.policy_seconds.labels(phase=phase, batch_size=str(batch_size)).set(seconds)
+    def record_policy(self, phase: str, batch_size: int, k: int, seconds: float) -> None:
+        self.policy_seconds.labels(phase=phase, batch_size=str(batch_size), k=str(k)).set(seconds)
 
     def record_finish(self, reason: str, seconds: float) -> None:
         self.requests.labels(finish_reason=reason).inc()

@@ -1,49 +1,43 @@
-"""When drafting pays: the scheduler's rule for suspending speculation, from costs measured online.
+"""How many tokens each scheduler step drafts (k = 0: plain decoding), chosen from costs measured online.
 
-A step over B running sequences, S of which may draft, either
-    drafts:  yields sum(E_i for the S drafting) + (B - S) tokens in  draft(S) + verify(B)  seconds, or
-    doesn't: yields B tokens                                      in  plain(B)              seconds,
-where E_i is sequence i's measured tokens per speculative round (1 + accepted drafts; the prior for a new
-sequence is the server-wide average), draft(S) the time to draft k tokens for S sequences, verify(B) one
-target pass over B rows of k+1 tokens and plain(B) one over B rows of 1 token. The scheduler drafts when
-the first rate (tokens/s) beats the second.
+A step over B running sequences that drafts k tokens for the S of them that may draft yields
 
-The three times are medians of the last 9 steps per batch size, taken from the steps the server actually
-runs (a median, so that one step slowed by other load cannot flip the decision), and drafting must win by
-`margin` (5%), since resuming it also costs the draft model's catch-up, which the rates leave out. A
-batch size seen for the first time tries drafting, then plain decoding, so both are measured; after that
-every `probe_every`-th step at a batch size runs the mode that was *not* chosen, so the numbers follow the
-machine (warm-up, other load) and a decision can flip back. A probe costs a slow step, so the interval
-doubles (up to `max_probe_interval`) each time the decision stays the same, and drops back to
-`probe_every` when it changes; and probes are spaced so that their measured cost (time spent at the
-lower rate, plus the draft model catching up on the tokens it skipped while suspended) stays under
-`probe_budget` of the throughput. Catching up is kept out of draft(S), which is the steady-state cost;
-its price is the draft's measured seconds per caught-up token times the tokens the draft now lacks, which
-grows the longer drafting stays suspended (a median of past catch-ups would underestimate it).
+    sum_i E(a_i, k_i) + (B - S) tokens   in   draft(S, k) + verify(B, k) seconds
 
-On a GPU the target is memory-bound and verify(B) ~ plain(B) until B*(k+1) tokens fill the chip; on a
-2-core CPU the target is compute-bound already at a few rows, verify(B) ~ (k+1)*plain(B), and drafting
-stops paying at a small batch. The rule needs no per-machine constant for either case.
+(k = 0, plain decoding: B tokens in verify(B, 0) seconds), where E(a, k) = (1 - a^(k+1)) / (1 - a) is the
+expected yield of a round (Leviathan et al. 2023), a_i sequence i's acceptance rate so far (a new sequence
+starts from the server-wide rate), k_i = min(k, what sequence i may still draft), draft(S, k) the time to
+draft k tokens for S sequences and verify(B, k) one target pass over B rows of k+1 tokens. The step runs
+the k with the most tokens per second; a k > 0 must beat plain decoding by `margin` (5%), since resuming
+drafting also costs the draft's catch-up, which the rates leave out.
+
+Why a k and not just on/off: on a CPU a quantized matmul works on blocks of 4 rows, so a pass over 5-8
+tokens costs about twice one over 1-4 (docs/speed.md). One sequence verifies k = 3 in one block; two
+sequences verify k = 1 in one block (2 rows of 2 tokens) but need two for k = 3. On a GPU verify(B, k)
+stays near verify(B, 0) until B(k+1) tokens fill the chip. The rule finds either from its measurements.
+
+Times are medians of the last 9 steps of each (rows, k) (one step slowed by other load must not flip a
+decision). A k not yet measured at a batch size is tried once if an optimistic guess of its rate beats the
+best measured one: its cost bounded below by the measured steps that do no more work (no more rows, no
+larger k). After that, every `probe_every`-th step at a batch size runs a neighbour of the chosen k (k - 1
+and k + 1 in turn), so the numbers follow the machine and a decision can move. The interval doubles (up to
+`max_probe_interval`) while the choice holds and drops back when it changes, and probes are spaced so that
+their measured cost (time lost at the lower rate, plus the draft catching up on the tokens it skipped
+while drafting was suspended) stays under `probe_budget` of the throughput. The catch-up is priced at the
+draft's measured seconds per caught-up token times the tokens it lacks, and kept out of draft(S, k), the
+steady-state cost.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections import defaultdict, deque
+from collections import deque
 from dataclasses import dataclass, field
 
+from ..acceptance import expected_tokens_per_round
+
 POLICIES = ("auto", "always", "never")
-
-
-@dataclass
-class _Average:
-    """Exponential moving average (for tokens per round, whose mean is what matters)."""
-
-    value: float | None = None
-
-    def add(self, sample: float, smoothing: float) -> None:
-        self.value = sample if self.value is None else (1 - smoothing) * self.value + smoothing * sample
 
 
 @dataclass
@@ -54,8 +48,8 @@ class _Median:
     samples: deque[float] = field(default_factory=deque)
 
     @property
-    def value(self) -> float | None:
-        return statistics.median(self.samples) if self.samples else None
+    def value(self) -> float:
+        return statistics.median(self.samples)
 
     def add(self, sample: float) -> None:
         self.samples.append(sample)
@@ -67,84 +61,113 @@ class _Median:
 class _Probing:
     interval: int
     since: int = 0
-    last_choice: bool | None = None
+    last_choice: int | None = None
+    probes: int = 0  # alternates the neighbour a probe tries
 
 
 @dataclass
 class DraftPolicy:
+    k_max: int = 4
     mode: str = "auto"
     probe_every: int = 8
     max_probe_interval: int = 256
     probe_budget: float = 0.02  # probes may cost at most this share of throughput
-    margin: float = 0.05  # drafting must be this much faster to be chosen (it has costs the rates miss)
-    prior_weight: float = 2.0  # a new sequence's E counts as this many rounds at the server-wide average
-    plain: dict[int, _Median] = field(default_factory=lambda: defaultdict(_Median))
-    verify: dict[int, _Median] = field(default_factory=lambda: defaultdict(_Median))
-    draft: dict[int, _Median] = field(default_factory=lambda: defaultdict(_Median))
-    round_tokens: _Average = field(default_factory=_Average)  # server-wide tokens per speculative round
-    catch_up: _Median = field(default_factory=_Median)  # draft catch-up seconds per token when drafting resumes
+    margin: float = 0.05  # drafting must be this much faster than plain decoding to be chosen
+    prior_weight: float = 4.0  # a new sequence's acceptance counts as this many drafts at the server-wide rate
+    decay: float = 0.99  # per round, for the server-wide acceptance counts
+    verify: dict[tuple[int, int], _Median] = field(default_factory=dict)  # (rows, k) -> target pass seconds
+    draft: dict[tuple[int, int], _Median] = field(default_factory=dict)  # (drafting rows, k) -> drafting seconds
+    accepted: float = 3.0  # server-wide decayed counts of accepted drafts and of rejections (prior: a = 0.6)
+    rejected: float = 2.0
+    catch_up: _Median = field(default_factory=_Median)  # draft seconds per caught-up token
     probing: dict[int, _Probing] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.mode not in POLICIES:
             raise ValueError(f"draft policy must be one of {', '.join(POLICIES)}, got {self.mode!r}")
 
-    def expected_tokens(self, rounds: int, tokens: int) -> float:
-        """E for a sequence that produced `tokens` in `rounds` speculative rounds so far."""
-        prior = self.round_tokens.value or 2.0
-        return (tokens + self.prior_weight * prior) / (rounds + self.prior_weight)
+    def acceptance(self, accepted: int, rejected: int) -> float:
+        """A sequence's acceptance rate after `accepted` accepted drafts and `rejected` rejections."""
+        prior = self.accepted / (self.accepted + self.rejected)
+        return (accepted + self.prior_weight * prior) / (accepted + rejected + self.prior_weight)
 
-    def should_draft(self, batch: int, expected: list[float], lag_tokens: int = 0) -> bool:
-        """Whether this step drafts; `expected` holds E_i of the sequences that may draft, `lag_tokens` the
-        tokens the draft model would have to catch up on first (summed over those sequences)."""
-        if not expected or self.mode == "never":
-            return False
+    def choose_k(self, batch: int, acceptance: list[float], limits: list[int], lag_tokens: int = 0) -> int:
+        """The k this step drafts. `acceptance` and `limits` (the most each may draft, >= 1) are those of the
+        sequences that may draft; `lag_tokens` is what the draft must catch up on first, summed over them."""
+        if not acceptance or self.mode == "never":
+            return 0
         if self.mode == "always":
-            return True
-        if self.verify[batch].value is None or self.draft[len(expected)].value is None:
-            return True
-        if self.plain[batch].value is None:
-            return False
-        drafting_rate, plain_rate = self.drafting_rate(batch, expected), self.plain_rate(batch)
-        choice = drafting_rate > plain_rate * (1 + self.margin)
-        step_seconds = (self.draft[len(expected)].value + self.verify[batch].value, self.plain[batch].value)
-        chosen, other = step_seconds if choice else step_seconds[::-1]
-        loss = other * (1 - min(drafting_rate, plain_rate) / max(drafting_rate, plain_rate))  # a probe's cost
-        if not choice:  # a drafting probe also pays for the draft catching up
-            loss += lag_tokens * (self.catch_up.value or 0.0)
-        return self._maybe_probe(batch, choice, math.ceil(loss / (self.probe_budget * chosen)))
+            return self.k_max
+        tokens = {k: self._tokens(batch, k, acceptance, limits) for k in range(self.k_max + 1)}
+        seconds = {k: s for k in tokens if (s := self.seconds(batch, len(acceptance), k)) is not None}
+        rates = {k: tokens[k] / seconds[k] for k in seconds}
+        best = max(rates.values(), default=0.0)
+        for k in sorted(tokens, reverse=True):
+            catch_up = self._catch_up_price(lag_tokens) if k else 0.0
+            if k not in rates and tokens[k] > best * (self._lower_bound(batch, len(acceptance), k) + catch_up):
+                return k  # might win: measure it
+        choice = max(rates, key=rates.__getitem__)
+        if choice and 0 in rates and rates[choice] <= rates[0] * (1 + self.margin):
+            choice = 0
+        return self._maybe_probe(batch, choice, rates, seconds, lag_tokens)
 
-    def _maybe_probe(self, batch: int, choice: bool, min_interval: int) -> bool:
+    def seconds(self, batch: int, drafting: int, k: int) -> float | None:
+        """Measured seconds of a step (median), None if not measured."""
+        verify = self.verify.get((batch, k))
+        draft = self.draft.get((drafting, k)) if k else None
+        if verify is None or (k and draft is None):
+            return None
+        return verify.value + (draft.value if draft else 0.0)
+
+    def _tokens(self, batch: int, k: int, acceptance: list[float], limits: list[int]) -> float:
+        drafted = sum(expected_tokens_per_round(a, min(k, n)) for a, n in zip(acceptance, limits, strict=True))
+        return drafted + batch - len(acceptance)
+
+    def _lower_bound(self, batch: int, drafting: int, k: int) -> float:
+        """A step costs at least what any measured step with no more rows and no larger k cost."""
+        verify = max((m.value for (b, j), m in self.verify.items() if b <= batch and j <= k), default=0.0)
+        if not k:
+            return verify
+        return verify + max((m.value for (s, j), m in self.draft.items() if s <= drafting and j <= k), default=0.0)
+
+    def _maybe_probe(
+        self, batch: int, choice: int, rates: dict[int, float], seconds: dict[int, float], lag_tokens: int
+    ) -> int:
         probing = self.probing.setdefault(batch, _Probing(self.probe_every))
         if probing.last_choice is not None and choice != probing.last_choice:
             probing.interval = self.probe_every
         probing.last_choice = choice
         probing.since += 1
-        if probing.since < max(probing.interval, min_interval):
+        neighbours = [k for k in (choice - 1, choice + 1) if k in rates]
+        if not neighbours:
+            return choice
+        other = neighbours[probing.probes % len(neighbours)]
+        loss = seconds[other] * max(0.0, 1 - rates[other] / rates[choice])  # a probe's cost
+        if choice == 0:  # a drafting probe also pays for the draft catching up
+            loss += self._catch_up_price(lag_tokens)
+        if probing.since < max(probing.interval, math.ceil(loss / (self.probe_budget * seconds[choice]))):
             return choice
         probing.since = 0
+        probing.probes += 1
         probing.interval = min(2 * probing.interval, self.max_probe_interval)
-        return not choice
+        return other
 
-    def drafting_rate(self, batch: int, expected: list[float]) -> float:
-        seconds = self.draft[len(expected)].value + self.verify[batch].value
-        return (sum(expected) + batch - len(expected)) / seconds
-
-    def plain_rate(self, batch: int) -> float:
-        return batch / self.plain[batch].value
+    def _catch_up_price(self, lag_tokens: int) -> float:
+        return lag_tokens * self.catch_up.value if self.catch_up.samples else 0.0
 
     def record(
-        self, batch: int, drafting: int, draft_seconds: float, verify_seconds: float,
+        self, batch: int, drafting: int, k: int, draft_seconds: float, verify_seconds: float,
         catch_up_seconds: float = 0.0, catch_up_tokens: int = 0,
     ) -> None:  # fmt: skip
-        """Times of one step; `drafting` is how many sequences drafted (0: a plain step)."""
-        if drafting:
-            self.draft[drafting].add(draft_seconds)
-            self.verify[batch].add(verify_seconds)
+        """Times of one step over `batch` rows, `drafting` of which drafted up to k tokens (k = 0: plain)."""
+        self.verify.setdefault((batch, k), _Median()).add(verify_seconds)
+        if k:
+            self.draft.setdefault((drafting, k), _Median()).add(draft_seconds)
             if catch_up_tokens:
                 self.catch_up.add(catch_up_seconds / catch_up_tokens)
-        else:
-            self.plain[batch].add(verify_seconds)
 
-    def record_round(self, tokens: int) -> None:
-        self.round_tokens.add(tokens, 0.1)
+    def record_round(self, drafted: int, accepted: int) -> None:
+        """One sequence's round: `accepted` of `drafted` tokens kept."""
+        if drafted:
+            self.accepted = self.decay * self.accepted + accepted
+            self.rejected = self.decay * self.rejected + (accepted < drafted)

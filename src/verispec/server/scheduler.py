@@ -5,7 +5,7 @@ Each step follows the single-sequence loop of `generator.py`, for all running se
     admit waiting requests into free slots
     drop cancelled requests (their slots are free from this step on)
     prefill one chunk of one admitted prompt (the draft catches up when it drafts)
-    decide whether this step drafts (policy.DraftPolicy: does drafting pay at this batch size?)
+    decide how many tokens this step drafts (policy.DraftPolicy: k = 0..k_max, what pays at this batch size)
     draft k tokens for every sequence that may draft         BatchedDrafter.propose, one draft pass per position
     run the target ONCE over [pending, d1..dk] for all rows  padded_forward, rows right-padded
     per sequence: accept by acceptance.verify_*, roll its cache back to the accepted length
@@ -91,8 +91,6 @@ class Sequence:
     rng: torch.Generator
     admitted: float
     last_emit: float | None = None
-    spec_rounds: int = 0  # rounds in which this sequence drafted ...
-    spec_tokens: int = 0  # ... and the tokens those rounds produced
     queue_seconds: float = 0.0
     prefilled: int = 0  # prompt tokens (all but the last) in the target cache
 
@@ -119,7 +117,8 @@ class Scheduler:
             limits.append(draft.model.config.max_position_embeddings)
         self.max_model_len = min(limits)
         self._allocate_caches(target, draft)
-        self.policy = DraftPolicy(mode=self.config.draft_policy if self.drafter is not None else "never")
+        mode = self.config.draft_policy if self.drafter is not None else "never"
+        self.policy = DraftPolicy(k_max=self.config.num_speculative_tokens, mode=mode)
         self.running: dict[int, Sequence] = {}
         self.free_slots = list(range(self.config.max_num_seqs))
         self.waiting: deque[EngineRequest] = deque()
@@ -228,19 +227,20 @@ class Scheduler:
         seqs = [seq for seq in self.running.values() if not seq.prefilling]
         if not seqs:
             return True
-        ks = [self._draft_length(seq) for seq in seqs]
-        eligible = [seq for seq, k in zip(seqs, ks, strict=True) if k]
-        expected = [self.policy.expected_tokens(seq.spec_rounds, seq.spec_tokens) for seq in eligible]
-        lag = sum(self.drafter.lag(seq.slot, seq.tokens) for seq in eligible) if eligible else 0
-        if not self.policy.should_draft(len(seqs), expected, lag):
-            ks = [0] * len(seqs)
+        limits = [self._draft_length(seq) for seq in seqs]
+        eligible = [(seq, limit) for seq, limit in zip(seqs, limits, strict=True) if limit]
+        acceptance = [self.policy.acceptance(seq.stats.accepted, seq.stats.rejected) for seq, _ in eligible]
+        lag = sum(self.drafter.lag(seq.slot, seq.tokens) for seq, _ in eligible) if eligible else 0
+        k = self.policy.choose_k(len(seqs), acceptance, [limit for _, limit in eligible], lag)
+        ks = [min(k, limit) for limit in limits]
         begin = time.perf_counter()
         proposals = self._propose(seqs, ks)
         drafted = time.perf_counter()
         verdicts = self._verify(seqs, proposals)
         verified = time.perf_counter()
         caught_up = (self.drafter.catch_up_seconds, self.drafter.catch_up_tokens) if any(ks) else (0.0, 0)
-        self._record_costs(len(seqs), sum(1 for k in ks if k), drafted - begin, verified - drafted, *caught_up)
+        drafting = sum(1 for k in ks if k)
+        self._record_costs(len(seqs), drafting, max(ks), drafted - begin, verified - drafted, *caught_up)
         for seq, proposal, (accepted, next_token) in zip(seqs, proposals, verdicts, strict=True):
             seq.stats.time_draft += drafted - begin
             seq.stats.time_target += verified - drafted
@@ -250,19 +250,17 @@ class Scheduler:
         return True
 
     def _record_costs(
-        self, batch: int, drafting: int, draft_seconds: float, verify_seconds: float, catch_up_seconds: float,
-        catch_up_tokens: int,
+        self, batch: int, drafting: int, k: int, draft_seconds: float, verify_seconds: float,
+        catch_up_seconds: float, catch_up_tokens: int,
     ) -> None:  # fmt: skip
         policy, metrics = self.policy, self.metrics
         policy.record(
-            batch, drafting, draft_seconds - catch_up_seconds, verify_seconds, catch_up_seconds, catch_up_tokens
+            batch, drafting, k, draft_seconds - catch_up_seconds, verify_seconds, catch_up_seconds, catch_up_tokens
         )
-        metrics.steps.labels(mode="draft" if drafting else "plain").inc()
-        if drafting:
-            metrics.record_policy("draft", drafting, policy.draft[drafting].value)
-            metrics.record_policy("verify", batch, policy.verify[batch].value)
-        else:
-            metrics.record_policy("plain", batch, policy.plain[batch].value)
+        metrics.steps.labels(mode="draft" if k else "plain", k=str(k)).inc()
+        metrics.record_policy("verify", batch, k, policy.verify[batch, k].value)
+        if k:
+            metrics.record_policy("draft", drafting, k, policy.draft[drafting, k].value)
 
     def _admit(self) -> None:
         while True:
@@ -352,10 +350,7 @@ class Scheduler:
         k = proposal.tokens.shape[0]
         seq.stats.record_round(k, accepted)
         self.metrics.record_round(k, accepted)
-        if k:
-            seq.spec_rounds += 1
-            seq.spec_tokens += accepted + 1
-            self.policy.record_round(accepted + 1)
+        self.policy.record_round(k, accepted)
         stop_ids = self.tokenizer.stop_token_ids
         for token in [*proposal.tokens[:accepted].tolist(), next_token]:
             seq.tokens.append(token)
