@@ -532,7 +532,7 @@ def _settle(policy: DraftPolicy, batch: int, alpha: float, steps: int = 12) -> l
 
 def test_draft_policy_picks_the_draft_length_that_pays_at_each_batch_size():
     policy = DraftPolicy(k_max=3, probe_every=1000)
-    assert _settle(policy, 1, 0.8)[:5] == [3, 2, 1, 0, 3]  # each k measured once, largest first; then the best
+    assert _settle(policy, 1, 0.8)[:9] == [3, 3, 2, 2, 1, 1, 0, 0, 3]  # each k measured twice, largest first
     # one row, a = 0.8: k = 3 yields 2.95 tokens in 0.19 s (one 4-row block), plain 1 in 0.1 s
     assert policy.choose_k(1, [0.8], [3]) == 3
     chosen = _settle(policy, 2, 0.8)
@@ -548,12 +548,13 @@ def test_draft_policy_picks_the_draft_length_that_pays_at_each_batch_size():
 
 def test_draft_policy_probes_the_other_choice_less_and_less_while_the_decision_holds():
     policy = DraftPolicy(k_max=1, probe_every=4, max_probe_interval=16, probe_budget=1.0)
-    policy.record(2, 2, 1, 0.01, 0.02)  # drafting: 2 x 2 tokens in 0.03 s; plain: 2 tokens in 0.02 s
-    policy.record(2, 0, 0, 0.0, 0.02)
+    for _ in range(2):  # a step time counts once measured twice
+        policy.record(2, 2, 1, 0.01, 0.02)  # drafting: 2 x 2 tokens in 0.03 s; plain: 2 tokens in 0.02 s
+        policy.record(2, 0, 0, 0.0, 0.02)
     decisions = [policy.choose_k(2, [1.0, 1.0], [1, 1]) for _ in range(60)]
     assert [i for i, k in enumerate(decisions) if not k] == [3, 11, 27, 43, 59]  # every 4, 8, 16, 16, 16 steps
-    policy.record(2, 2, 1, 0.01, 0.2)  # drafting became slow: the decision flips and probing is frequent again
-    policy.record(2, 2, 1, 0.01, 0.2)
+    for _ in range(3):  # drafting became slow: the decision flips and probing is frequent again
+        policy.record(2, 2, 1, 0.01, 0.2)
     decisions = [policy.choose_k(2, [1.0, 1.0], [1, 1]) for _ in range(12)]
     # back to every 4 steps, but a drafting probe now loses 0.21 s * (1 - 19.0/100) = 0.17 s: 9 plain steps
     assert [i for i, k in enumerate(decisions) if k] == [8]
@@ -569,19 +570,26 @@ def test_draft_policy_ignores_one_slow_step():
     assert policy.choose_k(1, [1.0], [1]) == 1
     policy.record(1, 1, 1, 0.02, 0.6)  # nor does one slow drafting step flip it
     assert policy.choose_k(1, [1.0], [1]) == 1
+    fresh = DraftPolicy(k_max=1, probe_every=1000)
+    for verify_seconds in (0.6, 0.06):  # the first drafting step ever, slowed 10x, does not rule drafting out
+        fresh.record(1, 1, 1, 0.02, verify_seconds)
+        fresh.record(1, 0, 0, 0.0, 0.05)
+    assert fresh.choose_k(1, [1.0], [1]) == 1
 
 
 def test_draft_policy_spaces_probes_by_their_cost():
     policy = DraftPolicy(k_max=1, probe_every=4, probe_budget=0.02)
-    policy.record(2, 2, 1, 0.01, 0.02)  # drafting: 4 tokens in 0.03 s; plain: 2 tokens in 0.02 s
-    policy.record(2, 0, 0, 0.0, 0.02)
+    for _ in range(2):
+        policy.record(2, 2, 1, 0.01, 0.02)  # drafting: 4 tokens in 0.03 s; plain: 2 tokens in 0.02 s
+        policy.record(2, 0, 0, 0.0, 0.02)
     decisions = [policy.choose_k(2, [1.0, 1.0], [1, 1]) for _ in range(60)]
     # a plain probe loses 0.02 s * (1 - 100/133) = 0.005 s, 2% of 9 drafting steps of 0.03 s: after 9, 9
     # (not 4, 8) steps, then 16 (the doubling interval)
     assert [i for i, k in enumerate(decisions) if not k] == [8, 17, 33]
     suspended = DraftPolicy(k_max=1, probe_every=4, probe_budget=0.02)
-    suspended.record(1, 1, 1, 0.05, 0.05, catch_up_seconds=0.1, catch_up_tokens=10)  # 2 tokens in 0.1 s
-    suspended.record(1, 0, 0, 0.0, 0.02)  # plain: 1 token in 0.02 s
+    for _ in range(2):
+        suspended.record(1, 1, 1, 0.05, 0.05, catch_up_seconds=0.1, catch_up_tokens=10)  # 2 tokens in 0.1 s
+        suspended.record(1, 0, 0, 0.0, 0.02)  # plain: 1 token in 0.02 s
     decisions = [suspended.choose_k(1, [1.0], [1], lag_tokens=10) for _ in range(300)]
     # a drafting probe loses 0.1 s * (1 - 20/50) + 10 tokens * 0.01 s of catching up = 0.16 s: 400 plain steps
     assert not any(decisions)

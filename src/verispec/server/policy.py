@@ -16,8 +16,9 @@ tokens costs about twice one over 1-4 (docs/speed.md). One sequence verifies k =
 sequences verify k = 1 in one block (2 rows of 2 tokens) but need two for k = 3. On a GPU verify(B, k)
 stays near verify(B, 0) until B(k+1) tokens fill the chip. The rule finds either from its measurements.
 
-Times are medians of the last 9 steps of each (rows, k) (one step slowed by other load must not flip a
-decision). A k not yet measured at a batch size is tried once if an optimistic guess of its rate beats the
+Times are medians of the last 9 steps of each (rows, k), the smaller of the first two until there are 3
+(other load only ever slows a step, and one slowed step must not flip a decision). A k not yet measured
+twice at a batch size is tried if an optimistic guess of its rate beats the
 best measured one: its cost bounded below by the measured steps that do no more work (no more rows, no
 larger k). After that, every `probe_every`-th step at a batch size runs a neighbour of the chosen k (k - 1
 and k + 1 in turn), so the numbers follow the machine and a decision can move. The interval doubles (up to
@@ -42,14 +43,19 @@ POLICIES = ("auto", "always", "never")
 
 @dataclass
 class _Median:
-    """Median of the last samples (for step times: one step slowed by other load must not flip a decision)."""
+    """A step time from its last samples: the median of up to 9, the smaller of the first two (so that one
+    step slowed by other load, which only ever makes a step slower, cannot flip a decision)."""
 
     window: int = 9
     samples: deque[float] = field(default_factory=deque)
 
     @property
+    def measured(self) -> bool:
+        return len(self.samples) >= 2
+
+    @property
     def value(self) -> float:
-        return statistics.median(self.samples)
+        return statistics.median(self.samples) if len(self.samples) >= 3 else min(self.samples)
 
     def add(self, sample: float) -> None:
         self.samples.append(sample)
@@ -112,12 +118,11 @@ class DraftPolicy:
         return self._maybe_probe(batch, choice, rates, seconds, lag_tokens)
 
     def seconds(self, batch: int, drafting: int, k: int) -> float | None:
-        """Measured seconds of a step (median), None if not measured."""
-        verify = self.verify.get((batch, k))
-        draft = self.draft.get((drafting, k)) if k else None
-        if verify is None or (k and draft is None):
+        """Measured seconds of a step, None if not yet measured twice."""
+        verify, draft = self.verify.get((batch, k)), self.draft.get((drafting, k))
+        if verify is None or not verify.measured or (k and (draft is None or not draft.measured)):
             return None
-        return verify.value + (draft.value if draft else 0.0)
+        return verify.value + (draft.value if k else 0.0)
 
     def _tokens(self, batch: int, k: int, acceptance: list[float], limits: list[int]) -> float:
         drafted = sum(expected_tokens_per_round(a, min(k, n)) for a, n in zip(acceptance, limits, strict=True))
@@ -125,10 +130,11 @@ class DraftPolicy:
 
     def _lower_bound(self, batch: int, drafting: int, k: int) -> float:
         """A step costs at least what any measured step with no more rows and no larger k cost."""
-        verify = max((m.value for (b, j), m in self.verify.items() if b <= batch and j <= k), default=0.0)
+        verify = max((m.value for (b, j), m in self.verify.items() if b <= batch and j <= k and m.measured), default=0)
         if not k:
             return verify
-        return verify + max((m.value for (s, j), m in self.draft.items() if s <= drafting and j <= k), default=0.0)
+        drafts = (m.value for (s, j), m in self.draft.items() if s <= drafting and j <= k and m.measured)
+        return verify + max(drafts, default=0.0)
 
     def _maybe_probe(
         self, batch: int, choice: int, rates: dict[int, float], seconds: dict[int, float], lag_tokens: int
