@@ -18,9 +18,9 @@ stays near verify(B, 0) until B(k+1) tokens fill the chip. The rule finds either
 
 Times are medians of the last 9 steps of each (rows, k), the smaller of the first two until there are 3
 (other load only ever slows a step, and one slowed step must not flip a decision). A k not yet measured
-twice at a batch size is tried if an optimistic guess of its rate beats the
-best measured one: its cost bounded below by the measured steps that do no more work (no more rows, no
-larger k). After that, every `probe_every`-th step at a batch size runs a neighbour of the chosen k (k - 1
+twice at a batch size is tried if an optimistic guess of its rate beats the best measured one: its cost
+bounded below by the measured steps that do no more work (no more rows, no larger k), plus the draft's
+catch-up. After that, every `probe_every`-th step at a batch size runs a neighbour of the chosen k (k - 1
 and k + 1 in turn), so the numbers follow the machine and a decision can move. The interval doubles (up to
 `max_probe_interval`) while the choice holds and drops back when it changes, and probes are spaced so that
 their measured cost (time lost at the lower rate, plus the draft catching up on the tokens it skipped
