@@ -19,7 +19,10 @@ def test_restricted_head_gives_the_full_heads_logits_for_its_ids(mode):
     full = model(tokens, model.new_cache(max_len=8), [0])
     small = model(tokens, model.new_cache(max_len=8), [0], head=restricted_head(model, ids))
     assert small.shape[-1] == len(ids)
-    torch.testing.assert_close(small, full[..., ids], rtol=0, atol=0)
+    # Quantized kernels compute each row on its own: bit-exact. A dense float32 GEMM may pick another kernel
+    # for 7 rows than for 256 (it does with AVX2), so only rounding may differ there.
+    exact = mode != "none"
+    torch.testing.assert_close(small, full[..., ids], rtol=0 if exact else 1e-5, atol=0 if exact else 1e-5)
 
 
 def test_draft_head_spreads_its_logits_over_the_target_vocabulary():

@@ -1,5 +1,9 @@
 """Weight-only int4/int8: exact GGUF 4-bit mapping, row-invariant kernels, greedy identity in the format."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -59,3 +63,20 @@ def test_int4_unpacking_inverts_pytorchs_packing(rows):
     q = torch.randint(0, 16, (rows, 96), dtype=torch.int32, generator=torch.Generator().manual_seed(rows))
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
     assert torch.equal(_unpack_int4(packed, 96).to(torch.int32), q)
+
+
+@pytest.mark.parametrize("capability", ["default", "avx2", "avx512"])
+def test_int4_unpacking_follows_the_packer_of_each_cpu_capability(capability):
+    # PyTorch packs int4 differently per CPU capability; a lower one can be forced through the environment.
+    script = (
+        "import torch; from verispec.quantize import _unpack_int4\n"
+        "q = torch.randint(0, 16, (208, 96), dtype=torch.int32, generator=torch.Generator().manual_seed(1))\n"
+        "packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)\n"
+        "assert torch.equal(_unpack_int4(packed, 96).to(torch.int32), q)\n"
+        "print(torch.backends.cpu.get_cpu_capability())\n"
+    )
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": capability}
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    if run.stdout.strip().lower() != capability:
+        pytest.skip(f"this CPU cannot run PyTorch's {capability} kernels")

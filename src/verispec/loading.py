@@ -107,7 +107,9 @@ def _load_gguf_converted(path: Path, dtype: torch.dtype, progress: bool, quantiz
 
 def _converted_folder(path: Path, dtype: torch.dtype, quantization: str) -> Path:
     stat = path.resolve().stat()
-    form = str(dtype).removeprefix("torch.") if quantization == "none" else f"{quantization}-torch{torch.__version__}"
+    form = str(dtype).removeprefix("torch.")
+    if quantization != "none":  # PyTorch's int4 packing differs between CPU capabilities (AVX2, AVX-512)
+        form = f"{quantization}-torch{torch.__version__}-{torch.backends.cpu.get_cpu_capability().lower()}"
     key = f"{path.stem}-{stat.st_size}-{int(stat.st_mtime)}-{form}-v{_CONVERTED_FORMAT}"
     return bundled.cache_dir() / "converted" / key
 

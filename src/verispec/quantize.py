@@ -14,6 +14,7 @@ format: a position's logits do not depend on how many tokens share its forward p
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -131,18 +132,41 @@ def select_rows(linear: QuantizedLinear, rows: torch.Tensor) -> QuantizedLinear:
     return small
 
 
-def _unpack_int4(packed: torch.Tensor, cols: int) -> torch.Tensor:
-    """The [rows, cols] 0..15 values that _convert_weight_to_int4pack_for_cpu packed: blocks of 64 rows laid
-    out [cols, 32] (low nibble row j, high nibble row j + 32), then the rest as [cols, rest / 2] (low nibble
-    even rows, high nibble odd rows). Tests check the round trip, since the layout is PyTorch's own."""
+def _unpack_int4(packed: torch.Tensor, cols: int, layout: tuple[int, bool] | None = None) -> torch.Tensor:
+    """The [rows, cols] 0..15 values that _convert_weight_to_int4pack_for_cpu packed.
+
+    PyTorch's layout depends on the CPU it dispatches to: blocks of `block` rows laid out [cols, block / 2],
+    pairing row j with row j + block / 2 (AVX-512: 64 rows, AVX2: 32) or neighbouring rows (no vector unit);
+    a last, partial block always pairs neighbours. _int4_layout() finds which by packing a probe."""
+    block, halves = layout or _int4_layout()
     rows = packed.shape[0]
-    full = rows // 64 * 64
-    blocks = packed[:full].reshape(-1, cols, 32)
-    parts = [torch.cat([blocks & 15, blocks >> 4], dim=2).permute(0, 2, 1).reshape(full, cols)]
+    full = rows // block * block
+    parts = []
+    if full:
+        blocks = packed[:full].reshape(-1, cols, block // 2)
+        if halves:
+            values = torch.cat([blocks & 15, blocks >> 4], dim=2)
+        else:
+            values = torch.stack([blocks & 15, blocks >> 4], dim=3).reshape(-1, cols, block)
+        parts.append(values.permute(0, 2, 1).reshape(full, cols))
     if rows > full:
         tail = packed[full:].reshape(cols, (rows - full) // 2)
         parts.append(torch.stack([tail & 15, tail >> 4], dim=2).reshape(cols, rows - full).t())
     return torch.cat(parts)
+
+
+_LAYOUTS = ((64, True), (32, True), (32, False))
+
+
+@functools.cache
+def _int4_layout() -> tuple[int, bool]:
+    """(rows per block, whether a byte pairs row j with j + block / 2) of this machine's int4 packer."""
+    probe = torch.randint(0, 16, (64, 32), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(probe, 1)
+    for layout in _LAYOUTS:
+        if torch.equal(_unpack_int4(packed, 32, layout).to(torch.int32), probe):
+            return layout
+    raise RuntimeError(f"unknown int4 packing layout for CPU capability {torch.backends.cpu.get_cpu_capability()}")
 
 
 def _padded(rows: int) -> int:
