@@ -23,7 +23,7 @@ PROMPTS = ["def add(a, b):", "hello world", "x"]
 def reference_greedy(model, prompt_ids, max_tokens, stop_ids) -> list[int]:
     seq, out = list(prompt_ids), []
     for _ in range(max_tokens):
-        logits = model(torch.tensor([seq]), model.new_cache(max_len=len(seq)), [0])[0, -1]
+        logits = model(torch.tensor([seq], device=model.device), model.new_cache(max_len=len(seq)), [0])[0, -1]
         token = int(logits.argmax())
         if token in stop_ids:
             break
@@ -160,7 +160,7 @@ TOLERANCE = 0.06  # TV over 49 outcomes of the first two tokens; sampling noise 
 
 def _exact_first_two(model, prompt_ids, params) -> dict:
     def probs(seq):
-        logits = model(torch.tensor([seq]), model.new_cache(max_len=len(seq)), [0])[0, -1]
+        logits = model(torch.tensor([seq], device=model.device), model.new_cache(max_len=len(seq)), [0])[0, -1]
         return probs_from_logits(logits, params)
 
     first = probs(prompt_ids)
