@@ -598,6 +598,28 @@ def test_draft_policy_spaces_probes_by_their_cost():
     assert not any(far_behind)  # 100 tokens behind: 1.06 s of loss, a probe at most every 2,650 steps
 
 
+def test_draft_policy_does_not_try_a_draft_length_that_a_smaller_measured_pass_rules_out():
+    policy = DraftPolicy(k_max=3, probe_every=1000)
+    for _ in range(2):
+        policy.record(2, 2, 3, *_cpu_like_costs(2, 3))  # 2 x 4 = 8 tokens: 0.2 s, drafting 0.09 s
+        policy.record(1, 1, 1, *_cpu_like_costs(1, 1))
+        policy.record(4, 0, 0, *_cpu_like_costs(4, 0))  # plain at four sequences: 4 tokens in 0.1 s
+    # Four sequences drafting 1 (8 tokens) cost at least the measured 8-token pass: 4 x 1.7 / 0.23 s < 4 / 0.1 s,
+    # and so do k = 2 and 3. (Bounded only by passes with no larger k, k = 2 looked worth 8.8 / 0.13 s.)
+    assert policy.choose_k(4, [0.7] * 4, [3] * 4) == 0
+
+
+def test_draft_policy_resumes_drafting_only_if_the_catch_up_pays_back():
+    policy = DraftPolicy(k_max=1, probe_every=1000)
+    for _ in range(2):
+        policy.record(1, 1, 1, 0.01, 0.025, catch_up_seconds=0.1, catch_up_tokens=10)  # 2 tokens in 0.035 s
+        policy.record(1, 0, 0, 0.0, 0.02)  # plain: 1 token in 0.02 s
+    assert policy.choose_k(1, [1.0], [1]) == 1
+    # 10 tokens behind: 0.1 s of catching up, worth it over 1,000 more tokens, not over the last 5
+    assert policy.choose_k(1, [1.0], [1], lag_tokens=10, remaining_tokens=1000) == 1
+    assert policy.choose_k(1, [1.0], [1], lag_tokens=10, remaining_tokens=5) == 0
+
+
 def test_draft_policy_learns_acceptance_from_rounds():
     policy = DraftPolicy()
     assert policy.acceptance(0, 0) == pytest.approx(0.6)  # the prior

@@ -8,8 +8,9 @@ A step over B running sequences that drafts k tokens for the S of them that may 
 expected yield of a round (Leviathan et al. 2023), a_i sequence i's acceptance rate so far (a new sequence
 starts from the server-wide rate), k_i = min(k, what sequence i may still draft), draft(S, k) the time to
 draft k tokens for S sequences and verify(B, k) one target pass over B rows of k+1 tokens. The step runs
-the k with the most tokens per second; a k > 0 must beat plain decoding by `margin` (5%), since resuming
-drafting also costs the draft's catch-up, which the rates leave out.
+the k with the most tokens per second; a k > 0 must beat plain decoding by `margin` (5%). Resuming drafting
+after plain steps first costs the draft's catch-up on the tokens it skipped: that price is spread over the
+tokens the drafting sequences may still generate, so a sequence near its end does not resume.
 
 Why a k and not just on/off: on a CPU a quantized matmul works on blocks of 4 rows, so a pass over 5-8
 tokens costs about twice one over 1-4 (docs/speed.md). One sequence verifies k = 3 in one block; two
@@ -18,9 +19,9 @@ stays near verify(B, 0) until B(k+1) tokens fill the chip. The rule finds either
 
 Times are medians of the last 9 steps of each (rows, k), the smaller of the first two until there are 3
 (other load only ever slows a step, and one slowed step must not flip a decision). A k not yet measured
-twice at a batch size is tried if an optimistic guess of its rate beats the best measured one: its cost
-bounded below by the measured steps that do no more work (no more rows, no larger k), plus the draft's
-catch-up. After that, every `probe_every`-th step at a batch size runs a neighbour of the chosen k (k - 1
+twice at a batch size is tried if an optimistic guess of its rate beats the best measured one by the margin:
+its cost bounded below by the measured steps that do no more work (verify: no more sequences and no more
+tokens in the pass, whatever their k; draft: no more sequences, no larger k), plus the draft's catch-up. After that, every `probe_every`-th step at a batch size runs a neighbour of the chosen k (k - 1
 and k + 1 in turn), so the numbers follow the machine and a decision can move. The interval doubles (up to
 `max_probe_interval`) while the choice holds and drops back when it changes, and probes are spaced so that
 their measured cost (time lost at the lower rate, plus the draft catching up on the tokens it skipped
@@ -97,9 +98,13 @@ class DraftPolicy:
         prior = self.accepted / (self.accepted + self.rejected)
         return (accepted + self.prior_weight * prior) / (accepted + rejected + self.prior_weight)
 
-    def choose_k(self, batch: int, acceptance: list[float], limits: list[int], lag_tokens: int = 0) -> int:
+    def choose_k(
+        self, batch: int, acceptance: list[float], limits: list[int], lag_tokens: int = 0,
+        remaining_tokens: int | None = None,
+    ) -> int:  # fmt: skip
         """The k this step drafts. `acceptance` and `limits` (the most each may draft, >= 1) are those of the
-        sequences that may draft; `lag_tokens` is what the draft must catch up on first, summed over them."""
+        sequences that may draft; `lag_tokens` is what the draft must catch up on first, and `remaining_tokens`
+        the most those sequences may still generate (None: unknown), each summed over them."""
         if not acceptance or self.mode == "never":
             return 0
         if self.mode == "always":
@@ -110,12 +115,24 @@ class DraftPolicy:
         best = max(rates.values(), default=0.0)
         for k in sorted(tokens, reverse=True):
             catch_up = self._catch_up_price(lag_tokens) if k else 0.0
-            if k not in rates and tokens[k] > best * (self._lower_bound(batch, len(acceptance), k) + catch_up):
+            bound = self._lower_bound(batch, len(acceptance), k) + catch_up
+            if k not in rates and tokens[k] > best * (1 + self.margin) * bound:
                 return k  # might win: measure it
-        choice = max(rates, key=rates.__getitem__)
-        if choice and 0 in rates and rates[choice] <= rates[0] * (1 + self.margin):
+        worth = self._rates_after_catch_up(rates, lag_tokens, remaining_tokens)
+        choice = max(worth, key=worth.__getitem__)
+        if choice and 0 in worth and worth[choice] <= worth[0] * (1 + self.margin):
             choice = 0
         return self._maybe_probe(batch, choice, rates, seconds, lag_tokens)
+
+    def _rates_after_catch_up(
+        self, rates: dict[int, float], lag_tokens: int, remaining_tokens: int | None
+    ) -> dict[int, float]:
+        """Drafting rates with the draft's catch-up spread over the tokens still to come: resuming drafting
+        near the end of a long sequence costs more than it can win back."""
+        if not lag_tokens or not remaining_tokens:
+            return rates
+        per_token = self._catch_up_price(lag_tokens) / remaining_tokens
+        return {k: 1 / (1 / rate + per_token) if k else rate for k, rate in rates.items()}
 
     def seconds(self, batch: int, drafting: int, k: int) -> float | None:
         """Measured seconds of a step, None if not yet measured twice."""
@@ -129,8 +146,14 @@ class DraftPolicy:
         return drafted + batch - len(acceptance)
 
     def _lower_bound(self, batch: int, drafting: int, k: int) -> float:
-        """A step costs at least what any measured step with no more rows and no larger k cost."""
-        verify = max((m.value for (b, j), m in self.verify.items() if b <= batch and j <= k and m.measured), default=0)
+        """A step costs at least what any measured step over no more sequences and no more tokens cost (a
+        measured (b, j) pass had at most b (j + 1) tokens), and its drafting what any with no more sequences
+        and no larger k cost."""
+        rows = drafting * (k + 1) + batch - drafting
+        verify = max(
+            (m.value for (b, j), m in self.verify.items() if b <= batch and b * (j + 1) <= rows and m.measured),
+            default=0.0,
+        )
         if not k:
             return verify
         drafts = (m.value for (s, j), m in self.draft.items() if s <= drafting and j <= k and m.measured)

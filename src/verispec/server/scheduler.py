@@ -231,7 +231,8 @@ class Scheduler:
         eligible = [(seq, limit) for seq, limit in zip(seqs, limits, strict=True) if limit]
         acceptance = [self.policy.acceptance(seq.stats.accepted, seq.stats.rejected) for seq, _ in eligible]
         lag = sum(self.drafter.lag(seq.slot, seq.tokens) for seq, _ in eligible) if eligible else 0
-        k = self.policy.choose_k(len(seqs), acceptance, [limit for _, limit in eligible], lag)
+        remaining = sum(self._tokens_left(seq) for seq, _ in eligible)
+        k = self.policy.choose_k(len(seqs), acceptance, [limit for _, limit in eligible], lag, remaining)
         ks = [min(k, limit) for limit in limits]
         begin = time.perf_counter()
         proposals = self._propose(seqs, ks)
@@ -309,9 +310,11 @@ class Scheduler:
     def _draft_length(self, seq: Sequence) -> int:
         if self.drafter is None or not seq.request.speculative:
             return 0
-        room = self.max_model_len - len(seq.tokens)
-        left = seq.request.max_tokens - len(seq.stopper.token_ids) - 1
-        return max(0, min(self.config.num_speculative_tokens, room, left))
+        return max(0, min(self.config.num_speculative_tokens, self._tokens_left(seq) - 1))
+
+    def _tokens_left(self, seq: Sequence) -> int:
+        """The most tokens the sequence may still generate (max_tokens, or the context, whichever ends first)."""
+        return min(self.max_model_len - len(seq.tokens) + 1, seq.request.max_tokens - len(seq.stopper.token_ids))
 
     def _propose(self, seqs: list[Sequence], ks: list[int]) -> list[Proposal]:
         empty = Proposal(torch.empty(0, dtype=torch.long), None)
