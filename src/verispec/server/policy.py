@@ -18,16 +18,19 @@ sequences verify k = 1 in one block (2 rows of 2 tokens) but need two for k = 3.
 stays near verify(B, 0) until B(k+1) tokens fill the chip. The rule finds either from its measurements.
 
 Times are medians of the last 9 steps of each (rows, k), the smaller of the first two until there are 3
-(other load only ever slows a step, and one slowed step must not flip a decision). A k not yet measured
-twice at a batch size is tried if an optimistic guess of its rate beats the best measured one by the margin:
-its cost bounded below by the measured steps that do no more work (verify: no more sequences and no more
-tokens in the pass, whatever their k; draft: no more sequences, no larger k), plus the draft's catch-up. After that, every `probe_every`-th step at a batch size runs a neighbour of the chosen k (k - 1
-and k + 1 in turn), so the numbers follow the machine and a decision can move. The interval doubles (up to
-`max_probe_interval`) while the choice holds and drops back when it changes, and probes are spaced so that
-their measured cost (time lost at the lower rate, plus the draft catching up on the tokens it skipped
-while drafting was suspended) stays under `probe_budget` of the throughput. The catch-up is priced at the
-draft's measured seconds per caught-up token times the tokens it lacks, and kept out of draft(S, k), the
-steady-state cost.
+(other load only ever slows a step, and one slowed step must not flip a decision). A new batch size starts
+with plain steps, the baseline. A k not yet measured twice there is tried only if a guess of its rate beats
+plain's by the margin: its cost guessed as the larger of (a) a lower bound, what measured steps that do no
+more work cost (verify: no more sequences and no more tokens in the pass, whatever their k; draft: no more
+sequences, no larger k), and (b) plain's cost here times the (draft + verify) / plain ratio measured at the
+nearest smaller batch size, plus the draft's catch-up. (Without (b), every new batch size on a CPU tried
+every k at 3-6x a plain step's cost.) After that, every `probe_every`-th step at a batch size runs a
+neighbour of the chosen k (k - 1 and k + 1 in turn), so the numbers follow the machine and a decision can
+move. The interval doubles (up to `max_probe_interval`) while the choice holds and drops back when it
+changes, and probes are spaced so that their measured cost (time lost at the lower rate, plus the draft
+catching up on the tokens it skipped while drafting was suspended) stays under `probe_budget` of the
+throughput. The catch-up is priced at the draft's measured seconds per caught-up token times the tokens it
+lacks, and kept out of draft(S, k), the steady-state cost.
 """
 
 from __future__ import annotations
@@ -112,11 +115,11 @@ class DraftPolicy:
         tokens = {k: self._tokens(batch, k, acceptance, limits) for k in range(self.k_max + 1)}
         seconds = {k: s for k in tokens if (s := self.seconds(batch, len(acceptance), k)) is not None}
         rates = {k: tokens[k] / seconds[k] for k in seconds}
-        best = max(rates.values(), default=0.0)
+        if 0 not in rates:
+            return 0  # a batch size starts with plain steps: the baseline every draft length must beat
         for k in sorted(tokens, reverse=True):
-            catch_up = self._catch_up_price(lag_tokens) if k else 0.0
-            bound = self._lower_bound(batch, len(acceptance), k) + catch_up
-            if k not in rates and tokens[k] > best * (1 + self.margin) * bound:
+            guess = self._guess_seconds(batch, len(acceptance), k) + self._catch_up_price(lag_tokens)
+            if k not in rates and tokens[k] > max(rates.values()) * (1 + self.margin) * guess:
                 return k  # might win: measure it
         worth = self._rates_after_catch_up(rates, lag_tokens, remaining_tokens)
         choice = max(worth, key=worth.__getitem__)
@@ -129,9 +132,11 @@ class DraftPolicy:
     ) -> dict[int, float]:
         """Drafting rates with the draft's catch-up spread over the tokens still to come: resuming drafting
         near the end of a long sequence costs more than it can win back."""
-        if not lag_tokens or not remaining_tokens:
+        if not lag_tokens or not remaining_tokens or not self.catch_up.samples:
             return rates
-        per_token = self._catch_up_price(lag_tokens) / remaining_tokens
+        # the cheapest seconds per token measured: the marginal cost of a long catch-up (a short one also
+        # carries the fixed cost of a draft pass, which would price a new prompt's catch-up out of reach)
+        per_token = lag_tokens * min(self.catch_up.samples) / remaining_tokens
         return {k: 1 / (1 / rate + per_token) if k else rate for k, rate in rates.items()}
 
     def seconds(self, batch: int, drafting: int, k: int) -> float | None:
@@ -144,6 +149,17 @@ class DraftPolicy:
     def _tokens(self, batch: int, k: int, acceptance: list[float], limits: list[int]) -> float:
         drafted = sum(expected_tokens_per_round(a, min(k, n)) for a, n in zip(acceptance, limits, strict=True))
         return drafted + batch - len(acceptance)
+
+    def _guess_seconds(self, batch: int, drafting: int, k: int) -> float:
+        """An unmeasured step's seconds: at least the lower bound, and at least plain's seconds at this batch size
+        times the (draft + verify) / plain ratio measured at the nearest smaller one (on a CPU that ratio stays
+        large as the batch grows, on a GPU it stays near 1)."""
+        guess = self._lower_bound(batch, drafting, k)
+        for smaller in range(batch - 1, 0, -1):
+            drafted, plain = self.seconds(smaller, smaller, k), self.seconds(smaller, 0, 0)
+            if drafted is not None and plain is not None:
+                return max(guess, drafted / plain * self.seconds(batch, 0, 0))
+        return guess
 
     def _lower_bound(self, batch: int, drafting: int, k: int) -> float:
         """A step costs at least what any measured step over no more sequences and no more tokens cost (a
