@@ -620,6 +620,13 @@ def test_draft_policy_resumes_drafting_only_if_the_catch_up_pays_back():
     # 10 tokens behind: 0.1 s of catching up, worth it over 1,000 more tokens, not over the last 5
     assert policy.choose_k(1, [1.0], [1], lag_tokens=10, remaining_tokens=1000) == 1
     assert policy.choose_k(1, [1.0], [1], lag_tokens=10, remaining_tokens=5) == 0
+    # A new request's draft must first read its whole prompt: that too is spread over the tokens to come, so a
+    # batch size where only plain was measured still tries drafting (a whole catch-up charged to one step never did)
+    fresh = DraftPolicy(k_max=3, probe_every=1000)
+    for _ in range(2):
+        fresh.record(1, 0, 0, *_cpu_like_costs(1, 0))
+        fresh.catch_up.add(0.02)
+    assert fresh.choose_k(1, [0.8], [3], lag_tokens=40, remaining_tokens=64) == 3
 
 
 def test_draft_policy_learns_acceptance_from_rounds():

@@ -117,11 +117,11 @@ class DraftPolicy:
         rates = {k: tokens[k] / seconds[k] for k in seconds}
         if 0 not in rates:
             return 0  # a batch size starts with plain steps: the baseline every draft length must beat
-        for k in sorted(tokens, reverse=True):
-            guess = self._guess_seconds(batch, len(acceptance), k) + self._catch_up_price(lag_tokens)
-            if k not in rates and tokens[k] > max(rates.values()) * (1 + self.margin) * guess:
-                return k  # might win: measure it
         worth = self._rates_after_catch_up(rates, lag_tokens, remaining_tokens)
+        guesses = {k: tokens[k] / self._guess_seconds(batch, len(acceptance), k) for k in tokens if k not in rates}
+        for k, guess in sorted(self._rates_after_catch_up(guesses, lag_tokens, remaining_tokens).items(), reverse=True):
+            if guess > max(worth.values()) * (1 + self.margin):
+                return k  # might win: measure it
         choice = max(worth, key=worth.__getitem__)
         if choice and 0 in worth and worth[choice] <= worth[0] * (1 + self.margin):
             choice = 0
