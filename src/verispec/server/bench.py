@@ -161,8 +161,9 @@ async def _bench(
 
 async def _warm_up(client, concurrency: int) -> None:
     """C requests of different lengths, so the draft policy has measured every batch size from C down to 1
-    (a long-running server has; the benchmark should not charge that one-time exploration to one mode)."""
-    await asyncio.gather(*(_one(client, PROMPTS[i % len(PROMPTS)], 4 + 4 * i, True) for i in range(concurrency)))
+    (a long-running server has; the benchmark should not charge that one-time exploration to one mode). Each
+    batch size lasts at least 16 steps: enough for its plain steps and the draft lengths it tries."""
+    await asyncio.gather(*(_one(client, PROMPTS[i % len(PROMPTS)], 16 * (i + 1), True) for i in range(concurrency)))
 
 
 @dataclass
