@@ -23,8 +23,8 @@ with plain steps, the baseline. A k not yet measured twice there is tried only i
 plain's by the margin: its cost guessed as the larger of (a) a lower bound, what measured steps that do no
 more work cost (verify: no more sequences and no more tokens in the pass, whatever their k; draft: no more
 sequences, no larger k), and (b) plain's cost here times the (draft + verify) / plain ratio measured at the
-nearest smaller batch size, plus the draft's catch-up. (Without (b), every new batch size on a CPU tried
-every k at 3-6x a plain step's cost.) After that, every `probe_every`-th step at a batch size runs a
+nearest smaller batch size, with the draft's catch-up spread as above. (Without (b), every new batch size
+on a CPU tried every k at 2-6x a plain step's cost.) After that, every `probe_every`-th step at a batch size runs a
 neighbour of the chosen k (k - 1 and k + 1 in turn), so the numbers follow the machine and a decision can
 move. The interval doubles (up to `max_probe_interval`) while the choice holds and drops back when it
 changes, and probes are spaced so that their measured cost (time lost at the lower rate, plus the draft
