@@ -69,13 +69,16 @@ class DraftModelDrafter:
 
 
 def common_prefix(a: list[int], b: list[int], limit: int) -> int:
-    """Length of the common prefix of a and b, at most limit."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if n >= limit or x != y:
-            break
-        n += 1
-    return n
+    """Length of the common prefix of a and b, at most limit (a binary search over slice comparisons, which
+    run in C: the scheduler asks this of every sequence's full history at every step)."""
+    low, high = 0, min(len(a), len(b), limit)  # a[:low] == b[:low]; the common prefix is at most high
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[low:middle] == b[low:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 class NgramDrafter:

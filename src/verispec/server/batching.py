@@ -77,9 +77,11 @@ class BatchedDrafter:
         self.catch_up_tokens = 0  # ... and the tokens they fed
 
     def lag(self, slot: int, tokens: list[int]) -> int:
-        """About how many tokens the slot would have to catch up on before drafting for `tokens` (it may also
-        hold up to k rejected drafts, which this ignores: a price estimate, computed every step, kept O(1))."""
-        return max(1, len(tokens) - len(self.fed[slot]))
+        """How many tokens `propose` would feed the slot alone, before drafting for `tokens`: what it lacks
+        beyond the CATCH_UP_WIDTH that ride in the batched pass (a slot may hold an earlier request's tokens,
+        or rejected drafts: only the common prefix counts)."""
+        fed = common_prefix(self.fed[slot], tokens, limit=len(tokens) - 1)
+        return max(0, len(tokens) - fed - CATCH_UP_WIDTH)
 
     def propose(self, jobs: list[DraftJob]) -> list[Proposal]:
         self.catch_up_seconds, self.catch_up_tokens = 0.0, 0

@@ -2,9 +2,11 @@
 
 It starts `verispec serve` with the given model flags on a free loopback port (or uses --url), then for each
 concurrency C warms up (C requests of different lengths) and sends the same greedy chat requests, C at a
-time, once with speculation on and once with `"speculative": false`, and prints a Markdown table: total
+time, with speculation on and with `"speculative": false`, `--repeats` times each in the order on off, off
+on, on off, ... (a machine whose speed drifts favours neither mode), and prints a Markdown table: total
 generated tokens/s, per-request latency p50/p95, mean accepted length, and the share of scheduler steps
-that drafted (the draft policy's decisions).
+that drafted (the draft policy's decisions); then on / off per level, over all runs and per pair of runs
+(a shared machine's speed wanders by 10-25% over minutes; within a pair, a few seconds apart, much less).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class LevelResult:
     latency_p95: float
     mean_accepted_length: float
     draft_step_share: float
+    run_tokens_per_second: list[float]  # each run's, in the order of the pairs
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
@@ -150,8 +153,8 @@ async def _bench(
             count = args.requests or max(4, 2 * concurrency)
             await _warm_up(client, concurrency)
             runs: dict[bool, list[_Run]] = {True: [], False: []}
-            for _ in range(args.repeats):  # alternate the modes so drifting background load hits both
-                for speculative in (True, False):
+            for repeat in range(args.repeats):
+                for speculative in (True, False) if repeat % 2 == 0 else (False, True):
                     runs[speculative].append(await _run(client, concurrency, count, args.max_tokens, speculative))
             for speculative in (True, False):
                 results.append(_summarize(concurrency, speculative, runs[speculative]))
@@ -206,6 +209,7 @@ def _summarize(concurrency: int, speculative: bool, runs: list[_Run]) -> LevelRe
         tokens_per_second=tokens / seconds, latency_p50=statistics.median(latencies),
         latency_p95=_percentile(latencies, 0.95), mean_accepted_length=tokens / passes if passes else 0.0,
         draft_step_share=draft / max(1, draft + plain),
+        run_tokens_per_second=[run.tokens / run.seconds for run in runs],
     )  # fmt: skip
 
 
@@ -266,7 +270,12 @@ def format_table(results: list[LevelResult]) -> str:
         off = next((r for r in results if not r.speculative and r.concurrency == on.concurrency), None)
         if off is not None and off.tokens_per_second:
             ratio = on.tokens_per_second / off.tokens_per_second
-            lines.append(f"concurrency {on.concurrency}: speculation on / off = {ratio:.2f}x tokens/s")
+            line = f"concurrency {on.concurrency}: speculation on / off = {ratio:.2f}x tokens/s"
+            pairs = [a / b for a, b in zip(on.run_tokens_per_second, off.run_tokens_per_second, strict=True)]
+            if len(pairs) > 1:
+                listed = ", ".join(f"{r:.2f}" for r in pairs)
+                line += f"; per pair of runs {listed} (median {statistics.median(pairs):.2f}x)"
+            lines.append(line)
     return "\n".join(lines)
 
 

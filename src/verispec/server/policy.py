@@ -17,26 +17,26 @@ tokens costs about twice one over 1-4 (docs/speed.md). One sequence verifies k =
 sequences verify k = 1 in one block (2 rows of 2 tokens) but need two for k = 3. On a GPU verify(B, k)
 stays near verify(B, 0) until B(k+1) tokens fill the chip. The rule finds either from its measurements.
 
-Times are medians of the last 9 steps of each (rows, k), the smaller of the first two until there are 3
-(other load only ever slows a step, and one slowed step must not flip a decision). A new batch size starts
-with plain steps, the baseline. A k not yet measured twice there is tried only if a guess of its rate beats
-plain's by the margin: its cost guessed as the larger of (a) a lower bound, what measured steps that do no
-more work cost (verify: no more sequences and no more tokens in the pass, whatever their k; draft: no more
-sequences, no larger k), and (b) plain's cost here times the (draft + verify) / plain ratio measured at the
-nearest smaller batch size, with the draft's catch-up spread as above. (Without (b), every new batch size
-on a CPU tried every k at 2-6x a plain step's cost.) After that, every `probe_every`-th step at a batch size runs a
-neighbour of the chosen k (k - 1 and k + 1 in turn), so the numbers follow the machine and a decision can
-move. The interval doubles (up to `max_probe_interval`) while the choice holds and drops back when it
-changes, and probes are spaced so that their measured cost (time lost at the lower rate, plus the draft
-catching up on the tokens it skipped while drafting was suspended) stays under `probe_budget` of the
-throughput. The catch-up is priced at the draft's measured seconds per caught-up token times the tokens it
-lacks, and kept out of draft(S, k), the steady-state cost.
+Times are the second smallest of the last 9 steps of each (rows, k), the smaller of the first two until
+there are 3 (other load only ever slows a step, in spells that must not flip a decision; see _StepTime).
+A new batch size starts with plain steps, the baseline. A k not yet measured twice there is tried only if
+a guess of its rate beats plain's by the margin: its cost guessed as the larger of (a) a lower bound, what
+measured steps that do no more work cost (verify: no more sequences and no more tokens in the pass,
+whatever their k; draft: no more sequences, no larger k), and (b) plain's cost here times the (draft +
+verify) / plain ratio measured at the nearest smaller batch size, with the draft's catch-up spread as
+above. (Without (b), every new batch size on a CPU tried every k at 2-6x a plain step's cost.) After that,
+every `probe_every`-th step at a batch size runs a neighbour of the chosen k (k - 1 and k + 1 in turn), so
+the numbers follow the machine and a decision can move. The interval doubles (up to `max_probe_interval`)
+while the choice holds and drops back when it changes, and probes are spaced so that their measured cost
+(time lost at the lower rate, plus the draft catching up on the tokens it skipped while drafting was
+suspended) stays under `probe_budget` of the throughput. The catch-up is priced at the draft's measured
+seconds per caught-up token times the tokens it lacks beyond what rides in the batched draft pass
+(BatchedDrafter.lag), and kept out of draft(S, k), the steady-state cost.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -46,9 +46,15 @@ POLICIES = ("auto", "always", "never")
 
 
 @dataclass
-class _Median:
-    """A step time from its last samples: the median of up to 9, the smaller of the first two (so that one
-    step slowed by other load, which only ever makes a step slower, cannot flip a decision)."""
+class _StepTime:
+    """A step's time from its last samples: the second smallest of up to 9 (the smaller of the first two).
+
+    Other load only ever slows a step, and on a shared machine it comes in spells of seconds that slow every
+    step by up to 2x. A median of recent steps inherits a spell and keeps it while the cell is not measured
+    again (a plain step time kept from a slow spell once made drafting look 5% better than plain at two
+    sequences, where it costs about the same); a low order statistic compares cells at the machine's unloaded
+    speed, whenever each was measured. The second smallest, not the smallest: a step can also be cut short
+    (sequences near their end draft fewer tokens than the step's k)."""
 
     window: int = 9
     samples: deque[float] = field(default_factory=deque)
@@ -59,7 +65,7 @@ class _Median:
 
     @property
     def value(self) -> float:
-        return statistics.median(self.samples) if len(self.samples) >= 3 else min(self.samples)
+        return sorted(self.samples)[1] if len(self.samples) >= 3 else min(self.samples)
 
     def add(self, sample: float) -> None:
         self.samples.append(sample)
@@ -85,11 +91,11 @@ class DraftPolicy:
     margin: float = 0.05  # drafting must be this much faster than plain decoding to be chosen
     prior_weight: float = 4.0  # a new sequence's acceptance counts as this many drafts at the server-wide rate
     decay: float = 0.99  # per round, for the server-wide acceptance counts
-    verify: dict[tuple[int, int], _Median] = field(default_factory=dict)  # (rows, k) -> target pass seconds
-    draft: dict[tuple[int, int], _Median] = field(default_factory=dict)  # (drafting rows, k) -> drafting seconds
+    verify: dict[tuple[int, int], _StepTime] = field(default_factory=dict)  # (rows, k) -> target pass seconds
+    draft: dict[tuple[int, int], _StepTime] = field(default_factory=dict)  # (drafting rows, k) -> drafting seconds
     accepted: float = 3.0  # server-wide decayed counts of accepted drafts and of rejections (prior: a = 0.6)
     rejected: float = 2.0
-    catch_up: _Median = field(default_factory=_Median)  # draft seconds per caught-up token
+    catch_up: _StepTime = field(default_factory=_StepTime)  # draft seconds per caught-up token
     probing: dict[int, _Probing] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -205,9 +211,9 @@ class DraftPolicy:
         catch_up_seconds: float = 0.0, catch_up_tokens: int = 0,
     ) -> None:  # fmt: skip
         """Times of one step over `batch` rows, `drafting` of which drafted up to k tokens (k = 0: plain)."""
-        self.verify.setdefault((batch, k), _Median()).add(verify_seconds)
+        self.verify.setdefault((batch, k), _StepTime()).add(verify_seconds)
         if k:
-            self.draft.setdefault((drafting, k), _Median()).add(draft_seconds)
+            self.draft.setdefault((drafting, k), _StepTime()).add(draft_seconds)
             if catch_up_tokens:
                 self.catch_up.add(catch_up_seconds / catch_up_tokens)
 
