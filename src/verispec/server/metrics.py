@@ -28,7 +28,7 @@ class Metrics:
         )
         self.policy_seconds = gauge(
             "draft_policy_seconds",
-            "Draft policy's step times (second smallest of the last 9): verify = target over k+1 tokens/row "
+            "Draft policy's step times (medians at the machine's current speed): verify = target over k+1 tokens/row "
             "(batch_size rows; k = 0 is plain decoding), draft = drafting k tokens (batch_size drafting rows)",
             "phase",
             "batch_size",

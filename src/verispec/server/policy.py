@@ -17,8 +17,17 @@ tokens costs about twice one over 1-4 (docs/speed.md). One sequence verifies k =
 sequences verify k = 1 in one block (2 rows of 2 tokens) but need two for k = 3. On a GPU verify(B, k)
 stays near verify(B, 0) until B(k+1) tokens fill the chip. The rule finds either from its measurements.
 
-Times are the second smallest of the last 9 steps of each (rows, k), the smaller of the first two until
-there are 3 (other load only ever slows a step, in spells that must not flip a decision; see _StepTime).
+Times are kept at the machine's reference speed: a shared machine slows every step by up to 2x for
+seconds at a time, and the cell measured most often (the chosen k) would follow such a spell while the
+others keep the times of their last probe, so that comparing them compares different moments (a plain step
+time taken in a slow spell once kept two sequences drafting for 60 steps where drafting costs what plain
+decoding does). Each step's verify time over its cell's value gives the machine's current slowdown (the
+median over the last 5 steps, so that it follows a spell before a cell's median of 9 does); samples are
+stored divided by it, so slowdowns cancel out of every comparison and only costs measured relative to one
+another remain. A lasting change in the chosen k's own cost thus reads as a slowdown of the machine until
+probes measure other cells beside it, and shows once they are the majority of a cell's samples. A cell's
+time is the median of its last 9 samples, the smaller of the first two until there are 3 (one step slowed
+by other load must not flip a decision).
 A new batch size starts with plain steps, the baseline. A k not yet measured twice there is tried only if
 a guess of its rate beats plain's by the margin: its cost guessed as the larger of (a) a lower bound, what
 measured steps that do no more work cost (verify: no more sequences and no more tokens in the pass,
@@ -37,6 +46,7 @@ seconds per caught-up token times the tokens it lacks beyond what rides in the b
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -47,14 +57,8 @@ POLICIES = ("auto", "always", "never")
 
 @dataclass
 class _StepTime:
-    """A step's time from its last samples: the second smallest of up to 9 (the smaller of the first two).
-
-    Other load only ever slows a step, and on a shared machine it comes in spells of seconds that slow every
-    step by up to 2x. A median of recent steps inherits a spell and keeps it while the cell is not measured
-    again (a plain step time kept from a slow spell once made drafting look 5% better than plain at two
-    sequences, where it costs about the same); a low order statistic compares cells at the machine's unloaded
-    speed, whenever each was measured. The second smallest, not the smallest: a step can also be cut short
-    (sequences near their end draft fewer tokens than the step's k)."""
+    """A step time from its last samples: the median of up to 9, the smaller of the first two (so that one
+    step slowed by other load, which only ever makes a step slower, cannot flip a decision)."""
 
     window: int = 9
     samples: deque[float] = field(default_factory=deque)
@@ -65,7 +69,7 @@ class _StepTime:
 
     @property
     def value(self) -> float:
-        return sorted(self.samples)[1] if len(self.samples) >= 3 else min(self.samples)
+        return statistics.median(self.samples) if len(self.samples) >= 3 else min(self.samples)
 
     def add(self, sample: float) -> None:
         self.samples.append(sample)
@@ -96,6 +100,7 @@ class DraftPolicy:
     accepted: float = 3.0  # server-wide decayed counts of accepted drafts and of rejections (prior: a = 0.6)
     rejected: float = 2.0
     catch_up: _StepTime = field(default_factory=_StepTime)  # draft seconds per caught-up token
+    slowdowns: deque[float] = field(default_factory=lambda: deque(maxlen=5))  # recent steps: time / their cell's
     probing: dict[int, _Probing] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -206,16 +211,25 @@ class DraftPolicy:
     def _catch_up_price(self, lag_tokens: int) -> float:
         return lag_tokens * self.catch_up.value if self.catch_up.samples else 0.0
 
+    @property
+    def slowdown(self) -> float:
+        """How much slower than the reference the machine runs now (1.0 until measured)."""
+        return statistics.median(self.slowdowns) if self.slowdowns else 1.0
+
     def record(
         self, batch: int, drafting: int, k: int, draft_seconds: float, verify_seconds: float,
         catch_up_seconds: float = 0.0, catch_up_tokens: int = 0,
     ) -> None:  # fmt: skip
         """Times of one step over `batch` rows, `drafting` of which drafted up to k tokens (k = 0: plain)."""
-        self.verify.setdefault((batch, k), _StepTime()).add(verify_seconds)
+        verify = self.verify.setdefault((batch, k), _StepTime())
+        if verify.measured:
+            self.slowdowns.append(verify_seconds / verify.value)
+        slowdown = self.slowdown
+        verify.add(verify_seconds / slowdown)
         if k:
-            self.draft.setdefault((drafting, k), _StepTime()).add(draft_seconds)
+            self.draft.setdefault((drafting, k), _StepTime()).add(draft_seconds / slowdown)
             if catch_up_tokens:
-                self.catch_up.add(catch_up_seconds / catch_up_tokens)
+                self.catch_up.add(catch_up_seconds / catch_up_tokens / slowdown)
 
     def record_round(self, drafted: int, accepted: int) -> None:
         """One sequence's round: `accepted` of `drafted` tokens kept."""
