@@ -396,7 +396,7 @@ def test_bench_serve_measures_both_modes_in_alternating_pairs(server, tmp_path):
     for r in results:
         assert r["requests"] == 4 and r["tokens"] > 0 and len(r["run_tokens_per_second"]) == 2
         assert (r["draft_step_share"] > 0) == r["speculative"] and (r["mean_accepted_length"] > 1) == r["speculative"]
-    assert done.stdout.count("per pair of runs") == 2
+    assert done.stdout.count("(median of 2 pair(s) of runs: ") == 2
 
 
 # ---- shutdown --------------------------------------------------------------------------------------------------

@@ -1,12 +1,13 @@
 """`verispec bench-serve`: throughput and latency of the server at several concurrencies, speculation on vs off.
 
 It starts `verispec serve` with the given model flags on a free loopback port (or uses --url), then for each
-concurrency C warms up (C requests of different lengths) and sends the same greedy chat requests, C at a
-time, with speculation on and with `"speculative": false`, `--repeats` times each in the order on off, off
-on, on off, ... (a machine whose speed drifts favours neither mode), and prints a Markdown table: total
-generated tokens/s, per-request latency p50/p95, mean accepted length, and the share of scheduler steps
-that drafted (the draft policy's decisions); then on / off per level, over all runs and per pair of runs
-(a shared machine's speed wanders by 10-25% over minutes; within a pair, a few seconds apart, much less).
+concurrency C warms up (C requests of different lengths), then runs the same C greedy chat requests at
+once (one run), with speculation on and with `"speculative": false`, `--repeats` pairs of runs in the order
+on off, off on, on off, ... and prints a Markdown table: total generated tokens/s, per-request latency
+p50/p95, mean accepted length, and the share of scheduler steps that drafted (the draft policy's
+decisions); then on / off per level: the median over the pairs of runs, each pair's ratio, and the ratio
+of the totals. A shared machine slows by up to 1.5x for a minute at a time; the two runs of a pair are
+seconds apart, so the median of the pairs' ratios is what compares the modes (the totals mix spells in).
 """
 
 from __future__ import annotations
@@ -61,15 +62,17 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     add_draft_vocab_argument(parser)
     parser.add_argument("--url", default=None, help="bench a running server instead of starting one")
     parser.add_argument("--concurrency", default="1,2,4,8", help="comma-separated concurrency levels")
-    parser.add_argument("--requests", type=int, default=0, help="requests per level (default: max(4, 2 x C))")
+    parser.add_argument("--requests", type=int, default=0, help="requests per run (default: C, one wave)")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request")
-    parser.add_argument("--repeats", type=int, default=1, help="runs per level and mode, the modes alternating")
+    parser.add_argument("--repeats", type=int, default=4, help="pairs of runs (on, off) per level, ABBA order")
     parser.add_argument("--draft-policy", default="auto", choices=POLICIES, help="the started server's policy")
     parser.add_argument("--output", default=None, help="also write the results as JSON here")
 
 
 def run_bench(args: argparse.Namespace) -> int:
     levels = _levels(args.concurrency)
+    if args.repeats < 1 or args.requests < 0 or args.max_tokens < 1:
+        raise VerispecError("need --repeats >= 1, --requests >= 0 (0: C per run) and --max-tokens >= 1")
     with _server(args, max(levels)) as url:
         results, costs = asyncio.run(_bench(url, levels, args))
     print(format_table(results))
@@ -150,7 +153,7 @@ async def _bench(
             await _one(client, PROMPTS[0], 8, speculative)
         results = []
         for concurrency in levels:
-            count = args.requests or max(4, 2 * concurrency)
+            count = args.requests or concurrency
             await _warm_up(client, concurrency)
             runs: dict[bool, list[_Run]] = {True: [], False: []}
             for repeat in range(args.repeats):
@@ -269,13 +272,13 @@ def format_table(results: list[LevelResult]) -> str:
     for on in (r for r in results if r.speculative):
         off = next((r for r in results if not r.speculative and r.concurrency == on.concurrency), None)
         if off is not None and off.tokens_per_second:
-            ratio = on.tokens_per_second / off.tokens_per_second
-            line = f"concurrency {on.concurrency}: speculation on / off = {ratio:.2f}x tokens/s"
             pairs = [a / b for a, b in zip(on.run_tokens_per_second, off.run_tokens_per_second, strict=True)]
-            if len(pairs) > 1:
-                listed = ", ".join(f"{r:.2f}" for r in pairs)
-                line += f"; per pair of runs {listed} (median {statistics.median(pairs):.2f}x)"
-            lines.append(line)
+            listed = ", ".join(f"{r:.2f}" for r in pairs)
+            totals = on.tokens_per_second / off.tokens_per_second
+            lines.append(
+                f"concurrency {on.concurrency}: speculation on / off = {statistics.median(pairs):.2f}x tokens/s "
+                f"(median of {len(pairs)} pair(s) of runs: {listed}; totals {totals:.2f}x)"
+            )
     return "\n".join(lines)
 
 
