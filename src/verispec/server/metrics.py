@@ -28,11 +28,14 @@ class Metrics:
         )
         self.policy_seconds = gauge(
             "draft_policy_seconds",
-            "Draft policy's step times (medians at the machine's current speed): verify = target over k+1 tokens/row "
+            "Draft policy's step times at its reference machine speed: verify = target over k+1 tokens/row "
             "(batch_size rows; k = 0 is plain decoding), draft = drafting k tokens (batch_size drafting rows)",
             "phase",
             "batch_size",
             "k",
+        )
+        self.policy_slowdown = gauge(
+            "draft_policy_slowdown", "How much slower than the draft policy's reference speed the machine runs now"
         )
         self.running = gauge("num_requests_running", "Requests holding a sequence slot")
         self.waiting = gauge("num_requests_waiting", "Requests queued for a slot")

@@ -91,7 +91,7 @@ class DraftPolicy:
     mode: str = "auto"
     probe_every: int = 8
     max_probe_interval: int = 256
-    probe_budget: float = 0.02  # probes may cost at most this share of throughput
+    probe_budget: float = 0.005  # probes may cost at most this share of throughput
     margin: float = 0.05  # drafting must be this much faster than plain decoding to be chosen
     prior_weight: float = 4.0  # a new sequence's acceptance counts as this many drafts at the server-wide rate
     decay: float = 0.99  # per round, for the server-wide acceptance counts

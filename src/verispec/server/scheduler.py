@@ -259,10 +259,10 @@ class Scheduler:
             batch, drafting, k, draft_seconds - catch_up_seconds, verify_seconds, catch_up_seconds, catch_up_tokens
         )
         metrics.steps.labels(mode="draft" if k else "plain", k=str(k)).inc()
-        now = policy.slowdown  # export seconds at the machine's current speed
-        metrics.record_policy("verify", batch, k, policy.verify[batch, k].value * now)
+        metrics.record_policy("verify", batch, k, policy.verify[batch, k].value)
         if k:
-            metrics.record_policy("draft", drafting, k, policy.draft[drafting, k].value * now)
+            metrics.record_policy("draft", drafting, k, policy.draft[drafting, k].value)
+        metrics.policy_slowdown.set(policy.slowdown)
 
     def _admit(self) -> None:
         while True:
