@@ -28,6 +28,7 @@ another remain. A lasting change in the chosen k's own cost thus reads as a slow
 probes measure other cells beside it, and shows once they are the majority of a cell's samples. A cell's
 time is the median of its last 9 samples, the smaller of the first two until there are 3 (one step slowed
 by other load must not flip a decision).
+
 A new batch size starts with plain steps, the baseline. A k not yet measured twice there is tried only if
 a guess of its rate beats plain's by the margin: its cost guessed as the larger of (a) a lower bound, what
 measured steps that do no more work cost (verify: no more sequences and no more tokens in the pass,
