@@ -698,6 +698,32 @@ def test_draft_policy_learns_acceptance_from_rounds():
     assert policy.acceptance(96, 4) > 0.9  # a sequence's own record outweighs the server-wide rate
 
 
+def test_scheduler_does_not_start_drafting_for_the_steps_before_a_prefilling_prompt_joins(tiny, monkeypatch):
+    """While a prompt prefills (a chunk per step), the batch is about to grow: reading a running sequence's
+    prompt into the draft then pays back over those few steps only, not over all its remaining tokens."""
+    target, draft = tiny
+    config = SchedulerConfig(max_num_seqs=2, max_model_len=256, num_speculative_tokens=2, prefill_chunk=4)
+    scheduler = Scheduler(target, draft, config)
+    policy = scheduler.policy
+    for _ in range(3):  # one sequence: k = 2 pays (1.96 tokens in 0.012 s against 1 in 0.01 s) once caught up
+        policy.record(1, 1, 2, 0.002, 0.010, catch_up_seconds=0.05, catch_up_tokens=10)
+        policy.record(1, 0, 0, 0.0, 0.010)
+    monkeypatch.setattr(scheduler, "_record_costs", lambda *args: None)  # keep these costs
+    chosen, choose = [], policy.choose_k
+    monkeypatch.setattr(policy, "choose_k", lambda *args: chosen.append(choose(*args)) or 0)
+    first, second = [*range(1, 31)], [*range(40, 80)]  # the draft lacks 30 tokens of the first; 10 chunks
+    for i, ids in enumerate((first, second)):
+        scheduler.submit(EngineRequest(str(i), ids, SamplingParams(), 200, lambda event: None))
+    while not scheduler.running or any(seq.prefilling for seq in scheduler.running.values()):
+        scheduler.step()
+    assert len(chosen) == 11 and set(chosen) == {0}  # the first decoded alone, plainly, while the second prefilled
+    alone = scheduler.running[0]
+    lag = scheduler.drafter.lag(alone.slot, alone.tokens)
+    assert lag == 30 + 11 - CATCH_UP_WIDTH  # (the wrapper kept every step plain: the draft never read anything)
+    # with the batch settled the same catch-up pays back over the 190 tokens still to come
+    assert choose(1, [policy.acceptance(0, 0)], [2], lag, scheduler._drafting_horizon([alone])) == 2
+
+
 @pytest.mark.parametrize("k", [1, 4])
 def test_scheduler_fills_the_context_exactly_and_resumes_drafting_after_a_pause(k, tiny):
     """Requests that end exactly at the context limit, with drafting suspended then resumed (long catch-up)."""
