@@ -227,11 +227,14 @@ class Scheduler:
         seqs = [seq for seq in self.running.values() if not seq.prefilling]
         if not seqs:
             return True
-        limits = [self._draft_length(seq) for seq in seqs]
+        # while a prompt prefills, a burst is starting: drafting for the sequences already decoding would only
+        # finish them before the joining ones (the burst ends no sooner) and read their prompts into the draft
+        joining = self.policy.mode == "auto" and len(seqs) < len(self.running)
+        limits = [0 if joining else self._draft_length(seq) for seq in seqs]
         eligible = [(seq, limit) for seq, limit in zip(seqs, limits, strict=True) if limit]
         acceptance = [self.policy.acceptance(seq.stats.accepted, seq.stats.rejected) for seq, _ in eligible]
         lag = sum(self.drafter.lag(seq.slot, seq.tokens) for seq, _ in eligible) if eligible else 0
-        remaining = self._drafting_horizon([seq for seq, _ in eligible])
+        remaining = sum(self._tokens_left(seq) for seq, _ in eligible)
         k = self.policy.choose_k(len(seqs), acceptance, [limit for _, limit in eligible], lag, remaining)
         ks = [min(k, limit) for limit in limits]
         begin = time.perf_counter()
@@ -312,16 +315,6 @@ class Scheduler:
         if self.drafter is None or not seq.request.speculative:
             return 0
         return max(0, min(self.config.num_speculative_tokens, self._tokens_left(seq) - 1))
-
-    def _drafting_horizon(self, drafting: list[Sequence]) -> int:
-        """The tokens over which resuming drafting can pay back the draft's catch-up: what the sequences may
-        still generate, but while a prompt is prefilling only the steps until it joins (one per chunk), since
-        the batch then grows and the policy decides anew (on a CPU: plainly). Drafting during a burst's
-        ramp-up otherwise read each prompt into the draft for a step or two, at ~2% of a wave's time."""
-        left = sum(self._tokens_left(seq) for seq in drafting)
-        chunk = self.config.prefill_chunk
-        steps = sum(-(-(len(s.request.prompt_ids) - 1 - s.prefilled) // chunk) for s in self.running.values())
-        return min(left, steps * len(drafting)) if steps else left
 
     def _tokens_left(self, seq: Sequence) -> int:
         """The most tokens the sequence may still generate (max_tokens, or the context, whichever ends first)."""
