@@ -115,15 +115,19 @@ class DraftPolicy:
 
     def choose_k(
         self, batch: int, acceptance: list[float], limits: list[int], lag_tokens: int = 0,
-        remaining_tokens: int | None = None,
+        remaining_tokens: int | None = None, joining: bool = False,
     ) -> int:  # fmt: skip
         """The k this step drafts. `acceptance` and `limits` (the most each may draft, >= 1) are those of the
         sequences that may draft; `lag_tokens` is what the draft must catch up on first, and `remaining_tokens`
-        the most those sequences may still generate (None: unknown), each summed over them."""
+        the most those sequences may still generate (None: unknown), each summed over them. `joining`: a prompt
+        is still prefilling, so a burst is starting; drafting for the sequences already decoding would only
+        finish them before the joining ones (the burst ends no sooner) and read their prompts into the draft."""
         if not acceptance or self.mode == "never":
             return 0
         if self.mode == "always":
             return self.k_max
+        if joining:
+            return 0
         tokens = {k: self._tokens(batch, k, acceptance, limits) for k in range(self.k_max + 1)}
         seconds = {k: s for k in tokens if (s := self.seconds(batch, len(acceptance), k)) is not None}
         rates = {k: tokens[k] / seconds[k] for k in seconds}

@@ -227,15 +227,13 @@ class Scheduler:
         seqs = [seq for seq in self.running.values() if not seq.prefilling]
         if not seqs:
             return True
-        # while a prompt prefills, a burst is starting: drafting for the sequences already decoding would only
-        # finish them before the joining ones (the burst ends no sooner) and read their prompts into the draft
-        joining = self.policy.mode == "auto" and len(seqs) < len(self.running)
-        limits = [0 if joining else self._draft_length(seq) for seq in seqs]
+        limits = [self._draft_length(seq) for seq in seqs]
         eligible = [(seq, limit) for seq, limit in zip(seqs, limits, strict=True) if limit]
         acceptance = [self.policy.acceptance(seq.stats.accepted, seq.stats.rejected) for seq, _ in eligible]
         lag = sum(self.drafter.lag(seq.slot, seq.tokens) for seq, _ in eligible) if eligible else 0
         remaining = sum(self._tokens_left(seq) for seq, _ in eligible)
-        k = self.policy.choose_k(len(seqs), acceptance, [limit for _, limit in eligible], lag, remaining)
+        joining = len(seqs) < len(self.running)  # a prompt is still prefilling
+        k = self.policy.choose_k(len(seqs), acceptance, [limit for _, limit in eligible], lag, remaining, joining)
         ks = [min(k, limit) for limit in limits]
         begin = time.perf_counter()
         proposals = self._propose(seqs, ks)
