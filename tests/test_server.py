@@ -600,6 +600,17 @@ def test_draft_policy_probes_the_other_choice_less_and_less_while_the_decision_h
     assert [i for i, k in enumerate(decisions) if k] == [8]
 
 
+def test_draft_policy_drafts_only_when_it_beats_plain_by_the_margin():
+    """bench-serve at two sequences: drafting 1 token estimated 6-9% faster than plain decoding was level with it
+    in practice (the estimate's own error), so drafting must win by 10%."""
+    policy = DraftPolicy(k_max=1, probe_every=1000)
+    for _ in range(3):
+        policy.record(2, 2, 1, 0.05, 0.21)  # 2 x 1.9 tokens in 0.26 s: 14.6 tokens/s, 7% above plain's
+        policy.record(2, 0, 0, 0.0, 0.147)  # 2 tokens in 0.147 s: 13.6 tokens/s
+    assert policy.choose_k(2, [0.9, 0.9], [1, 1]) == 0
+    assert policy.choose_k(2, [1.0, 1.0], [1, 1]) == 1  # 2 x 2 tokens: 15.4 tokens/s, 13% above
+
+
 def test_draft_policy_ignores_one_slow_step():
     policy = DraftPolicy(k_max=1, probe_every=1000)
     for _ in range(4):
@@ -637,6 +648,25 @@ def test_draft_policy_is_not_swayed_by_a_slow_spell_of_the_machine():
         for _ in range(3):
             policy.record(2, 0, 0, 0.0, 0.35)
     assert policy.choose_k(2, [0.9, 0.9], [1, 1]) == 1
+
+
+@pytest.mark.parametrize("chosen", [0, 1])
+def test_draft_policy_is_not_swayed_by_a_machine_that_slows_gradually(chosen):
+    """Steps of the chosen draft length say nothing about the others: a machine (or a context) that gets slower
+    step by step must not move the chosen cell's time away from the cell it is compared with. (When each step's
+    own time set the slowdown, a 12-step ramp to 1.55x dragged plain's time along and flipped the choice.)"""
+    policy = DraftPolicy(k_max=1, probe_every=1000)
+    plain = 0.16 if chosen == 0 else 0.20  # drafting: 2 x 1.9 tokens in 0.30 s; plain: 2 tokens in 0.16 (0.20) s
+    for _ in range(3):
+        policy.record(2, 2, 1, 0.06, 0.24)
+        policy.record(2, 0, 0, 0.0, plain)
+    for _ in range(6):
+        policy.record(2, 2 * chosen, chosen, 0.06 * chosen, 0.24 if chosen else plain)
+    assert policy.choose_k(2, [0.9, 0.9], [1, 1]) == chosen
+    for i in range(12):
+        slower = 1 + 0.05 * i
+        policy.record(2, 2 * chosen, chosen, 0.06 * chosen * slower, (0.24 if chosen else plain) * slower)
+    assert policy.choose_k(2, [0.9, 0.9], [1, 1]) == chosen
 
 
 def test_draft_policy_spaces_probes_by_their_cost():
