@@ -590,14 +590,14 @@ def test_draft_policy_probes_the_other_choice_less_and_less_while_the_decision_h
         policy.record(2, 0, 0, 0.0, 0.02)
     decisions = [policy.choose_k(2, [1.0, 1.0], [1, 1]) for _ in range(60)]
     assert [i for i, k in enumerate(decisions) if not k] == [3, 11, 27, 43, 59]  # every 4, 8, 16, 16, 16 steps
-    for _ in range(5):  # drafting became 7x slower for good; plain probes beside it show that (step times are
-        for _ in range(4):  # relative to the machine's speed: 7x slower drafting alone looks like a slow machine)
-            policy.record(2, 2, 1, 0.01, 0.2)
+    for _ in range(5):  # drafting's verify became 10x slower for good; plain probes beside it show that (alone,
+        for _ in range(4):  # 10x slower drafting steps look like a slower machine: the chosen cell keeps its time,
+            policy.record(2, 2, 1, 0.01, 0.2)  # and plain, measured against them, looks 10x faster: 0.002 s)
         policy.record(2, 0, 0, 0.0, 0.02)
-    # the decision flips and probing is frequent again
-    decisions = [policy.choose_k(2, [1.0, 1.0], [1, 1]) for _ in range(12)]
-    # back to every 4 steps, but a drafting probe now loses 0.21 s * (1 - 19.0/100) = 0.17 s: 9 plain steps
-    assert [i for i, k in enumerate(decisions) if k] == [8]
+    # the decision flips and probing is frequent again: back to every 4 steps, but a drafting probe now loses
+    # 0.03 s * (1 - 133/1000) = 0.026 s, 13 plain steps of 0.002 s (then the interval, 8, is below that)
+    decisions = [policy.choose_k(2, [1.0, 1.0], [1, 1]) for _ in range(30)]
+    assert [i for i, k in enumerate(decisions) if k] == [12, 25]
 
 
 def test_draft_policy_drafts_only_when_it_beats_plain_by_the_margin():
@@ -667,6 +667,23 @@ def test_draft_policy_is_not_swayed_by_a_machine_that_slows_gradually(chosen):
         slower = 1 + 0.05 * i
         policy.record(2, 2 * chosen, chosen, 0.06 * chosen * slower, (0.24 if chosen else plain) * slower)
     assert policy.choose_k(2, [0.9, 0.9], [1, 1]) == chosen
+
+
+def test_draft_policy_measures_a_probe_against_the_chosen_steps_not_the_other_way_round():
+    """The steps right after a probe are measured against the steps before it only if those were mostly of
+    other cells: one probe step slowed by other load moved the chosen cell through the 4 steps that followed."""
+    policy = DraftPolicy(k_max=1, probe_every=1000)
+    for _ in range(3):
+        policy.record(1, 1, 1, 0.05, 0.15)
+        policy.record(1, 0, 0, 0.0, 0.13)
+    for _ in range(6):
+        policy.record(1, 1, 1, 0.05, 0.15)
+    drafting = policy.seconds(1, 1, 1)
+    policy.record(1, 0, 0, 0.0, 0.39)  # a plain probe, 3x slowed
+    for _ in range(5):
+        policy.record(1, 1, 1, 0.05, 0.15)
+    assert policy.seconds(1, 1, 1) == pytest.approx(drafting)
+    assert policy.seconds(1, 1, 0) == pytest.approx(0.13)
 
 
 def test_draft_policy_spaces_probes_by_their_cost():

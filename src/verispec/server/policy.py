@@ -22,12 +22,14 @@ other cells' steps. A shared machine slows every step by up to 2x for seconds at
 step by step; the chosen cell is measured at every step, the others only when probed, so raw times would
 compare different moments (a plain step time taken in a slow spell once kept two sequences drafting for 60
 steps where drafting costs what plain decoding does). Each step's time over its cell's gives the machine's
-current slowdown; a step's sample is stored divided by the median slowdown of the steps of other cells among
-the last 5, so a probe (or the first steps after the choice changes) is measured against the steps just
-before it, and only costs measured relative to one another remain. The chosen cell's own steps only track the
-slowdown: when they also moved its time, a machine slowing step by step dragged plain's time along (12 steps
-to 1.55x flipped two sequences to drafting). A cell's time is the median of its last 9 samples, the smaller of
-the first two until there are 3 (one step slowed by other load must not flip a decision).
+current slowdown. A step's sample counts only if at least 3 of the last 5 steps were of other cells, and is
+stored divided by their median slowdown: a probe (or the first steps after the choice changes) is measured
+against the steps just before it, and only costs measured relative to one another remain. The chosen cell's
+own steps only track the slowdown: when they also moved its time, a machine slowing step by step dragged
+plain's time along (12 steps to 1.55x flipped two sequences to drafting), and when one step of another cell
+sufficed, one probe slowed by other load moved the chosen cell through the 4 steps after it. A cell's time
+is the median of its last 9 samples, the smaller of the first two until there are 3 (one step slowed by
+other load must not flip a decision).
 
 Drafting must beat plain decoding by `margin` (10%): at two sequences on a CPU, drafting 1 token was
 estimated 6-9% faster and measured level with plain decoding in bench-serve's pairs of runs.
@@ -106,6 +108,7 @@ class DraftPolicy:
     catch_up: _StepTime = field(default_factory=_StepTime)  # draft seconds per caught-up token
     # the last steps: ((batch, k), their time over their cell's), the machine's current slowdown
     recent: deque[tuple[tuple[int, int], float]] = field(default_factory=lambda: deque(maxlen=5))
+    paired_steps: int = 3  # a sample counts if at least this many of the last 5 steps were of other cells
     probing: dict[int, _Probing] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -232,10 +235,10 @@ class DraftPolicy:
         """Times of one step over `batch` rows, `drafting` of which drafted up to k tokens (k = 0: plain)."""
         cell = (batch, k)
         verify = self.verify.setdefault(cell, _StepTime())
-        ratio = verify_seconds / verify.value if verify.measured else None
         others = [r for c, r in self.recent if c != cell]
-        if others or not verify.measured:  # paired with other cells' steps just before, or still calibrating
-            slowdown = statistics.median(others) if others else self.slowdown
+        paired = len(others) >= self.paired_steps
+        if paired or not verify.measured:  # measured beside other cells' steps, or still calibrating
+            slowdown = statistics.median(others) if paired else self.slowdown
             verify.add(verify_seconds / slowdown)
             if k:
                 draft = self.draft.setdefault((drafting, k), _StepTime())
@@ -244,8 +247,8 @@ class DraftPolicy:
                     self.catch_up.add(catch_up_seconds / catch_up_tokens / slowdown)
         elif k and not (draft := self.draft.setdefault((drafting, k), _StepTime())).measured:
             draft.add(draft_seconds / self.slowdown)
-        if ratio is not None:
-            self.recent.append((cell, ratio))
+        if verify.measured:
+            self.recent.append((cell, verify_seconds / verify.value))
 
     def record_round(self, drafted: int, accepted: int) -> None:
         """One sequence's round: `accepted` of `drafted` tokens kept."""
