@@ -567,8 +567,9 @@ def _settle(policy: DraftPolicy, batch: int, alpha: float, steps: int = 12) -> l
 
 def test_draft_policy_picks_the_draft_length_that_pays_at_each_batch_size():
     policy = DraftPolicy(k_max=3, probe_every=1000)
-    # plain first (the baseline), then each k measured twice, largest first
-    assert _settle(policy, 1, 0.8)[:9] == [0, 0, 3, 3, 2, 2, 1, 1, 3]
+    # plain first (the baseline, measured twice, then until 3 steps can pair a new k's first samples), then
+    # each k measured twice, largest first
+    assert _settle(policy, 1, 0.8)[:11] == [0, 0, 0, 0, 3, 3, 2, 2, 1, 1, 3]
     # one row, a = 0.8: k = 3 yields 2.95 tokens in 0.19 s (one 4-row block), plain 1 in 0.1 s
     assert policy.choose_k(1, [0.8], [3]) == 3
     chosen = _settle(policy, 2, 0.8)
@@ -730,8 +731,9 @@ def test_draft_policy_resumes_drafting_only_if_the_catch_up_pays_back():
     # A new request's draft must first read its whole prompt: that too is spread over the tokens to come, so a
     # batch size where only plain was measured still tries drafting (a whole catch-up charged to one step never did)
     fresh = DraftPolicy(k_max=3, probe_every=1000)
-    for _ in range(2):
+    for _ in range(4):
         fresh.record(1, 0, 0, *_cpu_like_costs(1, 0))
+    for _ in range(2):
         fresh.catch_up.add(0.02)
     assert fresh.choose_k(1, [0.8], [3], lag_tokens=40, remaining_tokens=64) == 3
 

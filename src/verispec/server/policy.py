@@ -34,7 +34,9 @@ other load must not flip a decision).
 Drafting must beat plain decoding by `margin` (10%): at two sequences on a CPU, drafting 1 token was
 estimated 6-9% faster and measured level with plain decoding in bench-serve's pairs of runs.
 
-A new batch size starts with plain steps, the baseline. A k not yet measured twice there is tried only if
+A new batch size starts with plain steps, the baseline. A k not yet measured twice there is tried only beside
+enough other steps for its samples to be paired (at a server's first steps, unpaired first samples of k = 3
+kept one sequence from drafting for its first two runs in bench-serve), and only if
 a guess of its rate beats plain's by the margin: its cost guessed as the larger of (a) a lower bound, what
 measured steps that do no more work cost (verify: no more sequences and no more tokens in the pass,
 whatever their k; draft: no more sequences, no larger k), and (b) plain's cost here times the (draft +
@@ -144,7 +146,8 @@ class DraftPolicy:
         guesses = {k: tokens[k] / self._guess_seconds(batch, len(acceptance), k) for k in tokens if k not in rates}
         for k, guess in sorted(self._rates_after_catch_up(guesses, lag_tokens, remaining_tokens).items(), reverse=True):
             if guess > max(worth.values()) * (1 + self.margin):
-                return k  # might win: measure it
+                # might win: measure it, beside enough other steps that its first samples count as paired
+                return k if len(self.recent) >= self.paired_steps else 0
         choice = max(worth, key=worth.__getitem__)
         if choice and 0 in worth and worth[choice] <= worth[0] * (1 + self.margin):
             choice = 0
