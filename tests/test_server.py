@@ -774,6 +774,33 @@ def test_scheduler_does_not_draft_while_a_prompt_prefills(tiny, monkeypatch):
     assert choose(1, [policy.acceptance(0, 0)], [2], lag, scheduler._tokens_left(alone)) == 2
 
 
+def test_scheduler_does_not_draft_while_a_request_waits_for_a_free_slot(tiny, monkeypatch):
+    """Over HTTP a burst's second request arrives while the first prefills, after this step's admission: the
+    first's first decoding step must not draft either (bench-serve's waves at two sequences lost 1-2% to it)."""
+    target, draft = tiny
+    config = SchedulerConfig(max_num_seqs=2, max_model_len=256, num_speculative_tokens=2)
+    scheduler = Scheduler(target, draft, config)
+    policy = scheduler.policy
+    for _ in range(4):
+        policy.record(1, 1, 2, 0.002, 0.010)
+        policy.record(1, 0, 0, 0.0, 0.010)
+    monkeypatch.setattr(scheduler, "_record_costs", lambda *args: None)
+    chosen, choose = [], policy.choose_k
+    monkeypatch.setattr(policy, "choose_k", lambda *args: chosen.append(choose(*args)) or 0)
+    prefill = scheduler._prefill_chunk
+
+    def prefill_then_second_arrives() -> None:
+        prefill()
+        if not chosen:
+            scheduler.submit(EngineRequest("1", [*range(40, 50)], SamplingParams(), 200, lambda event: None))
+
+    monkeypatch.setattr(scheduler, "_prefill_chunk", prefill_then_second_arrives)
+    scheduler.submit(EngineRequest("0", [*range(1, 11)], SamplingParams(), 200, lambda event: None))
+    scheduler.step()
+    assert chosen == [0]
+    assert choose(1, [0.9], [2]) == 2  # alone, it would have drafted
+
+
 @pytest.mark.parametrize("k", [1, 4])
 def test_scheduler_fills_the_context_exactly_and_resumes_drafting_after_a_pause(k, tiny):
     """Requests that end exactly at the context limit, with drafting suspended then resumed (long catch-up)."""

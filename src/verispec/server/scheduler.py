@@ -232,7 +232,8 @@ class Scheduler:
         acceptance = [self.policy.acceptance(seq.stats.accepted, seq.stats.rejected) for seq, _ in eligible]
         lag = sum(self.drafter.lag(seq.slot, seq.tokens) for seq, _ in eligible) if eligible else 0
         remaining = sum(self._tokens_left(seq) for seq, _ in eligible)
-        joining = len(seqs) < len(self.running)  # a prompt is still prefilling
+        with self.cond:  # a prompt is still prefilling, or arrived (a burst's others come over HTTP a little
+            joining = len(seqs) < len(self.running) or bool(self.waiting and self.free_slots)  # later)
         k = self.policy.choose_k(len(seqs), acceptance, [limit for _, limit in eligible], lag, remaining, joining)
         ks = [min(k, limit) for limit in limits]
         begin = time.perf_counter()
@@ -243,6 +244,10 @@ class Scheduler:
         caught_up = (self.drafter.catch_up_seconds, self.drafter.catch_up_tokens) if any(ks) else (0.0, 0)
         drafting = sum(1 for k in ks if k)
         self._record_costs(len(seqs), drafting, max(ks), drafted - begin, verified - drafted, *caught_up)
+        log.debug(
+            "step: %d sequences, k = %d for %d (lag %d), draft %.3f s (catch-up %.3f s, %d tokens), verify %.3f s",
+            len(seqs), max(ks), drafting, lag, drafted - begin, *caught_up, verified - drafted,
+        )  # fmt: skip
         for seq, proposal, (accepted, next_token) in zip(seqs, proposals, verdicts, strict=True):
             seq.stats.time_draft += drafted - begin
             seq.stats.time_target += verified - drafted
