@@ -129,8 +129,9 @@ class DraftPolicy:
         """The k this step drafts. `acceptance` and `limits` (the most each may draft, >= 1) are those of the
         sequences that may draft; `lag_tokens` is what the draft must catch up on first, and `remaining_tokens`
         the most those sequences may still generate (None: unknown), each summed over them. `joining`: a prompt
-        is still prefilling, so a burst is starting; drafting for the sequences already decoding would only
-        finish them before the joining ones (the burst ends no sooner) and read their prompts into the draft."""
+        is still prefilling or waiting for a free slot, so a burst is starting; drafting for the sequences
+        already decoding would only finish them before the joining ones (the burst ends no sooner) and read
+        their prompts into the draft."""
         if not acceptance or self.mode == "never":
             return 0
         if self.mode == "always":

@@ -232,8 +232,10 @@ class Scheduler:
         acceptance = [self.policy.acceptance(seq.stats.accepted, seq.stats.rejected) for seq, _ in eligible]
         lag = sum(self.drafter.lag(seq.slot, seq.tokens) for seq, _ in eligible) if eligible else 0
         remaining = sum(self._tokens_left(seq) for seq, _ in eligible)
-        with self.cond:  # a prompt is still prefilling, or arrived (a burst's others come over HTTP a little
-            joining = len(seqs) < len(self.running) or bool(self.waiting and self.free_slots)  # later)
+        # a burst is starting: a prompt still prefills, or waits for a free slot (over HTTP a burst's later
+        # requests arrive while the first prefills, after this step's admission)
+        with self.cond:
+            joining = len(seqs) < len(self.running) or bool(self.waiting and self.free_slots)
         k = self.policy.choose_k(len(seqs), acceptance, [limit for _, limit in eligible], lag, remaining, joining)
         ks = [min(k, limit) for limit in limits]
         begin = time.perf_counter()
