@@ -29,6 +29,7 @@ from verispec import SpeculativeGenerator
 from verispec.sampling import SamplingParams
 from verispec.server import EngineRequest, FinishEvent, Scheduler, SchedulerConfig, TokenEvent
 from verispec.server.batching import CATCH_UP_WIDTH, BatchedDrafter, DraftJob, padded_forward
+from verispec.server.bench import LevelResult, median_interval, verdict
 from verispec.server.policy import DraftPolicy
 from verispec.testing import tiny_pair
 
@@ -397,6 +398,27 @@ def test_bench_serve_measures_both_modes_in_alternating_pairs(server, tmp_path):
         assert r["requests"] == 4 and r["tokens"] > 0 and len(r["run_tokens_per_second"]) == 2
         assert (r["draft_step_share"] > 0) == r["speculative"] and (r["mean_accepted_length"] > 1) == r["speculative"]
     assert done.stdout.count("(median of 2 pair(s) of runs: ") == 2
+    assert done.stdout.count("no verdict from 2 pair(s)") == 2
+
+
+def test_median_interval_is_the_sign_tests():
+    # n = 8: P(Binomial(8, 1/2) < 2) = 9/256, so [2nd, 7th] covers 1 - 18/256; [3rd, 6th] would cover only 71 %
+    assert median_interval([0.97, 1.05, 0.99, 1.02, 0.90, 1.01, 1.20, 0.98]) == (0.97, 1.05, 1 - 18 / 256)
+    assert median_interval([1.0, 2.0, 3.0, 4.0]) == (1.0, 4.0, 0.875)  # 4 pairs: nothing narrower reaches 90 %
+
+
+@pytest.mark.parametrize(
+    ("ratios", "share", "said"),
+    [
+        ([1.21, 1.25, 1.22, 1.30], 0.98, "FASTER (88% interval of the median 1.21-1.30)"),
+        ([0.97, 0.98, 0.95, 0.99, 0.96], 0.03, "SLOWER (94% interval of the median 0.95-0.99)"),
+        ([0.99, 1.01, 0.97, 1.00], 0.0, "level within the noise (88% interval of the median 0.97-1.01; on ran plain"),
+        ([0.95, 0.97, 0.99], 0.0, "no verdict from 3 pair(s)"),
+    ],
+)
+def test_bench_serve_verdict_needs_the_interval_to_exclude_one(ratios, share, said):
+    on = LevelResult(2, True, 4, 256, 30.0, 8.5, 14.0, 15.0, 1.0, share, [8.5] * len(ratios))
+    assert verdict(on, ratios).startswith(said)
 
 
 # ---- shutdown --------------------------------------------------------------------------------------------------

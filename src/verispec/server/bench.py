@@ -9,7 +9,9 @@ median of the pairs' ratios, each pair's, and the ratio of the totals. A shared 
 1.5x for a minute at a time; the two runs of a pair are seconds apart, so the median of the pairs' ratios
 is what compares the modes (the totals take every spell whole). Off runs first in every pair: an order
 that alternated (off on, on off, ...) put the same mode on both sides of a pair boundary, and one spell
-there hit it in two pairs.
+there hit it in two pairs. Each level ends with a verdict: faster or slower only where a distribution-free
+interval of the median ratio (the sign test's, >= 90 % where the pairs allow; 87.5 % from 4 pairs) lies wholly
+above or below 1, level within the noise otherwise (docs/server.md, "How never slower is judged").
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import signal
 import socket
@@ -272,6 +275,40 @@ def _row(r: LevelResult) -> str:
     )
 
 
+def median_interval(values: list[float], coverage: float = 0.90) -> tuple[float, float, float]:
+    """A distribution-free confidence interval for the median (the sign test's): [v(j), v(n+1-j)] of the sorted
+    values for the largest j whose coverage, 1 - 2 P(Binomial(n, 1/2) < j), is at least `coverage` (j = 1 when
+    none reaches it). Returns (low, high, the interval's coverage). Free of any assumption on the noise's shape,
+    which on a shared machine comes in spells, not in a bell."""
+    ordered, n = sorted(values), len(values)
+
+    def covered(j: int) -> float:
+        return 1 - 2 * sum(math.comb(n, i) for i in range(j)) / 2**n
+
+    j = 1
+    while 2 * (j + 1) <= n + 1 and covered(j + 1) >= coverage:
+        j += 1
+    return ordered[j - 1], ordered[n - j], covered(j)
+
+
+MIN_PAIRS_FOR_VERDICT = 4
+
+
+def verdict(on: LevelResult, ratios: list[float]) -> str:
+    """Faster or slower only when the interval of the pairs' ratios excludes 1; level otherwise."""
+    if len(ratios) < MIN_PAIRS_FOR_VERDICT:
+        return f"no verdict from {len(ratios)} pair(s) (--repeats {MIN_PAIRS_FOR_VERDICT} or more gives one)"
+    low, high, coverage = median_interval(ratios)
+    if low > 1:
+        said = "FASTER"
+    elif high < 1:
+        said = "SLOWER"
+    else:
+        said = "level within the noise"
+    same_work = "; on ran plain steps only, the same work as off" if on.draft_step_share == 0 else ""
+    return f"{said} ({coverage:.0%} interval of the median {low:.2f}-{high:.2f}{same_work})"
+
+
 def format_table(results: list[LevelResult]) -> str:
     lines = [HEADER, *(_row(r) for r in results), ""]
     for on in (r for r in results if r.speculative):
@@ -282,7 +319,7 @@ def format_table(results: list[LevelResult]) -> str:
             totals = on.tokens_per_second / off.tokens_per_second
             lines.append(
                 f"concurrency {on.concurrency}: speculation on / off = {statistics.median(pairs):.2f}x tokens/s "
-                f"(median of {len(pairs)} pair(s) of runs: {listed}; totals {totals:.2f}x)"
+                f"(median of {len(pairs)} pair(s) of runs: {listed}; totals {totals:.2f}x): {verdict(on, pairs)}"
             )
     return "\n".join(lines)
 
