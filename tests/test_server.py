@@ -27,7 +27,7 @@ import torch
 
 from verispec import SpeculativeGenerator
 from verispec.sampling import SamplingParams
-from verispec.server import EngineRequest, FinishEvent, Scheduler, SchedulerConfig, TokenEvent
+from verispec.server import EngineRequest, ErrorEvent, FinishEvent, Scheduler, SchedulerConfig, TokenEvent
 from verispec.server.batching import CATCH_UP_WIDTH, BatchedDrafter, DraftJob, padded_forward
 from verispec.server.bench import LevelResult, median_interval, verdict
 from verispec.server.policy import DraftPolicy
@@ -269,6 +269,10 @@ def test_eight_concurrent_streams_each_equal_their_solo_output(server, reference
     after = server.metrics()
     steps = sum(v - before.get(k, 0) for k, v in after.items() if k.startswith("verispec_scheduler_steps_total"))
     assert steps < len(PROMPTS) * MAX_TOKENS / 2, "requests were not batched together"
+    grew = lambda name: after[name] - before.get(name, 0)  # noqa: E731
+    tokens = grew("verispec_generation_tokens_total")
+    assert grew("verispec_time_to_first_token_seconds_count") == len(PROMPTS)
+    assert grew("verispec_inter_token_latency_seconds_count") == tokens - len(PROMPTS) > 0
 
 
 # ---- limits and bad input ------------------------------------------------------------------------------------------
@@ -301,6 +305,10 @@ def _error(response: httpx.Response, status: int, code: str | None = None, param
         ({"prompt": "hi " * MAX_MODEL_LEN}, 400, "context_length_exceeded", "prompt"),
         ({"prompt": "hi", "n": 2}, 400, "unsupported_parameter", "n"),
         ({"prompt": [10**9]}, 400, "invalid_value", "prompt"),
+        ({"prompt": "hi", "seed": 2**64}, 400, "invalid_value", None),  # beyond torch's: once failed all requests
+        ({"prompt": "hi", "stop": ["x"] * 17}, 422, None, "stop"),
+        ({"prompt": "hi", "tools": [{"type": "function"}]}, 400, "unsupported_parameter", "tools"),
+        ({"prompt": "hi", "response_format": {"type": "json_object"}}, 400, "unsupported_parameter", "response_format"),
     ],
 )
 def test_bad_completion_requests_get_openai_errors(server, body, status, code, param):
@@ -319,6 +327,20 @@ def test_bad_chat_requests_and_unknown_routes(server):
     _error(httpx.get(server.url + "/v1/nothing", timeout=30), 404)
     with pytest.raises(openai.BadRequestError):  # the official client sees a 400 for an unknown model
         server.client().chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
+
+
+@needs_smollm2
+def test_null_means_default_and_tiny_temperatures_decode_greedily(server):
+    """As in OpenAI's API, null stands for the default; a temperature of 1e-40 (logits / T would overflow to
+    NaN and once failed every running request) decodes greedily, as under 1e-5 in vLLM."""
+    base = {"prompt": PROMPTS[0], "max_tokens": 6}
+    post = lambda body: httpx.post(server.url + "/v1/completions", json=base | body, timeout=60)  # noqa: E731
+    greedy = post({"temperature": 0})
+    assert greedy.status_code == 200, greedy.text
+    for body in ({"temperature": 1e-40}, {"temperature": 0, "top_p": None, "n": None, "stream": None, "stop": None}):
+        response = post(body)
+        assert response.status_code == 200, response.text
+        assert response.json()["choices"][0]["text"] == greedy.json()["choices"][0]["text"]
 
 
 @needs_smollm2
@@ -529,6 +551,47 @@ def test_scheduler_greedy_outputs_equal_plain_decoding(policy, method, draft_voc
         assert len([e for e in streamed if e.token_id is not None]) == len(expected.token_ids)
     drafted = sum(e[-1].output.stats.drafted for e in events)
     assert (drafted == 0) == (policy == "never")
+
+
+def test_a_request_that_cannot_start_fails_alone(tiny):
+    """An error while admitting one request answers that request and frees its slot; the others go on."""
+    target, draft = tiny
+
+    class Broken(SamplingParams):
+        def make_generator(self):
+            raise RuntimeError("broken")
+
+    scheduler, events = Scheduler(target, draft, SchedulerConfig(max_num_seqs=2, max_model_len=64)), {}
+    for name, params in (("ok", SamplingParams()), ("broken", Broken())):
+        sink = lambda event, name=name: events.setdefault(name, []).append(event)  # noqa: E731
+        scheduler.submit(EngineRequest(name, target.tokenizer.encode("hello"), params, 8, sink))
+    scheduler.run_until_idle()
+    assert [type(e) for e in events["broken"]] == [ErrorEvent]
+    assert isinstance(events["ok"][-1], FinishEvent) and len(events["ok"][-1].output.token_ids) == 8
+    assert sorted(scheduler.free_slots) == [0, 1] and not scheduler.active
+
+
+STRICT_TEMPLATE = (  # raises as Mistral's or Gemma's templates do
+    "{% for m in messages %}{% if m.role not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('unknown role ' + m.role) }}{% endif %}{% if loop.first and m.role == 'assistant' %}"
+    "{{ raise_exception('conversations start with a user') }}{% endif %}{{ m.content }}{% endfor %}"
+)
+
+
+def test_messages_the_chat_template_refuses_get_a_400(tiny, monkeypatch):
+    from fastapi.testclient import TestClient
+
+    from verispec.server.app import ServerState, create_app
+
+    target, draft = tiny
+    monkeypatch.setattr(target.tokenizer.hf, "chat_template", STRICT_TEMPLATE)
+    scheduler = Scheduler(target, draft, SchedulerConfig(max_num_seqs=1, max_model_len=64))
+    with TestClient(create_app(ServerState(scheduler, "tiny"))) as client:
+        post = lambda messages: client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2})  # noqa: E731
+        refused = _error(post([{"role": "assistant", "content": "hi"}]), 400, "invalid_value", "messages")
+        assert "conversations start with a user" in refused["message"]
+        developer_first = post([{"role": "developer", "content": "be brief"}, {"role": "user", "content": "hi"}])
+        assert developer_first.status_code == 200, developer_first.text  # rendered as "system"
 
 
 def test_long_prompts_are_prefilled_in_chunks_between_decode_steps(tiny):

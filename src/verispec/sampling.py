@@ -13,10 +13,14 @@ import torch
 
 from .errors import InvalidParameterError
 
+GREEDY_BELOW = 1e-5  # temperatures under this decode greedily (vLLM's rule): logits / 1e-38 overflow float32
+SEED_RANGE = range(-(2**63), 2**64)  # what torch.Generator.manual_seed accepts
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 means greedy; top_k 0 and top_p 1 mean no filter; seed None means random."""
+    """temperature 0 (or under GREEDY_BELOW) means greedy; top_k 0 and top_p 1 mean no filter; seed None means
+    random."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -30,10 +34,12 @@ class SamplingParams:
             raise InvalidParameterError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise InvalidParameterError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if self.seed is not None and self.seed not in SEED_RANGE:
+            raise InvalidParameterError(f"seed must be in [-2**63, 2**64), got {self.seed}")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
     def make_generator(self) -> torch.Generator:
         generator = torch.Generator()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import ModelLoadError, TokenizerMismatchError
+from .errors import InvalidParameterError, ModelLoadError, TokenizerMismatchError
 
 # End-of-generation tokens that chat checkpoints use besides their declared eos (llama.cpp treats the
 # same texts as end-of-generation).
@@ -43,7 +43,12 @@ class Tokenizer:
     def render_chat(self, messages: list[dict]) -> str:
         if not self.hf.chat_template:
             raise ModelLoadError("this model has no chat template; drop --chat or pass a raw prompt")
-        return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        from jinja2 import TemplateError
+
+        try:
+            return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except TemplateError as exc:  # the template refuses these messages (roles out of order, ...)
+            raise InvalidParameterError(f"the model's chat template refuses these messages: {exc}") from None
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         return self.hf.encode(self.render_chat(messages), add_special_tokens=False)

@@ -157,18 +157,22 @@ def _encode_completion_prompt(state: ServerState, body: CompletionRequest) -> li
         raise ApiError(400, "prompt is empty", param="prompt", code="invalid_value")
     if isinstance(prompt, str):
         return state.scheduler.tokenizer.encode(prompt)
-    vocab = state.scheduler.target.model.config.vocab_size
+    vocab = state.scheduler.vocab_size
     if not all(0 <= t < vocab for t in prompt):
         raise ApiError(400, f"prompt token ids must be in [0, {vocab})", param="prompt", code="invalid_value")
     return list(prompt)
 
 
 def _encode_chat(state: ServerState, body: ChatCompletionRequest) -> list[int]:
-    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    # OpenAI's "developer" role is the newer name of "system", which is what chat templates know
+    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
     try:
         return state.scheduler.tokenizer.encode_chat(messages)
-    except ModelLoadError as exc:  # no chat template
-        raise ApiError(400, str(exc), param="messages", code="no_chat_template") from None
+    except ModelLoadError:
+        message = "this model has no chat template; send a raw prompt to /v1/completions"
+        raise ApiError(400, message, param="messages", code="no_chat_template") from None
+    except InvalidParameterError as exc:
+        raise ApiError(400, str(exc), param="messages", code="invalid_value") from None
 
 
 def _submit(

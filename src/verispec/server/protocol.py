@@ -1,8 +1,9 @@
 """Request and response bodies in OpenAI's shapes (pydantic), plus the OpenAI-style error.
 
-Requests are validated strictly (JSON types as OpenAI documents them: no "5" for 5); unknown fields are
-ignored, but known features verispec does not implement (n > 1, logprobs, penalties, ...) are refused
-with a 400 rather than silently dropped.
+Requests are validated strictly (JSON types as OpenAI documents them: no "5" for 5; null means the
+default, as in OpenAI's API); unknown fields are ignored, but known features verispec does not implement
+(n > 1, logprobs, penalties, tools, response formats, ...) are refused with a 400 rather than silently
+dropped.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from ..stats import GenerationStats
 
@@ -37,6 +38,14 @@ class ApiError(Exception):
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
+
+MAX_STOP_STRINGS = 16  # each is checked after every token, in the scheduler's thread (OpenAI allows 4)
+
 
 class StreamOptions(_Strict):
     include_usage: bool = False
@@ -49,7 +58,7 @@ class _GenerationRequest(_Strict):
     top_p: float = Field(default=1.0, gt=0, le=1)
     top_k: int = Field(default=0, ge=-1)  # extension (vLLM's); 0 or -1: off
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: str | list[str] | None = Field(default=None, max_length=MAX_STOP_STRINGS)
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -58,6 +67,10 @@ class _GenerationRequest(_Strict):
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    # features verispec lacks, recognised so that asking for them is refused rather than ignored
+    tools: list[Any] | None = None
+    functions: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
 
     def unsupported(self) -> tuple[str, str] | None:
         """(param, message) for a requested feature verispec lacks."""
@@ -68,6 +81,10 @@ class _GenerationRequest(_Strict):
             return param, "presence and frequency penalties are not supported"
         if self.logit_bias:
             return "logit_bias", "logit_bias is not supported"
+        if self.tools or self.functions:
+            return ("tools" if self.tools else "functions"), "tool and function calling are not supported"
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            return "response_format", "only the text response format is supported"
         return None
 
     def stop_list(self) -> list[str]:

@@ -116,6 +116,8 @@ class Scheduler:
             self.tokenizer.check_compatible(draft.tokenizer)
             limits.append(draft.model.config.max_position_embeddings)
         self.max_model_len = min(limits)
+        vocabs = [target.model.config.vocab_size] + ([draft.model.config.vocab_size] if draft is not None else [])
+        self.vocab_size = min(vocabs)  # token ids both models can embed
         self._allocate_caches(target, draft)
         mode = self.config.draft_policy if self.drafter is not None else "never"
         self.policy = DraftPolicy(k_max=self.config.num_speculative_tokens, mode=mode)
@@ -279,7 +281,20 @@ class Scheduler:
                     return
                 request = self.waiting.popleft()
                 slot = self.free_slots.pop(0)
-            self._start_sequence(request, slot)
+            try:
+                self._start_sequence(request, slot)
+            except Exception:  # this request alone fails; the running ones go on
+                log.exception("could not start request %s", request.request_id)
+                self._refuse(request, slot)
+
+    def _refuse(self, request: EngineRequest, slot: int) -> None:
+        with self.cond:
+            self.running.pop(slot, None)
+            self.free_slots.append(slot)
+            self.active.pop(request.request_id, None)
+            self._update_gauges()
+        self.metrics.record_finish("error", time.perf_counter() - request.arrival)
+        request.sink(ErrorEvent("internal error starting the request (see the server log)"))
 
     def _start_sequence(self, request: EngineRequest, slot: int) -> None:
         now = time.perf_counter()
