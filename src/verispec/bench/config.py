@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..errors import InvalidParameterError
 from ..generator import DEFAULT_DRAFT_VOCAB
+from ..sampling import GREEDY_BELOW
 
 # ngram: prompt lookup, no draft model; hybrid: prompt lookup where it matches, the draft model elsewhere;
 # auto-X: method X with k chosen each round from measured costs (adaptive.py), k from --k as the most
@@ -54,7 +55,7 @@ class BenchConfig:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
     @property
     def uses_draft(self) -> bool:
