@@ -285,16 +285,8 @@ class Scheduler:
                 self._start_sequence(request, slot)
             except Exception:  # this request alone fails; the running ones go on
                 log.exception("could not start request %s", request.request_id)
-                self._refuse(request, slot)
-
-    def _refuse(self, request: EngineRequest, slot: int) -> None:
-        with self.cond:
-            self.running.pop(slot, None)
-            self.free_slots.append(slot)
-            self.active.pop(request.request_id, None)
-            self._update_gauges()
-        self.metrics.record_finish("error", time.perf_counter() - request.arrival)
-        request.sink(ErrorEvent("internal error starting the request (see the server log)"))
+                self._free(request, slot, "error")
+                request.sink(ErrorEvent("internal error starting the request (see the server log)"))
 
     def _start_sequence(self, request: EngineRequest, slot: int) -> None:
         now = time.perf_counter()
@@ -410,11 +402,15 @@ class Scheduler:
         self._release(seq, reason)
 
     def _release(self, seq: Sequence, reason: str) -> None:
+        self._free(seq.request, seq.slot, reason)
+
+    def _free(self, request: EngineRequest, slot: int, reason: str) -> None:
+        """The request leaves (running or just admitted); its slot is free from the next step on."""
         with self.cond:
-            del self.running[seq.slot]
-            self.free_slots.append(seq.slot)
-            self.active.pop(seq.request.request_id, None)
-            self.metrics.record_finish(reason, time.perf_counter() - seq.request.arrival)
+            self.running.pop(slot, None)
+            self.free_slots.append(slot)
+            self.active.pop(request.request_id, None)
+            self.metrics.record_finish(reason, time.perf_counter() - request.arrival)
             self._update_gauges()
 
     def _fail_all(self, message: str) -> None:
