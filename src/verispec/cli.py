@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable
 
 from .errors import InvalidParameterError, VerispecError
@@ -141,13 +142,16 @@ def _generate(args: argparse.Namespace) -> int:
     if not prompt:
         raise InvalidParameterError("prompt is empty")
     request = [{"role": "user", "content": prompt}] if args.chat and prompt else prompt
+    begin = time.perf_counter()
     generator = build_generator(args)
+    load_seconds = time.perf_counter() - begin
     options = dict(
         max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         seed=args.seed, stop=args.stop,
     )  # fmt: skip
     spec = _stream_to_stdout(generator, request, options)
-    print(f"[speculative] {spec.stats.summary()}", file=sys.stderr)
+    label = "[plain]      " if generator.drafter is None else "[speculative]"
+    print(f"{label} {spec.stats.summary()} | load {load_seconds:.2f} s", file=sys.stderr)
     if args.compare:
         plain_generator = SpeculativeGenerator(
             target=generator.target, draft=None, max_seq_len=generator.max_seq_len, progress=False
@@ -178,13 +182,40 @@ def _stream_to_stdout(generator, request, options):
 COMMANDS["generate"] = (_generate_arguments, _generate)
 
 
+# subcommands registered by other modules, and the extra that installs what they import
+_EXTENSIONS = {"verispec.bench.cli": ("bench", "bench"), "verispec.server.cli": ("serve", "serve")}
+
+
 def _load_extensions() -> None:
-    for module in ("verispec.bench.cli", "verispec.server.cli"):
+    """Import the subcommand modules; one whose third-party imports are missing still gets its command,
+    which then says in one line what to install."""
+    for module, (command, extra) in _EXTENSIONS.items():
         try:
             __import__(module)
         except ModuleNotFoundError as exc:
-            if exc.name is None or not module.startswith(exc.name):
+            if exc.name is None or exc.name.split(".")[0] == "verispec":
                 raise
+            if command not in COMMANDS:
+                COMMANDS[command] = _missing_package_command(command, exc.name, extra)
+                _STUBS.add(command)
+
+
+_STUBS: set[str] = set()  # commands that only report a missing package (they accept any arguments)
+
+
+def _missing_package_command(command: str, package: str, extra: str):
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.description = f"(unavailable: needs the '{package}' package)"
+
+    def run(args: argparse.Namespace) -> int:
+        raise VerispecError(_install_hint(command, package, extra))
+
+    return add_arguments, run
+
+
+def _install_hint(command: str, package: str, extra: str | None = None) -> str:
+    fix = f'pip install "verispec[{extra}]"' if extra else f"pip install {package}"
+    return f"verispec {command} needs the Python package '{package}', which is not installed; fix: {fix}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,7 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name, (add_arguments, _) in COMMANDS.items():
         add_arguments(subparsers.add_parser(name))
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and args.command not in _STUBS:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if hasattr(args, "quantization"):
         args.quantization = resolve_quantization(args.quantization, args.device, dtype_chosen=args.dtype is not None)
         args.dtype = args.dtype or "float32"
@@ -201,6 +234,11 @@ def main(argv: list[str] | None = None) -> int:
         return COMMANDS[args.command][1](args)
     except VerispecError as exc:
         print(f"verispec: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:  # an optional package a command imports when it runs
+        if exc.name is None or exc.name.split(".")[0] == "verispec":
+            raise
+        print(f"verispec: error: {_install_hint(args.command, exc.name.split('.')[0])}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("verispec: interrupted", file=sys.stderr)
