@@ -12,7 +12,7 @@ import torch
 from verispec import SpeculativeGenerator
 from verispec.drafters import Proposal
 from verispec.sampling import SamplingParams, probs_from_logits
-from verispec.testing import tiny_config, tiny_loaded, tiny_model, tiny_pair, truncated_copy, word_tokenizer
+from verispec.testing import EOS_TEXT, tiny_config, tiny_loaded, tiny_model, tiny_pair, truncated_copy, word_tokenizer
 from verispec.tokenizer import Tokenizer
 
 from distributions import total_variation
@@ -108,7 +108,7 @@ def test_eos_inside_a_drafted_block_cuts_where_plain_decoding_does(pair):
     free_run = reference_greedy(target.model, prompt_ids, 40, set())
     stop_token = free_run[13]  # its first occurrence ends generation
     cut = free_run.index(stop_token)
-    tokenizer = Tokenizer(target.tokenizer.hf, extra_stop_ids=(stop_token,))
+    tokenizer = Tokenizer(target.tokenizer.raw, EOS_TEXT, extra_stop_ids=(stop_token,))
     clone = tiny_loaded(truncated_copy(target.model, 4), tokenizer)  # accepts all: EOS lands mid-block
     for drafter_model in (clone, tiny_loaded(draft.model, tokenizer)):
         generator = SpeculativeGenerator(

@@ -584,7 +584,7 @@ def test_messages_the_chat_template_refuses_get_a_400(tiny, monkeypatch):
     from verispec.server.app import ServerState, create_app
 
     target, draft = tiny
-    monkeypatch.setattr(target.tokenizer.hf, "chat_template", STRICT_TEMPLATE)
+    monkeypatch.setattr(target.tokenizer, "chat_template", STRICT_TEMPLATE)
     scheduler = Scheduler(target, draft, SchedulerConfig(max_num_seqs=1, max_model_len=64))
     with TestClient(create_app(ServerState(scheduler, "tiny"))) as client:
         post = lambda messages: client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2})  # noqa: E731

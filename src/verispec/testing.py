@@ -20,7 +20,6 @@ EOS_TEXT = "<eos>"
 def byte_tokenizer() -> Tokenizer:
     from tokenizers import Tokenizer as RawTokenizer
     from tokenizers import decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
@@ -28,9 +27,7 @@ def byte_tokenizer() -> Tokenizer:
     raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     raw.decoder = decoders.ByteLevel()
     raw.add_special_tokens([EOS_TEXT])
-    hf = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token=EOS_TEXT)
-    hf.chat_template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<assistant>"
-    return Tokenizer(hf)
+    return Tokenizer(raw, EOS_TEXT, "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<assistant>")
 
 
 def tiny_config(vocab_size: int = 257, hidden_size: int = 64, num_layers: int = 2, **overrides) -> ModelConfig:
@@ -94,10 +91,9 @@ def word_tokenizer(size: int) -> Tokenizer:
     """A tokenizer of `size` tokens: single letters 'a', 'b', ... and '<eos>' last (for exact-distribution tests)."""
     from tokenizers import Tokenizer as RawTokenizer
     from tokenizers import decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
 
     vocab = {chr(ord("a") + i): i for i in range(size - 1)} | {EOS_TEXT: size - 1}
     raw = RawTokenizer(models.WordLevel(vocab=vocab, unk_token=EOS_TEXT))
     raw.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     raw.decoder = decoders.Fuse()
-    return Tokenizer(PreTrainedTokenizerFast(tokenizer_object=raw, eos_token=EOS_TEXT))
+    return Tokenizer(raw, EOS_TEXT)

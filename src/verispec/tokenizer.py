@@ -1,7 +1,16 @@
-"""Tokenizer wrapper: encode, decode, chat template, stop tokens, and the draft/target compatibility check."""
+"""Tokenizer: encode, decode, chat template, stop tokens, and the draft/target compatibility check.
+
+The runtime tokenizer is the `tokenizers` library's (Rust) over a `tokenizer.json`, with the chat template
+rendered by jinja2 the way transformers renders it. transformers is imported only to read a tokenizer the
+first time (from GGUF metadata, or a Hugging Face folder); its import and JSON parsing cost seconds of
+start-up, the `tokenizers` load a tenth of a second.
+"""
 
 from __future__ import annotations
 
+import json
+from datetime import datetime
+from functools import lru_cache
 from pathlib import Path
 
 from .errors import InvalidParameterError, ModelLoadError, TokenizerMismatchError
@@ -9,19 +18,57 @@ from .errors import InvalidParameterError, ModelLoadError, TokenizerMismatchErro
 # End-of-generation tokens that chat checkpoints use besides their declared eos (llama.cpp treats the
 # same texts as end-of-generation).
 _END_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<|end_of_text|>")
+_CONFIG = "verispec_tokenizer.json"  # our settings beside tokenizer.json in a converted cache
+# transformers' optional clean-up of spaces before punctuation, for tokenizers whose config asks for it
+_CLEAN_UP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m"),
+             (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))  # fmt: skip
 
 
 class Tokenizer:
-    def __init__(self, hf_tokenizer, extra_stop_ids: tuple[int, ...] = ()):
-        self.hf = hf_tokenizer
-        vocab = hf_tokenizer.get_vocab()
-        self.vocab: dict[str, int] = vocab
-        stops = {hf_tokenizer.eos_token_id, *extra_stop_ids, *(vocab[t] for t in _END_TEXTS if t in vocab)}
+    """`raw` is a `tokenizers.Tokenizer`; the special-token strings are the model's (for the chat template)."""
+
+    def __init__(
+        self,
+        raw,
+        eos_token: str | None = None,
+        chat_template: str | None = None,
+        extra_stop_ids: tuple[int, ...] = (),
+        special_tokens: dict[str, str] | None = None,
+        clean_up_spaces: bool = False,
+    ):
+        self.raw = raw
+        self.eos_token = eos_token
+        self.chat_template = chat_template
+        self.special_tokens = {k: v for k, v in (special_tokens or {}).items() if v} | (
+            {"eos_token": eos_token} if eos_token else {}
+        )
+        self.clean_up_spaces = clean_up_spaces
+        self.extra_stop_ids = tuple(extra_stop_ids)
+        stops = {raw.token_to_id(t) for t in (eos_token, *_END_TEXTS) if t} | set(extra_stop_ids)
         self.stop_token_ids = frozenset(i for i in stops if i is not None)
 
+    @property
+    def vocab(self) -> dict[str, int]:
+        """token -> id, added tokens included (built on first use: a tenth of a second for 150k tokens)."""
+        return _vocab(self.raw)
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.raw.token_to_id(self.eos_token) if self.eos_token else None
+
+    # ---- reading and writing ----------------------------------------------------------------------
     @classmethod
-    def from_folder(cls, folder: Path, gguf_file: str | None = None, extra_stop_ids=()) -> Tokenizer:
-        from transformers import AutoTokenizer  # heavy import, only when a model is loaded
+    def from_hf(cls, hf, extra_stop_ids=()) -> Tokenizer:
+        """From a transformers fast tokenizer (its backend, special tokens and chat template)."""
+        special = {name: getattr(hf, name, None) for name in ("bos_token", "eos_token", "pad_token", "unk_token")}
+        template = hf.chat_template if isinstance(hf.chat_template, str) else None
+        clean_up = bool(getattr(hf, "clean_up_tokenization_spaces", False))
+        return cls(hf.backend_tokenizer, hf.eos_token, template, tuple(extra_stop_ids), special, clean_up)
+
+    @classmethod
+    def from_transformers(cls, folder: Path, gguf_file: str | None = None, extra_stop_ids=()) -> Tokenizer:
+        """Read a tokenizer with transformers: from GGUF metadata, or a Hugging Face folder."""
+        from transformers import AutoTokenizer  # heavy import, only when a tokenizer is read the first time
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()  # its Mistral-regex heuristic misfires on Qwen/SmolLM tokenizers
@@ -29,35 +76,65 @@ class Tokenizer:
             hf = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf_file, local_files_only=True)
         except Exception as exc:
             raise ModelLoadError(f"{folder}: cannot load its tokenizer ({type(exc).__name__}: {exc})") from None
-        return cls(hf, tuple(extra_stop_ids))
+        if not getattr(hf, "is_fast", False):
+            raise ModelLoadError(f"{folder}: only fast (tokenizer.json) tokenizers are supported")
+        return cls.from_hf(hf, extra_stop_ids)
 
     def save(self, folder: Path) -> None:
-        self.hf.save_pretrained(str(folder))
+        """tokenizer.json plus our settings; `load` reads them back without transformers."""
+        self.raw.save(str(folder / "tokenizer.json"))
+        settings = {
+            "eos_token": self.eos_token, "chat_template": self.chat_template, "special_tokens": self.special_tokens,
+            "clean_up_spaces": self.clean_up_spaces, "extra_stop_ids": list(self.extra_stop_ids),
+        }  # fmt: skip
+        (folder / _CONFIG).write_text(json.dumps(settings, indent=1))
 
+    @classmethod
+    def load(cls, folder: Path) -> Tokenizer:
+        """What `save` wrote. A target and its draft with identical tokenizer.json files share one parse."""
+        try:
+            raw = _parse((folder / "tokenizer.json").read_bytes())
+            settings = json.loads((folder / _CONFIG).read_text())
+            return cls(
+                raw, settings["eos_token"], settings["chat_template"], tuple(settings["extra_stop_ids"]),
+                settings["special_tokens"], settings["clean_up_spaces"],
+            )  # fmt: skip
+        except Exception as exc:
+            raise ModelLoadError(f"{folder}: cannot load its tokenizer ({type(exc).__name__}: {exc})") from None
+
+    # ---- text <-> ids ------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
-        return self.hf.encode(text, add_special_tokens=True)
+        return self.raw.encode(text, add_special_tokens=True).ids
 
     def decode(self, ids: list[int]) -> str:
-        return self.hf.decode(ids, skip_special_tokens=True)
+        text = self.raw.decode(list(ids), skip_special_tokens=True)
+        if self.clean_up_spaces:
+            for before, after in _CLEAN_UP:
+                text = text.replace(before, after)
+        return text
 
     def render_chat(self, messages: list[dict]) -> str:
-        if not self.hf.chat_template:
+        if not self.chat_template:
             raise ModelLoadError("this model has no chat template; drop --chat or pass a raw prompt")
         from jinja2 import TemplateError
 
         try:
-            return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            return _compile_template(self.chat_template).render(
+                messages=messages, tools=None, documents=None, add_generation_prompt=True, **self.special_tokens
+            )
         except TemplateError as exc:  # the template refuses these messages (roles out of order, ...)
             raise InvalidParameterError(f"the model's chat template refuses these messages: {exc}") from None
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
-        return self.hf.encode(self.render_chat(messages), add_special_tokens=False)
+        return self.raw.encode(self.render_chat(messages), add_special_tokens=False).ids
 
     def check_compatible(self, draft: Tokenizer) -> None:
         """Draft tokens must mean the same to the target: one token table must extend the other.
 
         Padded vocabulary sizes (151936 vs 152064 rows) do not matter; only the token tables do.
         """
+        if draft.raw is self.raw:
+            return
         small, large = sorted((self.vocab, draft.vocab), key=len)
         differing = [tok for tok, i in small.items() if large.get(tok) != i]
         if differing:
@@ -65,3 +142,43 @@ class Tokenizer:
                 f"draft and target tokenizers differ ({len(differing)} of {len(small)} tokens map to other "
                 f"ids, e.g. {differing[0]!r}); use a draft model from the target's family"
             )
+
+
+@lru_cache(maxsize=4)
+def _parse(definition: bytes):
+    from tokenizers import Tokenizer as RawTokenizer
+
+    return RawTokenizer.from_buffer(definition)
+
+
+_VOCABS: dict[int, tuple[object, dict[str, int]]] = {}
+
+
+def _vocab(raw) -> dict[str, int]:
+    """The token table, computed once per raw tokenizer (a 150k-token table takes a tenth of a second)."""
+    held = _VOCABS.get(id(raw))
+    if held is None or held[0] is not raw:
+        held = _VOCABS[id(raw)] = (raw, raw.get_vocab(with_added_tokens=True))
+    return held[1]
+
+
+@lru_cache(maxsize=16)
+def _compile_template(source: str):
+    """A chat template in the environment chat templates are written for (transformers' conventions: sandboxed,
+    trim_blocks and lstrip_blocks, loop controls, `tojson` keeping non-ASCII text, `raise_exception`,
+    `strftime_now`)."""
+    from jinja2 import TemplateError
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str):
+        raise TemplateError(message)
+
+    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(source)
