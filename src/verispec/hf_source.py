@@ -50,11 +50,13 @@ class HFSource:
             raise ModelLoadError(f"{folder}: no *.safetensors weight files")
         self.index = {key: h for h in self.handles for key in h.keys()}  # noqa: SIM118 (safe_open has no __iter__)
 
-    def fetch(self, name: str) -> torch.Tensor | None:
+    def fetch(self, name: str, rows: tuple[int, int] | None = None) -> torch.Tensor | None:
         layer, _, short = name.partition(".")
         key = f"model.layers.{layer}.{_LAYER_NAMES[short]}" if short else _GLOBAL_NAMES[name]
         handle = self.index.get(key)
-        return None if handle is None else handle.get_tensor(key)
+        if handle is None:
+            return None
+        return handle.get_tensor(key) if rows is None else handle.get_slice(key)[rows[0] : rows[1]]
 
 
 def _config_from_hf(raw: dict) -> ModelConfig:

@@ -1,12 +1,16 @@
 """Load a model and its tokenizer from a bundled name, a GGUF file or a Hugging Face folder.
 
-GGUF files are converted once (dequantized, q/k/v and gate/up fused) into a cache folder per dtype,
-so later loads map a safetensors file instead of dequantizing 1.5B weights again (~40 s -> seconds).
+GGUF files are converted once (dequantized or re-packed, q/k/v and gate/up fused) into a cache folder per
+weight format, one safetensors shard per part (embedding, head, norm, each layer), written part by part so
+that converting never holds the whole model in memory. Later loads memory-map the shards: start-up takes
+a fraction of a second and the pages the decode never reads (most of the embedding) are never loaded.
+A conversion is written to `<folder>.tmpPID` and renamed into place when complete; temporaries of
+processes that died are removed by the next conversion.
 """
 
 from __future__ import annotations
 
-import json
+import hashlib
 import os
 import shutil
 from dataclasses import dataclass
@@ -22,10 +26,10 @@ from .errors import InvalidParameterError, ModelLoadError
 from .model import Transformer
 from .quantize import ACTIVATION_DTYPE, QUANTIZATIONS
 from .tokenizer import Tokenizer
-from .weights import assemble_state_dict
+from .weights import assemble_state_dict, state_dict_parts
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_CONVERTED_FORMAT = 1  # bump when the converted layout changes
+_CONVERTED_FORMAT = 2  # bump when the converted layout changes
 
 
 @dataclass
@@ -98,48 +102,70 @@ def load_model(
 
 def _load_gguf_converted(path: Path, dtype: torch.dtype, progress: bool, quantization: str):
     folder = _converted_folder(path, dtype, quantization)
-    if not (folder / "model.safetensors").is_file():
+    if not (folder / "config.json").is_file():
         _convert_gguf(path, dtype, folder, progress, quantization)
     config = ModelConfig.from_json((folder / "config.json").read_text())
-    stop_ids = json.loads((folder / "stop_ids.json").read_text())
-    return config, load_file(folder / "model.safetensors"), Tokenizer.from_folder(folder, extra_stop_ids=stop_ids)
+    state: dict[str, torch.Tensor] = {}
+    for shard in sorted(folder.glob("*.safetensors")):
+        state |= load_file(shard)  # memory-mapped: pages are read as the model touches them
+    return config, state, Tokenizer.load(folder)
 
 
 def _converted_folder(path: Path, dtype: torch.dtype, quantization: str) -> Path:
-    stat = path.resolve().stat()
+    resolved = path.resolve()
+    stat = resolved.stat()
     form = str(dtype).removeprefix("torch.")
     if quantization != "none":  # PyTorch's int4 packing differs between CPU capabilities (AVX2, AVX-512)
         form = f"{quantization}-torch{torch.__version__}-{torch.backends.cpu.get_cpu_capability().lower()}"
-    key = f"{path.stem}-{stat.st_size}-{int(stat.st_mtime)}-{form}-v{_CONVERTED_FORMAT}"
+    where = hashlib.sha1(str(resolved).encode()).hexdigest()[:8]
+    key = f"{path.stem}-{where}-{stat.st_size}-{int(stat.st_mtime)}-{form}-v{_CONVERTED_FORMAT}"
     return bundled.cache_dir() / "converted" / key
 
 
 def _convert_gguf(path: Path, dtype: torch.dtype, folder: Path, progress: bool, quantization: str) -> None:
+    """Convert part by part into a temporary folder, renamed into place only when complete."""
     from .gguf_source import GGUFSource
 
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    bundled.remove_stale_temporaries(folder.parent)
     source = GGUFSource(path)
-    bar = tqdm(total=source.config.num_layers, desc=f"converting {path.name}", unit="layer", disable=not progress)
-    try:
-        state = assemble_state_dict(
-            source.config, source.fetch, dtype, lambda: bar.update(1), quantization, source.fetch_int4
-        )
-    except KeyError as missing:
-        raise ModelLoadError(f"{path}: GGUF file lacks tensor for {missing}") from None
-    finally:
-        bar.close()
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp.mkdir()
+    total = source.config.num_layers + 3
+    bar = tqdm(total=total, desc=f"converting {path.name}", unit="part", disable=not progress)
     try:
-        save_file(state, tmp / "model.safetensors")
-        (tmp / "config.json").write_text(source.config.to_json())
+        parts = state_dict_parts(source.config, source.fetch, dtype, quantization, source.fetch_int4, source.row_count)
+        for name, part in parts:
+            save_file(part, tmp / f"{name}.safetensors")
+            source.release_pages()
+            bar.update(1)
         eot = source.reader.fields.get("tokenizer.ggml.eot_token_id")
-        (tmp / "stop_ids.json").write_text(json.dumps([int(eot.contents())] if eot else []))
-        Tokenizer.from_folder(path.parent, gguf_file=path.name).save(tmp)
-        shutil.rmtree(folder, ignore_errors=True)
-        os.replace(tmp, folder)
+        stop_ids = (int(eot.contents()),) if eot else ()
+        Tokenizer.from_transformers(path.parent, gguf_file=path.name, extra_stop_ids=stop_ids).save(tmp)
+        (tmp / "config.json").write_text(source.config.to_json())  # written last: marks the folder complete
+        _remove_superseded(folder, path)
+        if not (folder / "config.json").is_file():  # else another process finished the same conversion first
+            shutil.rmtree(folder, ignore_errors=True)
+            os.replace(tmp, folder)
+    except KeyError as missing:
+        raise ModelLoadError(f"{path}: GGUF file lacks tensor for {missing}") from None
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"{path}: {exc}") from None
     finally:
+        bar.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _remove_superseded(folder: Path, path: Path) -> None:
+    """Conversions of the same file path made before it changed, and those of older converted formats."""
+    same_path = folder.name[: folder.name.index(f"-{path.stat().st_size}-") + 1]  # "<stem>-<path hash>-"
+    for other in folder.parent.iterdir():
+        if other == folder or ".tmp" in other.name or not other.is_dir():
+            continue
+        old_format = other.name.startswith(f"{path.stem}-") and not other.name.endswith(f"-v{_CONVERTED_FORMAT}")
+        if other.name.startswith(same_path) or old_format:
+            shutil.rmtree(other, ignore_errors=True)
 
 
 def _load_hf_folder(path: Path, dtype: torch.dtype, quantization: str):
@@ -150,4 +176,6 @@ def _load_hf_folder(path: Path, dtype: torch.dtype, quantization: str):
         state = assemble_state_dict(source.config, source.fetch, dtype, quantization=quantization)
     except KeyError as missing:
         raise ModelLoadError(f"{path}: checkpoint lacks the tensor for {missing}") from None
-    return source.config, state, Tokenizer.from_folder(path, extra_stop_ids=source.stop_ids)
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"{path}: {exc}") from None
+    return source.config, state, Tokenizer.from_transformers(path, extra_stop_ids=source.stop_ids)

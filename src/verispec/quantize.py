@@ -121,8 +121,13 @@ def select_rows(linear: QuantizedLinear, rows: torch.Tensor) -> QuantizedLinear:
     small = QuantizedLinear(linear.in_features, len(rows), linear.bits, bias=linear.bias is not None)
     picked = torch.cat([rows, rows[-1:].expand(_padded(len(rows)) - len(rows))])  # padding rows: any row
     if linear.bits == 4:
-        q = _unpack_int4(linear.qweight, linear.in_features).index_select(0, picked)
-        small.qweight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
+        # Packed blocks are independent: a leading run 0..m-1 of whole blocks is kept as packed, and only the
+        # rows after it are unpacked and packed again (a restricted draft head keeps its first 64k rows).
+        block = _int4_layout()[0]
+        same = int((picked == torch.arange(len(picked))).cumprod(0).sum()) // block * block
+        q = _unpack_rows_int4(linear.qweight, linear.in_features, picked[same:])
+        rest = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1) if len(q) else q
+        small.qweight = torch.cat([linear.qweight[:same], rest.to(linear.qweight.dtype)])
         small.qscales = linear.qscales.index_select(1, picked)
     else:
         small.qweight = linear.qweight.index_select(0, picked)
@@ -153,6 +158,22 @@ def _unpack_int4(packed: torch.Tensor, cols: int, layout: tuple[int, bool] | Non
         tail = packed[full:].reshape(cols, (rows - full) // 2)
         parts.append(torch.stack([tail & 15, tail >> 4], dim=2).reshape(cols, rows - full).t())
     return torch.cat(parts)
+
+
+def _unpack_rows_int4(packed: torch.Tensor, cols: int, rows: torch.Tensor) -> torch.Tensor:
+    """Rows `rows` of the [rows, cols] 0..15 values of `packed`, unpacking only the blocks that hold them."""
+    block = _int4_layout()[0]
+    count = packed.shape[0]
+    full = count // block * block
+    pieces: dict[int, torch.Tensor] = {}
+    for start in sorted({min(r // block * block, full) for r in rows.tolist()}):
+        stop = count if start == full else start + block
+        pieces[start] = _unpack_int4(packed[start:stop], cols)
+    if not pieces:
+        return packed.new_empty(0, cols)
+    return torch.stack(
+        [pieces[min(r // block * block, full)][r - min(r // block * block, full)] for r in rows.tolist()]
+    )
 
 
 _LAYOUTS = ((64, True), (32, True), (32, False))
@@ -187,6 +208,18 @@ def quantized_entries(parts: list[torch.Tensor | Int4Weight], mode: str) -> dict
     if mode == "int4-all" and dense.shape[1] % GROUP == 0:
         return _pack_int4(_int4_round_to_nearest(dense))
     return _pack_int8(dense)
+
+
+def concat_quantized(pieces: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """One QuantizedLinear's buffers from those of consecutive row ranges (each a multiple of 64 rows but the
+    last): the int4 packer works in independent blocks of at most 64 rows, so this equals packing all at once."""
+    if len(pieces) == 1:
+        return pieces[0]
+    int4 = pieces[0]["qweight"].dtype == torch.uint8
+    return {
+        "qweight": torch.cat([p["qweight"] for p in pieces]),
+        "qscales": torch.cat([p["qscales"] for p in pieces], dim=1 if int4 else 0),
+    }
 
 
 def _int4_round_to_nearest(w: torch.Tensor) -> Int4Weight:
