@@ -20,12 +20,12 @@ def measured(k_max: int, target: dict[int, float], draft: float, accepted_of: tu
     return adaptive
 
 
-def test_first_rounds_measure_the_longest_draft_then_plain_decoding():
+def test_first_rounds_measure_plain_decoding_then_the_longest_draft():
     adaptive = AdaptiveK(4)
-    assert adaptive.choose() == 4
-    adaptive.record(4, 4, 0.04, 0.2)
     assert adaptive.choose() == 0
     adaptive.record(0, 0, 0.0, 0.1)
+    assert adaptive.choose() == 4
+    adaptive.record(4, 4, 0.04, 0.2)
     assert adaptive.choose() in range(5)
 
 

@@ -11,8 +11,9 @@ carry over from one prompt to the next): a is a decayed count of accepted and re
 are averages over the last few rounds: T(n) a median (one round slowed by other load must not flip a
 decision), d a mean (a hybrid drafter mixes free lookups with model steps, and the mean is the cost). An
 unmeasured T(n) is interpolated linearly between measured neighbours. The first rounds measure the
-extremes (k_max, then plain decoding); every `probe_every` rounds the choice's neighbours are tried, so
-the times follow the machine and a decision can move.
+extremes (plain decoding, so that the first token comes after one target step, then k_max); every
+`probe_every` rounds the choice's neighbours are tried, so the times follow the machine and a decision
+can move.
 
 None of this touches which tokens are emitted: any k gives the target's output (greedy) or its
 distribution (sampling), so the controller only moves speed.
@@ -39,10 +40,10 @@ class AdaptiveK:
     # ---- decisions --------------------------------------------------------------------------------
     def choose(self) -> int:
         self.rounds += 1
+        if not self.target_time[1]:
+            return 0  # plain first: the first token then streams after a single target step
         if not self.target_time[self.k_max + 1]:
             return self.k_max
-        if not self.target_time[1]:
-            return 0
         best = max(range(self.k_max + 1), key=self.expected_rate)
         if self.rounds % self.probe_every == 0:
             step = 1 if (self.rounds // self.probe_every) % 2 else -1

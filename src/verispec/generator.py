@@ -178,6 +178,7 @@ class SpeculativeGenerator:
         tokens = list(prompt_ids)
         start = time.perf_counter()
         self._prefill(tokens, stats)
+        drafter_ready = self.drafter is None
         while not stopper.finished:
             room = self.max_seq_len - len(tokens)
             if room < 0:
@@ -186,6 +187,8 @@ class SpeculativeGenerator:
             k = min(self.num_speculative_tokens, room, stopper.max_tokens - len(stopper.token_ids) - 1)
             if self.adaptive is not None:
                 k = min(k, self.adaptive.choose())
+            if k > 0 and not drafter_ready:
+                drafter_ready = self._prefill_drafter(prompt_ids, stats)
             proposal, draft_seconds = self._propose(tokens, k, params, rng, stats)
             (accepted, next_token), target_seconds = self._verify(tokens, proposal, params, rng, stats)
             drafted = proposal.tokens.shape[0]
@@ -203,19 +206,27 @@ class SpeculativeGenerator:
                     yield StreamChunk(piece, None if is_stop_token else token)
                 if stopper.finished:
                     break
+            if not drafter_ready and not stopper.finished:  # after the first token has streamed
+                drafter_ready = self._prefill_drafter(prompt_ids, stats)
         stats.time_total = time.perf_counter() - start
         text = stopper.text
         output = GenerationOutput(text, list(stopper.token_ids), stopper.finish_reason or "length", stats, prompt_ids)
         yield StreamChunk("", None, output)
 
     def _prefill(self, tokens: list[int], stats: GenerationStats) -> None:
+        """The target's prefill. The drafter's comes after the first token (with adaptive k the first round is
+        a plain step, so the first token streams without waiting for the draft model)."""
         begin = time.perf_counter()
         self.target_cache.set_length(0, 0)
         if len(tokens) > 1:
             self._target_forward(tokens[:-1], num_logits=1, invariant=False)
-        if self.drafter is not None:
-            self.drafter.reset(tokens)
         stats.time_prefill = time.perf_counter() - begin
+
+    def _prefill_drafter(self, prompt_ids: list[int], stats: GenerationStats) -> bool:
+        begin = time.perf_counter()
+        self.drafter.reset(prompt_ids)
+        stats.time_prefill += time.perf_counter() - begin
+        return True
 
     def _propose(self, tokens, k, params, rng, stats) -> tuple[Proposal, float]:
         if k <= 0 or self.drafter is None:

@@ -134,7 +134,10 @@ class Transformer(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        embed = torch.empty(config.vocab_size, config.hidden_size)
+        if embed.device.type != "meta":  # on meta (loading), initialising would import torch._dynamo: ~1 s
+            nn.init.normal_(embed)
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size, _weight=embed)
         self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = (
