@@ -4,7 +4,7 @@ its largest process (`--max-rss-mib` fails the run above that). Its output is pa
 from __future__ import annotations
 
 import argparse
-import resource
+import os
 import subprocess
 import sys
 import time
@@ -23,9 +23,10 @@ def main() -> int:
     first_byte = time.perf_counter() - begin
     rest = child.stdout.read()
     stderr = child.stderr.read().decode(errors="replace")
-    code = child.wait()
+    _, status, usage = os.wait4(child.pid, 0)  # this child's own figures (and its descendants')
+    code = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - begin
-    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    rss = usage.ru_maxrss / 1024
     sys.stdout.write((first + rest).decode(errors="replace"))
     sys.stdout.write("".join(line.rsplit("\r", 1)[-1] + "\n" for line in stderr.splitlines()[-12:]))
     figures = f"first stdout byte {first_byte:.2f} s | wall {wall:.1f} s | peak RSS {rss:.0f} MiB"
