@@ -49,10 +49,16 @@ def test_different_tokenizers_are_refused(pair):
         SpeculativeGenerator(target, smol)
 
 
-@pytest.fixture(scope="module")
-def int4_pair():
+@pytest.fixture(scope="module", params=[("int4", "int4-all"), ("gguf", "gguf")], ids=["int4", "gguf"])
+def int4_pair(request):
+    """The quantized formats whose kernels keep rows independent: PyTorch's int4, and the native kernels on the
+    GGUF blocks as stored."""
     require_bundled()
-    return load_model("target", quantization="int4"), load_model("draft", quantization="int4-all")
+    from verispec.kernels import native
+
+    if request.param[0] == "gguf" and not native.available():
+        pytest.skip("native kernels not compiled")
+    return load_model("target", quantization=request.param[0]), load_model("draft", quantization=request.param[1])
 
 
 def _step_and_block_logits(model, ids: list[int], block: int):

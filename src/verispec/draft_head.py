@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .kernels.linear import NativeLinear
 from .model import Transformer
 from .quantize import QuantizedLinear, select_rows
 
@@ -61,6 +62,8 @@ def restricted_head(model: Transformer, ids: torch.Tensor) -> nn.Module:
     head = model.lm_head
     if isinstance(head, QuantizedLinear):
         return select_rows(head, ids)
+    if isinstance(head, NativeLinear):
+        return head.select_rows(ids)
     weight = model.embed.weight if head is None else head.weight
     small = nn.Linear(weight.shape[1], len(ids), bias=head is not None and head.bias is not None)
     small.weight = nn.Parameter(weight.detach()[ids])

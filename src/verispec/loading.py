@@ -10,7 +10,6 @@ processes that died are removed by the next conversion.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from tqdm import tqdm
 
 from . import bundled
 from .config import ModelConfig
+from .converted import converted_folder, remove_superseded
 from .errors import InvalidParameterError, ModelLoadError
 from .model import Transformer
 from .quantize import ACTIVATION_DTYPE, QUANTIZATIONS
@@ -29,7 +29,6 @@ from .tokenizer import Tokenizer
 from .weights import assemble_state_dict, state_dict_parts
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_CONVERTED_FORMAT = 2  # bump when the converted layout changes
 
 
 @dataclass
@@ -75,6 +74,8 @@ def load_model(
     torch_dtype, torch_device = resolve_dtype(dtype), resolve_device(device)
     if quantization not in QUANTIZATIONS:
         raise InvalidParameterError(f"unknown quantization '{quantization}' (choose from {', '.join(QUANTIZATIONS)})")
+    if quantization == "gguf" and torch_device.type != "cpu":
+        raise InvalidParameterError("gguf quantization runs on the native CPU kernels; use --device cpu")
     if quantization != "none":
         if torch_device.type != "cpu":
             raise InvalidParameterError("int4/int8 quantization runs on the CPU kernels; use --device cpu")
@@ -88,6 +89,16 @@ def load_model(
             raise ModelLoadError(f"model path does not exist: {path}")
         if not os.access(path, os.R_OK):
             raise ModelLoadError(f"model path is not readable: {path}")
+    if quantization == "gguf":
+        from .gguf_native import load_native
+        from .kernels import native
+
+        loaded = None
+        if path.is_file() and native.available():
+            loaded = load_native(path, converted_folder(path, "gguf-tiles"))
+        if loaded is not None:
+            return LoadedModel(text, path, *loaded)
+        quantization = "int4"  # not a GGUF file, or block types without a native kernel: PyTorch's kernels
     if path.is_dir():
         config, state, tokenizer = _load_hf_folder(path, torch_dtype, quantization)
     else:
@@ -100,8 +111,15 @@ def load_model(
     return LoadedModel(text, path, model.to(torch_device).eval(), tokenizer)
 
 
+def _weight_form(dtype: torch.dtype, quantization: str) -> str:
+    form = str(dtype).removeprefix("torch.")
+    if quantization != "none":  # PyTorch's int4 packing differs between CPU capabilities (AVX2, AVX-512)
+        form = f"{quantization}-torch{torch.__version__}-{torch.backends.cpu.get_cpu_capability().lower()}"
+    return form
+
+
 def _load_gguf_converted(path: Path, dtype: torch.dtype, progress: bool, quantization: str):
-    folder = _converted_folder(path, dtype, quantization)
+    folder = converted_folder(path, _weight_form(dtype, quantization))
     if not (folder / "config.json").is_file():
         _convert_gguf(path, dtype, folder, progress, quantization)
     config = ModelConfig.from_json((folder / "config.json").read_text())
@@ -109,17 +127,6 @@ def _load_gguf_converted(path: Path, dtype: torch.dtype, progress: bool, quantiz
     for shard in sorted(folder.glob("*.safetensors")):
         state |= load_file(shard)  # memory-mapped: pages are read as the model touches them
     return config, state, Tokenizer.load(folder)
-
-
-def _converted_folder(path: Path, dtype: torch.dtype, quantization: str) -> Path:
-    resolved = path.resolve()
-    stat = resolved.stat()
-    form = str(dtype).removeprefix("torch.")
-    if quantization != "none":  # PyTorch's int4 packing differs between CPU capabilities (AVX2, AVX-512)
-        form = f"{quantization}-torch{torch.__version__}-{torch.backends.cpu.get_cpu_capability().lower()}"
-    where = hashlib.sha1(str(resolved).encode()).hexdigest()[:8]
-    key = f"{path.stem}-{where}-{stat.st_size}-{int(stat.st_mtime)}-{form}-v{_CONVERTED_FORMAT}"
-    return bundled.cache_dir() / "converted" / key
 
 
 def _convert_gguf(path: Path, dtype: torch.dtype, folder: Path, progress: bool, quantization: str) -> None:
@@ -144,7 +151,7 @@ def _convert_gguf(path: Path, dtype: torch.dtype, folder: Path, progress: bool, 
         stop_ids = (int(eot.contents()),) if eot else ()
         Tokenizer.from_transformers(path.parent, gguf_file=path.name, extra_stop_ids=stop_ids).save(tmp)
         (tmp / "config.json").write_text(source.config.to_json())  # written last: marks the folder complete
-        _remove_superseded(folder, path)
+        remove_superseded(folder, path)
         if not (folder / "config.json").is_file():  # else another process finished the same conversion first
             shutil.rmtree(folder, ignore_errors=True)
             os.replace(tmp, folder)
@@ -155,17 +162,6 @@ def _convert_gguf(path: Path, dtype: torch.dtype, folder: Path, progress: bool, 
     finally:
         bar.close()
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _remove_superseded(folder: Path, path: Path) -> None:
-    """Conversions of the same file path made before it changed, and those of older converted formats."""
-    same_path = folder.name[: folder.name.index(f"-{path.stat().st_size}-") + 1]  # "<stem>-<path hash>-"
-    for other in folder.parent.iterdir():
-        if other == folder or ".tmp" in other.name or not other.is_dir():
-            continue
-        old_format = other.name.startswith(f"{path.stem}-") and not other.name.endswith(f"-v{_CONVERTED_FORMAT}")
-        if other.name.startswith(same_path) or old_format:
-            shutil.rmtree(other, ignore_errors=True)
 
 
 def _load_hf_folder(path: Path, dtype: torch.dtype, quantization: str):

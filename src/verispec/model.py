@@ -165,11 +165,11 @@ class Transformer(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed.weight.dtype
+        return self.norm.weight.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.embed.weight.device
+        return self.norm.weight.device
 
     def new_cache(self, num_slots: int = 1, max_len: int | None = None) -> KVCache:
         """On the CPU the cache holds float32 whatever the weights: small bfloat16 matmuls are slow there

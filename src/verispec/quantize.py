@@ -25,15 +25,21 @@ from gguf.quants import Q4_K
 from torch import nn
 
 GROUP = 32
-QUANTIZATIONS = ("none", "int8", "int4", "int4-all")
+# gguf: the GGUF file's own blocks on verispec's native kernels (kernels/); the others PyTorch's kernels
+QUANTIZATIONS = ("none", "int8", "int4", "int4-all", "gguf")
 
 
 def resolve_quantization(name: str, device: str | None, dtype_chosen: bool) -> str:
-    """'auto': int4 on the CPU (these are CPU kernels) unless a dtype was asked for; none elsewhere."""
+    """'auto' on the CPU, unless a dtype was asked for: gguf where the native kernels were compiled, else int4;
+    none elsewhere."""
     if name != "auto":
         return name
     on_cpu = device in (None, "cpu") or (device == "auto" and not torch.cuda.is_available())
-    return "int4" if on_cpu and not dtype_chosen else "none"
+    if not on_cpu or dtype_chosen:
+        return "none"
+    from .kernels import native
+
+    return "gguf" if native.available() else "int4"
 
 
 def default_draft_quantization(target: str) -> str:

@@ -1,0 +1,175 @@
+"""Load a GGUF model onto the native kernels: the weights are the file's own blocks, memory-mapped.
+
+Nothing is converted. The first load reads the file's metadata once (the `gguf` package takes seconds over
+a 150k-token vocabulary) and caches what later loads need in a small folder: the model's shape, its
+tokenizer, and an index of its tensors (type, shape, offset). That first load also checks every block's
+float16 scales (the only fields of a quantized block that can hold NaN or infinity) and refuses a damaged
+file naming the tensor. Later loads map the file and build the model in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import bundled
+from .config import ModelConfig
+from .converted import remove_superseded
+from .errors import ModelLoadError
+from .kernels import native
+from .kernels.linear import GGUFEmbedding, NativeLinear
+from .model import Transformer
+from .tokenizer import Tokenizer
+
+_FLOAT_TYPES = {0: np.float32, 1: np.float16}  # F32, F16: 1-D tensors (norms, biases) and their element type
+_HALF_FIELDS = {2: (18, (0,)), 3: (20, (0, 2)), 6: (22, (0,)), 8: (34, (0,)), 12: (144, (0, 2)), 14: (210, (208,))}
+
+
+def load_native(path: Path, folder: Path) -> tuple[Transformer, Tokenizer] | None:
+    """The model on the native kernels, or None when a matrix has a block type without a kernel.
+    `folder`: where the index of this file is cached (see loading._converted_folder)."""
+    if not (folder / "config.json").is_file():
+        _write_index(path, folder)
+    config = ModelConfig.from_json((folder / "config.json").read_text())
+    index = json.loads((folder / "tensors.json").read_text())
+    matrices = [entry["type"] for entry in index["tensors"].values() if len(entry["shape"]) > 1]
+    if any(qtype not in native.QUANT_TYPES for qtype in matrices):
+        return None
+    data = np.memmap(path, mode="c")  # copy-on-write: writable views for torch; the file is never written
+    tiles = np.memmap(folder / "tiles.bin", mode="c") if (folder / "tiles.bin").stat().st_size else None
+    native.claim_threads()
+    model = _build(config, index, data, tiles)
+    return model, Tokenizer.load(folder)
+
+
+def _build(config: ModelConfig, index: dict, data: np.memmap, tiles: np.memmap | None) -> Transformer:
+    arch = index["architecture"]
+
+    def raw_rows(name: str, permute_heads: int | None = None) -> tuple[int, torch.Tensor]:
+        entry = index["tensors"][name]
+        qtype, rows = entry["type"], entry["shape"][-1] if len(entry["shape"]) > 1 else 1
+        weight = torch.from_numpy(data[entry["offset"] : entry["offset"] + entry["bytes"]].reshape(rows, -1))
+        if permute_heads is not None:
+            weight = _undo_rope_permutation(weight, permute_heads).contiguous()
+        return qtype, weight
+
+    def part(name: str, permute_heads: int | None = None) -> tuple[tuple[int, torch.Tensor], tuple | None]:
+        """(the GGUF rows, their cached tile form or None)"""
+        tile = index["tensors"][name].get("tile")
+        cached = None
+        if tile is not None and tiles is not None:
+            cached = (tile["type"], torch.from_numpy(tiles[tile["offset"] : tile["offset"] + tile["bytes"]]))
+        return raw_rows(name, permute_heads), cached
+
+    def linear(names: list[str], in_features: int, bias=None, heads=None) -> NativeLinear:
+        made = [part(name, heads[i] if heads else None) for i, name in enumerate(names)]
+        return NativeLinear(in_features, [m[0] for m in made], bias, [m[1] for m in made])
+
+    def floats(name: str, permute_heads: int | None = None) -> torch.Tensor:
+        entry = index["tensors"][name]
+        raw = data[entry["offset"] : entry["offset"] + entry["bytes"]].view(_FLOAT_TYPES[entry["type"]])
+        values = torch.from_numpy(raw.astype(np.float32))
+        return values if permute_heads is None else _undo_rope_permutation(values, permute_heads).contiguous()
+
+    rope = arch in {"llama", "mistral"}  # llama.cpp permuted these architectures' q and k rows
+    q_heads, k_heads = (config.num_heads, config.num_kv_heads) if rope else (None, None)
+    with torch.device("meta"):
+        model = Transformer(config)
+    state = {"norm.weight": floats("output_norm.weight")}
+    hidden = config.hidden_size
+    for i, block in enumerate(model.layers):
+        p = f"blk.{i}."
+        bias = torch.cat([floats(p + "attn_q.bias", q_heads), floats(p + "attn_k.bias", k_heads),
+                          floats(p + "attn_v.bias")]) if config.qkv_bias else None  # fmt: skip
+        qkv = [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
+        block.attn.wqkv = linear(qkv, hidden, bias, [q_heads, k_heads, None])
+        block.attn.wo = linear([p + "attn_output.weight"], config.num_heads * config.head_size)
+        block.mlp.w_gate_up = linear([p + "ffn_gate.weight", p + "ffn_up.weight"], hidden)
+        block.mlp.w_down = linear([p + "ffn_down.weight"], config.intermediate_size)
+        block.attn.batch_invariant = True  # decode and verify passes attend per query: greedy stays identical
+        state[f"layers.{i}.attn_norm.weight"] = floats(p + "attn_norm.weight")
+        state[f"layers.{i}.mlp_norm.weight"] = floats(p + "ffn_norm.weight")
+        if bias is not None:
+            state[f"layers.{i}.attn.wqkv.bias"] = block.attn.wqkv.bias
+    embed_type, embed = raw_rows("token_embd.weight")
+    model.embed = GGUFEmbedding(embed_type, embed, hidden)
+    head = "output.weight" if "output.weight" in index["tensors"] else "token_embd.weight"
+    model.lm_head = linear([head], hidden)
+    model.load_state_dict(state, assign=True, strict=True)
+    return model.eval()
+
+
+def _undo_rope_permutation(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """llama.cpp's converter interleaves each head's rotary halves for Llama; restore HF's row order."""
+    rest = weight.shape[1:]
+    return weight.reshape(heads, weight.shape[0] // heads // 2, 2, *rest).transpose(1, 2).reshape(weight.shape)
+
+
+def _write_index(path: Path, folder: Path) -> None:
+    from .gguf_source import GGUFSource
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    bundled.remove_stale_temporaries(folder.parent)
+    source = GGUFSource(path)
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        tensors = _write_tiles(path, source, tmp / "tiles.bin")
+        index = {"architecture": source.arch, "tensors": tensors}
+        (tmp / "tensors.json").write_text(json.dumps(index))
+        eot = source.reader.fields.get("tokenizer.ggml.eot_token_id")
+        stop_ids = (int(eot.contents()),) if eot else ()
+        Tokenizer.from_transformers(path.parent, gguf_file=path.name, extra_stop_ids=stop_ids).save(tmp)
+        (tmp / "config.json").write_text(source.config.to_json())  # written last: marks the folder complete
+        remove_superseded(folder, path)
+        if not (folder / "config.json").is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            os.replace(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_tiles(path: Path, source, out: Path) -> dict:
+    """The index of every tensor, checking each; matrices with a tile form are repacked into `out`."""
+    tensors = {}
+    with open(out, "wb") as tiles:
+        for tensor in source.reader.tensors:
+            entry = {"type": int(tensor.tensor_type), "shape": [int(d) for d in tensor.shape],
+                     "offset": int(tensor.data_offset), "bytes": int(tensor.n_bytes)}  # fmt: skip
+            _check_finite(path, tensor.name, entry)
+            if len(entry["shape"]) == 2 and not _rope_permuted(source.arch, tensor.name):
+                rows = torch.from_numpy(np.array(tensor.data).reshape(entry["shape"][1], -1))  # a writable copy
+                tiled = native.repack(entry["type"], rows, entry["shape"][0])
+                if tiled is not None:
+                    tiles.write(b"\0" * (-tiles.tell() % 64))  # 64-byte aligned
+                    entry["tile"] = {"type": tiled[0], "offset": tiles.tell(), "bytes": tiled[1].numel()}
+                    tiles.write(tiled[1].numpy().tobytes())
+            tensors[tensor.name] = entry
+            source.release_pages()
+    return tensors
+
+
+def _rope_permuted(arch: str, name: str) -> bool:
+    """Tensors whose rows the loader permutes (their tile form is made after the permutation, at load)."""
+    return arch in {"llama", "mistral"} and name.endswith(("attn_q.weight", "attn_k.weight"))
+
+
+def _check_finite(path: Path, name: str, entry: dict) -> None:
+    """A quantized block's integers are always finite: only its float16 scales can be NaN or infinite."""
+    data = np.memmap(path, mode="r", offset=entry["offset"], shape=(entry["bytes"],))
+    if entry["type"] in _FLOAT_TYPES:
+        values = data.view(_FLOAT_TYPES[entry["type"]])
+    elif entry["type"] in _HALF_FIELDS:
+        size, offsets = _HALF_FIELDS[entry["type"]]
+        blocks = data.reshape(-1, size)
+        values = np.concatenate([blocks[:, o : o + 2].copy().view(np.float16).reshape(-1) for o in offsets])
+    else:
+        return
+    if not np.isfinite(values).all():
+        raise ModelLoadError(f"{path}: weight '{name}' holds NaN or infinite values: the model file is damaged")

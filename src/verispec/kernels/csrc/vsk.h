@@ -1,0 +1,60 @@
+/* verispec kernels: quantized matrix products over GGUF blocks as they are stored.
+ *
+ * y[m][n] = sum_k x[m][k] * W[n][k] for M activation rows (M small: a decode step, a verify pass, or a slice
+ * of a prefill) and N weight rows stored in one GGUF block type. Activations are first quantized per row to
+ * 8-bit blocks (vsk_act32 for the 32-weight block types, vsk_act256 for the 256-weight K-quants).
+ *
+ * Rules every path keeps:
+ *  - one sweep over the weights serves all M rows: a weight block is loaded and unpacked once, then dotted
+ *    with every row;
+ *  - row independence: each y[m][n] is summed in one fixed order (block by block along K) that depends on
+ *    neither M nor the other rows' values; threads split the N weight rows, never the sum.
+ */
+#ifndef VSK_H
+#define VSK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* GGML tensor type ids (ggml.h) of the types with a native kernel */
+enum {
+    VSK_F32 = 0, VSK_F16 = 1, VSK_Q4_0 = 2, VSK_Q4_1 = 3, VSK_Q5_0 = 6, VSK_Q8_0 = 8,
+    VSK_Q4_K = 12, VSK_Q6_K = 14, VSK_BF16 = 30,
+};
+
+/* tile formats (vsk_tiles.c): Q4_K and Q6_K repacked losslessly, 16 weight rows interleaved */
+enum { VSK_T4_K = 112, VSK_T6_K = 114 };
+
+enum { VSK_ISA_SCALAR = 0, VSK_ISA_AVX2 = 1, VSK_ISA_AVX512 = 2 };
+
+/* quantized activations: q[i] * d ~ x[i]; half[h] = sum of q[16h .. 16h+15] (the offset and minimum terms) */
+typedef struct {
+    float d;
+    int16_t half[2];
+    int8_t q[32];
+} vsk_act32;
+
+/* bsum[j] = sum of q[16j .. 16j+15] (the K-quants' per-sub-block offset terms) */
+typedef struct {
+    float d;
+    int16_t bsum[16];
+    int8_t q[256];
+} vsk_act256;
+
+/* one path's kernel: W rows [n0, n1) of `row_bytes` bytes each, against M quantized rows `xq` (stride
+ * `x_stride` bytes), into y[m * ldy + n] */
+typedef void (*vsk_kernel)(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
+                           size_t x_stride, int M, float *y, int ldy);
+
+/* per path: the kernel of a weight type, or NULL when that path lacks it */
+vsk_kernel vsk_kernel_scalar(int type);
+vsk_kernel vsk_tile_kernel_scalar(int type);
+vsk_kernel vsk_tile_kernel_avx2(int type);
+vsk_kernel vsk_tile_kernel_avx512(int type);
+size_t vsk_tile_strip_bytes(int type, int K); /* bytes of 16 rows */
+vsk_kernel vsk_kernel_avx2(int type);
+vsk_kernel vsk_kernel_avx512(int type);
+
+float vsk_fp16_to_fp32(uint16_t h);
+
+#endif

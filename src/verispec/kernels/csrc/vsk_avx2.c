@@ -1,0 +1,248 @@
+/* The 256-bit vector path, compiled twice: for AVX2 (u8 x s8 products through maddubs) and, with VSK_VNNI
+ * defined (vsk_avx512.c), for CPUs with AVX-512 VNNI, whose 256-bit forms fuse the widening adds.
+ * Integer sums are exact on both, so the two give the same integers; each keeps one float order per output.
+ */
+#include "vsk.h"
+
+#if defined(VSK_VNNI)
+#define NAME(x) x##_avx512
+#else
+#define NAME(x) x##_avx2
+#endif
+
+#if !defined(__x86_64__)
+vsk_kernel NAME(vsk_kernel)(int type) {
+    (void)type;
+    return NULL;
+}
+#else
+
+#if defined(VSK_VNNI)
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+#else
+#pragma GCC target("avx2,fma,f16c")
+#endif
+
+#include <immintrin.h>
+
+#include "vsk_blocks.h"
+
+#define MAX_ROWS 16
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float half(const uint8_t *p) { return _cvtsh_ss(rd16(p)); }
+
+/* int32 lanes += sums of 4 products u8 x s8 */
+static inline __m256i dot_u8s8(__m256i acc, __m256i u, __m256i s) {
+#if defined(VSK_VNNI)
+    return _mm256_dpbusd_epi32(acc, u, s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+
+/* int32 lanes += sums of 2 products of int16 pairs */
+static inline __m256i dot_s16(__m256i acc, __m256i a, __m256i b) {
+#if defined(VSK_VNNI)
+    return _mm256_dpwssd_epi32(acc, a, b);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
+
+/* ---- 32-weight block types: each block unpacked to 32 signed bytes ------------------------------------ */
+
+/* byte j = 0xFF where bit j of the 32-bit word is set */
+static inline __m256i bits_to_bytes(uint32_t word) {
+    const __m256i spread = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)word), spread);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+}
+
+/* 16 bytes of nibbles -> 32 bytes: weights 0..15 (low nibbles), then 16..31 (high nibbles), 0..15 */
+static inline __m256i nibbles(const uint8_t *p) {
+    const __m128i raw = _mm_loadu_si128((const __m128i *)p);
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), mask), _mm_and_si128(raw, mask));
+}
+
+/* kind 0: signed weights (Q4_0, Q5_0, Q8_0); kind 1: unsigned 0..15 with a minimum (Q4_1) */
+static inline __m256i unpack32(int type, const uint8_t *b, float *d, float *mn) {
+    switch (type) {
+    case VSK_Q4_0:
+        *d = half(b);
+        return _mm256_sub_epi8(nibbles(b + 2), _mm256_set1_epi8(8));
+    case VSK_Q4_1:
+        *d = half(b);
+        *mn = half(b + 2);
+        return nibbles(b + 4);
+    case VSK_Q5_0: {
+        *d = half(b);
+        /* q - 16 = the nibble where the fifth bit is set, the nibble | 0xF0 where it is not */
+        const __m256i high = _mm256_andnot_si256(bits_to_bytes(rd32(b + 2)), _mm256_set1_epi8((char)0xF0));
+        return _mm256_or_si256(nibbles(b + 6), high);
+    }
+    default: /* VSK_Q8_0 */
+        *d = half(b);
+        return _mm256_loadu_si256((const __m256i *)(b + 2));
+    }
+}
+
+static inline void sweep32(int type, size_t block_bytes, const uint8_t *W, size_t row_bytes, int n0, int n1, int K,
+                           const uint8_t *xq, size_t x_stride, int M, float *y, int ldy) {
+    const int blocks = K / 32;
+    const int with_min = type == VSK_Q4_1;
+    for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
+        const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
+        for (int n = n0; n < n1; n++) {
+            __m256 acc[MAX_ROWS];
+            float mins[MAX_ROWS];
+            for (int m = 0; m < rows; m++) {
+                acc[m] = _mm256_setzero_ps();
+                mins[m] = 0.0f;
+            }
+            const uint8_t *row = W + (size_t)n * row_bytes;
+            for (int b = 0; b < blocks; b++) {
+                float d, mn = 0.0f;
+                const __m256i w = unpack32(type, row + (size_t)b * block_bytes, &d, &mn);
+                const __m256i u = with_min ? w : _mm256_sign_epi8(w, w); /* |w| */
+                for (int m = 0; m < rows; m++) {
+                    const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)(r0 + m) * x_stride) + b;
+                    __m256i s = _mm256_loadu_si256((const __m256i *)x->q);
+                    if (!with_min) s = _mm256_sign_epi8(s, w); /* the weight's sign moves to the activation */
+                    const __m256i p = dot_u8s8(_mm256_setzero_si256(), u, s);
+                    acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(p), acc[m]);
+                    if (with_min) mins[m] += mn * (x->d * (float)(x->half[0] + x->half[1]));
+                }
+            }
+            for (int m = 0; m < rows; m++) y[(size_t)(r0 + m) * ldy + n] = hsum(acc[m]) + mins[m];
+        }
+    }
+}
+
+#define SWEEP32(name, type, block_bytes)                                                                     \
+    static void NAME(kernel_##name)(const uint8_t *W, size_t row_bytes, int n0, int n1, int K,               \
+                                    const uint8_t *xq, size_t x_stride, int M, float *y, int ldy) {          \
+        sweep32(type, block_bytes, W, row_bytes, n0, n1, K, xq, x_stride, M, y, ldy);                        \
+    }
+SWEEP32(q4_0, VSK_Q4_0, 18)
+SWEEP32(q4_1, VSK_Q4_1, 20)
+SWEEP32(q5_0, VSK_Q5_0, 22)
+SWEEP32(q8_0, VSK_Q8_0, 34)
+
+/* ---- Q4_K ------------------------------------------------------------------------------------------------ */
+
+static void NAME(kernel_q4_k)(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
+                              size_t x_stride, int M, float *y, int ldy) {
+    const int blocks = K / 256;
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
+        const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
+        for (int n = n0; n < n1; n++) {
+            __m256 acc[MAX_ROWS];
+            for (int m = 0; m < rows; m++) acc[m] = _mm256_setzero_ps();
+            const uint8_t *row = W + (size_t)n * row_bytes;
+            for (int b = 0; b < blocks; b++) {
+                const uint8_t *blk = row + (size_t)b * Q4_K_BYTES;
+                const float d = half(blk), dmin = half(blk + 2);
+                uint8_t sc[8], mn[8];
+                q4_k_scales(blk + 4, sc, mn);
+                __m256i q[8];
+                for (int c = 0; c < 4; c++) {
+                    const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * c));
+                    q[2 * c] = _mm256_and_si256(raw, low);
+                    q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+                }
+                /* mins as int16 pairs [m0, m0, m1, m1, ...] against the activation's 16-sums */
+                const __m256i mins = _mm256_cvtepu8_epi16(
+                    _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)mn), _mm_loadl_epi64((const __m128i *)mn)));
+                for (int m = 0; m < rows; m++) {
+                    const vsk_act256 *x = (const vsk_act256 *)(xq + (size_t)(r0 + m) * x_stride) + b;
+                    __m256i isum = _mm256_setzero_si256();
+                    for (int j = 0; j < 8; j++) {
+                        const __m256i s = _mm256_loadu_si256((const __m256i *)(x->q + 32 * j));
+                        isum = dot_s16(isum, _mm256_maddubs_epi16(q[j], s), _mm256_set1_epi16(sc[j]));
+                    }
+                    const __m256i msum =
+                        _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsum), mins);
+                    acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(x->d * d), _mm256_cvtepi32_ps(isum), acc[m]);
+                    acc[m] = _mm256_fnmadd_ps(_mm256_set1_ps(x->d * dmin), _mm256_cvtepi32_ps(msum), acc[m]);
+                }
+            }
+            for (int m = 0; m < rows; m++) y[(size_t)(r0 + m) * ldy + n] = hsum(acc[m]);
+        }
+    }
+}
+
+/* ---- Q6_K ------------------------------------------------------------------------------------------------ */
+
+static void NAME(kernel_q6_k)(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
+                              size_t x_stride, int M, float *y, int ldy) {
+    const int blocks = K / 256;
+    const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x30);
+    for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
+        const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
+        for (int n = n0; n < n1; n++) {
+            __m256 acc[MAX_ROWS];
+            for (int m = 0; m < rows; m++) acc[m] = _mm256_setzero_ps();
+            const uint8_t *row = W + (size_t)n * row_bytes;
+            for (int b = 0; b < blocks; b++) {
+                const uint8_t *blk = row + (size_t)b * Q6_K_BYTES;
+                const float d = half(blk + 208);
+                /* values 0..63 in weight order, 32 per register; register j spans scales 2j and 2j + 1 */
+                __m256i q[8];
+                for (int h = 0; h < 2; h++) {
+                    const __m256i l0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
+                    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
+                    const __m256i hb = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+                    q[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_and_si256(_mm256_slli_epi16(hb, 4), two));
+                    q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, low), _mm256_and_si256(_mm256_slli_epi16(hb, 2), two));
+                    q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low), _mm256_and_si256(hb, two));
+                    q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
+                                                   _mm256_and_si256(_mm256_srli_epi16(hb, 2), two));
+                }
+                const __m128i sc8 = _mm_loadu_si128((const __m128i *)(blk + 192));
+                const __m256i sc16 = _mm256_cvtepi8_epi16(sc8); /* the 16 scales, for the offset term */
+                __m256i scale[8];
+                for (int j = 0; j < 8; j++) {
+                    const int8_t *s = (const int8_t *)(blk + 192);
+                    scale[j] = _mm256_set_m128i(_mm_set1_epi16(s[2 * j + 1]), _mm_set1_epi16(s[2 * j]));
+                }
+                for (int m = 0; m < rows; m++) {
+                    const vsk_act256 *x = (const vsk_act256 *)(xq + (size_t)(r0 + m) * x_stride) + b;
+                    __m256i isum = _mm256_setzero_si256();
+                    for (int j = 0; j < 8; j++) {
+                        const __m256i s = _mm256_loadu_si256((const __m256i *)(x->q + 32 * j));
+                        isum = dot_s16(isum, _mm256_maddubs_epi16(q[j], s), scale[j]);
+                    }
+                    /* the values are offset by 32: subtract 32 * sum_j scale_j * bsum_j */
+                    const __m256i offset = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsum), sc16);
+                    isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(offset, 5));
+                    acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(isum), acc[m]);
+                }
+            }
+            for (int m = 0; m < rows; m++) y[(size_t)(r0 + m) * ldy + n] = hsum(acc[m]);
+        }
+    }
+}
+
+vsk_kernel NAME(vsk_kernel)(int type) {
+    switch (type) {
+    case VSK_Q4_0: return NAME(kernel_q4_0);
+    case VSK_Q4_1: return NAME(kernel_q4_1);
+    case VSK_Q5_0: return NAME(kernel_q5_0);
+    case VSK_Q8_0: return NAME(kernel_q8_0);
+    case VSK_Q4_K: return NAME(kernel_q4_k);
+    case VSK_Q6_K: return NAME(kernel_q6_k);
+    default: return NULL;
+    }
+}
+
+#endif /* __x86_64__ */

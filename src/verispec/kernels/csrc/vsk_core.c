@@ -1,0 +1,274 @@
+/* Entry points: CPU feature dispatch, activation quantization, and a persistent thread pool that splits the
+ * weight rows of a product among threads (never the sum along K). */
+#define _GNU_SOURCE
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vsk.h"
+#include "vsk_blocks.h"
+
+#define VSK_API __attribute__((visibility("default")))
+#define MAX_THREADS 64
+
+/* ---- half precision ----------------------------------------------------------------------------------- */
+
+float vsk_fp16_to_fp32(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF, bits;
+    if (exponent == 0x1F) {
+        bits = sign | 0x7F800000u | (mantissa << 13); /* inf, nan */
+    } else if (exponent != 0) {
+        bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    } else if (mantissa == 0) {
+        bits = sign;
+    } else { /* subnormal: normalise */
+        exponent = 113;
+        while (!(mantissa & 0x400)) {
+            mantissa <<= 1;
+            exponent--;
+        }
+        bits = sign | (exponent << 23) | ((mantissa & 0x3FF) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* ---- which path ----------------------------------------------------------------------------------------- */
+
+static int best_isa(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
+        return VSK_ISA_AVX512;
+    if (avx2) return VSK_ISA_AVX2;
+#endif
+    return VSK_ISA_SCALAR;
+}
+
+static int current_isa = -1;
+
+static vsk_kernel kernel_for(int isa, int type) {
+    if (type == VSK_T4_K || type == VSK_T6_K) {
+        vsk_kernel k = NULL;
+        if (isa >= VSK_ISA_AVX512) k = vsk_tile_kernel_avx512(type);
+        if (!k && isa >= VSK_ISA_AVX2) k = vsk_tile_kernel_avx2(type);
+        return k ? k : vsk_tile_kernel_scalar(type);
+    }
+    vsk_kernel k = NULL;
+    if (isa >= VSK_ISA_AVX512) k = vsk_kernel_avx512(type);
+    if (!k && isa >= VSK_ISA_AVX2) k = vsk_kernel_avx2(type);
+    if (!k) k = vsk_kernel_scalar(type);
+    return k;
+}
+
+VSK_API int vsk_best_isa(void) { return best_isa(); }
+
+VSK_API int vsk_get_isa(void) {
+    if (current_isa < 0) current_isa = best_isa();
+    return current_isa;
+}
+
+/* 0, or -1 when this CPU cannot run that path */
+VSK_API int vsk_set_isa(int isa) {
+    if (isa < VSK_ISA_SCALAR || isa > best_isa()) return -1;
+    current_isa = isa;
+    return 0;
+}
+
+VSK_API int vsk_has_kernel(int type) { return kernel_for(VSK_ISA_SCALAR, type) != NULL; }
+
+/* ---- tiles ---------------------------------------------------------------------------------------------- */
+
+void vsk_repack_rows(int type, const uint8_t *src, size_t row_bytes, int N, int K, uint8_t *dst);
+
+static int tile_type(int type) { return type == VSK_Q4_K ? VSK_T4_K : type == VSK_Q6_K ? VSK_T6_K : -1; }
+
+/* bytes of the tile form of an [N, K] matrix of `type`, or 0 when the type has none */
+VSK_API size_t vsk_repacked_bytes(int type, int N, int K) {
+    return tile_type(type) < 0 ? 0 : vsk_tile_strip_bytes(tile_type(type), K) * (size_t)((N + 15) / 16);
+}
+
+/* writes the tile form into dst (vsk_repacked_bytes) and returns its type, or -1 */
+VSK_API int vsk_repack(int type, const uint8_t *src, size_t row_bytes, int N, int K, uint8_t *dst) {
+    if (tile_type(type) < 0 || K % 256) return -1;
+    vsk_repack_rows(type, src, row_bytes, N, K, dst);
+    return tile_type(type);
+}
+
+/* ---- activations ---------------------------------------------------------------------------------------- */
+
+static int block_of(int type) { return (type == VSK_Q4_K || type == VSK_Q6_K) ? 256 : 32; }
+
+VSK_API size_t vsk_act_row_bytes(int type, int K) {
+    return block_of(type) == 256 ? (size_t)(K / 256) * sizeof(vsk_act256) : (size_t)(K / 32) * sizeof(vsk_act32);
+}
+
+/* symmetric 8-bit: d = max|x| / 127, q = round(x / d); every row on its own */
+static float quantize_block(const float *x, int n, int8_t *q) {
+    float amax = 0.0f;
+    for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
+    const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int i = 0; i < n; i++) q[i] = (int8_t)nearbyintf(x[i] * id);
+    return d;
+}
+
+VSK_API void vsk_quantize(int type, const float *x, int M, int K, uint8_t *out) {
+    const size_t row_bytes = vsk_act_row_bytes(type, K);
+    for (int m = 0; m < M; m++) {
+        const float *xr = x + (size_t)m * K;
+        if (block_of(type) == 256) {
+            vsk_act256 *a = (vsk_act256 *)(out + (size_t)m * row_bytes);
+            for (int b = 0; b < K / 256; b++) {
+                a[b].d = quantize_block(xr + 256 * b, 256, a[b].q);
+                for (int j = 0; j < 16; j++) {
+                    int s = 0;
+                    for (int i = 0; i < 16; i++) s += a[b].q[16 * j + i];
+                    a[b].bsum[j] = (int16_t)s;
+                }
+            }
+        } else {
+            vsk_act32 *a = (vsk_act32 *)(out + (size_t)m * row_bytes);
+            for (int b = 0; b < K / 32; b++) {
+                a[b].d = quantize_block(xr + 32 * b, 32, a[b].q);
+                for (int h = 0; h < 2; h++) {
+                    int s = 0;
+                    for (int i = 0; i < 16; i++) s += a[b].q[16 * h + i];
+                    a[b].half[h] = (int16_t)s;
+                }
+            }
+        }
+    }
+}
+
+/* ---- thread pool ---------------------------------------------------------------------------------------- */
+
+typedef struct {
+    vsk_kernel kernel;
+    const uint8_t *W;
+    size_t row_bytes;
+    int N, K;
+    const uint8_t *xq;
+    size_t x_stride;
+    int M;
+    float *y;
+} job_t;
+
+static struct {
+    int threads;  /* including the caller */
+    int started;  /* workers running */
+    job_t job;
+    atomic_int generation;
+    int base_generation; /* the generation when the workers were started */
+    atomic_int pending;
+    int sleepers;
+    int stop;
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    pthread_t workers[MAX_THREADS];
+} pool = {.threads = 1, .lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
+
+static inline void relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* weight rows [n0, n1) of thread t: equal slices, each a multiple of 16 rows (a tile) but the last */
+static void run_slice(const job_t *job, int t, int threads) {
+    const int chunks = (job->N + 15) / 16;
+    const int n0 = (int)((long)chunks * t / threads) * 16, n1e = (int)((long)chunks * (t + 1) / threads) * 16;
+    const int n1 = n1e < job->N ? n1e : job->N;
+    if (n0 < n1) job->kernel(job->W, job->row_bytes, n0, n1, job->K, job->xq, job->x_stride, job->M, job->y, job->N);
+}
+
+static void *worker_main(void *arg) {
+    const int t = (int)(intptr_t)arg;
+    int seen = pool.base_generation; /* jobs posted before this worker existed are not its own */
+    for (;;) {
+        int spins = 0, g;
+        while ((g = atomic_load_explicit(&pool.generation, memory_order_acquire)) == seen) {
+            if (++spins < 20000) {
+                relax();
+                continue;
+            }
+            pthread_mutex_lock(&pool.lock);
+            pool.sleepers++;
+            while (atomic_load_explicit(&pool.generation, memory_order_acquire) == seen)
+                pthread_cond_wait(&pool.wake, &pool.lock);
+            pool.sleepers--;
+            pthread_mutex_unlock(&pool.lock);
+        }
+        seen = g;
+        if (pool.stop) return NULL;
+        run_slice(&pool.job, t, pool.threads);
+        atomic_fetch_sub_explicit(&pool.pending, 1, memory_order_release);
+    }
+}
+
+static void stop_workers(void) {
+    if (!pool.started) return;
+    pthread_mutex_lock(&pool.lock);
+    pool.stop = 1;
+    atomic_fetch_add_explicit(&pool.generation, 1, memory_order_release);
+    pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.lock);
+    for (int t = 1; t < pool.started; t++) pthread_join(pool.workers[t], NULL);
+    pool.started = 0;
+    pool.stop = 0;
+}
+
+VSK_API void vsk_set_threads(int n) {
+    n = n < 1 ? 1 : (n > MAX_THREADS ? MAX_THREADS : n);
+    if (n == pool.threads && (n == 1 || pool.started == n)) return;
+    stop_workers();
+    pool.threads = n;
+    pool.base_generation = atomic_load(&pool.generation);
+    for (int t = 1; t < n; t++) pthread_create(&pool.workers[t], NULL, worker_main, (void *)(intptr_t)t);
+    pool.started = n;
+}
+
+VSK_API int vsk_get_threads(void) { return pool.threads; }
+
+static pthread_mutex_t one_caller = PTHREAD_MUTEX_INITIALIZER; /* the pool serves one product at a time */
+
+static void run(const job_t *job) {
+    const int threads = pool.threads > 1 && job->N >= 16 ? pool.threads : 1;
+    if (threads == 1) {
+        run_slice(job, 0, 1);
+        return;
+    }
+    pthread_mutex_lock(&one_caller);
+    pool.job = *job;
+    atomic_store_explicit(&pool.pending, threads - 1, memory_order_relaxed);
+    pthread_mutex_lock(&pool.lock);
+    atomic_fetch_add_explicit(&pool.generation, 1, memory_order_release);
+    if (pool.sleepers) pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.lock);
+    run_slice(job, 0, threads);
+    while (atomic_load_explicit(&pool.pending, memory_order_acquire) > 0) relax();
+    pthread_mutex_unlock(&one_caller);
+}
+
+/* y[m][n] for m < M, n < N; 0, or -1 for a type without a kernel */
+VSK_API int vsk_matmul(int type, const uint8_t *W, size_t row_bytes, int N, int K, const uint8_t *xq, int M,
+                       float *y) {
+    const vsk_kernel kernel = kernel_for(vsk_get_isa(), type);
+    if (!kernel) return -1;
+    const job_t job = {kernel, W, row_bytes, N, K, xq, vsk_act_row_bytes(type, K), M, y};
+    run(&job);
+    return 0;
+}
+
+/* quantize x [M][K] into `scratch` (vsk_act_row_bytes(type, K) * M bytes), then y = x W^T */
+VSK_API int vsk_linear(int type, const uint8_t *W, size_t row_bytes, int N, int K, const float *x, int M,
+                       uint8_t *scratch, float *y) {
+    vsk_quantize(type, x, M, K, scratch);
+    return vsk_matmul(type, W, row_bytes, N, K, scratch, M, y);
+}

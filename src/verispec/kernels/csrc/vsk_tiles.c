@@ -1,0 +1,149 @@
+/* Tile formats: Q4_K and Q6_K weights repacked losslessly so that one vector instruction serves 16 weight
+ * rows. A strip holds 16 rows; per 256-weight superblock it stores the rows' float16 factors, their
+ * sub-block scales as bytes, and the values interleaved: for every 32 weights of a sub-block, 16 lanes
+ * (one per row) of 4 bytes, byte c of lane n of chunk i holding row n's weight 4i + c in its low nibble
+ * and weight 16 + 4i + c in its high nibble. A 4-byte group of activations, broadcast to all lanes, then
+ * meets 16 rows' weights in one u8 x s8 dot product; each output's sum keeps one order whatever M is.
+ *
+ * T4_K superblock (2368 bytes): f16 d[16], f16 dmin[16], u8 scale[8][16], u8 min[8][16], nibbles[8][256].
+ * T6_K superblock (3360 bytes): f16 d[16], i8 scale[16][16], nibbles[8][256], high bits[8][128]; the high
+ *   bits of group g (0..7) of a sub-block sit in chunk g / 4, bits 2 (g % 4) .. 2 (g % 4) + 1 of each byte.
+ * Rows past N are zero (they add nothing and are never stored).
+ */
+#include <string.h>
+
+#include "vsk.h"
+#include "vsk_blocks.h"
+
+#define MAX_ROWS 16
+#define T4K_BYTES 2368
+#define T6K_BYTES 3360
+
+size_t vsk_tile_strip_bytes(int type, int K) {
+    return (size_t)(K / 256) * (type == VSK_T4_K ? T4K_BYTES : T6K_BYTES);
+}
+
+/* the weight index (0..31 within a sub-block) of byte c of group g */
+static inline int group_index(int g, int c) { return g < 4 ? 4 * g + c : 16 + 4 * (g - 4) + c; }
+
+static void pack_nibbles(const uint8_t values[16][256], int j, uint8_t *out) {
+    for (int i = 0; i < 4; i++)
+        for (int n = 0; n < 16; n++)
+            for (int c = 0; c < 4; c++)
+                out[64 * i + 4 * n + c] = (uint8_t)((values[n][32 * j + 4 * i + c] & 0x0F) |
+                                                    ((values[n][32 * j + 16 + 4 * i + c] & 0x0F) << 4));
+}
+
+/* __attribute__((visibility)) is set on the entry point in vsk_core.c */
+void vsk_repack_rows(int type, const uint8_t *src, size_t row_bytes, int N, int K, uint8_t *dst) {
+    const int strips = (N + 15) / 16, blocks = K / 256;
+    const size_t strip_bytes = vsk_tile_strip_bytes(type == VSK_Q4_K ? VSK_T4_K : VSK_T6_K, K);
+    memset(dst, 0, strip_bytes * (size_t)strips);
+    for (int t = 0; t < strips; t++) {
+        for (int b = 0; b < blocks; b++) {
+            uint8_t *out = dst + (size_t)t * strip_bytes + (size_t)b * (type == VSK_Q4_K ? T4K_BYTES : T6K_BYTES);
+            uint8_t values[16][256];
+            memset(values, 0, sizeof values);
+            for (int n = 0; n < 16 && 16 * t + n < N; n++) {
+                const uint8_t *blk = src + (size_t)(16 * t + n) * row_bytes + (size_t)b * (type == VSK_Q4_K ? Q4_K_BYTES : Q6_K_BYTES);
+                if (type == VSK_Q4_K) {
+                    uint8_t sc[8], mn[8];
+                    memcpy(out + 2 * n, blk, 2);
+                    memcpy(out + 32 + 2 * n, blk + 2, 2);
+                    q4_k_scales(blk + 4, sc, mn);
+                    for (int j = 0; j < 8; j++) {
+                        out[64 + 16 * j + n] = sc[j];
+                        out[192 + 16 * j + n] = mn[j];
+                    }
+                    q4_k_values(blk + 16, values[n]);
+                } else {
+                    memcpy(out + 2 * n, blk + 208, 2);
+                    for (int j = 0; j < 16; j++) out[32 + 16 * j + n] = blk[192 + j];
+                    q6_k_values(blk, values[n]);
+                }
+            }
+            uint8_t *nibbles = out + (type == VSK_Q4_K ? 320 : 288);
+            for (int j = 0; j < 8; j++) pack_nibbles((const uint8_t (*)[256])values, j, nibbles + 256 * j);
+            if (type == VSK_Q6_K) {
+                uint8_t *high = out + 288 + 2048;
+                for (int j = 0; j < 8; j++)
+                    for (int g = 0; g < 8; g++)
+                        for (int n = 0; n < 16; n++)
+                            for (int c = 0; c < 4; c++)
+                                high[128 * j + 64 * (g / 4) + 4 * n + c] |=
+                                    (uint8_t)(((values[n][32 * j + group_index(g, c)] >> 4) & 3) << (2 * (g % 4)));
+            }
+        }
+    }
+}
+
+/* ---- the portable kernels over tiles ----------------------------------------------------------------- */
+
+/* row n's 32 values of sub-block j, in weight order */
+static inline void unpack_sub(const uint8_t *nibbles, const uint8_t *high, int n, uint8_t *w) {
+    for (int g = 0; g < 8; g++)
+        for (int c = 0; c < 4; c++) {
+            const uint8_t byte = nibbles[64 * (g % 4) + 4 * n + c];
+            uint8_t v = g < 4 ? (byte & 0x0F) : (byte >> 4);
+            if (high) v |= (uint8_t)(((high[64 * (g / 4) + 4 * n + c] >> (2 * (g % 4))) & 3) << 4);
+            w[group_index(g, c)] = v;
+        }
+}
+
+static void tile_kernel(int type, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride,
+                        int M, float *y, int ldy) {
+    const int blocks = K / 256, six = type == VSK_T6_K;
+    const size_t strip_bytes = vsk_tile_strip_bytes(type, K), block_bytes = six ? T6K_BYTES : T4K_BYTES;
+    for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
+        for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
+            const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
+            float acc[MAX_ROWS][16] = {{0}};
+            for (int b = 0; b < blocks; b++) {
+                const uint8_t *blk = W + (size_t)t * strip_bytes + (size_t)b * block_bytes;
+                for (int n = 0; n < 16; n++) {
+                    const float d = vsk_fp16_to_fp32(rd16(blk + 2 * n));
+                    const float dmin = six ? 0.0f : vsk_fp16_to_fp32(rd16(blk + 32 + 2 * n));
+                    for (int j = 0; j < 8; j++) {
+                        uint8_t w[32];
+                        unpack_sub(blk + (six ? 288 : 320) + 256 * j, six ? blk + 2336 + 128 * j : NULL, n, w);
+                        for (int m = 0; m < rows; m++) {
+                            const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)(r0 + m) * x_stride) + 8 * b + j;
+                            int32_t s[2] = {0, 0};
+                            for (int i = 0; i < 32; i++) s[i / 16] += (int32_t)w[i] * x->q[i];
+                            if (six) {
+                                for (int h = 0; h < 2; h++) {
+                                    const float scale = d * (float)(int8_t)blk[32 + 16 * (2 * j + h) + n];
+                                    acc[m][n] += (scale * x->d) * (float)(s[h] - 32 * x->half[h]);
+                                }
+                            } else {
+                                const float scale = d * (float)blk[64 + 16 * j + n];
+                                const float minimum = dmin * (float)blk[192 + 16 * j + n];
+                                acc[m][n] += (scale * x->d) * (float)(s[0] + s[1]);
+                                acc[m][n] -= minimum * (x->d * (float)(x->half[0] + x->half[1]));
+                            }
+                        }
+                    }
+                }
+            }
+            for (int m = 0; m < rows; m++)
+                for (int n = 0; n < 16; n++)
+                    if (16 * t + n < n1) y[(size_t)(r0 + m) * ldy + 16 * t + n] = acc[m][n];
+        }
+    }
+}
+
+static void kernel_t4_k(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
+                        size_t x_stride, int M, float *y, int ldy) {
+    (void)row_bytes;
+    tile_kernel(VSK_T4_K, W, n0, n1, K, xq, x_stride, M, y, ldy);
+}
+
+static void kernel_t6_k(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
+                        size_t x_stride, int M, float *y, int ldy) {
+    (void)row_bytes;
+    tile_kernel(VSK_T6_K, W, n0, n1, K, xq, x_stride, M, y, ldy);
+}
+
+vsk_kernel vsk_tile_kernel_scalar(int type) {
+    return type == VSK_T4_K ? kernel_t4_k : type == VSK_T6_K ? kernel_t6_k : NULL;
+}

@@ -1,0 +1,121 @@
+/* Tile kernels (see vsk_tiles.c) on AVX2: a tile's 16 rows as two halves of 8 lanes (bytes 0..31 and 32..63
+ * of each 64-byte chunk); u8 x s8 group dot products through maddubs (no VNNI). */
+#include "vsk.h"
+
+#if !defined(__x86_64__)
+vsk_kernel vsk_tile_kernel_avx2(int type) {
+    (void)type;
+    return NULL;
+}
+#else
+
+#pragma GCC target("avx2,fma,f16c")
+#include <immintrin.h>
+
+#include "vsk_blocks.h"
+
+#define MAX_ROWS 16
+#define T4K_BYTES 2368
+#define T6K_BYTES 3360
+
+static inline __m256 bytes_to_floats(const uint8_t *p, int is_signed) {
+    const __m128i raw = _mm_loadl_epi64((const __m128i *)p);
+    return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(raw) : _mm256_cvtepu8_epi32(raw));
+}
+
+static inline __m256i broadcast_group(const vsk_act32 *x, int g) {
+    int32_t v;
+    memcpy(&v, x->q + (g < 4 ? 4 * g : 16 + 4 * (g - 4)), 4);
+    return _mm256_set1_epi32(v);
+}
+
+static inline __m256i dot(__m256i acc, __m256i u, __m256i s) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+
+static void tile_kernel(int six, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride, int M,
+                        float *y, int ldy) {
+    const int blocks = K / 256;
+    const size_t block_bytes = six ? T6K_BYTES : T4K_BYTES, strip_bytes = (size_t)blocks * block_bytes;
+    const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x30);
+    for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
+        for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
+            const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
+            __m256 acc[MAX_ROWS][2];
+            for (int m = 0; m < rows; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+            for (int b = 0; b < blocks; b++) {
+                const uint8_t *blk = W + (size_t)t * strip_bytes + (size_t)b * block_bytes;
+                const uint8_t *nibbles = blk + (six ? 288 : 320);
+                for (int j = 0; j < 8; j++) {
+                    for (int v = 0; v < 2; v++) { /* rows 8v .. 8v + 7 of the tile */
+                        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * v)));
+                        __m256i w[8];
+                        for (int i = 0; i < 4; i++) {
+                            const __m256i p = _mm256_loadu_si256((const __m256i *)(nibbles + 256 * j + 64 * i + 32 * v));
+                            w[i] = _mm256_and_si256(p, low);
+                            w[4 + i] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
+                        }
+                        if (six) {
+                            const uint8_t *high = blk + 2336 + 128 * j;
+                            for (int k = 0; k < 2; k++) {
+                                const __m256i h = _mm256_loadu_si256((const __m256i *)(high + 64 * k + 32 * v));
+                                w[4 * k + 0] = _mm256_or_si256(w[4 * k + 0], _mm256_and_si256(_mm256_slli_epi16(h, 4), two));
+                                w[4 * k + 1] = _mm256_or_si256(w[4 * k + 1], _mm256_and_si256(_mm256_slli_epi16(h, 2), two));
+                                w[4 * k + 2] = _mm256_or_si256(w[4 * k + 2], _mm256_and_si256(h, two));
+                                w[4 * k + 3] = _mm256_or_si256(w[4 * k + 3], _mm256_and_si256(_mm256_srli_epi16(h, 2), two));
+                            }
+                            const __m256 s0 = _mm256_mul_ps(d, bytes_to_floats(blk + 32 + 16 * (2 * j) + 8 * v, 1));
+                            const __m256 s1 = _mm256_mul_ps(d, bytes_to_floats(blk + 32 + 16 * (2 * j + 1) + 8 * v, 1));
+                            for (int m = 0; m < rows; m++) {
+                                const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)(r0 + m) * x_stride) + 8 * b + j;
+                                __m256i lo = _mm256_set1_epi32(-32 * x->half[0]), hi = _mm256_set1_epi32(-32 * x->half[1]);
+                                for (int g = 0; g < 4; g++) lo = dot(lo, w[g], broadcast_group(x, g));
+                                for (int g = 4; g < 8; g++) hi = dot(hi, w[g], broadcast_group(x, g));
+                                const __m256 dx = _mm256_set1_ps(x->d);
+                                acc[m][v] = _mm256_fmadd_ps(_mm256_mul_ps(s0, dx), _mm256_cvtepi32_ps(lo), acc[m][v]);
+                                acc[m][v] = _mm256_fmadd_ps(_mm256_mul_ps(s1, dx), _mm256_cvtepi32_ps(hi), acc[m][v]);
+                            }
+                        } else {
+                            const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * v)));
+                            const __m256 scale = _mm256_mul_ps(d, bytes_to_floats(blk + 64 + 16 * j + 8 * v, 0));
+                            const __m256 minimum = _mm256_mul_ps(dmin, bytes_to_floats(blk + 192 + 16 * j + 8 * v, 0));
+                            for (int m = 0; m < rows; m++) {
+                                const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)(r0 + m) * x_stride) + 8 * b + j;
+                                __m256i s = _mm256_setzero_si256();
+                                for (int g = 0; g < 8; g++) s = dot(s, w[g], broadcast_group(x, g));
+                                const float xsum = x->d * (float)(x->half[0] + x->half[1]);
+                                acc[m][v] = _mm256_fmadd_ps(_mm256_mul_ps(scale, _mm256_set1_ps(x->d)), _mm256_cvtepi32_ps(s), acc[m][v]);
+                                acc[m][v] = _mm256_fnmadd_ps(minimum, _mm256_set1_ps(xsum), acc[m][v]);
+                            }
+                        }
+                    }
+                }
+            }
+            const int lanes = n1 - 16 * t < 16 ? n1 - 16 * t : 16;
+            for (int m = 0; m < rows; m++) {
+                float out[16];
+                _mm256_storeu_ps(out, acc[m][0]);
+                _mm256_storeu_ps(out + 8, acc[m][1]);
+                memcpy(y + (size_t)(r0 + m) * ldy + 16 * t, out, sizeof(float) * (size_t)lanes);
+            }
+        }
+    }
+}
+
+static void kernel_t4_k(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
+                        size_t x_stride, int M, float *y, int ldy) {
+    (void)row_bytes;
+    tile_kernel(0, W, n0, n1, K, xq, x_stride, M, y, ldy);
+}
+
+static void kernel_t6_k(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
+                        size_t x_stride, int M, float *y, int ldy) {
+    (void)row_bytes;
+    tile_kernel(1, W, n0, n1, K, xq, x_stride, M, y, ldy);
+}
+
+vsk_kernel vsk_tile_kernel_avx2(int type) {
+    return type == VSK_T4_K ? kernel_t4_k : type == VSK_T6_K ? kernel_t6_k : NULL;
+}
+
+#endif

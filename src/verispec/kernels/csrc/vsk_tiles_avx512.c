@@ -1,0 +1,111 @@
+/* Tile kernels (see vsk_tiles.c) on AVX-512 VNNI: one register holds a 4-weight group of 16 rows, and one
+ * vpdpbusd meets it with a broadcast group of activations. */
+#include "vsk.h"
+
+#if !defined(__x86_64__)
+vsk_kernel vsk_tile_kernel_avx512(int type) {
+    (void)type;
+    return NULL;
+}
+#else
+
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+#include <immintrin.h>
+
+#include "vsk_blocks.h"
+
+#define MAX_ROWS 16
+#define T4K_BYTES 2368
+#define T6K_BYTES 3360
+
+static inline __m512 bytes_to_floats(const uint8_t *p, int is_signed) {
+    const __m128i raw = _mm_loadu_si128((const __m128i *)p);
+    return _mm512_cvtepi32_ps(is_signed ? _mm512_cvtepi8_epi32(raw) : _mm512_cvtepu8_epi32(raw));
+}
+
+static inline __m512i broadcast_group(const vsk_act32 *x, int g) {
+    int32_t v;
+    memcpy(&v, x->q + (g < 4 ? 4 * g : 16 + 4 * (g - 4)), 4);
+    return _mm512_set1_epi32(v);
+}
+
+static void tile_kernel(int six, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride, int M,
+                        float *y, int ldy) {
+    const int blocks = K / 256;
+    const size_t block_bytes = six ? T6K_BYTES : T4K_BYTES, strip_bytes = (size_t)blocks * block_bytes;
+    const __m512i low = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi8(0x30);
+    for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
+        for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
+            const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
+            __m512 acc[MAX_ROWS];
+            for (int m = 0; m < rows; m++) acc[m] = _mm512_setzero_ps();
+            for (int b = 0; b < blocks; b++) {
+                const uint8_t *blk = W + (size_t)t * strip_bytes + (size_t)b * block_bytes;
+                const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+                const __m512 dmin = six ? d : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
+                const uint8_t *nibbles = blk + (six ? 288 : 320);
+                for (int j = 0; j < 8; j++) {
+                    __m512i w[8];
+                    for (int i = 0; i < 4; i++) {
+                        const __m512i p = _mm512_loadu_si512((const void *)(nibbles + 256 * j + 64 * i));
+                        w[i] = _mm512_and_si512(p, low);
+                        w[4 + i] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
+                    }
+                    if (six) {
+                        const uint8_t *high = blk + 2336 + 128 * j;
+                        for (int k = 0; k < 2; k++) {
+                            const __m512i h = _mm512_loadu_si512((const void *)(high + 64 * k));
+                            w[4 * k + 0] = _mm512_or_si512(w[4 * k + 0], _mm512_and_si512(_mm512_slli_epi16(h, 4), two));
+                            w[4 * k + 1] = _mm512_or_si512(w[4 * k + 1], _mm512_and_si512(_mm512_slli_epi16(h, 2), two));
+                            w[4 * k + 2] = _mm512_or_si512(w[4 * k + 2], _mm512_and_si512(h, two));
+                            w[4 * k + 3] = _mm512_or_si512(w[4 * k + 3], _mm512_and_si512(_mm512_srli_epi16(h, 2), two));
+                        }
+                        const __m512 s0 = _mm512_mul_ps(d, bytes_to_floats(blk + 32 + 16 * (2 * j), 1));
+                        const __m512 s1 = _mm512_mul_ps(d, bytes_to_floats(blk + 32 + 16 * (2 * j + 1), 1));
+                        for (int m = 0; m < rows; m++) {
+                            const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)(r0 + m) * x_stride) + 8 * b + j;
+                            __m512i lo = _mm512_set1_epi32(-32 * x->half[0]), hi = _mm512_set1_epi32(-32 * x->half[1]);
+                            for (int g = 0; g < 4; g++) lo = _mm512_dpbusd_epi32(lo, w[g], broadcast_group(x, g));
+                            for (int g = 4; g < 8; g++) hi = _mm512_dpbusd_epi32(hi, w[g], broadcast_group(x, g));
+                            const __m512 dx = _mm512_set1_ps(x->d);
+                            acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(s0, dx), _mm512_cvtepi32_ps(lo), acc[m]);
+                            acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(s1, dx), _mm512_cvtepi32_ps(hi), acc[m]);
+                        }
+                    } else {
+                        const __m512 scale = _mm512_mul_ps(d, bytes_to_floats(blk + 64 + 16 * j, 0));
+                        const __m512 minimum = _mm512_mul_ps(dmin, bytes_to_floats(blk + 192 + 16 * j, 0));
+                        for (int m = 0; m < rows; m++) {
+                            const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)(r0 + m) * x_stride) + 8 * b + j;
+                            __m512i s = _mm512_setzero_si512();
+                            for (int g = 0; g < 8; g++) s = _mm512_dpbusd_epi32(s, w[g], broadcast_group(x, g));
+                            const float xsum = x->d * (float)(x->half[0] + x->half[1]);
+                            acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(scale, _mm512_set1_ps(x->d)), _mm512_cvtepi32_ps(s), acc[m]);
+                            acc[m] = _mm512_fnmadd_ps(minimum, _mm512_set1_ps(xsum), acc[m]);
+                        }
+                    }
+                }
+            }
+            const int lanes = n1 - 16 * t < 16 ? n1 - 16 * t : 16;
+            const __mmask16 keep = (__mmask16)((1u << lanes) - 1u);
+            for (int m = 0; m < rows; m++) _mm512_mask_storeu_ps(y + (size_t)(r0 + m) * ldy + 16 * t, keep, acc[m]);
+        }
+    }
+}
+
+static void kernel_t4_k(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
+                        size_t x_stride, int M, float *y, int ldy) {
+    (void)row_bytes;
+    tile_kernel(0, W, n0, n1, K, xq, x_stride, M, y, ldy);
+}
+
+static void kernel_t6_k(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
+                        size_t x_stride, int M, float *y, int ldy) {
+    (void)row_bytes;
+    tile_kernel(1, W, n0, n1, K, xq, x_stride, M, y, ldy);
+}
+
+vsk_kernel vsk_tile_kernel_avx512(int type) {
+    return type == VSK_T4_K ? kernel_t4_k : type == VSK_T6_K ? kernel_t6_k : NULL;
+}
+
+#endif

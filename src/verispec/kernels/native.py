@@ -1,0 +1,174 @@
+"""ctypes binding of the compiled kernel library (csrc/), and which path it runs.
+
+`VERISPEC_KERNELS` picks the path: `auto` (default: the best this CPU runs), `avx512` (AVX-512 VNNI),
+`avx2`, `scalar`, or `torch` (PyTorch's kernels, as when no library was compiled). The library runs its own
+thread pool, sized like PyTorch's (`torch.set_num_threads`, `--threads`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.machinery
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from ..errors import InvalidParameterError
+
+ISAS = ("scalar", "avx2", "avx512")
+CHOICES = ("auto", *ISAS, "torch")
+# GGML type ids with a native product: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K
+QUANT_TYPES = {2: (32, 18), 3: (32, 20), 6: (32, 22), 8: (32, 34), 12: (256, 144), 14: (256, 210)}
+_ACT_BLOCK = {32: 40, 256: 292}  # bytes of one quantized activation block (vsk.h: vsk_act32, vsk_act256)
+# tile forms (csrc/vsk_tiles.c): 16 rows interleaved, lossless; their activations are 32-blocks
+TILE_OF = {12: 112, 14: 114}
+_ACT_OF_TILE = {112: 32, 114: 32}
+
+_c_p, _c_int, _c_size = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+_SIGNATURES = {
+    "vsk_best_isa": ([], _c_int),
+    "vsk_get_isa": ([], _c_int),
+    "vsk_set_isa": ([_c_int], _c_int),
+    "vsk_set_threads": ([_c_int], None),
+    "vsk_get_threads": ([], _c_int),
+    "vsk_act_row_bytes": ([_c_int, _c_int], _c_size),
+    "vsk_quantize": ([_c_int, _c_p, _c_int, _c_int, _c_p], None),
+    "vsk_matmul": ([_c_int, _c_p, _c_size, _c_int, _c_int, _c_p, _c_int, _c_p], _c_int),
+    "vsk_linear": ([_c_int, _c_p, _c_size, _c_int, _c_int, _c_p, _c_int, _c_p, _c_p], _c_int),
+    "vsk_repacked_bytes": ([_c_int, _c_int, _c_int], _c_size),
+    "vsk_repack": ([_c_int, _c_p, _c_size, _c_int, _c_int, _c_p], _c_int),
+}
+
+
+def library_path() -> Path | None:
+    here = Path(__file__).parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        if (here / f"_vsk{suffix}").is_file():
+            return here / f"_vsk{suffix}"
+    return None
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The loaded library on the chosen path, or None (not compiled, or VERISPEC_KERNELS=torch)."""
+    choice = os.environ.get("VERISPEC_KERNELS", "auto").strip().lower() or "auto"
+    if choice not in CHOICES:
+        raise InvalidParameterError(f"VERISPEC_KERNELS={choice!r} is not one of {', '.join(CHOICES)}")
+    path = library_path()
+    if choice == "torch":
+        return None
+    if path is None:
+        print(
+            "verispec: warning: the native kernels were not compiled (no C compiler at install time?); "
+            "running PyTorch's slower kernels. Reinstall with gcc present to get them.",
+            file=sys.stderr,
+        )
+        return None
+    lib = ctypes.CDLL(str(path))
+    for name, (args, result) in _SIGNATURES.items():
+        function = getattr(lib, name)
+        function.argtypes, function.restype = args, result
+    if choice != "auto" and lib.vsk_set_isa(ISAS.index(choice)) != 0:
+        raise InvalidParameterError(
+            f"VERISPEC_KERNELS={choice}: this CPU cannot run that path (best: {ISAS[lib.vsk_best_isa()]})"
+        )
+    lib.vsk_set_threads(torch.get_num_threads())
+    return lib
+
+
+def available() -> bool:
+    return library() is not None
+
+
+def isa() -> str:
+    """The path products run on: scalar, avx2, avx512, or torch."""
+    lib = library()
+    return "torch" if lib is None else ISAS[lib.vsk_get_isa()]
+
+
+def set_isa(name: str) -> None:
+    """Switch path at run time (tests compare paths); raises if this CPU cannot run it."""
+    if _lib().vsk_set_isa(ISAS.index(name)) != 0:
+        raise InvalidParameterError(f"this CPU cannot run the {name} kernels")
+
+
+def best_isa() -> str:
+    return ISAS[_lib().vsk_best_isa()]
+
+
+def set_threads(count: int) -> None:
+    _lib().vsk_set_threads(count)
+
+
+def claim_threads() -> None:
+    """Give the native pool the threads PyTorch was given (`torch.set_num_threads`, `--threads`), and leave
+    PyTorch's own ops one: two pools spinning on the same cores halve the speed of both."""
+    if torch.get_num_threads() > 1:
+        set_threads(torch.get_num_threads())
+        torch.set_num_threads(1)
+
+
+def _lib() -> ctypes.CDLL:
+    lib = library()
+    if lib is None:
+        raise RuntimeError("the native kernels are not available")
+    return lib
+
+
+def activation_row_bytes(qtype: int, k: int) -> int:
+    block = _ACT_OF_TILE[qtype] if qtype in _ACT_OF_TILE else QUANT_TYPES[qtype][0]
+    return k // block * _ACT_BLOCK[block]
+
+
+def repack(qtype: int, weight: torch.Tensor, k: int) -> tuple[int, torch.Tensor] | None:
+    """The tile form of an [N, row bytes] matrix (a lossless re-arrangement), or None for types without one."""
+    if qtype not in TILE_OF or k % 256:
+        return None
+    lib = _lib()
+    n, row_bytes = weight.shape
+    out = torch.empty(lib.vsk_repacked_bytes(qtype, n, k), dtype=torch.uint8)
+    tile = lib.vsk_repack(qtype, weight.data_ptr(), row_bytes, n, k, out.data_ptr())
+    return tile, out
+
+
+def quantize(qtype: int, x: torch.Tensor) -> torch.Tensor:
+    """[M, K] float32 -> [M, row bytes] uint8 quantized activation blocks for weights of `qtype`."""
+    x = x.contiguous().float()
+    m, k = x.shape
+    out = torch.empty(m, activation_row_bytes(qtype, k), dtype=torch.uint8)
+    _lib().vsk_quantize(qtype, x.data_ptr(), m, k, out.data_ptr())
+    return out
+
+
+def matmul(qtype: int, weight: torch.Tensor, xq: torch.Tensor, k: int, n: int | None = None) -> torch.Tensor:
+    """y [M, N] = x W^T from quantized activations; `weight` is [N, row bytes] uint8 in GGUF blocks, or a
+    tile form (then `n` gives N)."""
+    n, row_bytes = _rows(qtype, weight, n)
+    y = torch.empty(xq.shape[0], n, dtype=torch.float32)
+    _lib().vsk_matmul(qtype, weight.data_ptr(), row_bytes, n, k, xq.data_ptr(), xq.shape[0], y.data_ptr())
+    return y
+
+
+def linear(qtype: int, weight: torch.Tensor, x: torch.Tensor, n: int | None = None) -> torch.Tensor:
+    """y [M, N] = x W^T for float32 x [M, K] (quantized per row inside the call); `n` as in `matmul`."""
+    x = x.contiguous().float()
+    m, k = x.shape
+    n, row_bytes = _rows(qtype, weight, n)
+    scratch = torch.empty(m * activation_row_bytes(qtype, k), dtype=torch.uint8)
+    y = torch.empty(m, n, dtype=torch.float32)
+    _lib().vsk_linear(qtype, weight.data_ptr(), row_bytes, n, k, x.data_ptr(), m, scratch.data_ptr(), y.data_ptr())
+    return y
+
+
+def _rows(qtype: int, weight: torch.Tensor, n: int | None) -> tuple[int, int]:
+    """(N, bytes per row): a GGUF matrix is [N, row bytes]; a tile form is flat, with N given."""
+    if qtype in _ACT_OF_TILE:
+        if n is None:
+            raise ValueError("a tile form needs its row count")
+        return n, 0
+    if n is not None and n != weight.shape[0]:
+        raise ValueError(f"weight has {weight.shape[0]} rows, not {n}")
+    return int(weight.shape[0]), int(weight.shape[1])

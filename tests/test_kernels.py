@@ -1,0 +1,163 @@
+"""The native kernels against a float64 reference built from the `gguf` package's dequantization, on every
+path this CPU runs, and their row independence (bit for bit, whatever the other rows are and however many)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+
+from verispec.kernels import native
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="native kernels not compiled")
+
+TYPES = {
+    "Q4_0": GGMLQuantizationType.Q4_0, "Q4_1": GGMLQuantizationType.Q4_1, "Q5_0": GGMLQuantizationType.Q5_0,
+    "Q8_0": GGMLQuantizationType.Q8_0, "Q4_K": GGMLQuantizationType.Q4_K, "Q6_K": GGMLQuantizationType.Q6_K,
+}  # fmt: skip
+_HALF_OFFSETS = {2: (0,), 3: (0, 2), 6: (0,), 8: (0,), 12: (0, 2), 14: (208,)}  # float16 fields per block
+
+
+def paths() -> list[str]:
+    return list(native.ISAS[: native.ISAS.index(native.best_isa()) + 1]) if native.available() else []
+
+
+@pytest.fixture(params=paths())
+def path(request):
+    before = native.isa()
+    native.set_isa(request.param)
+    yield request.param
+    native.set_isa(before)
+
+
+def random_blocks(qtype: int, rows: int, k: int, seed: int) -> np.ndarray:
+    """[rows, row bytes] of random blocks: every bit pattern of the quantized fields, sane float16 scales."""
+    block, size = native.QUANT_TYPES[qtype]
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, 256, size=(rows, k // block, size), dtype=np.uint8)
+    for offset in _HALF_OFFSETS[qtype]:
+        scales = rng.uniform(-0.02, 0.02, size=(rows, k // block)).astype(np.float16)
+        data[:, :, offset : offset + 2] = scales.view(np.uint8).reshape(rows, k // block, 2)
+    return data.reshape(rows, -1)
+
+
+def dequantized(qtype: int, data: np.ndarray, k: int) -> np.ndarray:
+    return dequantize(data, GGMLQuantizationType(qtype)).reshape(data.shape[0], k).astype(np.float64)
+
+
+def activations_as_floats(qtype: int, xq: torch.Tensor, k: int) -> np.ndarray:
+    """What the kernel multiplies by: each quantized activation block as q * d, in float64."""
+    block = 32 if qtype in native.TILE_OF.values() else native.QUANT_TYPES[qtype][0]
+    if block == 32:
+        layout = np.dtype([("d", "<f4"), ("half", "<i2", 2), ("q", "i1", 32)])
+    else:
+        layout = np.dtype([("d", "<f4"), ("bsum", "<i2", 16), ("q", "i1", 256)])
+    blocks = xq.numpy().view(layout).reshape(xq.shape[0], k // block)
+    return (blocks["q"].astype(np.float64) * blocks["d"].astype(np.float64)[..., None]).reshape(xq.shape[0], k)
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 37, 512), (5, 64, 256), (17, 24, 768)])
+def test_products_match_the_float64_reference(path, name, m, n, k):
+    qtype = int(TYPES[name])
+    weight = random_blocks(qtype, n, k, seed=m + n)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(k)) * 3
+    xq = native.quantize(qtype, x)
+    x_used = activations_as_floats(qtype, xq, k)
+    # the activations' 8-bit rounding: within half a step of each block's scale
+    block = native.QUANT_TYPES[qtype][0]
+    step = np.abs(x.numpy()).reshape(m, -1, block).max(-1, keepdims=True) / 127
+    assert np.all(np.abs(x_used - x.numpy()).reshape(m, -1, block) <= step / 2 * 1.0001 + 1e-7)
+    w = dequantized(qtype, weight, k)
+    expected = x_used @ w.T
+    got = native.matmul(qtype, torch.from_numpy(weight), xq, k).numpy()
+    scale = np.abs(x_used) @ np.abs(w).T
+    assert np.all(np.abs(got - expected) <= 2e-5 * scale + 1e-6), (name, path, np.abs(got - expected).max())
+    assert torch.equal(native.linear(qtype, torch.from_numpy(weight), x), torch.from_numpy(got))
+
+
+def test_a_wrong_rule_fails_the_reference_check():
+    """Negative control: dropping one sub-block's scale (a plausible unpacking bug) is far outside tolerance."""
+    qtype, n, k = int(GGMLQuantizationType.Q4_K), 16, 256
+    weight = random_blocks(qtype, n, k, seed=3)
+    x = torch.randn(2, k, generator=torch.Generator().manual_seed(0))
+    xq = native.quantize(qtype, x)
+    w = dequantized(qtype, weight, k)
+    w[:, 32:64] = 0.0  # the reference without sub-block 1
+    expected = activations_as_floats(qtype, xq, k) @ w.T
+    got = native.matmul(qtype, torch.from_numpy(weight), xq, k).numpy()
+    assert np.abs(got - expected).max() > 1e-3 * np.abs(expected).max()
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+def test_each_row_is_the_same_bits_whatever_shares_its_call(path, name):
+    qtype, n, k = int(TYPES[name]), 40, 512
+    weight = torch.from_numpy(random_blocks(qtype, n, k, seed=7))
+    rows = torch.randn(16, k, generator=torch.Generator().manual_seed(1))
+    alone = torch.cat([native.linear(qtype, weight, rows[i : i + 1]) for i in range(16)])
+    for m in range(1, 17):
+        assert torch.equal(native.linear(qtype, weight, rows[:m]), alone[:m]), m
+    others = torch.randn(16, k, generator=torch.Generator().manual_seed(2)) * 100
+    others[5] = rows[5]
+    assert torch.equal(native.linear(qtype, weight, others)[5], alone[5])
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 3):
+            native.set_threads(count)
+            assert torch.equal(native.linear(qtype, weight, rows), alone), count
+    finally:
+        native.set_threads(threads)
+
+
+# ---- tile forms (Q4_K and Q6_K repacked, 16 rows interleaved) ------------------------------------------
+TILED = ["Q4_K", "Q6_K"]
+
+
+@pytest.mark.parametrize("name", TILED)
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 37, 512), (5, 64, 256), (17, 24, 768), (3, 16, 1536)])
+def test_tile_products_match_the_float64_reference(path, name, m, n, k):
+    qtype = int(TYPES[name])
+    weight = random_blocks(qtype, n, k, seed=m + n)
+    tile, tiles = native.repack(qtype, torch.from_numpy(weight), k)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(k)) * 3
+    xq = native.quantize(tile, x)
+    expected = activations_as_floats(tile, xq, k) @ dequantized(qtype, weight, k).T
+    got = native.matmul(tile, tiles, xq, k, n).numpy()
+    scale = np.abs(activations_as_floats(tile, xq, k)) @ np.abs(dequantized(qtype, weight, k)).T
+    assert np.all(np.abs(got - expected) <= 2e-5 * scale + 1e-6), (name, path, np.abs(got - expected).max())
+
+
+@pytest.mark.parametrize("name", TILED)
+def test_tile_rows_are_the_same_bits_whatever_shares_their_call(path, name):
+    qtype, n, k = int(TYPES[name]), 48, 512
+    tile, tiles = native.repack(qtype, torch.from_numpy(random_blocks(qtype, n, k, seed=9)), k)
+    rows = torch.randn(16, k, generator=torch.Generator().manual_seed(4))
+    alone = torch.cat([native.linear(tile, tiles, rows[i : i + 1], n) for i in range(16)])
+    for m in range(1, 17):
+        assert torch.equal(native.linear(tile, tiles, rows[:m], n), alone[:m]), m
+    others = torch.randn(16, k, generator=torch.Generator().manual_seed(5)) * 100
+    others[9] = rows[9]
+    assert torch.equal(native.linear(tile, tiles, others, n)[9], alone[9])
+
+
+def test_a_native_linear_of_mixed_parts_equals_its_dequantized_matrix():
+    """Fused layers (q/k/v, gate/up) stack parts of different block types, tiled and not, plus a bias."""
+    from verispec.kernels.linear import NativeLinear
+
+    k = 512
+    parts = [(int(TYPES[name]), torch.from_numpy(random_blocks(int(TYPES[name]), rows, k, seed=rows)))
+             for name, rows in (("Q4_K", 48), ("Q5_0", 20), ("Q6_K", 16), ("Q8_0", 8))]  # fmt: skip
+    bias = torch.randn(92)
+    layer = NativeLinear(k, parts, bias)
+    assert [kind for kind, _ in layer.kernels] == [112, 6, 114, 8]
+    x = torch.randn(3, 2, k, generator=torch.Generator().manual_seed(0))
+    w = np.concatenate([dequantized(qtype, weight.numpy(), k) for qtype, weight in parts])
+    expected = x.reshape(6, k).double().numpy() @ w.T + bias.double().numpy()
+    got = layer(x)
+    assert got.shape == (3, 2, 92)
+    assert np.abs(got.reshape(6, 92).double().numpy() - expected).max() < 0.02 * np.abs(expected).max()
+    rows = torch.tensor([0, 5, 47])
+    head = NativeLinear(k, parts[:1], bias[:48]).select_rows(rows)
+    assert torch.equal(head(x), NativeLinear(k, parts[:1], bias[:48])(x)[..., rows])
