@@ -112,7 +112,7 @@ def test_each_row_is_the_same_bits_whatever_shares_its_call(path, name):
 
 
 # ---- tile forms (Q4_K and Q6_K repacked, 16 rows interleaved) ------------------------------------------
-TILED = ["Q4_K", "Q6_K"]
+TILED = ["Q5_0", "Q4_K", "Q6_K"]
 
 
 @pytest.mark.parametrize("name", TILED)
@@ -151,7 +151,7 @@ def test_a_native_linear_of_mixed_parts_equals_its_dequantized_matrix():
              for name, rows in (("Q4_K", 48), ("Q5_0", 20), ("Q6_K", 16), ("Q8_0", 8))]  # fmt: skip
     bias = torch.randn(92)
     layer = NativeLinear(k, parts, bias)
-    assert [kind for kind, _ in layer.kernels] == [112, 6, 114, 8]
+    assert [kind for kind, _ in layer.kernels] == [112, 106, 114, 8]
     x = torch.randn(3, 2, k, generator=torch.Generator().manual_seed(0))
     w = np.concatenate([dequantized(qtype, weight.numpy(), k) for qtype, weight in parts])
     expected = x.reshape(6, k).double().numpy() @ w.T + bias.double().numpy()

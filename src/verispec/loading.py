@@ -90,12 +90,12 @@ def load_model(
         if not os.access(path, os.R_OK):
             raise ModelLoadError(f"model path is not readable: {path}")
     if quantization == "gguf":
-        from .gguf_native import load_native
+        from .gguf_native import FORM, load_native
         from .kernels import native
 
         loaded = None
         if path.is_file() and native.available():
-            loaded = load_native(path, converted_folder(path, "gguf-tiles"))
+            loaded = load_native(path, converted_folder(path, FORM))
         if loaded is not None:
             return LoadedModel(text, path, *loaded)
         quantization = "int4"  # not a GGUF file, or block types without a native kernel: PyTorch's kernels

@@ -55,7 +55,7 @@ static int best_isa(void) {
 static int current_isa = -1;
 
 static vsk_kernel kernel_for(int isa, int type) {
-    if (type == VSK_T4_K || type == VSK_T6_K) {
+    if (type == VSK_T4_K || type == VSK_T6_K || type == VSK_T5_0) {
         vsk_kernel k = NULL;
         if (isa >= VSK_ISA_AVX512) k = vsk_tile_kernel_avx512(type);
         if (!k && isa >= VSK_ISA_AVX2) k = vsk_tile_kernel_avx2(type);
@@ -88,7 +88,9 @@ VSK_API int vsk_has_kernel(int type) { return kernel_for(VSK_ISA_SCALAR, type) !
 
 void vsk_repack_rows(int type, const uint8_t *src, size_t row_bytes, int N, int K, uint8_t *dst);
 
-static int tile_type(int type) { return type == VSK_Q4_K ? VSK_T4_K : type == VSK_Q6_K ? VSK_T6_K : -1; }
+static int tile_type(int type) {
+    return type == VSK_Q4_K ? VSK_T4_K : type == VSK_Q6_K ? VSK_T6_K : type == VSK_Q5_0 ? VSK_T5_0 : -1;
+}
 
 /* bytes of the tile form of an [N, K] matrix of `type`, or 0 when the type has none */
 VSK_API size_t vsk_repacked_bytes(int type, int N, int K) {
@@ -97,7 +99,7 @@ VSK_API size_t vsk_repacked_bytes(int type, int N, int K) {
 
 /* writes the tile form into dst (vsk_repacked_bytes) and returns its type, or -1 */
 VSK_API int vsk_repack(int type, const uint8_t *src, size_t row_bytes, int N, int K, uint8_t *dst) {
-    if (tile_type(type) < 0 || K % 256) return -1;
+    if (tile_type(type) < 0 || K % (type == VSK_Q5_0 ? 32 : 256)) return -1;
     vsk_repack_rows(type, src, row_bytes, N, K, dst);
     return tile_type(type);
 }

@@ -8,6 +8,8 @@
  * T4_K superblock (2368 bytes): f16 d[16], f16 dmin[16], u8 scale[8][16], u8 min[8][16], nibbles[8][256].
  * T6_K superblock (3360 bytes): f16 d[16], i8 scale[16][16], nibbles[8][256], high bits[8][128]; the high
  *   bits of group g (0..7) of a sub-block sit in chunk g / 4, bits 2 (g % 4) .. 2 (g % 4) + 1 of each byte.
+ * T5_0 block of 32 weights (352 bytes): f16 d[16], nibbles[256], fifth bits[64] (group g in bit g of each
+ *   byte); values 0..31, the weight d * (value - 16).
  * Rows past N are zero (they add nothing and are never stored).
  */
 #include <string.h>
@@ -18,10 +20,6 @@
 #define MAX_ROWS 16
 #define T4K_BYTES 2368
 #define T6K_BYTES 3360
-
-size_t vsk_tile_strip_bytes(int type, int K) {
-    return (size_t)(K / 256) * (type == VSK_T4_K ? T4K_BYTES : T6K_BYTES);
-}
 
 /* the weight index (0..31 within a sub-block) of byte c of group g */
 static inline int group_index(int g, int c) { return g < 4 ? 4 * g + c : 16 + 4 * (g - 4) + c; }
@@ -34,8 +32,44 @@ static void pack_nibbles(const uint8_t values[16][256], int j, uint8_t *out) {
                                                     ((values[n][32 * j + 16 + 4 * i + c] & 0x0F) << 4));
 }
 
+#define T50_BYTES 352
+
+size_t vsk_tile_strip_bytes(int type, int K) {
+    if (type == VSK_T5_0) return (size_t)(K / 32) * T50_BYTES;
+    return (size_t)(K / 256) * (type == VSK_T4_K ? T4K_BYTES : T6K_BYTES);
+}
+
+static void repack_q5_0(const uint8_t *src, size_t row_bytes, int N, int K, uint8_t *dst) {
+    const int strips = (N + 15) / 16, blocks = K / 32;
+    memset(dst, 0, vsk_tile_strip_bytes(VSK_T5_0, K) * (size_t)strips);
+    for (int t = 0; t < strips; t++)
+        for (int b = 0; b < blocks; b++) {
+            uint8_t *out = dst + ((size_t)t * blocks + b) * T50_BYTES;
+            uint8_t values[16][256];
+            memset(values, 0, sizeof values);
+            for (int n = 0; n < 16 && 16 * t + n < N; n++) {
+                const uint8_t *blk = src + (size_t)(16 * t + n) * row_bytes + (size_t)b * 22;
+                memcpy(out + 2 * n, blk, 2);
+                const uint32_t qh = rd32(blk + 2);
+                for (int j = 0; j < 16; j++) {
+                    values[n][j] = (uint8_t)((blk[6 + j] & 0x0F) | (((qh >> j) & 1u) << 4));
+                    values[n][j + 16] = (uint8_t)((blk[6 + j] >> 4) | (((qh >> (j + 16)) & 1u) << 4));
+                }
+            }
+            pack_nibbles((const uint8_t (*)[256])values, 0, out + 32);
+            for (int g = 0; g < 8; g++)
+                for (int n = 0; n < 16; n++)
+                    for (int c = 0; c < 4; c++)
+                        out[288 + 4 * n + c] |= (uint8_t)(((values[n][group_index(g, c)] >> 4) & 1) << g);
+        }
+}
+
 /* __attribute__((visibility)) is set on the entry point in vsk_core.c */
 void vsk_repack_rows(int type, const uint8_t *src, size_t row_bytes, int N, int K, uint8_t *dst) {
+    if (type == VSK_Q5_0) {
+        repack_q5_0(src, row_bytes, N, K, dst);
+        return;
+    }
     const int strips = (N + 15) / 16, blocks = K / 256;
     const size_t strip_bytes = vsk_tile_strip_bytes(type == VSK_Q4_K ? VSK_T4_K : VSK_T6_K, K);
     memset(dst, 0, strip_bytes * (size_t)strips);
@@ -138,6 +172,38 @@ static void kernel_t4_k(const uint8_t *W, size_t row_bytes, int n0, int n1, int 
     tile_kernel(VSK_T4_K, W, n0, n1, K, xq, x_stride, M, y, ldy);
 }
 
+static void kernel_t5_0(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
+                        size_t x_stride, int M, float *y, int ldy) {
+    (void)row_bytes;
+    const int blocks = K / 32;
+    for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
+        for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
+            const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
+            float acc[MAX_ROWS][16] = {{0}};
+            for (int b = 0; b < blocks; b++) {
+                const uint8_t *blk = W + ((size_t)t * blocks + b) * T50_BYTES;
+                for (int n = 0; n < 16; n++) {
+                    const float d = vsk_fp16_to_fp32(rd16(blk + 2 * n));
+                    uint8_t w[32];
+                    unpack_sub(blk + 32, NULL, n, w);
+                    for (int g = 0; g < 8; g++)
+                        for (int c = 0; c < 4; c++)
+                            w[group_index(g, c)] |= (uint8_t)(((blk[288 + 4 * n + c] >> g) & 1) << 4);
+                    for (int m = 0; m < rows; m++) {
+                        const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)(r0 + m) * x_stride) + b;
+                        int32_t s = -16 * (x->half[0] + x->half[1]);
+                        for (int i = 0; i < 32; i++) s += (int32_t)w[i] * x->q[i];
+                        acc[m][n] += (d * x->d) * (float)s;
+                    }
+                }
+            }
+            for (int m = 0; m < rows; m++)
+                for (int n = 0; n < 16; n++)
+                    if (16 * t + n < n1) y[(size_t)(r0 + m) * ldy + 16 * t + n] = acc[m][n];
+        }
+    }
+}
+
 static void kernel_t6_k(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
                         size_t x_stride, int M, float *y, int ldy) {
     (void)row_bytes;
@@ -145,5 +211,5 @@ static void kernel_t6_k(const uint8_t *W, size_t row_bytes, int n0, int n1, int 
 }
 
 vsk_kernel vsk_tile_kernel_scalar(int type) {
-    return type == VSK_T4_K ? kernel_t4_k : type == VSK_T6_K ? kernel_t6_k : NULL;
+    return type == VSK_T4_K ? kernel_t4_k : type == VSK_T6_K ? kernel_t6_k : type == VSK_T5_0 ? kernel_t5_0 : NULL;
 }

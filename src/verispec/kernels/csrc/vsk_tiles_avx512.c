@@ -45,6 +45,10 @@ static void tile_kernel(int six, const uint8_t *W, int n0, int n1, int K, const 
                 const __m512 dmin = six ? d : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
                 const uint8_t *nibbles = blk + (six ? 288 : 320);
                 for (int j = 0; j < 8; j++) {
+                    /* keep memory busy while the rows are computed: ask for the data two superblocks ahead */
+                    for (int l = 0; l < (six ? 7 : 5); l++)
+                        _mm_prefetch((const char *)blk + 2 * block_bytes + (size_t)j * (six ? 420 : 296) + 64 * l,
+                                     _MM_HINT_T0);
                     __m512i w[8];
                     for (int i = 0; i < 4; i++) {
                         const __m512i p = _mm512_loadu_si512((const void *)(nibbles + 256 * j + 64 * i));
@@ -104,8 +108,52 @@ static void kernel_t6_k(const uint8_t *W, size_t row_bytes, int n0, int n1, int 
     tile_kernel(1, W, n0, n1, K, xq, x_stride, M, y, ldy);
 }
 
+/* T5_0: per block of 32 weights, values 0..31 (nibbles and a fifth bit), the weight d * (value - 16) */
+static void kernel_t5_0(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
+                        size_t x_stride, int M, float *y, int ldy) {
+    (void)row_bytes;
+    const int blocks = K / 32;
+    const __m512i low = _mm512_set1_epi8(0x0F), five = _mm512_set1_epi8(0x10);
+    for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
+        for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
+            const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
+            __m512 acc[MAX_ROWS];
+            for (int m = 0; m < rows; m++) acc[m] = _mm512_setzero_ps();
+            for (int b = 0; b < blocks; b++) {
+                const uint8_t *blk = W + ((size_t)t * blocks + b) * 352;
+                for (int l = 0; l < 6; l++) _mm_prefetch((const char *)blk + 4 * 352 + 64 * l, _MM_HINT_T0);
+                const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+                const __m512i h = _mm512_loadu_si512((const void *)(blk + 288));
+                __m512i w[8];
+                for (int i = 0; i < 4; i++) {
+                    const __m512i p = _mm512_loadu_si512((const void *)(blk + 32 + 64 * i));
+                    w[i] = _mm512_and_si512(p, low);
+                    w[4 + i] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
+                }
+                w[0] = _mm512_or_si512(w[0], _mm512_and_si512(_mm512_slli_epi16(h, 4), five));
+                w[1] = _mm512_or_si512(w[1], _mm512_and_si512(_mm512_slli_epi16(h, 3), five));
+                w[2] = _mm512_or_si512(w[2], _mm512_and_si512(_mm512_slli_epi16(h, 2), five));
+                w[3] = _mm512_or_si512(w[3], _mm512_and_si512(_mm512_slli_epi16(h, 1), five));
+                w[4] = _mm512_or_si512(w[4], _mm512_and_si512(h, five));
+                w[5] = _mm512_or_si512(w[5], _mm512_and_si512(_mm512_srli_epi16(h, 1), five));
+                w[6] = _mm512_or_si512(w[6], _mm512_and_si512(_mm512_srli_epi16(h, 2), five));
+                w[7] = _mm512_or_si512(w[7], _mm512_and_si512(_mm512_srli_epi16(h, 3), five));
+                for (int m = 0; m < rows; m++) {
+                    const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)(r0 + m) * x_stride) + b;
+                    __m512i s = _mm512_set1_epi32(-16 * (x->half[0] + x->half[1]));
+                    for (int g = 0; g < 8; g++) s = _mm512_dpbusd_epi32(s, w[g], broadcast_group(x, g));
+                    acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x->d)), _mm512_cvtepi32_ps(s), acc[m]);
+                }
+            }
+            const int lanes = n1 - 16 * t < 16 ? n1 - 16 * t : 16;
+            const __mmask16 keep = (__mmask16)((1u << lanes) - 1u);
+            for (int m = 0; m < rows; m++) _mm512_mask_storeu_ps(y + (size_t)(r0 + m) * ldy + 16 * t, keep, acc[m]);
+        }
+    }
+}
+
 vsk_kernel vsk_tile_kernel_avx512(int type) {
-    return type == VSK_T4_K ? kernel_t4_k : type == VSK_T6_K ? kernel_t6_k : NULL;
+    return type == VSK_T4_K ? kernel_t4_k : type == VSK_T6_K ? kernel_t6_k : type == VSK_T5_0 ? kernel_t5_0 : NULL;
 }
 
 #endif
