@@ -161,3 +161,69 @@ def test_a_native_linear_of_mixed_parts_equals_its_dequantized_matrix():
     rows = torch.tensor([0, 5, 47])
     head = NativeLinear(k, parts[:1], bias[:48]).select_rows(rows)
     assert torch.equal(head(x), NativeLinear(k, parts[:1], bias[:48])(x)[..., rows])
+
+
+# ---- choosing the path, and the fallback without a compiled library -------------------------------------
+@pytest.fixture
+def fresh_library(monkeypatch):
+    """library() re-read under the test's environment, and restored afterwards."""
+    isa_before = native.isa()
+    native.library.cache_clear()
+    yield monkeypatch
+    monkeypatch.undo()
+    native.library.cache_clear()
+    native.set_isa(isa_before)
+
+
+def test_without_the_compiled_library_auto_runs_pytorch_and_says_so_once(fresh_library, capsys):
+    from verispec.quantize import resolve_quantization
+
+    fresh_library.setattr(native, "library_path", lambda: None)
+    assert not native.available() and native.isa() == "torch"
+    assert resolve_quantization("auto", "cpu", dtype_chosen=False) == "int4"
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "PyTorch" in warnings[0]
+
+
+def test_verispec_kernels_forces_a_path(fresh_library):
+    from verispec.errors import InvalidParameterError
+
+    fresh_library.setenv("VERISPEC_KERNELS", "scalar")
+    assert native.isa() == "scalar"
+    native.library.cache_clear()
+    fresh_library.setenv("VERISPEC_KERNELS", "torch")
+    assert not native.available()
+    native.library.cache_clear()
+    fresh_library.setenv("VERISPEC_KERNELS", "sse9")
+    with pytest.raises(InvalidParameterError, match="VERISPEC_KERNELS"):
+        native.library()
+
+
+# ---- attention of decode and verify passes ---------------------------------------------------------------
+def _attention_reference(q, keys, values, start, scale):
+    s, h, d = q.shape
+    group = h // keys.shape[0]
+    out = torch.empty(s, h, d, dtype=torch.float64)
+    for m in range(s):
+        for head in range(h):
+            k, v = keys[head // group, : start + m + 1].double(), values[head // group, : start + m + 1].double()
+            p = torch.softmax(k @ q[m, head].double() * scale, dim=0)
+            out[m, head] = p @ v
+    return out
+
+
+def test_attention_matches_the_reference_and_each_query_only_its_own_prefix():
+    g = torch.Generator().manual_seed(0)
+    heads, kv_heads, d, length, start = 6, 2, 16, 40, 21
+    keys, values = torch.randn(kv_heads, length, d, generator=g), torch.randn(kv_heads, length, d, generator=g)
+    q = torch.randn(5, heads, d, generator=g)
+    got = native.attention(q, keys, values, start, d**-0.5)
+    assert torch.allclose(got.double(), _attention_reference(q, keys, values, start, d**-0.5), atol=1e-5)
+    # bit for bit the same alone (a decode step) as beside the others (a verify pass)
+    for m in range(5):
+        alone = native.attention(q[m : m + 1], keys, values, start + m, d**-0.5)
+        assert torch.equal(alone[0], got[m]), m
+    # positions past a query's own are never read
+    poisoned_keys, poisoned_values = keys.clone(), values.clone()
+    poisoned_keys[:, start + 1 :], poisoned_values[:, start + 1 :] = float("nan"), float("nan")
+    assert torch.equal(native.attention(q[:1], poisoned_keys, poisoned_values, start, d**-0.5)[0], got[0])

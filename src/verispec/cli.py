@@ -79,6 +79,10 @@ def build_generator(args: argparse.Namespace, with_draft: bool = True):
         if args.threads < 1:
             raise VerispecError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
+        from .kernels import native
+
+        if native.available():
+            native.claim_threads(args.threads)
     draft = args.speculative_model if with_draft and args.speculative_model.lower() != "none" else None
     method = "draft" if draft is None and args.speculative_method == "hybrid" else args.speculative_method
     return SpeculativeGenerator(
@@ -227,10 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown and args.command not in _STUBS:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    if hasattr(args, "quantization"):
-        args.quantization = resolve_quantization(args.quantization, args.device, dtype_chosen=args.dtype is not None)
-        args.dtype = args.dtype or "float32"
     try:
+        if hasattr(args, "quantization"):
+            args.quantization = resolve_quantization(
+                args.quantization, args.device, dtype_chosen=args.dtype is not None
+            )
+            args.dtype = args.dtype or "float32"
         return COMMANDS[args.command][1](args)
     except VerispecError as exc:
         print(f"verispec: error: {exc}", file=sys.stderr)

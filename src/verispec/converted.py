@@ -8,10 +8,13 @@ file, another format or a new verispec never reads a stale cache.
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from .bundled import cache_dir
+from .bundled import cache_dir, remove_stale_temporaries
 
 _CONVERTED_FORMAT = 2  # bump when a converted layout changes
 
@@ -34,3 +37,23 @@ def remove_superseded(folder: Path, path: Path) -> None:
         older = other.name.startswith(f"{path.stem}-") and f"-v{_CONVERTED_FORMAT}-" not in other.name
         if other.name.startswith(same_form + "-") or older:
             shutil.rmtree(other, ignore_errors=True)
+
+
+@contextmanager
+def writing(folder: Path, path: Path) -> Iterator[Path]:
+    """A temporary folder to write a converted form of `path` into, its `config.json` last (that file marks a
+    form complete). When the block completes, superseded forms are removed and the folder is renamed into
+    place, unless another process completed the same form first; on any error it is removed."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(folder.parent)
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        remove_superseded(folder, path)
+        if not (folder / "config.json").is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            os.replace(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -10,17 +10,16 @@ file naming the tensor. Later loads map the file and build the model in a fracti
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
-from . import bundled
 from .config import ModelConfig
-from .converted import remove_superseded
+from .converted import writing
 from .errors import ModelLoadError
+from .gguf_source import undo_rope_permutation
 from .kernels import native
 from .kernels.linear import GGUFEmbedding, NativeLinear
 from .model import Transformer
@@ -31,11 +30,11 @@ _FLOAT_TYPES = {0: np.float32, 1: np.float16}  # F32, F16: 1-D tensors (norms, b
 _HALF_FIELDS = {2: (18, (0,)), 3: (20, (0, 2)), 6: (22, (0,)), 8: (34, (0,)), 12: (144, (0, 2)), 14: (210, (208,))}
 
 
-def load_native(path: Path, folder: Path) -> tuple[Transformer, Tokenizer] | None:
+def load_native(path: Path, folder: Path, progress: bool = True) -> tuple[Transformer, Tokenizer] | None:
     """The model on the native kernels, or None when a matrix has a block type without a kernel.
-    `folder`: where the index of this file is cached (see loading._converted_folder)."""
+    `folder`: where the index of this file is cached (see converted.converted_folder)."""
     if not (folder / "config.json").is_file():
-        _write_index(path, folder)
+        _write_index(path, folder, progress)
     config = ModelConfig.from_json((folder / "config.json").read_text())
     index = json.loads((folder / "tensors.json").read_text())
     matrices = [entry["type"] for entry in index["tensors"].values() if len(entry["shape"]) > 1]
@@ -56,7 +55,7 @@ def _build(config: ModelConfig, index: dict, data: np.memmap, tiles: np.memmap |
         qtype, rows = entry["type"], entry["shape"][-1] if len(entry["shape"]) > 1 else 1
         weight = torch.from_numpy(data[entry["offset"] : entry["offset"] + entry["bytes"]].reshape(rows, -1))
         if permute_heads is not None:
-            weight = _undo_rope_permutation(weight, permute_heads).contiguous()
+            weight = undo_rope_permutation(weight, permute_heads).contiguous()
         return qtype, weight
 
     def part(name: str, permute_heads: int | None = None) -> tuple[tuple[int, torch.Tensor], tuple | None]:
@@ -75,7 +74,7 @@ def _build(config: ModelConfig, index: dict, data: np.memmap, tiles: np.memmap |
         entry = index["tensors"][name]
         raw = data[entry["offset"] : entry["offset"] + entry["bytes"]].view(_FLOAT_TYPES[entry["type"]])
         values = torch.from_numpy(raw.astype(np.float32))
-        return values if permute_heads is None else _undo_rope_permutation(values, permute_heads).contiguous()
+        return values if permute_heads is None else undo_rope_permutation(values, permute_heads).contiguous()
 
     rope = arch in {"llama", "mistral"}  # llama.cpp permuted these architectures' q and k rows
     q_heads, k_heads = (config.num_heads, config.num_kv_heads) if rope else (None, None)
@@ -93,6 +92,7 @@ def _build(config: ModelConfig, index: dict, data: np.memmap, tiles: np.memmap |
         block.mlp.w_gate_up = linear([p + "ffn_gate.weight", p + "ffn_up.weight"], hidden)
         block.mlp.w_down = linear([p + "ffn_down.weight"], config.intermediate_size)
         block.attn.batch_invariant = True  # decode and verify passes attend per query: greedy stays identical
+        block.attn.attend_per_query = native.attention
         state[f"layers.{i}.attn_norm.weight"] = floats(p + "attn_norm.weight")
         state[f"layers.{i}.mlp_norm.weight"] = floats(p + "ffn_norm.weight")
         if bias is not None:
@@ -105,42 +105,22 @@ def _build(config: ModelConfig, index: dict, data: np.memmap, tiles: np.memmap |
     return model.eval()
 
 
-def _undo_rope_permutation(weight: torch.Tensor, heads: int) -> torch.Tensor:
-    """llama.cpp's converter interleaves each head's rotary halves for Llama; restore HF's row order."""
-    rest = weight.shape[1:]
-    return weight.reshape(heads, weight.shape[0] // heads // 2, 2, *rest).transpose(1, 2).reshape(weight.shape)
-
-
-def _write_index(path: Path, folder: Path) -> None:
+def _write_index(path: Path, folder: Path, progress: bool) -> None:
     from .gguf_source import GGUFSource
 
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    bundled.remove_stale_temporaries(folder.parent)
     source = GGUFSource(path)
-    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        tensors = _write_tiles(path, source, tmp / "tiles.bin")
-        index = {"architecture": source.arch, "tensors": tensors}
-        (tmp / "tensors.json").write_text(json.dumps(index))
-        eot = source.reader.fields.get("tokenizer.ggml.eot_token_id")
-        stop_ids = (int(eot.contents()),) if eot else ()
-        Tokenizer.from_transformers(path.parent, gguf_file=path.name, extra_stop_ids=stop_ids).save(tmp)
-        (tmp / "config.json").write_text(source.config.to_json())  # written last: marks the folder complete
-        remove_superseded(folder, path)
-        if not (folder / "config.json").is_file():
-            shutil.rmtree(folder, ignore_errors=True)
-            os.replace(tmp, folder)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with writing(folder, path) as tmp:
+        tensors = _write_tiles(path, source, tmp / "tiles.bin", progress)
+        (tmp / "tensors.json").write_text(json.dumps({"architecture": source.arch, "tensors": tensors}))
+        source.write_tokenizer_and_config(tmp)
 
 
-def _write_tiles(path: Path, source, out: Path) -> dict:
+def _write_tiles(path: Path, source, out: Path, progress: bool) -> dict:
     """The index of every tensor, checking each; matrices with a tile form are repacked into `out`."""
     tensors = {}
-    with open(out, "wb") as tiles:
-        for tensor in source.reader.tensors:
+    bar = tqdm(source.reader.tensors, desc=f"indexing {path.name}", unit="tensor", disable=not progress)
+    with open(out, "wb") as tiles, bar:
+        for tensor in bar:
             entry = {"type": int(tensor.tensor_type), "shape": [int(d) for d in tensor.shape],
                      "offset": int(tensor.data_offset), "bytes": int(tensor.n_bytes)}  # fmt: skip
             _check_finite(path, tensor.name, entry)

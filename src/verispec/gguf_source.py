@@ -13,6 +13,7 @@ from gguf.quants import dequantize
 from .config import ModelConfig
 from .errors import ModelLoadError
 from .quantize import Int4Weight, int4_from_gguf
+from .tokenizer import Tokenizer
 
 SUPPORTED_ARCHITECTURES = {"llama", "qwen2", "mistral"}
 _LAYER_NAMES = {
@@ -86,6 +87,13 @@ class GGUFSource:
             return None
         return self.config.num_heads if short.startswith("q") else self.config.num_kv_heads
 
+    def write_tokenizer_and_config(self, folder: Path) -> None:
+        """The tokenizer (read once with transformers) and, last, config.json: what every cached form holds."""
+        eot = self.reader.fields.get("tokenizer.ggml.eot_token_id")
+        stop_ids = (int(eot.contents()),) if eot else ()
+        Tokenizer.from_transformers(self.path.parent, gguf_file=self.path.name, extra_stop_ids=stop_ids).save(folder)
+        (folder / "config.json").write_text(self.config.to_json())
+
     def release_pages(self) -> None:
         """Drop the file's pages that were read from this process's memory map (they stay in the page cache):
         converting part by part then never holds more of the file in memory than one part."""
@@ -112,7 +120,7 @@ class GGUFSource:
         heads = self._rope_heads(name)
         if heads is not None and rows is not None:
             raise ValueError(f"{name}: rotary rows are permuted per head; fetch the whole matrix")
-        return weight if heads is None else _undo_rope_permutation(weight, heads)
+        return weight if heads is None else undo_rope_permutation(weight, heads)
 
     def fetch_int4(self, name: str, rows: tuple[int, int] | None = None) -> Int4Weight | None:
         """The exact int4 form of a 4-bit tensor (Q4_K, Q4_0, Q4_1), else None (rows as in `fetch`)."""
@@ -126,10 +134,10 @@ class GGUFSource:
         heads = self._rope_heads(name)
         if weight is None or heads is None:
             return weight
-        return Int4Weight(*(_undo_rope_permutation(t, heads) for t in (weight.q, weight.scale, weight.zero)))
+        return Int4Weight(*(undo_rope_permutation(t, heads) for t in (weight.q, weight.scale, weight.zero)))
 
 
-def _undo_rope_permutation(weight: torch.Tensor, heads: int) -> torch.Tensor:
+def undo_rope_permutation(weight: torch.Tensor, heads: int) -> torch.Tensor:
     """llama.cpp's converter interleaves each head's rotary halves for Llama; restore HF's layout."""
     rest = weight.shape[1:]
     return weight.reshape(heads, weight.shape[0] // heads // 2, 2, *rest).transpose(1, 2).reshape(weight.shape)

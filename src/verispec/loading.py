@@ -11,7 +11,6 @@ processes that died are removed by the next conversion.
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from tqdm import tqdm
 
 from . import bundled
 from .config import ModelConfig
-from .converted import converted_folder, remove_superseded
+from .converted import converted_folder, writing
 from .errors import InvalidParameterError, ModelLoadError
 from .model import Transformer
 from .quantize import ACTIVATION_DTYPE, QUANTIZATIONS
@@ -95,7 +94,7 @@ def load_model(
 
         loaded = None
         if path.is_file() and native.available():
-            loaded = load_native(path, converted_folder(path, FORM))
+            loaded = load_native(path, converted_folder(path, FORM), progress)
         if loaded is not None:
             return LoadedModel(text, path, *loaded)
         quantization = "int4"  # not a GGUF file, or block types without a native kernel: PyTorch's kernels
@@ -133,35 +132,24 @@ def _convert_gguf(path: Path, dtype: torch.dtype, folder: Path, progress: bool, 
     """Convert part by part into a temporary folder, renamed into place only when complete."""
     from .gguf_source import GGUFSource
 
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    bundled.remove_stale_temporaries(folder.parent)
     source = GGUFSource(path)
-    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    total = source.config.num_layers + 3
-    bar = tqdm(total=total, desc=f"converting {path.name}", unit="part", disable=not progress)
+    bar = tqdm(total=source.config.num_layers + 3, desc=f"converting {path.name}", unit="part", disable=not progress)
     try:
-        parts = state_dict_parts(source.config, source.fetch, dtype, quantization, source.fetch_int4, source.row_count)
-        for name, part in parts:
-            save_file(part, tmp / f"{name}.safetensors")
-            source.release_pages()
-            bar.update(1)
-        eot = source.reader.fields.get("tokenizer.ggml.eot_token_id")
-        stop_ids = (int(eot.contents()),) if eot else ()
-        Tokenizer.from_transformers(path.parent, gguf_file=path.name, extra_stop_ids=stop_ids).save(tmp)
-        (tmp / "config.json").write_text(source.config.to_json())  # written last: marks the folder complete
-        remove_superseded(folder, path)
-        if not (folder / "config.json").is_file():  # else another process finished the same conversion first
-            shutil.rmtree(folder, ignore_errors=True)
-            os.replace(tmp, folder)
+        with writing(folder, path) as tmp:
+            parts = state_dict_parts(
+                source.config, source.fetch, dtype, quantization, source.fetch_int4, source.row_count
+            )
+            for name, part in parts:
+                save_file(part, tmp / f"{name}.safetensors")
+                source.release_pages()
+                bar.update(1)
+            source.write_tokenizer_and_config(tmp)
     except KeyError as missing:
         raise ModelLoadError(f"{path}: GGUF file lacks tensor for {missing}") from None
     except ModelLoadError as exc:
         raise ModelLoadError(f"{path}: {exc}") from None
     finally:
         bar.close()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _load_hf_folder(path: Path, dtype: torch.dtype, quantization: str):

@@ -64,6 +64,9 @@ class Attention(nn.Module):
         self.wqkv = nn.Linear(config.hidden_size, qkv_out, bias=config.qkv_bias)
         self.wo = nn.Linear(config.num_heads * config.head_size, config.hidden_size, bias=False)
         self.batch_invariant = False
+        # per-query attention of decode and verify passes: None = the PyTorch loop below, else a function
+        # (q [S, H, D], keys, values [kv heads, length, D], start, scale) -> [S, H, D] (a native kernel)
+        self.attend_per_query = None
 
     def forward(self, x, cos, sin, mask, layer_keys, layer_values, slots, starts, invariant):
         batch, seq, _ = x.shape
@@ -95,6 +98,13 @@ class Attention(nn.Module):
         """Each query attends to exactly its own prefix, one call per query: the same shapes, hence the
         same rounding, whether the query is decoded alone or verified beside k others."""
         batch, seq = q.shape[:2]
+        if self.attend_per_query is not None:
+            scale = self.head_dim**-0.5
+            rows = [
+                self.attend_per_query(q[row], layer_keys[slot], layer_values[slot], start, scale)
+                for row, (slot, start) in enumerate(zip(slots, starts, strict=True))
+            ]
+            return torch.stack(rows).reshape(batch, seq, -1)
         grouped = q.view(batch, seq, self.num_kv_heads, -1, self.head_dim)  # [.., kv_heads, group, dim]
         rows = []
         for row, (slot, start) in enumerate(zip(slots, starts, strict=True)):

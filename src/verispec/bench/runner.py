@@ -19,6 +19,7 @@ import torch
 from tqdm import tqdm
 
 from ..errors import InvalidParameterError
+from ..kernels.linear import GGUFEmbedding, NativeLinear
 from ..loading import LoadedModel, load_model
 from ..quantize import QuantizedLinear, default_draft_quantization
 from .config import PEERS, BenchConfig, as_command
@@ -260,9 +261,11 @@ def _parameter_count(model) -> int:
     quantized = sum(
         m.in_features * m.out_features
         for name, m in model.named_modules()
-        if isinstance(m, QuantizedLinear) and not (name == "lm_head" and model.config.tie_word_embeddings)
+        if isinstance(m, QuantizedLinear | NativeLinear)
+        and not (name == "lm_head" and model.config.tie_word_embeddings)
     )
-    return quantized + sum(p.numel() for p in model.parameters())
+    embedding = model.config.vocab_size * model.config.hidden_size if isinstance(model.embed, GGUFEmbedding) else 0
+    return quantized + embedding + sum(p.numel() for p in model.parameters())
 
 
 def _model_info(loaded: LoadedModel) -> dict:

@@ -40,6 +40,10 @@ _SIGNATURES = {
     "vsk_linear": ([_c_int, _c_p, _c_size, _c_int, _c_int, _c_p, _c_int, _c_p, _c_p], _c_int),
     "vsk_repacked_bytes": ([_c_int, _c_int, _c_int], _c_size),
     "vsk_repack": ([_c_int, _c_p, _c_size, _c_int, _c_int, _c_p], _c_int),
+    "vsk_attention": (
+        [_c_p, _c_int, _c_int, _c_int, _c_int, _c_p, _c_p, _c_size, _c_int, ctypes.c_float, _c_p],
+        None,
+    ),
 }
 
 
@@ -103,12 +107,18 @@ def set_threads(count: int) -> None:
     _lib().vsk_set_threads(count)
 
 
-def claim_threads() -> None:
-    """Give the native pool the threads PyTorch was given (`torch.set_num_threads`, `--threads`), and leave
-    PyTorch's own ops one: two pools spinning on the same cores halve the speed of both."""
-    if torch.get_num_threads() > 1:
-        set_threads(torch.get_num_threads())
-        torch.set_num_threads(1)
+_claimed = False
+
+
+def claim_threads(count: int | None = None) -> None:
+    """Give the native pool `count` threads (default: those PyTorch has, the first time) and leave PyTorch's
+    own ops one: two pools spinning on the same cores halve the speed of both."""
+    global _claimed
+    if count is None and _claimed:
+        return
+    set_threads(count or torch.get_num_threads())
+    torch.set_num_threads(1)
+    _claimed = True
 
 
 def _lib() -> ctypes.CDLL:
@@ -172,3 +182,20 @@ def _rows(qtype: int, weight: torch.Tensor, n: int | None) -> tuple[int, int]:
     if n is not None and n != weight.shape[0]:
         raise ValueError(f"weight has {weight.shape[0]} rows, not {n}")
     return int(weight.shape[0]), int(weight.shape[1])
+
+
+def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scale: float) -> torch.Tensor:
+    """Causal attention of one sequence's new queries q [S, H, D] (positions start .. start + S - 1) over its
+    cached keys and values [kv heads, length, D] (float32, written up to start + S): [S, H, D]. Each query
+    attends to exactly its own prefix in one fixed order, so a query's result does not depend on how many
+    others share the call."""
+    q = q.contiguous().float()
+    s, h, d = q.shape
+    if keys.dtype != torch.float32 or not keys.is_contiguous() or not values.is_contiguous() or d % 8:
+        raise ValueError("attention needs contiguous float32 caches and a head size that is a multiple of 8")
+    out = torch.empty_like(q)
+    _lib().vsk_attention(
+        q.data_ptr(), s, h, keys.shape[0], d, keys.data_ptr(), values.data_ptr(), keys.stride(0), start, scale,
+        out.data_ptr(),
+    )  # fmt: skip
+    return out

@@ -152,6 +152,10 @@ VSK_API void vsk_quantize(int type, const float *x, int M, int K, uint8_t *out) 
 /* ---- thread pool ---------------------------------------------------------------------------------------- */
 
 typedef struct {
+    /* either a product (kernel != NULL) split by weight rows, or a task over `count` independent items */
+    void (*task)(const void *ctx, int begin, int end);
+    const void *ctx;
+    int count;
     vsk_kernel kernel;
     const uint8_t *W;
     size_t row_bytes;
@@ -184,6 +188,11 @@ static inline void relax(void) {
 
 /* weight rows [n0, n1) of thread t: equal slices, each a multiple of 16 rows (a tile) but the last */
 static void run_slice(const job_t *job, int t, int threads) {
+    if (job->task) {
+        const int begin = (int)((long)job->count * t / threads), end = (int)((long)job->count * (t + 1) / threads);
+        if (begin < end) job->task(job->ctx, begin, end);
+        return;
+    }
     const int chunks = (job->N + 15) / 16;
     const int n0 = (int)((long)chunks * t / threads) * 16, n1e = (int)((long)chunks * (t + 1) / threads) * 16;
     const int n1 = n1e < job->N ? n1e : job->N;
@@ -241,7 +250,7 @@ VSK_API int vsk_get_threads(void) { return pool.threads; }
 static pthread_mutex_t one_caller = PTHREAD_MUTEX_INITIALIZER; /* the pool serves one product at a time */
 
 static void run(const job_t *job) {
-    const int threads = pool.threads > 1 && job->N >= 16 ? pool.threads : 1;
+    const int threads = pool.threads > 1 && (job->task ? job->count >= 2 : job->N >= 16) ? pool.threads : 1;
     if (threads == 1) {
         run_slice(job, 0, 1);
         return;
@@ -263,7 +272,7 @@ VSK_API int vsk_matmul(int type, const uint8_t *W, size_t row_bytes, int N, int 
                        float *y) {
     const vsk_kernel kernel = kernel_for(vsk_get_isa(), type);
     if (!kernel) return -1;
-    const job_t job = {kernel, W, row_bytes, N, K, xq, vsk_act_row_bytes(type, K), M, y};
+    const job_t job = {NULL, NULL, 0, kernel, W, row_bytes, N, K, xq, vsk_act_row_bytes(type, K), M, y};
     run(&job);
     return 0;
 }
@@ -273,4 +282,61 @@ VSK_API int vsk_linear(int type, const uint8_t *W, size_t row_bytes, int N, int 
                        uint8_t *scratch, float *y) {
     vsk_quantize(type, x, M, K, scratch);
     return vsk_matmul(type, W, row_bytes, N, K, scratch, M, y);
+}
+
+/* ---- attention of decode and verify passes ------------------------------------------------------------ */
+
+typedef struct {
+    const float *q, *keys, *values;
+    int H, kvH, D, start;
+    size_t head_stride; /* floats between kv heads in the cache (its length * D) */
+    float scale;
+    float *out;
+} attention_t;
+
+/* query m (position start + m) of head h over keys 0..start+m: scores, softmax and the weighted sum, each
+ * in one fixed order (keys in position order, dimensions in index order), whatever else shares the call */
+static void attention_items(const void *ctx, int begin, int end) {
+    const attention_t *a = ctx;
+    const int group = a->H / a->kvH;
+    float *scores = malloc(sizeof(float) * (size_t)(a->start + end / a->H + 1)); /* the longest span */
+    for (int item = begin; item < end; item++) {
+        const int m = item / a->H, h = item % a->H, span = a->start + m + 1;
+        const float *q = a->q + ((size_t)m * a->H + h) * a->D;
+        const float *k = a->keys + (size_t)(h / group) * a->head_stride;
+        const float *v = a->values + (size_t)(h / group) * a->head_stride;
+        float top = -INFINITY;
+        for (int t = 0; t < span; t++) {
+            float lanes[8] = {0}; /* 8 partial sums, added in one fixed order (D is a multiple of 8) */
+            for (int i = 0; i < a->D; i += 8)
+                for (int l = 0; l < 8; l++) lanes[l] += q[i + l] * k[(size_t)t * a->D + i + l];
+            const float s = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+            scores[t] = s * a->scale;
+            top = fmaxf(top, scores[t]);
+        }
+        float total = 0.0f;
+        for (int t = 0; t < span; t++) {
+            scores[t] = expf(scores[t] - top);
+            total += scores[t];
+        }
+        float *o = a->out + ((size_t)m * a->H + h) * a->D;
+        for (int i = 0; i < a->D; i++) o[i] = 0.0f;
+        for (int t = 0; t < span; t++) {
+            const float p = scores[t] / total;
+            for (int i = 0; i < a->D; i++) o[i] += p * v[(size_t)t * a->D + i];
+        }
+    }
+    free(scores);
+}
+
+/* out [M][H][D] for queries q [M][H][D] at positions start .. start + M - 1 of one sequence, whose keys and
+ * values (all positions up to start + M - 1 already written) are `keys`/`values` [kvH][length][D] */
+VSK_API void vsk_attention(const float *q, int M, int H, int kvH, int D, const float *keys, const float *values,
+                           size_t head_stride, int start, float scale, float *out) {
+    const attention_t a = {q, keys, values, H, kvH, D, start, head_stride, scale, out};
+    job_t job = {0};
+    job.task = attention_items;
+    job.ctx = &a;
+    job.count = M * H;
+    run(&job);
 }
