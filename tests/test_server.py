@@ -553,6 +553,26 @@ def test_scheduler_greedy_outputs_equal_plain_decoding(policy, method, draft_voc
     assert (drafted == 0) == (policy == "never")
 
 
+@needs_smollm2
+def test_scheduler_on_the_native_kernels_equals_plain_decoding(one_thread):
+    """The server's default weights on a CPU: the GGUF blocks on the native kernels. Batched verify passes
+    (rows of different lengths, some speculating, some not) give each request its plain greedy output."""
+    from verispec import load_model
+    from verispec.kernels import native
+
+    if not native.available():
+        pytest.skip("native kernels not compiled")
+    model = load_model(str(SMOLLM2), quantization="gguf", progress=False)
+    assert type(model.model.lm_head).__name__ == "NativeLinear"
+    plain = SpeculativeGenerator(model, None, max_seq_len=256, progress=False)
+    prompts = PROMPTS[:5]
+    requests = [(p, SamplingParams(), i % 3 != 2) for i, p in enumerate(prompts)]
+    events = _run_scheduler(model, model, requests, "always")
+    for prompt, request_events in zip(prompts, events, strict=True):
+        assert request_events[-1].output.token_ids == plain.generate(prompt, max_tokens=30).token_ids, prompt
+    assert sum(e[-1].output.stats.drafted for e in events) > 0
+
+
 def test_a_request_that_cannot_start_fails_alone(tiny):
     """An error while admitting one request answers that request and frees its slot; the others go on."""
     target, draft = tiny

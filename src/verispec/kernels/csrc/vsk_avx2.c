@@ -27,7 +27,6 @@ vsk_kernel NAME(vsk_kernel)(int type) {
 
 #include "vsk_blocks.h"
 
-#define MAX_ROWS 16
 
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -8,6 +8,13 @@
 #define Q4_K_BYTES 144 /* f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles */
 #define Q6_K_BYTES 210 /* 128 bytes low nibbles, 64 bytes high 2 bits, 16 int8 scales, f16 d */
 
+/* the tile forms' blocks of 16 rows (layouts: vsk_tiles.c) */
+#define T4K_BYTES 2368 /* 256 weights */
+#define T6K_BYTES 3360 /* 256 weights */
+#define T50_BYTES 352  /* 32 weights */
+
+#define MAX_ROWS 16 /* activation rows handled per sweep over the weights; more rows take more sweeps */
+
 static inline uint16_t rd16(const uint8_t *p) {
     uint16_t v;
     memcpy(&v, p, 2);

@@ -4,7 +4,6 @@
 #include "vsk.h"
 #include "vsk_blocks.h"
 
-#define MAX_ROWS 16 /* activation rows handled per sweep; more rows are done in further sweeps */
 
 /* ---- 32-weight block types: unpack a block to signed values, then one integer dot per row ----------- */
 

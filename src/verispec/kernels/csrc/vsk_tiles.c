@@ -17,9 +17,6 @@
 #include "vsk.h"
 #include "vsk_blocks.h"
 
-#define MAX_ROWS 16
-#define T4K_BYTES 2368
-#define T6K_BYTES 3360
 
 /* the weight index (0..31 within a sub-block) of byte c of group g */
 static inline int group_index(int g, int c) { return g < 4 ? 4 * g + c : 16 + 4 * (g - 4) + c; }
@@ -31,8 +28,6 @@ static void pack_nibbles(const uint8_t values[16][256], int j, uint8_t *out) {
                 out[64 * i + 4 * n + c] = (uint8_t)((values[n][32 * j + 4 * i + c] & 0x0F) |
                                                     ((values[n][32 * j + 16 + 4 * i + c] & 0x0F) << 4));
 }
-
-#define T50_BYTES 352
 
 size_t vsk_tile_strip_bytes(int type, int K) {
     if (type == VSK_T5_0) return (size_t)(K / 32) * T50_BYTES;

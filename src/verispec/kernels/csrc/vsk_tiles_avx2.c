@@ -14,9 +14,6 @@ vsk_kernel vsk_tile_kernel_avx2(int type) {
 
 #include "vsk_blocks.h"
 
-#define MAX_ROWS 16
-#define T4K_BYTES 2368
-#define T6K_BYTES 3360
 
 static inline __m256 bytes_to_floats(const uint8_t *p, int is_signed) {
     const __m128i raw = _mm_loadl_epi64((const __m128i *)p);
@@ -130,8 +127,8 @@ static void kernel_t5_0(const uint8_t *W, size_t row_bytes, int n0, int n1, int 
             __m256 acc[MAX_ROWS][2];
             for (int m = 0; m < rows; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
             for (int b = 0; b < blocks; b++) {
-                const uint8_t *blk = W + ((size_t)t * blocks + b) * 352;
-                for (int l = 0; l < 6; l++) _mm_prefetch((const char *)blk + 4 * 352 + 64 * l, _MM_HINT_T0);
+                const uint8_t *blk = W + ((size_t)t * blocks + b) * T50_BYTES;
+                for (int l = 0; l < 6; l++) _mm_prefetch((const char *)blk + 4 * T50_BYTES + 64 * l, _MM_HINT_T0);
                 for (int v = 0; v < 2; v++) {
                     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * v)));
                     const __m256i h = _mm256_loadu_si256((const __m256i *)(blk + 288 + 32 * v));

@@ -14,9 +14,6 @@ vsk_kernel vsk_tile_kernel_avx512(int type) {
 
 #include "vsk_blocks.h"
 
-#define MAX_ROWS 16
-#define T4K_BYTES 2368
-#define T6K_BYTES 3360
 
 static inline __m512 bytes_to_floats(const uint8_t *p, int is_signed) {
     const __m128i raw = _mm_loadu_si128((const __m128i *)p);
@@ -120,8 +117,8 @@ static void kernel_t5_0(const uint8_t *W, size_t row_bytes, int n0, int n1, int 
             __m512 acc[MAX_ROWS];
             for (int m = 0; m < rows; m++) acc[m] = _mm512_setzero_ps();
             for (int b = 0; b < blocks; b++) {
-                const uint8_t *blk = W + ((size_t)t * blocks + b) * 352;
-                for (int l = 0; l < 6; l++) _mm_prefetch((const char *)blk + 4 * 352 + 64 * l, _MM_HINT_T0);
+                const uint8_t *blk = W + ((size_t)t * blocks + b) * T50_BYTES;
+                for (int l = 0; l < 6; l++) _mm_prefetch((const char *)blk + 4 * T50_BYTES + 64 * l, _MM_HINT_T0);
                 const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
                 const __m512i h = _mm512_loadu_si512((const void *)(blk + 288));
                 __m512i w[8];
