@@ -137,17 +137,19 @@ class SpeculativeGenerator:
         top_p: float = 1.0,
         seed: int | None = None,
         stop: list[str] | None = None,
+        ignore_eos: bool = False,
     ) -> Iterator[StreamChunk]:
         """Yields one chunk per generated token; the last chunk carries the whole GenerationOutput.
 
         `prompt` is raw text, token ids, or chat messages ([{"role": ..., "content": ...}]) rendered
-        with the model's chat template.
+        with the model's chat template. `ignore_eos`: generate through end-of-sequence tokens up to
+        max_tokens or a stop string (llama.cpp's --ignore-eos, vLLM's ignore_eos), for benchmarks.
         """
         params = SamplingParams(temperature, top_k, top_p, seed)
         if max_tokens < 1:
             raise InvalidParameterError(f"max_tokens must be >= 1, got {max_tokens}")
         prompt_ids = self.encode_prompt(prompt)
-        return self._run(prompt_ids, params, StopChecker(self.tokenizer, max_tokens, stop))
+        return self._run(prompt_ids, params, StopChecker(self.tokenizer, max_tokens, stop, ignore_eos))
 
     def encode_prompt(self, prompt: str | list[int] | list[dict]) -> list[int]:
         if isinstance(prompt, str):
@@ -199,7 +201,7 @@ class SpeculativeGenerator:
                 self.drafter.observe(accepted)
             for token in [*proposal.tokens[:accepted].tolist(), next_token]:
                 tokens.append(token)
-                is_stop_token = token in self.tokenizer.stop_token_ids
+                is_stop_token = stopper.is_stop_token(token)
                 piece = stopper.add(token)
                 stats.new_tokens += not is_stop_token
                 if piece or not is_stop_token:

@@ -22,10 +22,11 @@ from .errors import ModelLoadError
 from .gguf_source import undo_rope_permutation
 from .kernels import native
 from .kernels.linear import GGUFEmbedding, NativeLinear
+from .kernels.stack import BlockWeights, NativeStack, supported
 from .model import Transformer
 from .tokenizer import Tokenizer
 
-FORM = "gguf-tiles2"  # the cache form (converted.converted_folder); change when the tile formats change
+FORM = "gguf-tiles3"  # the cache form (converted.converted_folder); change when the tile formats change
 _FLOAT_TYPES = {0: np.float32, 1: np.float16}  # F32, F16: 1-D tensors (norms, biases) and their element type
 _HALF_FIELDS = {2: (18, (0,)), 3: (20, (0, 2)), 6: (22, (0,)), 8: (34, (0,)), 12: (144, (0, 2)), 14: (210, (208,))}
 
@@ -102,7 +103,30 @@ def _build(config: ModelConfig, index: dict, data: np.memmap, tiles: np.memmap |
     head = "output.weight" if "output.weight" in index["tensors"] else "token_embd.weight"
     model.lm_head = linear([head], hidden)
     model.load_state_dict(state, assign=True, strict=True)
+    model.fused_blocks = native_stack(config, model)
     return model.eval()
+
+
+def native_stack(config: ModelConfig, model: Transformer) -> NativeStack | None:
+    """The native stack over the model's blocks (whose linears are NativeLinear), or None when a product's
+    type needs other activations."""
+    blocks = [
+        BlockWeights(
+            attn_norm=b.attn_norm.weight.data,
+            mlp_norm=b.mlp_norm.weight.data,
+            qkv_bias=None if b.attn.wqkv.bias is None else b.attn.wqkv.bias.data,
+            qkv=b.attn.wqkv.parts(),
+            o=b.attn.wo.parts(),
+            gate_up=b.mlp.w_gate_up.parts(),
+            down=b.mlp.w_down.parts(),
+        )
+        for b in model.layers
+    ]
+    if not all(supported(parts) for b in blocks for parts in (b.qkv, b.o, b.gate_up, b.down)):
+        return None
+    return NativeStack(hidden=config.hidden_size, heads=config.num_heads, kv_heads=config.num_kv_heads,
+                       head_dim=config.head_size, inter=config.intermediate_size, eps=config.rms_norm_eps,
+                       blocks=blocks)  # fmt: skip
 
 
 def _write_index(path: Path, folder: Path, progress: bool) -> None:

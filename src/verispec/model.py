@@ -15,6 +15,10 @@ from torch import nn
 from .config import ModelConfig
 from .quantize import QuantizedLinear
 
+# passes of at most this many rows run on `fused_blocks` even when they need not be batch-invariant (drafts);
+# longer ones (prefills) take the blocks one by one, whose attention is PyTorch's fused kernel
+FUSED_MAX_ROWS = 16
+
 
 class KVCache:
     """Preallocated keys and values: per layer, [slots, kv_heads, max_len, head_dim]."""
@@ -154,6 +158,9 @@ class Transformer(nn.Module):
             None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         )
         self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        # every block at once for a pass (a native stack, kernels/stack.py), or None: the blocks one by one.
+        # Called as fused_blocks(x [rows, hidden], cache, cos, sin, slot per row, position per row), in place.
+        self.fused_blocks = None
 
     def use_quantized_linears(self, state: dict[str, torch.Tensor]) -> None:
         """Swap each nn.Linear that `state` holds quantized for a QuantizedLinear, and make attention
@@ -217,14 +224,20 @@ class Transformer(nn.Module):
         starts = [cache.lengths[s] for s in slots]
         if max(starts) + seq > cache.max_len:
             raise ValueError(f"sequence of {max(starts) + seq} tokens exceeds the cache's {cache.max_len}")
-        positions = torch.tensor(starts, device=tokens.device)[:, None] + torch.arange(seq, device=tokens.device)
         cos_full, sin_full = self._rope(cache.max_len)
-        cos = cos_full[positions].to(self.dtype).unsqueeze(2)
-        sin = sin_full[positions].to(self.dtype).unsqueeze(2)
-        mask = self._mask(positions, max(starts) + seq) if seq > 1 or batch > 1 else None
         x = self.embed(tokens)
-        for layer, block in enumerate(self.layers):
-            x = block(x, cos, sin, mask, cache.keys[layer], cache.values[layer], slots, starts, invariant)
+        if self.fused_blocks is not None and (invariant or batch * seq <= FUSED_MAX_ROWS):
+            x = x.reshape(batch * seq, -1).float().contiguous()
+            rows = [(slot, start + t) for slot, start in zip(slots, starts, strict=True) for t in range(seq)]
+            self.fused_blocks(x, cache, cos_full, sin_full, [r[0] for r in rows], [r[1] for r in rows])
+            x = x.view(batch, seq, -1).to(self.dtype)
+        else:
+            positions = torch.tensor(starts, device=tokens.device)[:, None] + torch.arange(seq, device=tokens.device)
+            cos = cos_full[positions].to(self.dtype).unsqueeze(2)
+            sin = sin_full[positions].to(self.dtype).unsqueeze(2)
+            mask = self._mask(positions, max(starts) + seq) if seq > 1 or batch > 1 else None
+            for layer, block in enumerate(self.layers):
+                x = block(x, cos, sin, mask, cache.keys[layer], cache.values[layer], slots, starts, invariant)
         for slot in slots:
             cache.lengths[slot] += seq
         if num_logits is not None:

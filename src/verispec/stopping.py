@@ -10,8 +10,10 @@ from .tokenizer import Tokenizer
 
 
 class StopChecker:
-    def __init__(self, tokenizer: Tokenizer, max_tokens: int, stop: list[str] | None = None):
+    def __init__(self, tokenizer: Tokenizer, max_tokens: int, stop: list[str] | None = None, ignore_eos: bool = False):
+        """ignore_eos: stop tokens are ordinary tokens (benchmarks that must generate max_tokens)."""
         self.tokenizer = tokenizer
+        self.ignore_eos = ignore_eos
         self.max_tokens = max_tokens
         self.stop = [s for s in (stop or []) if s]
         self.token_ids: list[int] = []
@@ -25,7 +27,7 @@ class StopChecker:
 
     def add(self, token: int) -> str:
         """Take one generated token; return the newly safe text (possibly empty)."""
-        if token in self.tokenizer.stop_token_ids:
+        if self.is_stop_token(token):
             self.finish_reason = "stop"
             return self._flush()
         self.token_ids.append(token)
@@ -41,6 +43,9 @@ class StopChecker:
             self.finish_reason = "length"
             return self._flush()
         return self._take(len(text) - self._held_back(text))
+
+    def is_stop_token(self, token: int) -> bool:
+        return token in self.tokenizer.stop_token_ids and not self.ignore_eos
 
     def finish(self, reason: str) -> str:
         self.finish_reason = reason

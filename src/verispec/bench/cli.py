@@ -35,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="other engines in the same run: hf (transformers), llamacpp (llama-cpp-python; GGUF models)",
     )
     parser.add_argument("--chat", action="store_true", help="send raw prompts as a user message (chat template)")
+    parser.add_argument(
+        "--ignore-eos", action="store_true", help="generate --max-tokens tokens through end-of-sequence (as llama.cpp)"
+    )
     parser.add_argument("--warmup-tokens", type=int, default=None, help="tokens per method in the warm-up (0 = none)")
     parser.add_argument("--cost-repeats", type=int, default=None, help="repetitions per measured step cost")
     parser.add_argument("--output", type=Path, default=None, help="output folder (default bench-results/<time>/)")
@@ -58,6 +61,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         dataset=args.dataset, methods=parse_list(args.methods, "--methods"),
         peers=parse_list(args.peers, "--peers") if args.peers is not None else (), chat=args.chat,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=tuple(args.stop or ()),
+        ignore_eos=args.ignore_eos,
         model=args.model, draft_model=draft, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         threads=args.threads, output=args.output, plots=not args.no_plots,
         quantization=args.quantization, draft_quantization=args.speculative_quantization, draft_vocab=args.draft_vocab,

@@ -35,6 +35,7 @@ class BenchConfig:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = False  # every contender generates max_tokens (llama.cpp's --ignore-eos)
     model: str = "target"
     draft_model: str | None = "draft"
     dtype: str = "float32"
@@ -74,6 +75,8 @@ class BenchConfig:
             raise InvalidParameterError("methods draft and hybrid need a draft model; drop --speculative-model none")
         if self.peers and not self.greedy:
             raise InvalidParameterError("--peers compares greedy outputs; use --temperature 0")
+        if self.peers and self.ignore_eos:
+            raise InvalidParameterError("--ignore-eos is not supported with --peers (they stop at end of sequence)")
         if self.peers and self.stop:
             raise InvalidParameterError("--stop is not supported with --peers (their outputs would not be comparable)")
         methods, notes = tuple(dict.fromkeys(self.methods)), self.notes
@@ -147,5 +150,5 @@ def as_command(config: BenchConfig, tiny: bool = False) -> str:
         if value != default:
             parts += [flag, str(value)]
     parts += [arg for s in config.stop for arg in ("--stop", s)]
-    parts += ["--chat"] * config.chat + ["--tiny"] * tiny
+    parts += ["--chat"] * config.chat + ["--ignore-eos"] * config.ignore_eos + ["--tiny"] * tiny
     return shlex.join(parts)

@@ -34,7 +34,7 @@ class Method:
     def generate(self, prompt_ids: list[int], max_tokens: int, config: BenchConfig, seed: int | None) -> Outcome:
         output: GenerationOutput = self.generator.generate(
             prompt_ids, max_tokens, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
-            seed=seed, stop=list(config.stop) or None,
+            seed=seed, stop=list(config.stop) or None, ignore_eos=config.ignore_eos,
         )  # fmt: skip
         rejected = output.stats.rejected if self.k else None
         return Outcome(output.token_ids, output.finish_reason, output.stats.target_passes, output.stats, rejected)

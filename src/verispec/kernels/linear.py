@@ -52,6 +52,14 @@ class NativeLinear(nn.Module):
         y = y.reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
+    def parts(self) -> list[tuple[int, torch.Tensor, int, int]]:
+        """Per part: (kernel type, data, bytes per row or 0 for a tile form, rows), as the native stack takes them."""
+        out = []
+        for i, (kernel_type, rows) in enumerate(self.kernels):
+            data = getattr(self, f"part{i}")
+            out.append((kernel_type, data, 0 if kernel_type in native.TILE_OF.values() else int(data.shape[1]), rows))
+        return out
+
     def select_rows(self, rows: torch.Tensor) -> NativeLinear:
         """The same layer computing only output rows `rows` (a restricted draft head); one part only."""
         if len(self.source) != 1:

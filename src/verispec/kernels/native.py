@@ -24,8 +24,8 @@ CHOICES = ("auto", *ISAS, "torch")
 QUANT_TYPES = {2: (32, 18), 3: (32, 20), 6: (32, 22), 8: (32, 34), 12: (256, 144), 14: (256, 210)}
 _ACT_BLOCK = {32: 40, 256: 292}  # bytes of one quantized activation block (vsk.h: vsk_act32, vsk_act256)
 # tile forms (csrc/vsk_tiles.c): 16 rows interleaved, lossless; their activations are 32-blocks
-TILE_OF = {6: 106, 12: 112, 14: 114}
-_ACT_OF_TILE = {106: 32, 112: 32, 114: 32}
+TILE_OF = {6: 106, 8: 108, 12: 112, 14: 114}
+_ACT_OF_TILE = {106: 32, 108: 32, 112: 32, 114: 32}
 
 _c_p, _c_int, _c_size = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
 _SIGNATURES = {
@@ -40,6 +40,8 @@ _SIGNATURES = {
     "vsk_linear": ([_c_int, _c_p, _c_size, _c_int, _c_int, _c_p, _c_int, _c_p, _c_p], _c_int),
     "vsk_repacked_bytes": ([_c_int, _c_int, _c_int], _c_size),
     "vsk_repack": ([_c_int, _c_p, _c_size, _c_int, _c_int, _c_p], _c_int),
+    "vsk_stack_scratch_bytes": ([_c_p, _c_int], _c_size),
+    "vsk_stack_forward": ([_c_p, _c_p, _c_p, _c_int, _c_p, _c_p, _c_p], _c_int),
     "vsk_attention": (
         [_c_p, _c_int, _c_int, _c_int, _c_int, _c_p, _c_p, _c_size, _c_int, ctypes.c_float, _c_p],
         None,
@@ -128,8 +130,13 @@ def _lib() -> ctypes.CDLL:
     return lib
 
 
+def activation_block(qtype: int) -> int:
+    """Values per quantized activation block for weights of `qtype` (a GGML type or a tile form): 32 or 256."""
+    return _ACT_OF_TILE[qtype] if qtype in _ACT_OF_TILE else QUANT_TYPES[qtype][0]
+
+
 def activation_row_bytes(qtype: int, k: int) -> int:
-    block = _ACT_OF_TILE[qtype] if qtype in _ACT_OF_TILE else QUANT_TYPES[qtype][0]
+    block = activation_block(qtype)
     return k // block * _ACT_BLOCK[block]
 
 

@@ -22,8 +22,8 @@ enum {
     VSK_Q4_K = 12, VSK_Q6_K = 14, VSK_BF16 = 30,
 };
 
-/* tile formats (vsk_tiles.c): Q5_0, Q4_K and Q6_K repacked losslessly, 16 weight rows interleaved */
-enum { VSK_T5_0 = 106, VSK_T4_K = 112, VSK_T6_K = 114 };
+/* tile formats (vsk_tiles.c): Q5_0, Q8_0, Q4_K and Q6_K repacked losslessly, 16 weight rows interleaved */
+enum { VSK_T5_0 = 106, VSK_T8_0 = 108, VSK_T4_K = 112, VSK_T6_K = 114 };
 
 enum { VSK_ISA_SCALAR = 0, VSK_ISA_AVX2 = 1, VSK_ISA_AVX512 = 2 };
 
@@ -56,5 +56,40 @@ vsk_kernel vsk_kernel_avx2(int type);
 vsk_kernel vsk_kernel_avx512(int type);
 
 float vsk_fp16_to_fp32(uint16_t h);
+
+/* ---- inside the library: the thread pool and what runs on it -------------------------------------------- */
+
+/* one weight matrix of a product: its type (GGUF or tile form), data, bytes per row (0 for a tile form), rows */
+typedef struct {
+    int type;
+    const uint8_t *W;
+    size_t row_bytes;
+    int N;
+} vsk_part;
+
+/* y = x [W_0; W_1; ...]^T for up to 4 parts sharing one activation format: part p's outputs fill the columns
+ * after those of the parts before it, in rows of `ldy` floats; the pool splits all parts' rows in one job.
+ * 0, or -1 when a part's type has no kernel. */
+int vsk_products(const vsk_part *parts, int count, int K, const uint8_t *xq, size_t x_stride, int M, float *y,
+                 int ldy);
+
+/* task(ctx, begin, end) over [0, count), split among the pool's threads */
+void vsk_parallel_for(void (*task)(const void *ctx, int begin, int end), const void *ctx, int count);
+
+void vsk_quantize(int type, const float *x, int M, int K, uint8_t *out);
+size_t vsk_act_row_bytes(int type, int K);
+
+/* per query row: the attention of a decode or verify pass (vsk_attention.c) */
+typedef struct {
+    const float *q;             /* [M][H][D] */
+    const float *keys, *values; /* one layer's cache: [slots][kvH][length][D] */
+    size_t slot_stride, head_stride;
+    const int *slot, *pos;      /* per row: its sequence's cache slot, its position */
+    int H, kvH, D;
+    float scale;
+    float *out;                 /* [M][H][D] */
+} vsk_attention_t;
+
+void vsk_attend(const vsk_attention_t *a, int M);
 
 #endif

@@ -10,6 +10,7 @@
 
 #include "vsk.h"
 #include "vsk_blocks.h"
+#include "vsk_math.h"
 
 #define VSK_API __attribute__((visibility("default")))
 #define MAX_THREADS 64
@@ -55,7 +56,7 @@ static int best_isa(void) {
 static int current_isa = -1;
 
 static vsk_kernel kernel_for(int isa, int type) {
-    if (type == VSK_T4_K || type == VSK_T6_K || type == VSK_T5_0) {
+    if (type == VSK_T4_K || type == VSK_T6_K || type == VSK_T5_0 || type == VSK_T8_0) {
         vsk_kernel k = NULL;
         if (isa >= VSK_ISA_AVX512) k = vsk_tile_kernel_avx512(type);
         if (!k && isa >= VSK_ISA_AVX2) k = vsk_tile_kernel_avx2(type);
@@ -89,7 +90,11 @@ VSK_API int vsk_has_kernel(int type) { return kernel_for(VSK_ISA_SCALAR, type) !
 void vsk_repack_rows(int type, const uint8_t *src, size_t row_bytes, int N, int K, uint8_t *dst);
 
 static int tile_type(int type) {
-    return type == VSK_Q4_K ? VSK_T4_K : type == VSK_Q6_K ? VSK_T6_K : type == VSK_Q5_0 ? VSK_T5_0 : -1;
+    return type == VSK_Q4_K   ? VSK_T4_K
+           : type == VSK_Q6_K ? VSK_T6_K
+           : type == VSK_Q5_0 ? VSK_T5_0
+           : type == VSK_Q8_0 ? VSK_T8_0
+                              : -1;
 }
 
 /* bytes of the tile form of an [N, K] matrix of `type`, or 0 when the type has none */
@@ -99,7 +104,7 @@ VSK_API size_t vsk_repacked_bytes(int type, int N, int K) {
 
 /* writes the tile form into dst (vsk_repacked_bytes) and returns its type, or -1 */
 VSK_API int vsk_repack(int type, const uint8_t *src, size_t row_bytes, int N, int K, uint8_t *dst) {
-    if (tile_type(type) < 0 || K % (type == VSK_Q5_0 ? 32 : 256)) return -1;
+    if (tile_type(type) < 0 || K % (type == VSK_Q5_0 || type == VSK_Q8_0 ? 32 : 256)) return -1;
     vsk_repack_rows(type, src, row_bytes, N, K, dst);
     return tile_type(type);
 }
@@ -117,7 +122,7 @@ static float quantize_block(const float *x, int n, int8_t *q) {
     float amax = 0.0f;
     for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
     const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-    for (int i = 0; i < n; i++) q[i] = (int8_t)nearbyintf(x[i] * id);
+    for (int i = 0; i < n; i++) q[i] = (int8_t)vsk_round(x[i] * id);
     return d;
 }
 
@@ -151,19 +156,24 @@ VSK_API void vsk_quantize(int type, const float *x, int M, int K, uint8_t *out) 
 
 /* ---- thread pool ---------------------------------------------------------------------------------------- */
 
+#define MAX_PARTS 4
+
 typedef struct {
-    /* either a product (kernel != NULL) split by weight rows, or a task over `count` independent items */
+    /* either a task over `count` independent items, or products split by 16-row chunks of weight rows */
     void (*task)(const void *ctx, int begin, int end);
     const void *ctx;
     int count;
-    vsk_kernel kernel;
-    const uint8_t *W;
-    size_t row_bytes;
-    int N, K;
+    int parts;
+    vsk_kernel kernel[MAX_PARTS];
+    vsk_part part[MAX_PARTS];
+    int column[MAX_PARTS];     /* where part p's outputs start in a row of y */
+    int chunks[MAX_PARTS + 1]; /* part p owns the chunks [chunks[p], chunks[p + 1]) */
+    int K;
     const uint8_t *xq;
     size_t x_stride;
     int M;
     float *y;
+    int ldy;
 } job_t;
 
 static struct {
@@ -186,17 +196,23 @@ static inline void relax(void) {
 #endif
 }
 
-/* weight rows [n0, n1) of thread t: equal slices, each a multiple of 16 rows (a tile) but the last */
+/* thread t's equal share of the items, or of the 16-row chunks of all parts (a chunk is a tile) */
 static void run_slice(const job_t *job, int t, int threads) {
     if (job->task) {
         const int begin = (int)((long)job->count * t / threads), end = (int)((long)job->count * (t + 1) / threads);
         if (begin < end) job->task(job->ctx, begin, end);
         return;
     }
-    const int chunks = (job->N + 15) / 16;
-    const int n0 = (int)((long)chunks * t / threads) * 16, n1e = (int)((long)chunks * (t + 1) / threads) * 16;
-    const int n1 = n1e < job->N ? n1e : job->N;
-    if (n0 < n1) job->kernel(job->W, job->row_bytes, n0, n1, job->K, job->xq, job->x_stride, job->M, job->y, job->N);
+    const int total = job->chunks[job->parts];
+    const int c0 = (int)((long)total * t / threads), c1 = (int)((long)total * (t + 1) / threads);
+    for (int p = 0; p < job->parts; p++) {
+        const int a = c0 > job->chunks[p] ? c0 : job->chunks[p], b = c1 < job->chunks[p + 1] ? c1 : job->chunks[p + 1];
+        if (a >= b) continue;
+        const vsk_part *w = &job->part[p];
+        const int n0 = (a - job->chunks[p]) * 16, n1e = (b - job->chunks[p]) * 16, n1 = n1e < w->N ? n1e : w->N;
+        job->kernel[p](w->W, w->row_bytes, n0, n1, job->K, job->xq, job->x_stride, job->M, job->y + job->column[p],
+                       job->ldy);
+    }
 }
 
 static void *worker_main(void *arg) {
@@ -247,10 +263,10 @@ VSK_API void vsk_set_threads(int n) {
 
 VSK_API int vsk_get_threads(void) { return pool.threads; }
 
-static pthread_mutex_t one_caller = PTHREAD_MUTEX_INITIALIZER; /* the pool serves one product at a time */
+static pthread_mutex_t one_caller = PTHREAD_MUTEX_INITIALIZER; /* the pool serves one job at a time */
 
 static void run(const job_t *job) {
-    const int threads = pool.threads > 1 && (job->task ? job->count >= 2 : job->N >= 16) ? pool.threads : 1;
+    const int threads = pool.threads > 1 && (job->task ? job->count >= 2 : job->chunks[job->parts] >= 2) ? pool.threads : 1;
     if (threads == 1) {
         run_slice(job, 0, 1);
         return;
@@ -267,14 +283,42 @@ static void run(const job_t *job) {
     pthread_mutex_unlock(&one_caller);
 }
 
+void vsk_parallel_for(void (*task)(const void *ctx, int begin, int end), const void *ctx, int count) {
+    job_t job = {0};
+    job.task = task;
+    job.ctx = ctx;
+    job.count = count;
+    run(&job);
+}
+
+int vsk_products(const vsk_part *parts, int count, int K, const uint8_t *xq, size_t x_stride, int M, float *y,
+                 int ldy) {
+    if (count < 1 || count > MAX_PARTS) return -1;
+    job_t job = {0};
+    job.parts = count;
+    for (int p = 0, column = 0; p < count; p++) {
+        job.kernel[p] = kernel_for(vsk_get_isa(), parts[p].type);
+        if (!job.kernel[p]) return -1;
+        job.part[p] = parts[p];
+        job.column[p] = column;
+        job.chunks[p + 1] = job.chunks[p] + (parts[p].N + 15) / 16;
+        column += parts[p].N;
+    }
+    job.K = K;
+    job.xq = xq;
+    job.x_stride = x_stride;
+    job.M = M;
+    job.y = y;
+    job.ldy = ldy;
+    run(&job);
+    return 0;
+}
+
 /* y[m][n] for m < M, n < N; 0, or -1 for a type without a kernel */
 VSK_API int vsk_matmul(int type, const uint8_t *W, size_t row_bytes, int N, int K, const uint8_t *xq, int M,
                        float *y) {
-    const vsk_kernel kernel = kernel_for(vsk_get_isa(), type);
-    if (!kernel) return -1;
-    const job_t job = {NULL, NULL, 0, kernel, W, row_bytes, N, K, xq, vsk_act_row_bytes(type, K), M, y};
-    run(&job);
-    return 0;
+    const vsk_part part = {type, W, row_bytes, N};
+    return vsk_products(&part, 1, K, xq, vsk_act_row_bytes(type, K), M, y, N);
 }
 
 /* quantize x [M][K] into `scratch` (vsk_act_row_bytes(type, K) * M bytes), then y = x W^T */
@@ -282,61 +326,4 @@ VSK_API int vsk_linear(int type, const uint8_t *W, size_t row_bytes, int N, int 
                        uint8_t *scratch, float *y) {
     vsk_quantize(type, x, M, K, scratch);
     return vsk_matmul(type, W, row_bytes, N, K, scratch, M, y);
-}
-
-/* ---- attention of decode and verify passes ------------------------------------------------------------ */
-
-typedef struct {
-    const float *q, *keys, *values;
-    int H, kvH, D, start;
-    size_t head_stride; /* floats between kv heads in the cache (its length * D) */
-    float scale;
-    float *out;
-} attention_t;
-
-/* query m (position start + m) of head h over keys 0..start+m: scores, softmax and the weighted sum, each
- * in one fixed order (keys in position order, dimensions in index order), whatever else shares the call */
-static void attention_items(const void *ctx, int begin, int end) {
-    const attention_t *a = ctx;
-    const int group = a->H / a->kvH;
-    float *scores = malloc(sizeof(float) * (size_t)(a->start + end / a->H + 1)); /* the longest span */
-    for (int item = begin; item < end; item++) {
-        const int m = item / a->H, h = item % a->H, span = a->start + m + 1;
-        const float *q = a->q + ((size_t)m * a->H + h) * a->D;
-        const float *k = a->keys + (size_t)(h / group) * a->head_stride;
-        const float *v = a->values + (size_t)(h / group) * a->head_stride;
-        float top = -INFINITY;
-        for (int t = 0; t < span; t++) {
-            float lanes[8] = {0}; /* 8 partial sums, added in one fixed order (D is a multiple of 8) */
-            for (int i = 0; i < a->D; i += 8)
-                for (int l = 0; l < 8; l++) lanes[l] += q[i + l] * k[(size_t)t * a->D + i + l];
-            const float s = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-            scores[t] = s * a->scale;
-            top = fmaxf(top, scores[t]);
-        }
-        float total = 0.0f;
-        for (int t = 0; t < span; t++) {
-            scores[t] = expf(scores[t] - top);
-            total += scores[t];
-        }
-        float *o = a->out + ((size_t)m * a->H + h) * a->D;
-        for (int i = 0; i < a->D; i++) o[i] = 0.0f;
-        for (int t = 0; t < span; t++) {
-            const float p = scores[t] / total;
-            for (int i = 0; i < a->D; i++) o[i] += p * v[(size_t)t * a->D + i];
-        }
-    }
-    free(scores);
-}
-
-/* out [M][H][D] for queries q [M][H][D] at positions start .. start + M - 1 of one sequence, whose keys and
- * values (all positions up to start + M - 1 already written) are `keys`/`values` [kvH][length][D] */
-VSK_API void vsk_attention(const float *q, int M, int H, int kvH, int D, const float *keys, const float *values,
-                           size_t head_stride, int start, float scale, float *out) {
-    const attention_t a = {q, keys, values, H, kvH, D, start, head_stride, scale, out};
-    job_t job = {0};
-    job.task = attention_items;
-    job.ctx = &a;
-    job.count = M * H;
-    run(&job);
 }

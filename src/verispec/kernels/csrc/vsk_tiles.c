@@ -10,6 +10,8 @@
  *   bits of group g (0..7) of a sub-block sit in chunk g / 4, bits 2 (g % 4) .. 2 (g % 4) + 1 of each byte.
  * T5_0 block of 32 weights (352 bytes): f16 d[16], nibbles[256], fifth bits[64] (group g in bit g of each
  *   byte); values 0..31, the weight d * (value - 16).
+ * T8_0 block of 32 weights (544 bytes): f16 d[16], then per group g of 4 weights 64 bytes, lane n (row n)
+ *   holding its 4 weights as unsigned bytes (weight + 128), in the same group order as the nibble forms.
  * Rows past N are zero (they add nothing and are never stored).
  */
 #include <string.h>
@@ -31,6 +33,7 @@ static void pack_nibbles(const uint8_t values[16][256], int j, uint8_t *out) {
 
 size_t vsk_tile_strip_bytes(int type, int K) {
     if (type == VSK_T5_0) return (size_t)(K / 32) * T50_BYTES;
+    if (type == VSK_T8_0) return (size_t)(K / 32) * T80_BYTES;
     return (size_t)(K / 256) * (type == VSK_T4_K ? T4K_BYTES : T6K_BYTES);
 }
 
@@ -59,10 +62,26 @@ static void repack_q5_0(const uint8_t *src, size_t row_bytes, int N, int K, uint
         }
 }
 
+static void repack_q8_0(const uint8_t *src, size_t row_bytes, int N, int K, uint8_t *dst) {
+    const int strips = (N + 15) / 16, blocks = K / 32;
+    memset(dst, 0, vsk_tile_strip_bytes(VSK_T8_0, K) * (size_t)strips);
+    for (int t = 0; t < strips; t++)
+        for (int b = 0; b < blocks; b++) {
+            uint8_t *out = dst + ((size_t)t * blocks + b) * T80_BYTES;
+            for (int n = 0; n < 16; n++) {
+                const uint8_t *blk = 16 * t + n < N ? src + (size_t)(16 * t + n) * row_bytes + (size_t)b * 34 : NULL;
+                if (blk) memcpy(out + 2 * n, blk, 2);
+                for (int g = 0; g < 8; g++)
+                    for (int c = 0; c < 4; c++) /* rows past N: weight 0, d 0 */
+                        out[32 + 64 * g + 4 * n + c] = (uint8_t)((blk ? blk[2 + group_index(g, c)] : 0) ^ 0x80);
+            }
+        }
+}
+
 /* __attribute__((visibility)) is set on the entry point in vsk_core.c */
 void vsk_repack_rows(int type, const uint8_t *src, size_t row_bytes, int N, int K, uint8_t *dst) {
-    if (type == VSK_Q5_0) {
-        repack_q5_0(src, row_bytes, N, K, dst);
+    if (type == VSK_Q5_0 || type == VSK_Q8_0) {
+        (type == VSK_Q5_0 ? repack_q5_0 : repack_q8_0)(src, row_bytes, N, K, dst);
         return;
     }
     const int strips = (N + 15) / 16, blocks = K / 256;
@@ -199,6 +218,36 @@ static void kernel_t5_0(const uint8_t *W, size_t row_bytes, int n0, int n1, int 
     }
 }
 
+static void kernel_t8_0(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
+                        size_t x_stride, int M, float *y, int ldy) {
+    (void)row_bytes;
+    const int blocks = K / 32;
+    for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
+        for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
+            const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
+            float acc[MAX_ROWS][16] = {{0}};
+            for (int b = 0; b < blocks; b++) {
+                const uint8_t *blk = W + ((size_t)t * blocks + b) * T80_BYTES;
+                for (int n = 0; n < 16; n++) {
+                    const float d = vsk_fp16_to_fp32(rd16(blk + 2 * n));
+                    uint8_t w[32];
+                    for (int g = 0; g < 8; g++)
+                        for (int c = 0; c < 4; c++) w[group_index(g, c)] = blk[32 + 64 * g + 4 * n + c];
+                    for (int m = 0; m < rows; m++) {
+                        const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)(r0 + m) * x_stride) + b;
+                        int32_t s = -128 * (x->half[0] + x->half[1]);
+                        for (int i = 0; i < 32; i++) s += (int32_t)w[i] * x->q[i];
+                        acc[m][n] += (d * x->d) * (float)s;
+                    }
+                }
+            }
+            for (int m = 0; m < rows; m++)
+                for (int n = 0; n < 16; n++)
+                    if (16 * t + n < n1) y[(size_t)(r0 + m) * ldy + 16 * t + n] = acc[m][n];
+        }
+    }
+}
+
 static void kernel_t6_k(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
                         size_t x_stride, int M, float *y, int ldy) {
     (void)row_bytes;
@@ -206,5 +255,9 @@ static void kernel_t6_k(const uint8_t *W, size_t row_bytes, int n0, int n1, int 
 }
 
 vsk_kernel vsk_tile_kernel_scalar(int type) {
-    return type == VSK_T4_K ? kernel_t4_k : type == VSK_T6_K ? kernel_t6_k : type == VSK_T5_0 ? kernel_t5_0 : NULL;
+    return type == VSK_T4_K   ? kernel_t4_k
+           : type == VSK_T6_K ? kernel_t6_k
+           : type == VSK_T5_0 ? kernel_t5_0
+           : type == VSK_T8_0 ? kernel_t8_0
+                              : NULL;
 }

@@ -165,8 +165,56 @@ static void kernel_t5_0(const uint8_t *W, size_t row_bytes, int n0, int n1, int 
     }
 }
 
+/* T8_0: maddubs takes unsigned x signed bytes and saturates pairs at 16 bits, so the signed weight's
+ * magnitude (at most 128) meets the activation carrying the weight's sign: pairs stay below 2^15 */
+static void kernel_t8_0(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
+                        size_t x_stride, int M, float *y, int ldy) {
+    (void)row_bytes;
+    const int blocks = K / 32;
+    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
+        for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
+            const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
+            __m256 acc[MAX_ROWS][2];
+            for (int m = 0; m < rows; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+            for (int b = 0; b < blocks; b++) {
+                const uint8_t *blk = W + ((size_t)t * blocks + b) * T80_BYTES;
+                for (int l = 0; l < 9; l++) _mm_prefetch((const char *)blk + 3 * T80_BYTES + 64 * l, _MM_HINT_T0);
+                for (int v = 0; v < 2; v++) {
+                    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * v)));
+                    __m256i w[8], magnitude[8];
+                    for (int g = 0; g < 8; g++) {
+                        w[g] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 32 + 64 * g + 32 * v)), flip);
+                        magnitude[g] = _mm256_abs_epi8(w[g]);
+                    }
+                    for (int m = 0; m < rows; m++) {
+                        const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)(r0 + m) * x_stride) + b;
+                        __m256i s = _mm256_setzero_si256();
+                        for (int g = 0; g < 8; g++) {
+                            const __m256i signed_x = _mm256_sign_epi8(broadcast_group(x, g), w[g]);
+                            s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude[g], signed_x), ones));
+                        }
+                        acc[m][v] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x->d)), _mm256_cvtepi32_ps(s), acc[m][v]);
+                    }
+                }
+            }
+            const int lanes = n1 - 16 * t < 16 ? n1 - 16 * t : 16;
+            for (int m = 0; m < rows; m++) {
+                float out[16];
+                _mm256_storeu_ps(out, acc[m][0]);
+                _mm256_storeu_ps(out + 8, acc[m][1]);
+                memcpy(y + (size_t)(r0 + m) * ldy + 16 * t, out, sizeof(float) * (size_t)lanes);
+            }
+        }
+    }
+}
+
 vsk_kernel vsk_tile_kernel_avx2(int type) {
-    return type == VSK_T4_K ? kernel_t4_k : type == VSK_T6_K ? kernel_t6_k : type == VSK_T5_0 ? kernel_t5_0 : NULL;
+    return type == VSK_T4_K   ? kernel_t4_k
+           : type == VSK_T6_K ? kernel_t6_k
+           : type == VSK_T5_0 ? kernel_t5_0
+           : type == VSK_T8_0 ? kernel_t8_0
+                              : NULL;
 }
 
 #endif

@@ -149,8 +149,42 @@ static void kernel_t5_0(const uint8_t *W, size_t row_bytes, int n0, int n1, int 
     }
 }
 
+/* T8_0: unsigned bytes (weight + 128) against signed activations; the 128 * sum(x) they add is taken off */
+static void kernel_t8_0(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
+                        size_t x_stride, int M, float *y, int ldy) {
+    (void)row_bytes;
+    const int blocks = K / 32;
+    for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
+        for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
+            const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
+            __m512 acc[MAX_ROWS];
+            for (int m = 0; m < rows; m++) acc[m] = _mm512_setzero_ps();
+            for (int b = 0; b < blocks; b++) {
+                const uint8_t *blk = W + ((size_t)t * blocks + b) * T80_BYTES;
+                for (int l = 0; l < 9; l++) _mm_prefetch((const char *)blk + 3 * T80_BYTES + 64 * l, _MM_HINT_T0);
+                const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+                __m512i w[8];
+                for (int g = 0; g < 8; g++) w[g] = _mm512_loadu_si512((const void *)(blk + 32 + 64 * g));
+                for (int m = 0; m < rows; m++) {
+                    const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)(r0 + m) * x_stride) + b;
+                    __m512i s = _mm512_set1_epi32(-128 * (x->half[0] + x->half[1]));
+                    for (int g = 0; g < 8; g++) s = _mm512_dpbusd_epi32(s, w[g], broadcast_group(x, g));
+                    acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x->d)), _mm512_cvtepi32_ps(s), acc[m]);
+                }
+            }
+            const int lanes = n1 - 16 * t < 16 ? n1 - 16 * t : 16;
+            const __mmask16 keep = (__mmask16)((1u << lanes) - 1u);
+            for (int m = 0; m < rows; m++) _mm512_mask_storeu_ps(y + (size_t)(r0 + m) * ldy + 16 * t, keep, acc[m]);
+        }
+    }
+}
+
 vsk_kernel vsk_tile_kernel_avx512(int type) {
-    return type == VSK_T4_K ? kernel_t4_k : type == VSK_T6_K ? kernel_t6_k : type == VSK_T5_0 ? kernel_t5_0 : NULL;
+    return type == VSK_T4_K   ? kernel_t4_k
+           : type == VSK_T6_K ? kernel_t6_k
+           : type == VSK_T5_0 ? kernel_t5_0
+           : type == VSK_T8_0 ? kernel_t8_0
+                              : NULL;
 }
 
 #endif

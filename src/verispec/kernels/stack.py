@@ -1,0 +1,133 @@
+"""A model's decoder stack run by the native library in one call per pass (csrc/vsk_stack.c).
+
+Between the products a block has about twenty small steps (norms, bias, rotary embedding, cache writes,
+attention, SwiGLU, residual adds); run as PyTorch ops they cost a decode step more than the draft model's
+weights take to read. `NativeStack` hands a whole pass of a few rows to the library instead. Its rules are
+those of the products: each row's result depends on that row alone, whatever else shares the call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from . import native
+
+_c_p, _c_int, _c_size = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+
+
+class _Part(ctypes.Structure):
+    _fields_ = [("type", _c_int), ("W", _c_p), ("row_bytes", _c_size), ("N", _c_int)]
+
+
+class _Block(ctypes.Structure):
+    _fields_ = [
+        ("attn_norm", _c_p), ("mlp_norm", _c_p), ("qkv_bias", _c_p),
+        ("qkv", _Part * 3), ("o", _Part), ("gate_up", _Part * 2), ("down", _Part),
+        ("qkv_parts", _c_int), ("gate_up_parts", _c_int),
+    ]  # fmt: skip
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [
+        ("hidden", _c_int), ("heads", _c_int), ("kv_heads", _c_int), ("head_dim", _c_int), ("inter", _c_int),
+        ("layers", _c_int), ("eps", ctypes.c_float), ("blocks", ctypes.POINTER(_Block)),
+    ]  # fmt: skip
+
+
+class _Cache(ctypes.Structure):
+    _fields_ = [
+        ("keys", ctypes.POINTER(_c_p)), ("values", ctypes.POINTER(_c_p)), ("slot_stride", _c_size),
+        ("head_stride", _c_size), ("cos", _c_p), ("sin", _c_p),
+    ]  # fmt: skip
+
+
+Part = tuple[int, torch.Tensor, int, int]  # (kernel type, data, bytes per row or 0 for a tile form, rows)
+
+
+@dataclass
+class BlockWeights:
+    """One block's weights as the library takes them (float32 vectors; products as parts)."""
+
+    attn_norm: torch.Tensor
+    mlp_norm: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    qkv: list[Part]
+    o: list[Part]
+    gate_up: list[Part]
+    down: list[Part]
+
+
+def supported(parts: list[Part]) -> bool:
+    """Whether the stack can run these products: the library quantizes a block's activations once, in
+    32-value blocks, which every tile form and 32-weight type takes (not the row kernels of Q4_K/Q6_K)."""
+    return all(native.activation_block(kind) == 32 for kind, *_ in parts)
+
+
+class NativeStack:
+    """Every block of a model for one pass: (x [M, hidden] float32, cache, slots, positions) -> x in place."""
+
+    def __init__(self, *, hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int, eps: float,
+                 blocks: list[BlockWeights]):  # fmt: skip
+        self._keep = blocks  # the tensors the structures point into
+        self._blocks = (_Block * len(blocks))(*(self._block(b) for b in blocks))
+        self._model = _Model(hidden, heads, kv_heads, head_dim, inter, len(blocks), eps, self._blocks)
+        self._caches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._scratch = torch.empty(0, dtype=torch.uint8)
+        self.hidden = hidden
+
+    @staticmethod
+    def _block(b: BlockWeights) -> _Block:
+        def parts(items: list[Part], count: int):
+            out = (_Part * count)()
+            for i, (kind, data, row_bytes, n) in enumerate(items):
+                out[i] = _Part(kind, data.data_ptr(), row_bytes, n)
+            return out
+
+        if len(b.qkv) > 3 or len(b.gate_up) > 2 or len(b.o) != 1 or len(b.down) != 1:
+            raise ValueError("a block's q/k/v takes at most 3 parts, gate/up 2, the others 1")
+        bias = 0 if b.qkv_bias is None else b.qkv_bias.data_ptr()
+        return _Block(b.attn_norm.data_ptr(), b.mlp_norm.data_ptr(), bias, parts(b.qkv, 3), parts(b.o, 1)[0],
+                      parts(b.gate_up, 2), parts(b.down, 1)[0], len(b.qkv), len(b.gate_up))  # fmt: skip
+
+    def _cache(self, cache, cos: torch.Tensor, sin: torch.Tensor) -> _Cache:
+        """The library's view of a KV cache, made once per cache (its tensors never move)."""
+        made = self._caches.get(cache)
+        if made is None:
+            keys, values = cache.keys, cache.values
+            for t in (*keys, *values):
+                if t.dtype != torch.float32 or not t.is_contiguous():
+                    raise ValueError("the native stack needs contiguous float32 caches")
+            tables = (cos.float().contiguous(), sin.float().contiguous())
+            pointers = ((_c_p * len(keys))(*(k.data_ptr() for k in keys)),
+                        (_c_p * len(values))(*(v.data_ptr() for v in values)))  # fmt: skip
+            slots, kv_heads, length, dim = keys[0].shape
+            view = _Cache(pointers[0], pointers[1], kv_heads * length * dim, length * dim,
+                          tables[0].data_ptr(), tables[1].data_ptr())  # fmt: skip
+            made = (view, pointers, tables)
+            self._caches[cache] = made
+        return made[0]
+
+    def __call__(self, x: torch.Tensor, cache, cos: torch.Tensor, sin: torch.Tensor, slots: list[int],
+                 positions: list[int]) -> None:  # fmt: skip
+        """x [M, hidden] float32 contiguous, in place; row m is at positions[m] of cache slot slots[m]. `cache`
+        holds per layer `keys` and `values` [slots, kv heads, length, head dim] (float32); cos/sin are the
+        rotary tables [length, head dim]."""
+        m = x.shape[0]
+        if x.dtype != torch.float32 or not x.is_contiguous() or x.shape[1] != self.hidden:
+            raise ValueError("the native stack takes contiguous float32 rows of the hidden size")
+        cache = self._cache(cache, cos, sin)
+        lib = native.library()
+        need = lib.vsk_stack_scratch_bytes(ctypes.byref(self._model), m) + 64
+        if self._scratch.numel() < need:
+            self._scratch = torch.empty(need, dtype=torch.uint8)
+        aligned = (self._scratch.data_ptr() + 63) // 64 * 64
+        rows = (_c_int * (2 * m))(*slots, *positions)
+        status = lib.vsk_stack_forward(
+            ctypes.byref(self._model), ctypes.byref(cache), x.data_ptr(), m, rows, ctypes.byref(rows, 4 * m), aligned
+        )
+        if status != 0:
+            raise RuntimeError("the native stack met a weight type without a kernel")
