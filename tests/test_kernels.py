@@ -213,7 +213,7 @@ def _attention_reference(q, keys, values, start, scale):
     return out
 
 
-def test_attention_matches_the_reference_and_each_query_only_its_own_prefix():
+def test_attention_matches_the_reference_and_each_query_only_its_own_prefix(path):
     g = torch.Generator().manual_seed(0)
     heads, kv_heads, d, length, start = 6, 2, 16, 40, 21
     keys, values = torch.randn(kv_heads, length, d, generator=g), torch.randn(kv_heads, length, d, generator=g)

@@ -92,4 +92,8 @@ typedef struct {
 
 void vsk_attend(const vsk_attention_t *a, int M);
 
+typedef void (*vsk_task)(const void *ctx, int begin, int end);
+vsk_task vsk_attention_task_avx2(void); /* NULL off x86-64 */
+int vsk_get_isa(void);
+
 #endif

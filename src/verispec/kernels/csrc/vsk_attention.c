@@ -28,7 +28,7 @@ static void attention_items(const void *ctx, int begin, int end) {
                 for (int l = 0; l < 8; l++) lanes[l] += q[i + l] * k[(size_t)t * a->D + i + l];
             const float s = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
             scores[t] = s * a->scale;
-            top = fmaxf(top, scores[t]);
+            top = scores[t] > top ? scores[t] : top;
         }
         float total = 0.0f;
         for (int t = 0; t < span; t++) {
@@ -45,7 +45,10 @@ static void attention_items(const void *ctx, int begin, int end) {
     free(scores);
 }
 
-void vsk_attend(const vsk_attention_t *a, int M) { vsk_parallel_for(attention_items, a, M * a->H); }
+void vsk_attend(const vsk_attention_t *a, int M) {
+    const vsk_task vector = vsk_get_isa() >= VSK_ISA_AVX2 ? vsk_attention_task_avx2() : NULL;
+    vsk_parallel_for(vector ? vector : attention_items, a, M * a->H);
+}
 
 /* out [M][H][D] for queries q [M][H][D] at positions start .. start + M - 1 of one sequence, whose keys and
  * values (all positions up to start + M - 1 already written) are `keys`/`values` [kvH][length][D] */
