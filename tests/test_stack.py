@@ -91,3 +91,20 @@ def test_each_row_is_the_same_bits_alone_in_a_verify_pass_and_beside_other_seque
     # the rows of the other sequence are what they are alone too, and differ from the first's (a live check)
     assert torch.equal(mixed[0], _run(model, stack, cache, [others[0]])[0])
     assert not torch.equal(mixed[0], mixed[4])
+
+
+def test_a_prefill_cut_into_calls_is_the_same_bits_as_one_call(model, monkeypatch):
+    """Long passes go to the stack in chunks of rows (bounded scratch); each row sees the keys and values the
+    chunks before it wrote, so where the cuts fall changes nothing."""
+    import verispec.model
+
+    model, stack = model
+    model.fused_blocks = stack
+    prompts = [list(range(50, 90)), list(range(120, 151))]
+    try:
+        whole = model(torch.tensor([prompts[0][:31], prompts[1]]), model.new_cache(2, 64), [0, 1])
+        monkeypatch.setattr(verispec.model, "FUSED_CHUNK_ROWS", 7)
+        cut = model(torch.tensor([prompts[0][:31], prompts[1]]), model.new_cache(2, 64), [0, 1])
+    finally:
+        model.fused_blocks = None
+    assert torch.equal(whole, cut)

@@ -15,9 +15,8 @@ from torch import nn
 from .config import ModelConfig
 from .quantize import QuantizedLinear
 
-# passes of at most this many rows run on `fused_blocks` even when they need not be batch-invariant (drafts);
-# longer ones (prefills) take the blocks one by one, whose attention is PyTorch's fused kernel
-FUSED_MAX_ROWS = 16
+# `fused_blocks` takes a long pass (a prefill) in calls of at most this many rows, bounding its scratch memory
+FUSED_CHUNK_ROWS = 256
 
 
 class KVCache:
@@ -159,7 +158,8 @@ class Transformer(nn.Module):
         )
         self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
         # every block at once for a pass (a native stack, kernels/stack.py), or None: the blocks one by one.
-        # Called as fused_blocks(x [rows, hidden], cache, cos, sin, slot per row, position per row), in place.
+        # Called as fused_blocks(x [rows, hidden], cache, cos, sin, slot per row, position per row), in place;
+        # it runs every pass of the model, batch-invariant (each row's result depends on that row alone).
         self.fused_blocks = None
 
     def use_quantized_linears(self, state: dict[str, torch.Tensor]) -> None:
@@ -217,7 +217,8 @@ class Transformer(nn.Module):
         """tokens [batch, seq] for cache slots `slots`; returns float32 logits [batch, num_logits or seq, V].
 
         invariant=False lets a batch-invariant model use ordinary (faster) attention: for prefills and
-        drafts, whose rounding never has to match a decode step's. `head` replaces the output head (a
+        drafts, whose rounding never has to match a decode step's (a model with `fused_blocks` is invariant in
+        every pass). `head` replaces the output head (a
         draft's restricted head, see draft_head.py).
         """
         batch, seq = tokens.shape
@@ -226,10 +227,13 @@ class Transformer(nn.Module):
             raise ValueError(f"sequence of {max(starts) + seq} tokens exceeds the cache's {cache.max_len}")
         cos_full, sin_full = self._rope(cache.max_len)
         x = self.embed(tokens)
-        if self.fused_blocks is not None and (invariant or batch * seq <= FUSED_MAX_ROWS):
+        if self.fused_blocks is not None:
             x = x.reshape(batch * seq, -1).float().contiguous()
-            rows = [(slot, start + t) for slot, start in zip(slots, starts, strict=True) for t in range(seq)]
-            self.fused_blocks(x, cache, cos_full, sin_full, [r[0] for r in rows], [r[1] for r in rows])
+            row_slots = [slot for slot in slots for _ in range(seq)]
+            row_positions = [start + t for start in starts for t in range(seq)]
+            for begin in range(0, batch * seq, FUSED_CHUNK_ROWS):  # each sequence's rows stay in position order
+                chunk = slice(begin, begin + FUSED_CHUNK_ROWS)
+                self.fused_blocks(x[chunk], cache, cos_full, sin_full, row_slots[chunk], row_positions[chunk])
             x = x.view(batch, seq, -1).to(self.dtype)
         else:
             positions = torch.tensor(starts, device=tokens.device)[:, None] + torch.arange(seq, device=tokens.device)
