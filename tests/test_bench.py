@@ -291,3 +291,55 @@ def test_llamacpp_peers_run_on_the_bundled_gguf_files(tmp_path):
     assert len(plain.output_ids) == 12 and plain.target_passes == 12  # the prompt's pass, then one per token
     for name in ("llamacpp-lookup", "llamacpp-draft"):
         assert 0 < runs[name].target_passes <= 12 and runs[name].identical_to_plain is not None
+
+
+def test_llamacpp_native_peer_missing_its_programs(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("LLAMACPP_BIN", str(tmp_path))
+    monkeypatch.setenv("LLAMACPP_HOME", str(tmp_path))
+    assert main(["bench", "--peers", "llamacpp-native", "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("verispec: error: --peers llamacpp-native needs llama.cpp's programs")
+    assert err.count("\n") == 1
+
+
+def test_ignore_eos_generates_max_tokens_through_end_of_sequence(prompts_file):
+    """The tiny models end early on most prompts; with --ignore-eos every run has max_tokens tokens, and
+    speculative decoding still equals plain decoding token for token."""
+    target, draft = tiny_models()
+    runs = {}
+    for ignore in (False, True):
+        config = BenchConfig(
+            dataset=str(prompts_file), num_prompts=len(PROMPTS), max_tokens=40, methods=("plain", "draft"), ks=(3,),
+            threads=1, warmup_tokens=0, cost_repeats=1, progress=False, ignore_eos=ignore,
+        )  # fmt: skip
+        runs[ignore] = run_bench(config, Models(target, draft), log=lambda message: None).runs
+    assert any(run.finish_reason == "stop" for run in runs[False])  # a live check: EOS does come
+    assert all(run.new_tokens == 40 and run.finish_reason == "length" for run in runs[True])
+    assert all(run.identical_to_plain for run in runs[True] if run.method != "plain")
+
+
+@pytest.mark.real
+def test_llamacpp_native_programs_run_beside_ours(tmp_path):
+    """Skipped unless llama.cpp's programs are built (docs/bench.md)."""
+    from verispec.bench.llamacpp_native import binaries
+    from verispec.bench.peers import PeerUnavailableError
+
+    from real_models import require_bundled
+
+    try:
+        binaries()
+    except PeerUnavailableError:
+        pytest.skip("llama.cpp's programs are not built")
+    require_bundled()
+    config = BenchConfig(
+        num_prompts=1, max_tokens=12, methods=("plain",), ks=(), peers=("llamacpp-native",), draft_model="draft",
+        warmup_tokens=0, cost_repeats=1, progress=False, output=tmp_path, plots=False, ignore_eos=True,
+        quantization="gguf",
+    )  # fmt: skip
+    result = run_bench(config, log=lambda message: None)
+    runs = {run.method: run for run in result.runs}
+    assert set(runs) == {"plain", "llama.cpp-plain", "llama.cpp-draft", "llama.cpp-ngram-simple", "llama.cpp-ngram-mod"}
+    for name, run in runs.items():
+        assert run.new_tokens == 12 and 0 < run.wall_s < 30, name
+    assert runs["llama.cpp-plain"].output_ids[:4] == runs["plain"].output_ids[:4]  # the same model, greedy
+    assert result.peer_passes is not None and set(result.peer_passes) >= {1, 4, 8}

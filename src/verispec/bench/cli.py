@@ -32,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--peers",
         default=None,
-        help="other engines in the same run: hf (transformers), llamacpp (llama-cpp-python; GGUF models)",
+        help="other engines in the same run: hf (transformers), llamacpp (llama-cpp-python; GGUF models), "
+        "llamacpp-native (llama.cpp's own programs, built separately: docs/bench.md)",
     )
     parser.add_argument("--chat", action="store_true", help="send raw prompts as a user message (chat template)")
     parser.add_argument(

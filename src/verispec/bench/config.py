@@ -14,7 +14,8 @@ from ..sampling import GREEDY_BELOW
 # auto-X: method X with k chosen each round from measured costs (adaptive.py), k from --k as the most
 SPECULATIVE = ("draft", "ngram", "hybrid")
 METHODS = ("plain", *SPECULATIVE, *(f"auto-{m}" for m in SPECULATIVE))
-PEERS = ("hf", "llamacpp")
+PEERS = ("hf", "llamacpp", "llamacpp-native")
+PEER_FAMILIES = ("hf", "llamacpp", "llama.cpp")  # contender names start with these (hf-plain, llama.cpp-draft, ...)
 BASELINE = "plain"
 
 # --quick: a smoke run that finishes in about two minutes on the bundled models (2-core CPU).
@@ -75,8 +76,8 @@ class BenchConfig:
             raise InvalidParameterError("methods draft and hybrid need a draft model; drop --speculative-model none")
         if self.peers and not self.greedy:
             raise InvalidParameterError("--peers compares greedy outputs; use --temperature 0")
-        if self.peers and self.ignore_eos:
-            raise InvalidParameterError("--ignore-eos is not supported with --peers (they stop at end of sequence)")
+        if self.ignore_eos and {"hf", "llamacpp"} & set(self.peers):
+            raise InvalidParameterError("--ignore-eos is not supported with --peers hf or llamacpp (they stop at EOS)")
         if self.peers and self.stop:
             raise InvalidParameterError("--stop is not supported with --peers (their outputs would not be comparable)")
         methods, notes = tuple(dict.fromkeys(self.methods)), self.notes

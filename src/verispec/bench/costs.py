@@ -2,7 +2,11 @@
 
 Each time is the median of several direct forward calls on a fresh cache that holds a real prompt,
 so it is the model's cost alone, without the loop around it. Repetitions are interleaved across
-the measurements so that machine drift hits all of them alike.
+the measurements so that machine drift hits all of them alike. The draft step uses the head the draft
+drafts with (a restricted head when --draft-vocab keeps one).
+
+On the native kernels the costs also say where a step goes: the weight bytes a step reads against the
+machine's read bandwidth, and the share of the step spent in the matrix products.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from ..model import Transformer
 
@@ -24,6 +29,12 @@ class Costs:
     target_step_s: float  # T(1): one target pass over one new token
     draft_step_s: float | None  # one draft pass over one new token
     target_verify_s: dict[int, float]  # k -> T(k+1)
+    prefill_s: float | None = None  # the target's prefill of the context (a fresh cache)
+    native: dict | None = None  # native kernels only: bytes, bandwidth and the products' share (see _native)
+
+    @property
+    def prefill_tokens_per_s(self) -> float | None:
+        return self.context_tokens / self.prefill_s if self.prefill_s else None
 
     @property
     def c(self) -> float | None:
@@ -42,17 +53,26 @@ class Costs:
             "c": self.c,
             "target_verify_s": {str(k): t for k, t in self.target_verify_s.items()},
             "verify_ratio": {str(k): self.verify_ratio(k) for k in self.target_verify_s},
+            "prefill_s": self.prefill_s,
+            "prefill_tokens_per_s": self.prefill_tokens_per_s,
+            "native": self.native,
         }
 
 
 def measure_costs(
-    target: Transformer, draft: Transformer | None, context: list[int], ks: tuple[int, ...], repeats: int
+    target: Transformer,
+    draft: Transformer | None,
+    context: list[int],
+    ks: tuple[int, ...],
+    repeats: int,
+    draft_head: nn.Module | None = None,
 ) -> Costs:
     timers: dict[str, Callable[[], float]] = {"target": _step_timer(target, context, 1)}
     if draft is not None:
-        timers["draft"] = _step_timer(draft, context, 1)
+        timers["draft"] = _step_timer(draft, context, 1, draft_head)
     for k in ks:
         timers[f"verify{k}"] = _step_timer(target, context, k + 1)
+    timers["prefill"] = _prefill_timer(target, context)
     samples: dict[str, list[float]] = {name: [] for name in timers}
     for _ in range(repeats):
         for name, timer in timers.items():
@@ -64,10 +84,12 @@ def measure_costs(
         target_step_s=median["target"],
         draft_step_s=median.get("draft"),
         target_verify_s={k: median[f"verify{k}"] for k in ks},
+        prefill_s=median["prefill"],
+        native=_native(target, draft, draft_head, timers, median, repeats),
     )
 
 
-def _step_timer(model: Transformer, context: list[int], n: int) -> Callable[[], float]:
+def _step_timer(model: Transformer, context: list[int], n: int, head: nn.Module | None = None) -> Callable[[], float]:
     """A function that times one forward pass of `n` new tokens after `context` (cache rolled back each time)."""
     cache = model.new_cache(num_slots=1, max_len=len(context) + n)
     model(_ids(context, model), cache, [0], num_logits=1)
@@ -76,13 +98,74 @@ def _step_timer(model: Transformer, context: list[int], n: int) -> Callable[[], 
     def once() -> float:
         cache.set_length(0, len(context))
         begin = time.perf_counter()
-        model(new, cache, [0], num_logits=n)
+        model(new, cache, [0], num_logits=n, head=head)
         if model.device.type == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - begin
 
     once()  # warm-up: first calls allocate
     return once
+
+
+def _prefill_timer(model: Transformer, context: list[int]) -> Callable[[], float]:
+    ids = _ids(context, model)
+
+    def once() -> float:
+        cache = model.new_cache(num_slots=1, max_len=len(context))
+        begin = time.perf_counter()
+        model(ids, cache, [0], num_logits=1, invariant=False)
+        if model.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - begin
+
+    return once
+
+
+def _native(
+    target: Transformer,
+    draft: Transformer | None,
+    draft_head: nn.Module | None,
+    timers: dict[str, Callable[[], float]],
+    median: dict[str, float],
+    repeats: int,
+) -> dict | None:
+    """For models on the native stack: weight bytes per step, GB/s against the machine's read bandwidth, and
+    the share of a step spent in products (the stack's products plus the output head) and elsewhere."""
+    from ..kernels import native
+    from ..kernels.linear import NativeLinear
+    from ..kernels.stack import NativeStack
+
+    if not isinstance(target.fused_blocks, NativeStack):
+        return None
+    out: dict = {"read_gb_per_s": native.read_bandwidth()}
+    for name, model, head in (("target", target, None), ("draft", draft, draft_head)):
+        if model is None or not isinstance(model.fused_blocks, NativeStack):
+            continue
+        head = head or model.lm_head
+        weights = sum(p.nbytes for m in model.layers.modules() if isinstance(m, NativeLinear) for p in m.buffers())
+        weights += sum(p.nbytes for p in head.buffers()) if isinstance(head, NativeLinear) else 0
+        NativeStack.timing()  # restart the counters
+        for _ in range(repeats):
+            timers[name]()
+        stack_s, products_s = (t / repeats for t in NativeStack.timing())
+        head_s = _head_seconds(model, head, repeats)
+        step = median[name]
+        out[name] = {
+            "weight_bytes": weights, "gb_per_s": weights / step / 1e9,
+            "products_share": (products_s + head_s) / step, "other_share": 1 - (products_s + head_s) / step,
+            "stack_s": stack_s, "stack_products_s": products_s, "head_s": head_s,
+        }  # fmt: skip
+    return out
+
+
+def _head_seconds(model: Transformer, head: nn.Module, repeats: int) -> float:
+    x = torch.randn(1, 1, model.config.hidden_size)
+    times = []
+    for _ in range(repeats):
+        begin = time.perf_counter()
+        head(x)
+        times.append(time.perf_counter() - begin)
+    return statistics.median(times)
 
 
 def _ids(tokens: list[int], model: Transformer) -> torch.Tensor:

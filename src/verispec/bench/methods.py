@@ -22,6 +22,8 @@ class Outcome:
     target_passes: int
     stats: GenerationStats | None = None  # ours only
     rejected: int | None = None  # rounds that ended on a rejected draft token (draft methods only)
+    seconds: float | None = None  # the time the contender reports itself (a separate process), else measured
+    new_tokens: int | None = None  # the count the contender reports itself, else len(token_ids)
 
 
 @dataclass

@@ -35,6 +35,10 @@ def check_available(peers: tuple[str, ...], from_files: bool = True) -> None:
         from .llamacpp import check_available as check_llamacpp
 
         check_llamacpp()
+    if "llamacpp-native" in peers:
+        from .llamacpp_native import check_available as check_programs
+
+        check_programs()
     if "hf" not in peers:
         return
     needed = ("transformers", "accelerate", "gguf") if from_files else ("transformers",)
@@ -131,9 +135,14 @@ def build_hf_peers(load: HFLoader, stop_ids: frozenset[int], with_draft: bool) -
 
 def peer_settings() -> dict:
     from .llamacpp import peer_settings as llamacpp_settings
+    from .llamacpp_native import peer_settings as program_settings
 
-    return llamacpp_settings() | {
-        "hf-plain": "generate(do_sample=False)",
-        "hf-assisted": "generate(assistant_model=draft), transformers' default assistant settings",
-        "hf-lookup": f"generate(prompt_lookup_num_tokens={PROMPT_LOOKUP_TOKENS})",
-    }
+    return (
+        llamacpp_settings()
+        | program_settings()
+        | {
+            "hf-plain": "generate(do_sample=False)",
+            "hf-assisted": "generate(assistant_model=draft), transformers' default assistant settings",
+            "hf-lookup": f"generate(prompt_lookup_num_tokens={PROMPT_LOOKUP_TOKENS})",
+        }
+    )

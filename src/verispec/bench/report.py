@@ -37,6 +37,7 @@ def results_dict(result: BenchResult, rows: list[MethodSummary]) -> dict:
         "models": result.models,
         "peers": {name: text for name, text in peer_settings().items() if _has_method(result, name)},
         "costs": result.costs.to_dict() if result.costs else None,
+        "llamacpp_pass_s": {str(n): s for n, s in result.peer_passes.items()} if result.peer_passes else None,
         "prompts": [{"index": p.index, "id": p.id, "prompt_tokens": len(p.token_ids)} for p in result.prompts],
         "skipped_prompts": result.skipped_prompts,
         "summary": [asdict(row) for row in rows],
@@ -85,6 +86,10 @@ def _header(result: BenchResult) -> str:
     ]
     if result.costs:
         lines.append(f"- {_costs_line(result)}")
+    if result.peer_passes and 1 in result.peer_passes:
+        one = result.peer_passes[1]
+        ratios = ", ".join(f"T({n})/T(1) {s / one:.2f}" for n, s in result.peer_passes.items() if n > 1)
+        lines.append(f"- llama.cpp's passes (llama-bench, same threads): T(1) {one * 1e3:.2f} ms, {ratios}")
     if result.skipped_prompts:
         lines.append(f"- skipped {len(result.skipped_prompts)} prompts too long for the context")
     lines += [f"- note: {note}" for note in config.notes]
@@ -100,7 +105,20 @@ def _costs_line(result: BenchResult) -> str:
     if costs.c is not None:
         text += f", draft {costs.draft_step_s * 1e3:.2f} ms, c = {costs.c:.3f}"
     ratios = ", ".join(f"k={k}: {costs.verify_ratio(k):.2f}" for k in costs.target_verify_s)
-    return text + (f"; T(k+1)/T(1) {ratios}" if ratios else "")
+    text += f"; T(k+1)/T(1) {ratios}" if ratios else ""
+    if costs.prefill_tokens_per_s is not None:
+        text += f"; prefill {costs.prefill_tokens_per_s:.1f} tokens/s"
+    if costs.native:
+        parts = [f"machine read bandwidth {costs.native['read_gb_per_s']:.1f} GB/s"]
+        for name in ("target", "draft"):
+            if name in costs.native:
+                n = costs.native[name]
+                parts.append(
+                    f"{name} reads {n['weight_bytes'] / 1e6:.0f} MB per step = {n['gb_per_s']:.1f} GB/s, "
+                    f"{n['products_share']:.0%} of the step in products, {n['other_share']:.0%} elsewhere"
+                )
+        text += "; native kernels: " + "; ".join(parts)
+    return text
 
 
 def _main_cells(row: MethodSummary, result: BenchResult) -> list[str]:

@@ -18,11 +18,12 @@ from typing import Protocol
 import torch
 from tqdm import tqdm
 
+from ..draft_head import DraftHead, draft_ids
 from ..errors import InvalidParameterError
 from ..kernels.linear import GGUFEmbedding, NativeLinear
 from ..loading import LoadedModel, load_model
 from ..quantize import QuantizedLinear, default_draft_quantization
-from .config import PEERS, BenchConfig, as_command
+from .config import PEER_FAMILIES, BenchConfig, as_command
 from .costs import Costs, measure_costs
 from .datasets import Request, load_requests
 from .memory import PeakMemory
@@ -88,6 +89,7 @@ class BenchResult:
     contenders: list[dict]  # name, kind, k
     runs: list[Run] = field(default_factory=list)
     costs: Costs | None = None
+    peer_passes: dict[int, float] | None = None  # llama-bench: seconds per pass over n tokens (llamacpp-native)
     models: dict = field(default_factory=dict)
     environment: dict = field(default_factory=dict)
     skipped_prompts: list[str] = field(default_factory=list)
@@ -116,6 +118,11 @@ def run_bench(
     begin = time.perf_counter()
     _warm_up(config, contenders, prompts[0], log)
     result.costs = _measure_costs(config, models, prompts, log)
+    if "llamacpp-native" in config.peers:
+        from .llamacpp_native import pass_costs
+
+        log("timing llama.cpp's passes (llama-bench) ...")
+        result.peer_passes = pass_costs(config, _threads(config))
     try:
         _main_loop(config, contenders, prompts, result, PeakMemory(models.target.model.device))
     except KeyboardInterrupt:
@@ -139,6 +146,11 @@ def _contenders(config: BenchConfig, models: Models, max_seq_len: int, log: Call
 
         log("loading peers: llama.cpp on the same GGUF files ...")
         contenders += build_llamacpp_peers(config, stop_ids, max_seq_len, torch.get_num_threads())
+    if "llamacpp-native" in config.peers:
+        from .llamacpp_native import build_programs
+
+        context = -(-(max_seq_len + 64) // 256) * 256
+        contenders += build_programs(config, models.target.tokenizer, _threads(config), context)
     return contenders
 
 
@@ -152,6 +164,15 @@ def _load_models(config: BenchConfig, log: Callable[[str], None]) -> Models:
         draft = load_model(config.draft_model, config.dtype, config.device, quantization=draft_quantization)
         target.tokenizer.check_compatible(draft.tokenizer)
     return Models(target, draft)
+
+
+def _threads(config: BenchConfig) -> int:
+    """The threads our models run on (the native pool claims PyTorch's), for peers to use as many."""
+    from ..kernels import native
+
+    if config.threads is not None:
+        return config.threads
+    return native.library().vsk_get_threads() if native.available() else torch.get_num_threads()
 
 
 def _form(dtype: str, quantization: str) -> str:
@@ -192,8 +213,12 @@ def _warm_up(config: BenchConfig, contenders: list[Contender], prompt: Prompt, l
 def _measure_costs(config: BenchConfig, models: Models, prompts: list[Prompt], log: Callable[[str], None]) -> Costs:
     log(f"measuring step costs ({config.cost_repeats} repetitions) ...")
     typical = sorted(prompts, key=lambda p: len(p.token_ids))[len(prompts) // 2]
-    draft = models.draft.model if models.draft is not None else None
-    return measure_costs(models.target.model, draft, typical.token_ids, config.ks, config.cost_repeats)
+    draft, head = None, None
+    if models.draft is not None:
+        draft = models.draft.model
+        ids = draft_ids(config.draft_vocab, draft.config.vocab_size, models.target.tokenizer.stop_token_ids)
+        head = DraftHead(draft, models.target.model.config.vocab_size, ids).module
+    return measure_costs(models.target.model, draft, typical.token_ids, config.ks, config.cost_repeats, head)
 
 
 def _main_loop(
@@ -213,9 +238,10 @@ def _timed_run(config: BenchConfig, contender: Contender, prompt: Prompt, memory
     memory.reset()
     begin = time.perf_counter()
     outcome = contender.generate(prompt.token_ids, config.max_tokens, config, seed)
-    wall = time.perf_counter() - begin
+    wall = time.perf_counter() - begin if outcome.seconds is None else outcome.seconds
+    tokens = len(outcome.token_ids) if outcome.new_tokens is None else outcome.new_tokens
     run = Run(
-        prompt=prompt.index, method=contender.name, new_tokens=len(outcome.token_ids), wall_s=wall,
+        prompt=prompt.index, method=contender.name, new_tokens=tokens, wall_s=wall,
         target_passes=outcome.target_passes, finish_reason=outcome.finish_reason, output_ids=outcome.token_ids,
         rejected=outcome.rejected, **memory.read(),
     )  # fmt: skip
@@ -246,7 +272,7 @@ def reference_method(method: str, methods: set[str]) -> str:
     speculative method, that peer's own plain decoding when it ran (does *its* speculation keep its output?)."""
     family = method.partition("-")[0]
     own_plain = f"{family}-plain"
-    return own_plain if family in PEERS and own_plain in methods and method != own_plain else "plain"
+    return own_plain if family in PEER_FAMILIES and own_plain in methods and method != own_plain else "plain"
 
 
 def _describe(models: Models) -> dict:

@@ -42,6 +42,8 @@ _SIGNATURES = {
     "vsk_repack": ([_c_int, _c_p, _c_size, _c_int, _c_int, _c_p], _c_int),
     "vsk_stack_scratch_bytes": ([_c_p, _c_int], _c_size),
     "vsk_stack_forward": ([_c_p, _c_p, _c_p, _c_int, _c_p, _c_p, _c_p], _c_int),
+    "vsk_stack_timing": ([_c_p], None),
+    "vsk_read": ([_c_p, _c_size], ctypes.c_uint64),
     "vsk_attention": (
         [_c_p, _c_int, _c_int, _c_int, _c_int, _c_p, _c_p, _c_size, _c_int, ctypes.c_float, _c_p],
         None,
@@ -128,6 +130,19 @@ def _lib() -> ctypes.CDLL:
     if lib is None:
         raise RuntimeError("the native kernels are not available")
     return lib
+
+
+def read_bandwidth(megabytes: int = 512, repeats: int = 3) -> float:
+    """The machine's read bandwidth in GB/s, with the pool's threads (best of `repeats` passes)."""
+    import time
+
+    buffer = torch.ones(megabytes << 20, dtype=torch.uint8)
+    best = float("inf")
+    for _ in range(repeats):
+        begin = time.perf_counter()
+        _lib().vsk_read(buffer.data_ptr(), buffer.numel())
+        best = min(best, time.perf_counter() - begin)
+    return buffer.numel() / best / 1e9
 
 
 def activation_block(qtype: int) -> int:

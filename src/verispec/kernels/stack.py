@@ -111,6 +111,13 @@ class NativeStack:
             self._caches[cache] = made
         return made[0]
 
+    @staticmethod
+    def timing() -> tuple[float, float]:
+        """(seconds in the stack, of which in products) since the last call: the bench's split."""
+        out = (ctypes.c_double * 2)()
+        native.library().vsk_stack_timing(out)
+        return out[0], out[1]
+
     def __call__(self, x: torch.Tensor, cache, cos: torch.Tensor, sin: torch.Tensor, slots: list[int],
                  positions: list[int]) -> None:  # fmt: skip
         """x [M, hidden] float32 contiguous, in place; row m is at positions[m] of cache slot slots[m]. `cache`

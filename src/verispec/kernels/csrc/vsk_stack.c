@@ -6,9 +6,11 @@
  * rotary embedding and SwiGLU are per row in a fixed order, the products keep their per-row order
  * (vsk.h), and attention runs per query (vsk_attention.c).
  */
+#define _POSIX_C_SOURCE 199309L
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "vsk.h"
 #include "vsk_math.h"
@@ -37,6 +39,29 @@ typedef struct {
 } vsk_cache;
 
 static size_t act_bytes(int K) { return (size_t)(K / 32) * sizeof(vsk_act32); }
+
+/* seconds spent in the stack and in its products since the last vsk_stack_timing (the bench's split) */
+static double stack_seconds, product_seconds;
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* out[0] = seconds in vsk_stack_forward, out[1] = of which in products; both restart from zero */
+VSK_API void vsk_stack_timing(double *out) {
+    out[0] = stack_seconds;
+    out[1] = product_seconds;
+    stack_seconds = product_seconds = 0.0;
+}
+
+static int products(const vsk_part *parts, int count, int K, const uint8_t *xq, int M, float *y, int ldy) {
+    const double begin = now();
+    const int status = vsk_products(parts, count, K, xq, act_bytes(K), M, y, ldy);
+    product_seconds += now() - begin;
+    return status;
+}
 
 static size_t floats_bytes(size_t n) { return (n * sizeof(float) + 63) / 64 * 64; }
 
@@ -91,7 +116,7 @@ static void swiglu_items(const void *ctx, int begin, int end) {
 /* x [M][hidden] += the products of `parts` over quantized rows xq, through `tmp` [M][hidden] */
 static int add_products(const vsk_part *parts, int count, int K, const uint8_t *xq, int M, float *tmp, float *x,
                         int hidden) {
-    if (vsk_products(parts, count, K, xq, act_bytes(K), M, tmp, hidden)) return -1;
+    if (products(parts, count, K, xq, M, tmp, hidden)) return -1;
     for (size_t i = 0; i < (size_t)M * hidden; i++) x[i] += tmp[i];
     return 0;
 }
@@ -111,7 +136,7 @@ static int block_forward(const vsk_model *md, const vsk_block *b, float *keys, f
     /* attention */
     for (int m = 0; m < M; m++) rms_norm(x + (size_t)m * hidden, b->attn_norm, hidden, md->eps, h + (size_t)m * hidden);
     vsk_quantize(VSK_Q8_0, h, M, hidden, xq);
-    if (vsk_products(b->qkv, b->qkv_parts, hidden, xq, act_bytes(hidden), M, qkv, width)) return -1;
+    if (products(b->qkv, b->qkv_parts, hidden, xq, M, qkv, width)) return -1;
     for (int m = 0; m < M; m++) {
         float *row = qkv + (size_t)m * width;
         if (b->qkv_bias)
@@ -135,7 +160,7 @@ static int block_forward(const vsk_model *md, const vsk_block *b, float *keys, f
     /* MLP */
     for (int m = 0; m < M; m++) rms_norm(x + (size_t)m * hidden, b->mlp_norm, hidden, md->eps, h + (size_t)m * hidden);
     vsk_quantize(VSK_Q8_0, h, M, hidden, xq);
-    if (vsk_products(b->gate_up, b->gate_up_parts, hidden, xq, act_bytes(hidden), M, gate_up, 2 * inter)) return -1;
+    if (products(b->gate_up, b->gate_up_parts, hidden, xq, M, gate_up, 2 * inter)) return -1;
     const swiglu_t s = {gate_up, act, inter};
     vsk_parallel_for(swiglu_items, &s, M * ((inter + SWIGLU_CHUNK - 1) / SWIGLU_CHUNK));
     vsk_quantize(VSK_Q8_0, act, M, inter, xq);
@@ -148,7 +173,10 @@ static int block_forward(const vsk_model *md, const vsk_block *b, float *keys, f
  * 0, or -1 when a weight type has no kernel. */
 VSK_API int vsk_stack_forward(const vsk_model *md, const vsk_cache *c, float *x, int M, const int *slot,
                               const int *pos, uint8_t *scratch) {
-    for (int l = 0; l < md->layers; l++)
-        if (block_forward(md, &md->blocks[l], c->keys[l], c->values[l], c, x, M, slot, pos, scratch)) return -1;
-    return 0;
+    const double begin = now();
+    int status = 0;
+    for (int l = 0; l < md->layers && !status; l++)
+        status = block_forward(md, &md->blocks[l], c->keys[l], c->values[l], c, x, M, slot, pos, scratch);
+    stack_seconds += now() - begin;
+    return status ? -1 : 0;
 }

@@ -20,6 +20,9 @@ static inline __m512 bytes_to_floats(const uint8_t *p, int is_signed) {
     return _mm512_cvtepi32_ps(is_signed ? _mm512_cvtepi8_epi32(raw) : _mm512_cvtepu8_epi32(raw));
 }
 
+/* a | (b & mask) in one instruction */
+static inline __m512i or_masked(__m512i a, __m512i b, __m512i mask) { return _mm512_ternarylogic_epi32(a, b, mask, 0xF8); }
+
 static inline __m512i broadcast_group(const vsk_act32 *x, int g) {
     int32_t v;
     memcpy(&v, x->q + (g < 4 ? 4 * g : 16 + 4 * (g - 4)), 4);
@@ -56,10 +59,10 @@ static void tile_kernel(int six, const uint8_t *W, int n0, int n1, int K, const 
                         const uint8_t *high = blk + 2336 + 128 * j;
                         for (int k = 0; k < 2; k++) {
                             const __m512i h = _mm512_loadu_si512((const void *)(high + 64 * k));
-                            w[4 * k + 0] = _mm512_or_si512(w[4 * k + 0], _mm512_and_si512(_mm512_slli_epi16(h, 4), two));
-                            w[4 * k + 1] = _mm512_or_si512(w[4 * k + 1], _mm512_and_si512(_mm512_slli_epi16(h, 2), two));
-                            w[4 * k + 2] = _mm512_or_si512(w[4 * k + 2], _mm512_and_si512(h, two));
-                            w[4 * k + 3] = _mm512_or_si512(w[4 * k + 3], _mm512_and_si512(_mm512_srli_epi16(h, 2), two));
+                            w[4 * k + 0] = or_masked(w[4 * k + 0], _mm512_slli_epi16(h, 4), two);
+                            w[4 * k + 1] = or_masked(w[4 * k + 1], _mm512_slli_epi16(h, 2), two);
+                            w[4 * k + 2] = or_masked(w[4 * k + 2], h, two);
+                            w[4 * k + 3] = or_masked(w[4 * k + 3], _mm512_srli_epi16(h, 2), two);
                         }
                         const __m512 s0 = _mm512_mul_ps(d, bytes_to_floats(blk + 32 + 16 * (2 * j), 1));
                         const __m512 s1 = _mm512_mul_ps(d, bytes_to_floats(blk + 32 + 16 * (2 * j + 1), 1));
@@ -127,14 +130,14 @@ static void kernel_t5_0(const uint8_t *W, size_t row_bytes, int n0, int n1, int 
                     w[i] = _mm512_and_si512(p, low);
                     w[4 + i] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
                 }
-                w[0] = _mm512_or_si512(w[0], _mm512_and_si512(_mm512_slli_epi16(h, 4), five));
-                w[1] = _mm512_or_si512(w[1], _mm512_and_si512(_mm512_slli_epi16(h, 3), five));
-                w[2] = _mm512_or_si512(w[2], _mm512_and_si512(_mm512_slli_epi16(h, 2), five));
-                w[3] = _mm512_or_si512(w[3], _mm512_and_si512(_mm512_slli_epi16(h, 1), five));
-                w[4] = _mm512_or_si512(w[4], _mm512_and_si512(h, five));
-                w[5] = _mm512_or_si512(w[5], _mm512_and_si512(_mm512_srli_epi16(h, 1), five));
-                w[6] = _mm512_or_si512(w[6], _mm512_and_si512(_mm512_srli_epi16(h, 2), five));
-                w[7] = _mm512_or_si512(w[7], _mm512_and_si512(_mm512_srli_epi16(h, 3), five));
+                w[0] = or_masked(w[0], _mm512_slli_epi16(h, 4), five);
+                w[1] = or_masked(w[1], _mm512_slli_epi16(h, 3), five);
+                w[2] = or_masked(w[2], _mm512_slli_epi16(h, 2), five);
+                w[3] = or_masked(w[3], _mm512_slli_epi16(h, 1), five);
+                w[4] = or_masked(w[4], h, five);
+                w[5] = or_masked(w[5], _mm512_srli_epi16(h, 1), five);
+                w[6] = or_masked(w[6], _mm512_srli_epi16(h, 2), five);
+                w[7] = or_masked(w[7], _mm512_srli_epi16(h, 3), five);
                 for (int m = 0; m < rows; m++) {
                     const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)(r0 + m) * x_stride) + b;
                     __m512i s = _mm512_set1_epi32(-16 * (x->half[0] + x->half[1]));
