@@ -7,7 +7,9 @@
 
 Each run is one process. Its time is what llama.cpp reports for prompt processing and decoding (model
 loading excluded, as ours is); its tokens are the count it reports. Its output text is encoded with our
-tokenizer to compare it with other outputs. `llama-bench` gives its cost of a pass over n tokens.
+tokenizer and compared with other outputs up to the shorter one's length (the text holds no end tokens, and
+llama-speculative-simple may decode a few tokens past -n: an accepted draft is kept whole).
+`llama-bench` gives its cost of a pass over n tokens.
 
 The binaries are found in $LLAMACPP_BIN, else where `../shared/tools/llamacpp-native build` puts them
 (~/.cache/llamacpp-native/llama_cpp_python-*/vendor/llama.cpp/build/bin); docs/bench.md says how to build
@@ -30,7 +32,7 @@ from .peers import PeerUnavailableError
 
 PROGRAMS = ("llama-completion", "llama-speculative-simple", "llama-bench")
 SPEC_TYPES = ("draft-simple", "ngram-simple", "ngram-mod")
-PASS_SIZES = (1, 2, 4, 5, 8, 16)
+PASS_SIZES = (1, 2, 4, 5, 8, 16, 128)  # 128: its prompt processing, beside our prefill rate
 HINT = (
     "--peers llamacpp-native needs llama.cpp's programs (llama-completion, llama-speculative-simple, llama-bench): "
     "build them (docs/bench.md) and set LLAMACPP_BIN to their folder"
@@ -56,13 +58,15 @@ class LlamaCppProgram:
     """One llama.cpp configuration, run as a process per prompt."""
 
     kind = "peer"
+    compares_prefix = True  # see runner._mark_identical
 
     def __init__(self, name: str, command: list[str], tokenizer: Tokenizer, k: int = 0, speculative: bool = False):
         self.name, self.command, self.tokenizer, self.k, self.speculative = name, command, tokenizer, k, speculative
 
     def generate(self, prompt_ids: list[int], max_tokens: int, config: BenchConfig, seed: int | None) -> Outcome:
         prompt = self.tokenizer.decode(prompt_ids)
-        command = [*self.command, "-p", prompt, "-n", str(max_tokens)] + ["--ignore-eos"] * config.ignore_eos
+        command = [*self.command, "-p", prompt, "-n", str(max_tokens)]
+        command += ["--ignore-eos"] * config.ignore_eos
         done = subprocess.run(command, capture_output=True, text=True, errors="replace", check=False)
         if done.returncode != 0:
             raise RuntimeError(f"{self.name}: llama.cpp exited with {done.returncode}: {done.stderr[-500:]}")
@@ -70,7 +74,7 @@ class LlamaCppProgram:
         if self.speculative:  # llama-speculative-simple echoes the prompt before the completion
             text = text.split(prompt, 1)[1] if prompt in text else text
         tokens, seconds = self._timing(done.stderr)
-        ids = self.tokenizer.encode(text) if text else []
+        ids = self.tokenizer.encode(text)[:max_tokens] if text else []  # the text holds no end tokens
         reason = "length" if tokens >= max_tokens else "stop"
         return Outcome(ids, reason, target_passes=0, seconds=seconds, new_tokens=tokens)
 

@@ -88,8 +88,11 @@ def _header(result: BenchResult) -> str:
         lines.append(f"- {_costs_line(result)}")
     if result.peer_passes and 1 in result.peer_passes:
         one = result.peer_passes[1]
-        ratios = ", ".join(f"T({n})/T(1) {s / one:.2f}" for n, s in result.peer_passes.items() if n > 1)
-        lines.append(f"- llama.cpp's passes (llama-bench, same threads): T(1) {one * 1e3:.2f} ms, {ratios}")
+        ratios = ", ".join(f"T({n})/T(1) {s / one:.2f}" for n, s in result.peer_passes.items() if 1 < n <= 16)
+        line = f"- llama.cpp's passes (llama-bench, same threads): T(1) {one * 1e3:.2f} ms, {ratios}"
+        if 128 in result.peer_passes:
+            line += f"; prefill (128 tokens) {128 / result.peer_passes[128]:.1f} tokens/s"
+        lines.append(line)
     if result.skipped_prompts:
         lines.append(f"- skipped {len(result.skipped_prompts)} prompts too long for the context")
     lines += [f"- note: {note}" for note in config.notes]
@@ -125,7 +128,7 @@ def _main_cells(row: MethodSummary, result: BenchResult) -> list[str]:
     return [
         row.method, str(row.k) if row.k else DASH, str(row.prompts), str(row.new_tokens),
         f"{row.tokens_per_s_median:.2f}", f"{row.tokens_per_s_total:.2f}", _num(row.speedup, "{:.2f}x"),
-        _num(row.acceptance_rate, "{:.1%}"), f"{row.mean_accepted_length:.2f}", _num(row.alpha, "{:.3f}"),
+        _num(row.acceptance_rate, "{:.1%}"), _num(row.mean_accepted_length, "{:.2f}"), _num(row.alpha, "{:.3f}"),
         _num(row.c, "{:.3f}"), _num(row.verify_ratio, "{:.2f}"), _num(row.ideal_speedup, "{:.2f}x"),
         _num(row.ideal_speedup_measured_verify, "{:.2f}x"), _num(row.efficiency, "{:.0%}"), _identical(row, result),
     ]  # fmt: skip

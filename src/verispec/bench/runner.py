@@ -128,7 +128,7 @@ def run_bench(
     except KeyboardInterrupt:
         result.interrupted = True
     result.duration_s = time.perf_counter() - begin
-    _mark_identical(result)
+    _mark_identical(result, {c.name for c in contenders if getattr(c, "compares_prefix", False)})
     return result
 
 
@@ -258,13 +258,20 @@ def _add_stats(run: Run, outcome: Outcome) -> None:
     run.time_other = max(0.0, run.wall_s - stats.time_prefill - stats.time_draft - stats.time_target)
 
 
-def _mark_identical(result: BenchResult) -> None:
+def _mark_identical(result: BenchResult, by_prefix: set[str] = frozenset()) -> None:
+    """`by_prefix`: contenders whose outputs are compared up to the shorter one's length (llama.cpp's programs:
+    their text, re-encoded, has no end tokens, and speculation may decode a few tokens past the limit)."""
     outputs = {(run.method, run.prompt): run.output_ids for run in result.runs}
     methods = {run.method for run in result.runs}
     for run in result.runs:
         reference = reference_method(run.method, methods)
         if run.method != reference and (reference, run.prompt) in outputs:
-            run.identical_to_plain = run.output_ids == outputs[reference, run.prompt]
+            other = outputs[reference, run.prompt]
+            if by_prefix & {run.method, reference}:
+                length = min(len(other), len(run.output_ids))
+                run.identical_to_plain = length > 0 and run.output_ids[:length] == other[:length]
+            else:
+                run.identical_to_plain = run.output_ids == other
 
 
 def reference_method(method: str, methods: set[str]) -> str:

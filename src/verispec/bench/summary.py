@@ -35,7 +35,7 @@ class MethodSummary:
     tokens_per_s_median: float
     speedup: float | None
     target_passes: int
-    mean_accepted_length: float
+    mean_accepted_length: float | None  # None for a peer that does not report its passes
     drafted: int | None = None
     accepted: int | None = None
     rejected: int | None = None
@@ -77,7 +77,7 @@ def _summarize_method(contender: dict, runs: list[Run], baseline: dict[int, Run]
         new_tokens=new_tokens, wall_s=wall, tokens_per_s_total=_rate(runs),
         tokens_per_s_median=statistics.median(r.tokens_per_second for r in runs),
         speedup=_speedup(runs, baseline), target_passes=passes,
-        mean_accepted_length=new_tokens / passes if passes else 0.0,
+        mean_accepted_length=new_tokens / passes if passes else None,
         peak_rss_bytes=max(r.peak_rss_bytes for r in runs),
     )  # fmt: skip
     _add_times(row, runs)

@@ -9,6 +9,7 @@ those of the products: each row's result depends on that row alone, whatever els
 from __future__ import annotations
 
 import ctypes
+import threading
 import weakref
 from dataclasses import dataclass
 
@@ -77,6 +78,7 @@ class NativeStack:
         self._model = _Model(hidden, heads, kv_heads, head_dim, inter, len(blocks), eps, self._blocks)
         self._caches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._scratch = torch.empty(0, dtype=torch.uint8)
+        self._lock = threading.Lock()  # one pass at a time: the scratch is shared (the pool serializes anyway)
         self.hidden = hidden
 
     @staticmethod
@@ -126,15 +128,22 @@ class NativeStack:
         m = x.shape[0]
         if x.dtype != torch.float32 or not x.is_contiguous() or x.shape[1] != self.hidden:
             raise ValueError("the native stack takes contiguous float32 rows of the hidden size")
-        cache = self._cache(cache, cos, sin)
         lib = native.library()
-        need = lib.vsk_stack_scratch_bytes(ctypes.byref(self._model), m) + 64
-        if self._scratch.numel() < need:
-            self._scratch = torch.empty(need, dtype=torch.uint8)
-        aligned = (self._scratch.data_ptr() + 63) // 64 * 64
         rows = (_c_int * (2 * m))(*slots, *positions)
-        status = lib.vsk_stack_forward(
-            ctypes.byref(self._model), ctypes.byref(cache), x.data_ptr(), m, rows, ctypes.byref(rows, 4 * m), aligned
-        )
+        with self._lock:
+            cache = self._cache(cache, cos, sin)
+            need = lib.vsk_stack_scratch_bytes(ctypes.byref(self._model), m) + 64
+            if self._scratch.numel() < need:
+                self._scratch = torch.empty(need, dtype=torch.uint8)
+            aligned = (self._scratch.data_ptr() + 63) // 64 * 64
+            status = lib.vsk_stack_forward(
+                ctypes.byref(self._model),
+                ctypes.byref(cache),
+                x.data_ptr(),
+                m,
+                rows,
+                ctypes.byref(rows, 4 * m),
+                aligned,
+            )
         if status != 0:
             raise RuntimeError("the native stack met a weight type without a kernel")
