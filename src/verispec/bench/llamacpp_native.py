@@ -7,8 +7,9 @@
 
 Each run is one process. Its time is what llama.cpp reports for prompt processing and decoding (model
 loading excluded, as ours is); its tokens are the count it reports. Its output text is encoded with our
-tokenizer and compared with other outputs up to the shorter one's length (the text holds no end tokens, and
-llama-speculative-simple may decode a few tokens past -n: an accepted draft is kept whole).
+tokenizer and compared with other outputs up to the shorter one's length less two tokens (the text holds no
+end tokens, llama-speculative-simple may decode a few tokens past -n, and a cut text's end may re-encode
+otherwise); the counts agree with a comparison of the texts themselves.
 `llama-bench` gives its cost of a pass over n tokens.
 
 The binaries are found in $LLAMACPP_BIN, else where `../shared/tools/llamacpp-native build` puts them

@@ -259,8 +259,9 @@ def _add_stats(run: Run, outcome: Outcome) -> None:
 
 
 def _mark_identical(result: BenchResult, by_prefix: set[str] = frozenset()) -> None:
-    """`by_prefix`: contenders whose outputs are compared up to the shorter one's length (llama.cpp's programs:
-    their text, re-encoded, has no end tokens, and speculation may decode a few tokens past the limit)."""
+    """`by_prefix`: contenders whose outputs are compared up to the shorter one's length less its last two tokens
+    (llama.cpp's programs: their text, re-encoded, has no end tokens, speculation may decode a few tokens past
+    the limit, and a cut text's last tokens can re-encode differently than inside the longer text)."""
     outputs = {(run.method, run.prompt): run.output_ids for run in result.runs}
     methods = {run.method for run in result.runs}
     for run in result.runs:
@@ -268,7 +269,7 @@ def _mark_identical(result: BenchResult, by_prefix: set[str] = frozenset()) -> N
         if run.method != reference and (reference, run.prompt) in outputs:
             other = outputs[reference, run.prompt]
             if by_prefix & {run.method, reference}:
-                length = min(len(other), len(run.output_ids))
+                length = min(len(other), len(run.output_ids)) - 2
                 run.identical_to_plain = length > 0 and run.output_ids[:length] == other[:length]
             else:
                 run.identical_to_plain = run.output_ids == other

@@ -186,26 +186,32 @@ static void kernel_t4_k(const uint8_t *W, size_t row_bytes, int n0, int n1, int 
     tile_kernel(VSK_T4_K, W, n0, n1, K, xq, x_stride, M, y, ldy);
 }
 
-static void kernel_t5_0(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
-                        size_t x_stride, int M, float *y, int ldy) {
-    (void)row_bytes;
-    const int blocks = K / 32;
+/* the 32-weight tile forms: T5_0 (values 0..31, the weight d (value - 16)) and T8_0 (bytes weight + 128) */
+static void tile32_kernel(int eight, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride,
+                          int M, float *y, int ldy) {
+    const int blocks = K / 32, offset = eight ? 128 : 16;
+    const size_t block_bytes = eight ? T80_BYTES : T50_BYTES;
     for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
         for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
             const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
             float acc[MAX_ROWS][16] = {{0}};
             for (int b = 0; b < blocks; b++) {
-                const uint8_t *blk = W + ((size_t)t * blocks + b) * T50_BYTES;
+                const uint8_t *blk = W + ((size_t)t * blocks + b) * block_bytes;
                 for (int n = 0; n < 16; n++) {
                     const float d = vsk_fp16_to_fp32(rd16(blk + 2 * n));
                     uint8_t w[32];
-                    unpack_sub(blk + 32, NULL, n, w);
-                    for (int g = 0; g < 8; g++)
-                        for (int c = 0; c < 4; c++)
-                            w[group_index(g, c)] |= (uint8_t)(((blk[288 + 4 * n + c] >> g) & 1) << 4);
+                    if (eight) {
+                        for (int g = 0; g < 8; g++)
+                            for (int c = 0; c < 4; c++) w[group_index(g, c)] = blk[32 + 64 * g + 4 * n + c];
+                    } else {
+                        unpack_sub(blk + 32, NULL, n, w);
+                        for (int g = 0; g < 8; g++)
+                            for (int c = 0; c < 4; c++)
+                                w[group_index(g, c)] |= (uint8_t)(((blk[288 + 4 * n + c] >> g) & 1) << 4);
+                    }
                     for (int m = 0; m < rows; m++) {
                         const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)(r0 + m) * x_stride) + b;
-                        int32_t s = -16 * (x->half[0] + x->half[1]);
+                        int32_t s = -offset * (x->half[0] + x->half[1]);
                         for (int i = 0; i < 32; i++) s += (int32_t)w[i] * x->q[i];
                         acc[m][n] += (d * x->d) * (float)s;
                     }
@@ -218,34 +224,16 @@ static void kernel_t5_0(const uint8_t *W, size_t row_bytes, int n0, int n1, int 
     }
 }
 
+static void kernel_t5_0(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
+                        size_t x_stride, int M, float *y, int ldy) {
+    (void)row_bytes;
+    tile32_kernel(0, W, n0, n1, K, xq, x_stride, M, y, ldy);
+}
+
 static void kernel_t8_0(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
                         size_t x_stride, int M, float *y, int ldy) {
     (void)row_bytes;
-    const int blocks = K / 32;
-    for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
-        for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
-            const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
-            float acc[MAX_ROWS][16] = {{0}};
-            for (int b = 0; b < blocks; b++) {
-                const uint8_t *blk = W + ((size_t)t * blocks + b) * T80_BYTES;
-                for (int n = 0; n < 16; n++) {
-                    const float d = vsk_fp16_to_fp32(rd16(blk + 2 * n));
-                    uint8_t w[32];
-                    for (int g = 0; g < 8; g++)
-                        for (int c = 0; c < 4; c++) w[group_index(g, c)] = blk[32 + 64 * g + 4 * n + c];
-                    for (int m = 0; m < rows; m++) {
-                        const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)(r0 + m) * x_stride) + b;
-                        int32_t s = -128 * (x->half[0] + x->half[1]);
-                        for (int i = 0; i < 32; i++) s += (int32_t)w[i] * x->q[i];
-                        acc[m][n] += (d * x->d) * (float)s;
-                    }
-                }
-            }
-            for (int m = 0; m < rows; m++)
-                for (int n = 0; n < 16; n++)
-                    if (16 * t + n < n1) y[(size_t)(r0 + m) * ldy + 16 * t + n] = acc[m][n];
-        }
-    }
+    tile32_kernel(1, W, n0, n1, K, xq, x_stride, M, y, ldy);
 }
 
 static void kernel_t6_k(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,

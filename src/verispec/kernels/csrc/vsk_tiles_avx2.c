@@ -115,41 +115,60 @@ static void kernel_t6_k(const uint8_t *W, size_t row_bytes, int n0, int n1, int 
     tile_kernel(1, W, n0, n1, K, xq, x_stride, M, y, ldy);
 }
 
-/* T5_0: per block of 32 weights, values 0..31 (nibbles and a fifth bit), the weight d * (value - 16) */
-static void kernel_t5_0(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
-                        size_t x_stride, int M, float *y, int ldy) {
-    (void)row_bytes;
-    const int blocks = K / 32;
+/* the 32-weight tile forms, rows 8v .. 8v + 7 of a tile. T5_0: values 0..31 (nibbles and a fifth bit), the
+ * weight d (value - 16), dotted through maddubs with the offset taken off. T8_0: maddubs takes unsigned x
+ * signed bytes and saturates pairs at 16 bits, so the stored bytes (weight + 128) are flipped back to signed
+ * and the weight's magnitude (at most 128) meets the activation carrying the weight's sign: pairs stay
+ * below 2^15. */
+static inline void unpack32(int eight, const uint8_t *blk, int v, __m256i *w, __m256i *magnitude) {
+    if (eight) {
+        const __m256i flip = _mm256_set1_epi8((char)0x80);
+        for (int g = 0; g < 8; g++) {
+            w[g] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 32 + 64 * g + 32 * v)), flip);
+            magnitude[g] = _mm256_abs_epi8(w[g]);
+        }
+        return;
+    }
     const __m256i low = _mm256_set1_epi8(0x0F), five = _mm256_set1_epi8(0x10);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)(blk + 288 + 32 * v));
+    for (int i = 0; i < 4; i++) {
+        const __m256i p = _mm256_loadu_si256((const __m256i *)(blk + 32 + 64 * i + 32 * v));
+        w[i] = _mm256_and_si256(p, low);
+        w[4 + i] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
+    }
+    w[0] = _mm256_or_si256(w[0], _mm256_and_si256(_mm256_slli_epi16(h, 4), five));
+    w[1] = _mm256_or_si256(w[1], _mm256_and_si256(_mm256_slli_epi16(h, 3), five));
+    w[2] = _mm256_or_si256(w[2], _mm256_and_si256(_mm256_slli_epi16(h, 2), five));
+    w[3] = _mm256_or_si256(w[3], _mm256_and_si256(_mm256_slli_epi16(h, 1), five));
+    w[4] = _mm256_or_si256(w[4], _mm256_and_si256(h, five));
+    w[5] = _mm256_or_si256(w[5], _mm256_and_si256(_mm256_srli_epi16(h, 1), five));
+    w[6] = _mm256_or_si256(w[6], _mm256_and_si256(_mm256_srli_epi16(h, 2), five));
+    w[7] = _mm256_or_si256(w[7], _mm256_and_si256(_mm256_srli_epi16(h, 3), five));
+}
+
+static void tile32_kernel(int eight, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride,
+                          int M, float *y, int ldy) {
+    const int blocks = K / 32, offset = eight ? 0 : 16; /* T8_0's products are signed: no offset */
+    const size_t block_bytes = eight ? T80_BYTES : T50_BYTES;
     for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
         for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
             const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
             __m256 acc[MAX_ROWS][2];
             for (int m = 0; m < rows; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
             for (int b = 0; b < blocks; b++) {
-                const uint8_t *blk = W + ((size_t)t * blocks + b) * T50_BYTES;
-                for (int l = 0; l < 6; l++) _mm_prefetch((const char *)blk + 4 * T50_BYTES + 64 * l, _MM_HINT_T0);
+                const uint8_t *blk = W + ((size_t)t * blocks + b) * block_bytes;
+                for (int l = 0; l < (eight ? 9 : 6); l++) /* about 1.5 KiB ahead */
+                    _mm_prefetch((const char *)blk + (eight ? 3 : 4) * block_bytes + 64 * l, _MM_HINT_T0);
                 for (int v = 0; v < 2; v++) {
                     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * v)));
-                    const __m256i h = _mm256_loadu_si256((const __m256i *)(blk + 288 + 32 * v));
-                    __m256i w[8];
-                    for (int i = 0; i < 4; i++) {
-                        const __m256i p = _mm256_loadu_si256((const __m256i *)(blk + 32 + 64 * i + 32 * v));
-                        w[i] = _mm256_and_si256(p, low);
-                        w[4 + i] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
-                    }
-                    w[0] = _mm256_or_si256(w[0], _mm256_and_si256(_mm256_slli_epi16(h, 4), five));
-                    w[1] = _mm256_or_si256(w[1], _mm256_and_si256(_mm256_slli_epi16(h, 3), five));
-                    w[2] = _mm256_or_si256(w[2], _mm256_and_si256(_mm256_slli_epi16(h, 2), five));
-                    w[3] = _mm256_or_si256(w[3], _mm256_and_si256(_mm256_slli_epi16(h, 1), five));
-                    w[4] = _mm256_or_si256(w[4], _mm256_and_si256(h, five));
-                    w[5] = _mm256_or_si256(w[5], _mm256_and_si256(_mm256_srli_epi16(h, 1), five));
-                    w[6] = _mm256_or_si256(w[6], _mm256_and_si256(_mm256_srli_epi16(h, 2), five));
-                    w[7] = _mm256_or_si256(w[7], _mm256_and_si256(_mm256_srli_epi16(h, 3), five));
+                    __m256i w[8], magnitude[8];
+                    unpack32(eight, blk, v, w, magnitude);
                     for (int m = 0; m < rows; m++) {
                         const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)(r0 + m) * x_stride) + b;
-                        __m256i s = _mm256_set1_epi32(-16 * (x->half[0] + x->half[1]));
-                        for (int g = 0; g < 8; g++) s = dot(s, w[g], broadcast_group(x, g));
+                        __m256i s = _mm256_set1_epi32(-offset * (x->half[0] + x->half[1]));
+                        for (int g = 0; g < 8; g++)
+                            s = eight ? dot(s, magnitude[g], _mm256_sign_epi8(broadcast_group(x, g), w[g]))
+                                      : dot(s, w[g], broadcast_group(x, g));
                         acc[m][v] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x->d)), _mm256_cvtepi32_ps(s), acc[m][v]);
                     }
                 }
@@ -165,48 +184,16 @@ static void kernel_t5_0(const uint8_t *W, size_t row_bytes, int n0, int n1, int 
     }
 }
 
-/* T8_0: maddubs takes unsigned x signed bytes and saturates pairs at 16 bits, so the signed weight's
- * magnitude (at most 128) meets the activation carrying the weight's sign: pairs stay below 2^15 */
+static void kernel_t5_0(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
+                        size_t x_stride, int M, float *y, int ldy) {
+    (void)row_bytes;
+    tile32_kernel(0, W, n0, n1, K, xq, x_stride, M, y, ldy);
+}
+
 static void kernel_t8_0(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
                         size_t x_stride, int M, float *y, int ldy) {
     (void)row_bytes;
-    const int blocks = K / 32;
-    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
-    for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
-        for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
-            const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
-            __m256 acc[MAX_ROWS][2];
-            for (int m = 0; m < rows; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
-            for (int b = 0; b < blocks; b++) {
-                const uint8_t *blk = W + ((size_t)t * blocks + b) * T80_BYTES;
-                for (int l = 0; l < 9; l++) _mm_prefetch((const char *)blk + 3 * T80_BYTES + 64 * l, _MM_HINT_T0);
-                for (int v = 0; v < 2; v++) {
-                    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * v)));
-                    __m256i w[8], magnitude[8];
-                    for (int g = 0; g < 8; g++) {
-                        w[g] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 32 + 64 * g + 32 * v)), flip);
-                        magnitude[g] = _mm256_abs_epi8(w[g]);
-                    }
-                    for (int m = 0; m < rows; m++) {
-                        const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)(r0 + m) * x_stride) + b;
-                        __m256i s = _mm256_setzero_si256();
-                        for (int g = 0; g < 8; g++) {
-                            const __m256i signed_x = _mm256_sign_epi8(broadcast_group(x, g), w[g]);
-                            s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude[g], signed_x), ones));
-                        }
-                        acc[m][v] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x->d)), _mm256_cvtepi32_ps(s), acc[m][v]);
-                    }
-                }
-            }
-            const int lanes = n1 - 16 * t < 16 ? n1 - 16 * t : 16;
-            for (int m = 0; m < rows; m++) {
-                float out[16];
-                _mm256_storeu_ps(out, acc[m][0]);
-                _mm256_storeu_ps(out + 8, acc[m][1]);
-                memcpy(y + (size_t)(r0 + m) * ldy + 16 * t, out, sizeof(float) * (size_t)lanes);
-            }
-        }
-    }
+    tile32_kernel(1, W, n0, n1, K, xq, x_stride, M, y, ldy);
 }
 
 vsk_kernel vsk_tile_kernel_avx2(int type) {

@@ -108,39 +108,50 @@ static void kernel_t6_k(const uint8_t *W, size_t row_bytes, int n0, int n1, int 
     tile_kernel(1, W, n0, n1, K, xq, x_stride, M, y, ldy);
 }
 
-/* T5_0: per block of 32 weights, values 0..31 (nibbles and a fifth bit), the weight d * (value - 16) */
-static void kernel_t5_0(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
-                        size_t x_stride, int M, float *y, int ldy) {
-    (void)row_bytes;
-    const int blocks = K / 32;
+/* the 32-weight tile forms. T5_0: values 0..31 (nibbles and a fifth bit), the weight d (value - 16). T8_0:
+ * unsigned bytes (weight + 128), which vpdpbusd takes as they are. Either way the offset times the
+ * activations' sum is taken off. */
+static inline void unpack32(int eight, const uint8_t *blk, __m512i *w) {
+    if (eight) {
+        for (int g = 0; g < 8; g++) w[g] = _mm512_loadu_si512((const void *)(blk + 32 + 64 * g));
+        return;
+    }
     const __m512i low = _mm512_set1_epi8(0x0F), five = _mm512_set1_epi8(0x10);
+    const __m512i h = _mm512_loadu_si512((const void *)(blk + 288));
+    for (int i = 0; i < 4; i++) {
+        const __m512i p = _mm512_loadu_si512((const void *)(blk + 32 + 64 * i));
+        w[i] = _mm512_and_si512(p, low);
+        w[4 + i] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
+    }
+    w[0] = or_masked(w[0], _mm512_slli_epi16(h, 4), five);
+    w[1] = or_masked(w[1], _mm512_slli_epi16(h, 3), five);
+    w[2] = or_masked(w[2], _mm512_slli_epi16(h, 2), five);
+    w[3] = or_masked(w[3], _mm512_slli_epi16(h, 1), five);
+    w[4] = or_masked(w[4], h, five);
+    w[5] = or_masked(w[5], _mm512_srli_epi16(h, 1), five);
+    w[6] = or_masked(w[6], _mm512_srli_epi16(h, 2), five);
+    w[7] = or_masked(w[7], _mm512_srli_epi16(h, 3), five);
+}
+
+static void tile32_kernel(int eight, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride,
+                          int M, float *y, int ldy) {
+    const int blocks = K / 32, offset = eight ? 128 : 16;
+    const size_t block_bytes = eight ? T80_BYTES : T50_BYTES;
     for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
         for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
             const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
             __m512 acc[MAX_ROWS];
             for (int m = 0; m < rows; m++) acc[m] = _mm512_setzero_ps();
             for (int b = 0; b < blocks; b++) {
-                const uint8_t *blk = W + ((size_t)t * blocks + b) * T50_BYTES;
-                for (int l = 0; l < 6; l++) _mm_prefetch((const char *)blk + 4 * T50_BYTES + 64 * l, _MM_HINT_T0);
+                const uint8_t *blk = W + ((size_t)t * blocks + b) * block_bytes;
+                for (int l = 0; l < (eight ? 9 : 6); l++) /* about 1.5 KiB ahead */
+                    _mm_prefetch((const char *)blk + (eight ? 3 : 4) * block_bytes + 64 * l, _MM_HINT_T0);
                 const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
-                const __m512i h = _mm512_loadu_si512((const void *)(blk + 288));
                 __m512i w[8];
-                for (int i = 0; i < 4; i++) {
-                    const __m512i p = _mm512_loadu_si512((const void *)(blk + 32 + 64 * i));
-                    w[i] = _mm512_and_si512(p, low);
-                    w[4 + i] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
-                }
-                w[0] = or_masked(w[0], _mm512_slli_epi16(h, 4), five);
-                w[1] = or_masked(w[1], _mm512_slli_epi16(h, 3), five);
-                w[2] = or_masked(w[2], _mm512_slli_epi16(h, 2), five);
-                w[3] = or_masked(w[3], _mm512_slli_epi16(h, 1), five);
-                w[4] = or_masked(w[4], h, five);
-                w[5] = or_masked(w[5], _mm512_srli_epi16(h, 1), five);
-                w[6] = or_masked(w[6], _mm512_srli_epi16(h, 2), five);
-                w[7] = or_masked(w[7], _mm512_srli_epi16(h, 3), five);
+                unpack32(eight, blk, w);
                 for (int m = 0; m < rows; m++) {
                     const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)(r0 + m) * x_stride) + b;
-                    __m512i s = _mm512_set1_epi32(-16 * (x->half[0] + x->half[1]));
+                    __m512i s = _mm512_set1_epi32(-offset * (x->half[0] + x->half[1]));
                     for (int g = 0; g < 8; g++) s = _mm512_dpbusd_epi32(s, w[g], broadcast_group(x, g));
                     acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x->d)), _mm512_cvtepi32_ps(s), acc[m]);
                 }
@@ -152,34 +163,16 @@ static void kernel_t5_0(const uint8_t *W, size_t row_bytes, int n0, int n1, int 
     }
 }
 
-/* T8_0: unsigned bytes (weight + 128) against signed activations; the 128 * sum(x) they add is taken off */
+static void kernel_t5_0(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
+                        size_t x_stride, int M, float *y, int ldy) {
+    (void)row_bytes;
+    tile32_kernel(0, W, n0, n1, K, xq, x_stride, M, y, ldy);
+}
+
 static void kernel_t8_0(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
                         size_t x_stride, int M, float *y, int ldy) {
     (void)row_bytes;
-    const int blocks = K / 32;
-    for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
-        for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
-            const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
-            __m512 acc[MAX_ROWS];
-            for (int m = 0; m < rows; m++) acc[m] = _mm512_setzero_ps();
-            for (int b = 0; b < blocks; b++) {
-                const uint8_t *blk = W + ((size_t)t * blocks + b) * T80_BYTES;
-                for (int l = 0; l < 9; l++) _mm_prefetch((const char *)blk + 3 * T80_BYTES + 64 * l, _MM_HINT_T0);
-                const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
-                __m512i w[8];
-                for (int g = 0; g < 8; g++) w[g] = _mm512_loadu_si512((const void *)(blk + 32 + 64 * g));
-                for (int m = 0; m < rows; m++) {
-                    const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)(r0 + m) * x_stride) + b;
-                    __m512i s = _mm512_set1_epi32(-128 * (x->half[0] + x->half[1]));
-                    for (int g = 0; g < 8; g++) s = _mm512_dpbusd_epi32(s, w[g], broadcast_group(x, g));
-                    acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x->d)), _mm512_cvtepi32_ps(s), acc[m]);
-                }
-            }
-            const int lanes = n1 - 16 * t < 16 ? n1 - 16 * t : 16;
-            const __mmask16 keep = (__mmask16)((1u << lanes) - 1u);
-            for (int m = 0; m < rows; m++) _mm512_mask_storeu_ps(y + (size_t)(r0 + m) * ldy + 16 * t, keep, acc[m]);
-        }
-    }
+    tile32_kernel(1, W, n0, n1, K, xq, x_stride, M, y, ldy);
 }
 
 vsk_kernel vsk_tile_kernel_avx512(int type) {
