@@ -21,6 +21,8 @@ from torch import nn
 
 from ..model import Transformer
 
+PASS_WIDTHS = (4, 8)  # passes over this many tokens are timed whatever k the bench runs (the issue's T(4), T(8))
+
 
 @dataclass(frozen=True)
 class Costs:
@@ -29,6 +31,7 @@ class Costs:
     target_step_s: float  # T(1): one target pass over one new token
     draft_step_s: float | None  # one draft pass over one new token
     target_verify_s: dict[int, float]  # k -> T(k+1)
+    pass_s: dict[int, float] | None = None  # n -> T(n) for the fixed widths PASS_WIDTHS (any k)
     prefill_s: float | None = None  # the target's prefill of the context (a fresh cache)
     native: dict | None = None  # native kernels only: bytes, bandwidth and the products' share (see _native)
 
@@ -53,6 +56,7 @@ class Costs:
             "c": self.c,
             "target_verify_s": {str(k): t for k, t in self.target_verify_s.items()},
             "verify_ratio": {str(k): self.verify_ratio(k) for k in self.target_verify_s},
+            "pass_ratio": {str(n): t / self.target_step_s for n, t in (self.pass_s or {}).items()},
             "prefill_s": self.prefill_s,
             "prefill_tokens_per_s": self.prefill_tokens_per_s,
             "native": self.native,
@@ -72,6 +76,8 @@ def measure_costs(
         timers["draft"] = _step_timer(draft, context, 1, draft_head)
     for k in ks:
         timers[f"verify{k}"] = _step_timer(target, context, k + 1)
+    for n in PASS_WIDTHS:
+        timers[f"pass{n}"] = _step_timer(target, context, n)
     timers["prefill"] = _prefill_timer(target, context)
     samples: dict[str, list[float]] = {name: [] for name in timers}
     for _ in range(repeats):
@@ -84,6 +90,7 @@ def measure_costs(
         target_step_s=median["target"],
         draft_step_s=median.get("draft"),
         target_verify_s={k: median[f"verify{k}"] for k in ks},
+        pass_s={n: median[f"pass{n}"] for n in PASS_WIDTHS},
         prefill_s=median["prefill"],
         native=_native(target, draft, draft_head, timers, median, repeats),
     )

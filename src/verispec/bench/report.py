@@ -109,6 +109,8 @@ def _costs_line(result: BenchResult) -> str:
         text += f", draft {costs.draft_step_s * 1e3:.2f} ms, c = {costs.c:.3f}"
     ratios = ", ".join(f"k={k}: {costs.verify_ratio(k):.2f}" for k in costs.target_verify_s)
     text += f"; T(k+1)/T(1) {ratios}" if ratios else ""
+    if costs.pass_s:
+        text += "; " + ", ".join(f"T({n})/T(1) {t / costs.target_step_s:.2f}" for n, t in costs.pass_s.items())
     if costs.prefill_tokens_per_s is not None:
         text += f"; prefill {costs.prefill_tokens_per_s:.1f} tokens/s"
     if costs.native:
