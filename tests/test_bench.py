@@ -349,7 +349,7 @@ def test_llamacpp_native_programs_run_beside_ours(tmp_path):
     runs = {run.method: run for run in result.runs}
     assert set(runs) == {"plain", "llama.cpp-plain", "llama.cpp-draft", "llama.cpp-ngram-simple", "llama.cpp-ngram-mod"}
     for name, run in runs.items():  # llama-speculative-simple keeps a whole accepted draft past -n
-        assert (run.new_tokens == 12 if name.endswith("plain") else 12 <= run.new_tokens <= 32), name
+        assert run.new_tokens == 12 if name.endswith("plain") else 12 <= run.new_tokens <= 32, name
         assert 0 < run.wall_s < 30, name
     assert runs["llama.cpp-plain"].output_ids[:4] == runs["plain"].output_ids[:4]  # the same model, greedy
     assert all(run.identical_to_plain is not None for name, run in runs.items() if name != "plain")

@@ -942,3 +942,43 @@ def test_serve_refuses_bad_flags_in_one_line_before_loading(flags, expected, cap
     assert main(["serve", "--model", "missing.gguf", *flags]) == 2  # the config fails before the missing file
     err = capsys.readouterr().err
     assert err.startswith("verispec: error: ") and expected in err and err.count("\n") == 1
+
+
+# ---- the API key ----------------------------------------------------------------------------------------------
+@needs_smollm2
+def test_api_key_guards_every_v1_route_and_leaves_health_and_metrics_open():
+    proc = ServerProcess(
+        "--model", str(SMOLLM2), "--speculative-model", "none", "--max-model-len", "256", "--api-key", "s3cret"
+    )  # fmt: skip
+    try:
+        for key in ("unused", "s3cret-and-more", "s3cre"):
+            client = openai.OpenAI(base_url=proc.url + "/v1", api_key=key, max_retries=0, timeout=REQUEST_TIMEOUT)
+            with pytest.raises(openai.AuthenticationError) as refused:
+                client.completions.create(model="x", prompt="def f(", max_tokens=2)
+            assert refused.value.status_code == 401 and refused.value.code == "invalid_api_key"
+        for method, route in (("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions")):
+            response = httpx.request(method, proc.url + route, json={}, timeout=10)  # no header at all
+            assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer", route
+            assert response.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(proc.url + "/health", timeout=10).status_code == 200
+        assert httpx.get(proc.url + "/metrics", timeout=10).status_code == 200
+        client = openai.OpenAI(base_url=proc.url + "/v1", api_key="s3cret", max_retries=0, timeout=REQUEST_TIMEOUT)
+        model = client.models.list().data[0].id
+        assert client.completions.create(model=model, prompt="def f(", max_tokens=2).usage.completion_tokens == 2
+        rejected = proc.metrics()
+        assert rejected["verispec_rejected_requests_total{code=invalid_api_key}"] == 3
+        assert rejected["verispec_rejected_requests_total{code=missing_api_key}"] == 3
+    finally:
+        proc.stop()
+
+
+@needs_smollm2
+def test_api_key_from_the_environment(monkeypatch):
+    monkeypatch.setenv("VERISPEC_API_KEY", "from-env")
+    proc = ServerProcess("--model", str(SMOLLM2), "--speculative-model", "none", "--max-model-len", "256")
+    try:
+        assert httpx.get(proc.url + "/v1/models", timeout=10).status_code == 401
+        headers = {"Authorization": "Bearer from-env"}
+        assert httpx.get(proc.url + "/v1/models", headers=headers, timeout=10).status_code == 200
+    finally:
+        proc.stop()

@@ -1,6 +1,8 @@
 """FastAPI routes: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics.
 
 Every client mistake is answered with a 4xx and OpenAI's error body; a 500 means a bug in verispec.
+With an API key set, every /v1/ route needs `Authorization: Bearer <key>` (401 otherwise); /health and
+/metrics stay open, as vLLM's do.
 A handler encodes and checks the request, hands it to the scheduler thread, and reads its events from an
 asyncio queue; if the client goes away (mid-stream or while waiting) the request is cancelled at once.
 """
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import time
@@ -41,6 +44,7 @@ class ServerState:
     scheduler: Scheduler
     model_name: str
     draining: bool = False  # set on SIGTERM: new requests get 503 while running ones finish
+    api_key: str | None = None  # when set, /v1/ routes need it as a bearer token
     started: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -55,6 +59,7 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="verispec", lifespan=lifespan)
     app.state.verispec = state
     _add_error_handlers(app, state)
+    _add_authentication(app, state)
     _add_info_routes(app, state)
     _add_generation_routes(app, state)
     return app
@@ -92,6 +97,25 @@ def _validation_error(exc: ValidationError) -> ApiError:
 def _location(loc: tuple) -> str:
     """'messages.0.content' from pydantic's location, without the union-member tags ('list[int]')."""
     return ".".join(str(p) for p in loc if isinstance(p, int) or "[" not in str(p) and p not in {"str", "int"})
+
+
+# ---- the API key --------------------------------------------------------------------------------------------
+def _add_authentication(app: FastAPI, state: ServerState) -> None:
+    if not state.api_key:
+        return
+    expected = f"Bearer {state.api_key}".encode()
+
+    @app.middleware("http")
+    async def check_key(request: Request, call_next):
+        if request.url.path.startswith("/v1/") or request.url.path == "/v1":
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, expected):  # the time taken does not depend on where they differ
+                code = "missing_api_key" if not given else "invalid_api_key"
+                state.scheduler.metrics.rejected.labels(code=code).inc()
+                message = "a valid API key is needed: send the header 'Authorization: Bearer <key>'"
+                error = ApiError(401, message, code="invalid_api_key")
+                return JSONResponse(error.body(), status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        return await call_next(request)
 
 
 # ---- info -------------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 from pathlib import Path
 
@@ -31,6 +32,11 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--draft-policy", default="auto", choices=POLICIES, help="auto: draft only while it pays (docs/server.md)"
     )
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("VERISPEC_API_KEY") or None,
+        help="require 'Authorization: Bearer <key>' on every /v1/ route (default: $VERISPEC_API_KEY; none: open)",
+    )
     parser.add_argument("--drain-timeout", type=float, default=120.0, help="seconds SIGTERM waits for requests")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -42,7 +48,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     scheduler = build_scheduler(args)
     name = args.served_model_name or model_id(args.model)
-    state = ServerState(scheduler, name)
+    state = ServerState(scheduler, name, api_key=args.api_key or None)
     target_bytes, draft_bytes = scheduler.kv_cache_bytes()
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
     logging.getLogger("verispec.server").info(
@@ -50,6 +56,8 @@ def _serve(args: argparse.Namespace) -> int:
         name, args.speculative_model, args.num_speculative_tokens, args.draft_policy, args.max_num_seqs,
         scheduler.max_model_len, target_bytes / 2**20, draft_bytes / 2**20,
     )  # fmt: skip
+    if state.api_key:
+        logging.getLogger("verispec.server").info("/v1/ routes need the API key (Authorization: Bearer ...)")
     config = uvicorn.Config(
         create_app(state), host=args.host, port=args.port, log_level=args.log_level,
         timeout_graceful_shutdown=args.drain_timeout, access_log=False,
