@@ -73,6 +73,17 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _wait_for(proc: ServerProcess, headers: dict[str, str]) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(proc.url + "/health", headers=headers, timeout=2).status_code == 200:
+                return
+        time.sleep(0.2)
+    proc.stop()
+    raise AssertionError(f"server not healthy after {STARTUP_TIMEOUT} s:\n{proc.output()}")
+
+
 class ServerProcess:
     def __init__(self, *args: str):
         self.port = _free_port()
@@ -313,8 +324,34 @@ def _error(response: httpx.Response, status: int, code: str | None = None, param
 )
 def test_bad_completion_requests_get_openai_errors(server, body, status, code, param):
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    response = httpx.post(server.url + "/v1/completions", content=content, timeout=30)
+    headers = {"Content-Type": "application/json"}
+    response = httpx.post(server.url + "/v1/completions", content=content, headers=headers, timeout=30)
     _error(response, status, code, param)
+
+
+@needs_smollm2
+def test_a_body_not_sent_as_json_is_refused(server):
+    """Pages can post text/plain or typeless bodies to a loopback server without a CORS preflight; JSON they
+    cannot, so only JSON is read."""
+    body = json.dumps({"prompt": "hi", "max_tokens": 2}).encode()
+    for headers in ({"Content-Type": "text/plain"}, {}, {"Content-Type": "application/x-www-form-urlencoded"}):
+        response = httpx.post(server.url + "/v1/completions", content=body, headers=headers, timeout=30)
+        assert "Content-Type: application/json" in _error(response, 415, "unsupported_media_type")["message"]
+    headers = {"Content-Type": "application/json; charset=utf-8"}
+    assert httpx.post(server.url + "/v1/completions", content=body, headers=headers, timeout=30).status_code == 200
+
+
+@needs_smollm2
+def test_foreign_host_and_origin_headers_are_refused(server):
+    """DNS rebinding puts the attacker's name in Host; a cross-site request carries its page's Origin."""
+    body = {"prompt": "hi", "max_tokens": 2}
+    post = lambda **headers: httpx.post(server.url + "/v1/completions", json=body, headers=headers, timeout=30)  # noqa: E731
+    _error(post(Host="evil.example"), 400, "invalid_host")
+    _error(httpx.get(server.url + "/metrics", headers={"Host": "evil.example:80"}, timeout=30), 400, "invalid_host")
+    _error(post(Origin="http://evil.example"), 403, "invalid_origin")
+    _error(post(Origin="null"), 403, "invalid_origin")  # sandboxed pages
+    assert post(Origin=server.url).status_code == 200
+    assert post(Host=f"localhost:{server.port}").status_code == 200
 
 
 @needs_smollm2
@@ -359,6 +396,7 @@ def test_full_queue_gets_429_and_disconnects_free_every_slot(server):
         assert full["verispec_num_requests_running"] == 8 and full["verispec_num_requests_waiting"] == 2
         response = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 4}, timeout=30)
         assert _error(response, 429, "queue_full")["type"] == "rate_limit_error"
+        assert response.headers["retry-after"] == "1"
     finally:
         for stream in streams:
             stream.close()
@@ -980,5 +1018,30 @@ def test_api_key_from_the_environment(monkeypatch):
         assert httpx.get(proc.url + "/v1/models", timeout=10).status_code == 401
         headers = {"Authorization": "Bearer from-env"}
         assert httpx.get(proc.url + "/v1/models", headers=headers, timeout=10).status_code == 200
+    finally:
+        proc.stop()
+
+
+def test_allowed_hosts_by_bound_address():
+    from verispec.server.app import LOOPBACK_NAMES, _hostname, allowed_hosts_for
+
+    assert allowed_hosts_for("127.0.0.1", None) == LOOPBACK_NAMES
+    assert allowed_hosts_for("0.0.0.0", None) is None and allowed_hosts_for("::", None) is None
+    assert allowed_hosts_for("10.0.0.5", None) == LOOPBACK_NAMES | {"10.0.0.5"}
+    assert allowed_hosts_for("0.0.0.0", ["Box.Local", "[::1]"]) == {"box.local", "::1"}
+    assert allowed_hosts_for("127.0.0.1", ["*"]) is None
+    assert [_hostname(h) for h in ("a.b:80", "[::1]:8000", "::1", "X.Y")] == ["a.b", "::1", "::1", "x.y"]
+
+
+@needs_smollm2
+def test_allowed_hosts_lets_a_named_host_in(monkeypatch):
+    monkeypatch.setattr(ServerProcess, "_wait_healthy", lambda self: _wait_for(self, {"Host": "verispec.internal"}))
+    proc = ServerProcess(
+        "--model", str(SMOLLM2), "--speculative-model", "none", "--max-model-len", "256",
+        "--allowed-hosts", "verispec.internal",
+    )  # fmt: skip
+    try:
+        assert httpx.get(proc.url + "/metrics", headers={"Host": "verispec.internal"}, timeout=10).status_code == 200
+        assert httpx.get(proc.url + "/metrics", timeout=10).status_code == 400  # 127.0.0.1 is not in the list now
     finally:
         proc.stop()

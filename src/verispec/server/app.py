@@ -37,6 +37,7 @@ log = logging.getLogger("verispec.server")
 RequestT = TypeVar("RequestT", CompletionRequest, ChatCompletionRequest)
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DISCONNECT_POLL_SECONDS = 0.5
+RETRY_AFTER_SECONDS = 1  # a full queue: a slot frees as soon as any running request ends
 
 
 @dataclass
@@ -45,6 +46,7 @@ class ServerState:
     model_name: str
     draining: bool = False  # set on SIGTERM: new requests get 503 while running ones finish
     api_key: str | None = None  # when set, /v1/ routes need it as a bearer token
+    allowed_hosts: frozenset[str] | None = None  # names the Host (and any Origin) header may carry; None: any
     started: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -59,7 +61,7 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="verispec", lifespan=lifespan)
     app.state.verispec = state
     _add_error_handlers(app, state)
-    _add_authentication(app, state)
+    app.add_middleware(_Guard, state=state)
     _add_info_routes(app, state)
     _add_generation_routes(app, state)
     return app
@@ -71,7 +73,7 @@ def _add_error_handlers(app: FastAPI, state: ServerState) -> None:
     async def api_error(_: Request, exc: ApiError) -> JSONResponse:
         if exc.status < 499:  # refused requests; a client that left is counted as a cancelled request
             state.scheduler.metrics.rejected.labels(code=exc.code or exc.type).inc()
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -99,23 +101,70 @@ def _location(loc: tuple) -> str:
     return ".".join(str(p) for p in loc if isinstance(p, int) or "[" not in str(p) and p not in {"str", "int"})
 
 
-# ---- the API key --------------------------------------------------------------------------------------------
-def _add_authentication(app: FastAPI, state: ServerState) -> None:
-    if not state.api_key:
-        return
-    expected = f"Bearer {state.api_key}".encode()
+# ---- who may ask: Host, Origin, the API key -----------------------------------------------------------------
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 
-    @app.middleware("http")
-    async def check_key(request: Request, call_next):
-        if request.url.path.startswith("/v1/") or request.url.path == "/v1":
-            given = request.headers.get("authorization", "").encode()
-            if not hmac.compare_digest(given, expected):  # the time taken does not depend on where they differ
-                code = "missing_api_key" if not given else "invalid_api_key"
-                state.scheduler.metrics.rejected.labels(code=code).inc()
+
+def allowed_hosts_for(bound: str, given: list[str] | None) -> frozenset[str] | None:
+    """The Host names a server bound to `bound` answers: `given` (--allowed-hosts; '*' = any); else, bound to
+    a wildcard address, any (a network-facing server is reached by names it cannot know: use --api-key);
+    else the bound address and the loopback names. A page's request through DNS rebinding carries the
+    attacker's name in Host, and a cross-site request carries its page's Origin: both are refused."""
+    if given:
+        return None if "*" in given else frozenset(h.strip("[]").lower() for h in given)
+    if bound in {"0.0.0.0", "::", ""}:
+        return None
+    return LOOPBACK_NAMES | {bound.strip("[]").lower()}
+
+
+def _hostname(value: str) -> str:
+    """'example.com' from 'example.com:8000', '::1' from '[::1]:8000', lowercased."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1 : value.find("]")] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+class _Guard:
+    """ASGI middleware refusing, before any route runs: a Host (or browser Origin) not in the allowed names,
+    then, with an API key set, a /v1/ request without it. Written against ASGI directly: Starlette's
+    BaseHTTPMiddleware would hide a client's disconnect from the handlers, which cancel on it."""
+
+    def __init__(self, app, state: ServerState):
+        self.app, self.state = app, state
+        self.expected = f"Bearer {state.api_key}".encode() if state.api_key else None
+
+    async def __call__(self, scope, receive, send) -> None:
+        refused = self._refusal(scope) if scope["type"] == "http" else None
+        if refused is None:
+            await self.app(scope, receive, send)
+            return
+        error, label = refused
+        self.state.scheduler.metrics.rejected.labels(code=label).inc()
+        await JSONResponse(error.body(), status_code=error.status, headers=error.headers)(scope, receive, send)
+
+    def _refusal(self, scope) -> tuple[ApiError, str] | None:
+        """(the answer, its label in the metrics), or None to let the request in."""
+        headers = {k.decode("latin-1"): v for k, v in scope["headers"]}
+        allowed = self.state.allowed_hosts
+        if allowed is not None:
+            host = _hostname(headers.get("host", b"").decode("latin-1"))
+            if host not in allowed:
+                message = f"Host '{host}' is not served here (see --allowed-hosts)"
+                return ApiError(400, message, code="invalid_host"), "invalid_host"
+            origin = headers.get("origin")  # browsers send it; "null" from sandboxed pages is refused too
+            if origin is not None:
+                text = origin.decode("latin-1")
+                if _hostname(text.split("://", 1)[-1].split("/")[0]) not in allowed:
+                    message = f"requests from pages of {text} are refused (see --allowed-hosts)"
+                    return ApiError(403, message, code="invalid_origin"), "invalid_origin"
+        if self.expected is not None and (scope["path"] + "/").startswith("/v1/"):
+            given = headers.get("authorization", b"")
+            if not hmac.compare_digest(given, self.expected):  # time independent of where they differ
                 message = "a valid API key is needed: send the header 'Authorization: Bearer <key>'"
-                error = ApiError(401, message, code="invalid_api_key")
-                return JSONResponse(error.body(), status_code=401, headers={"WWW-Authenticate": "Bearer"})
-        return await call_next(request)
+                error = ApiError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+                return error, "invalid_api_key" if given else "missing_api_key"
+        return None
 
 
 # ---- info -------------------------------------------------------------------------------------------------
@@ -165,6 +214,12 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
 
 
 async def _parse(request: Request, model: type[RequestT]) -> RequestT:
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type != "application/json" and not media_type.endswith("+json"):
+        # a web page can send text/plain or typeless bodies to a loopback server without asking (no CORS
+        # preflight); a JSON body it cannot, so refusing the others keeps pages from driving the server
+        message = f"the body must be JSON sent as Content-Type: application/json (got {media_type or 'none'})"
+        raise ApiError(415, message, code="unsupported_media_type")
     try:
         return model.model_validate_json(await request.body())
     except ValidationError as exc:
@@ -221,7 +276,8 @@ def _submit(
     try:
         state.scheduler.submit(request)
     except QueueFullError as exc:
-        raise ApiError(429, str(exc), type="rate_limit_error", code="queue_full") from None
+        headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
+        raise ApiError(429, str(exc), type="rate_limit_error", code="queue_full", headers=headers) from None
     except SchedulerStoppedError as exc:
         raise ApiError(503, str(exc), type="server_error", code="shutting_down") from None
     except InvalidParameterError as exc:

@@ -37,6 +37,12 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("VERISPEC_API_KEY") or None,
         help="require 'Authorization: Bearer <key>' on every /v1/ route (default: $VERISPEC_API_KEY; none: open)",
     )
+    parser.add_argument(
+        "--allowed-hosts",
+        default=None,
+        help="comma-separated names the Host header may carry ('*' = any; default: the --host address and the "
+        "loopback names, or any when --host is 0.0.0.0 or ::)",
+    )
     parser.add_argument("--drain-timeout", type=float, default=120.0, help="seconds SIGTERM waits for requests")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -44,11 +50,14 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from .app import ServerState, create_app
+    from .app import ServerState, allowed_hosts_for, create_app
 
     scheduler = build_scheduler(args)
     name = args.served_model_name or model_id(args.model)
-    state = ServerState(scheduler, name, api_key=args.api_key or None)
+    hosts = [h.strip() for h in args.allowed_hosts.split(",") if h.strip()] if args.allowed_hosts else None
+    state = ServerState(
+        scheduler, name, api_key=args.api_key or None, allowed_hosts=allowed_hosts_for(args.host, hosts)
+    )
     target_bytes, draft_bytes = scheduler.kv_cache_bytes()
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
     logging.getLogger("verispec.server").info(

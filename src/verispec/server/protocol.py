@@ -27,9 +27,11 @@ class ApiError(Exception):
         type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}

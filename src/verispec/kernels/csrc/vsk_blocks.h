@@ -64,4 +64,12 @@ static inline void q6_k_values(const uint8_t *blk, uint8_t *q) {
     }
 }
 
+/* a vsk_kernel (vsk.h) running `body(variant, ...)`: the tile forms of one family share one body per path */
+#define VSK_TILE_ENTRY(name, body, variant)                                                                     \
+    static void name(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,              \
+                     size_t x_stride, int M, float *y, int ldy) {                                              \
+        (void)row_bytes;                                                                                       \
+        body(variant, W, n0, n1, K, xq, x_stride, M, y, ldy);                                                  \
+    }
+
 #endif

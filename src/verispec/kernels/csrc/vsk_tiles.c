@@ -180,11 +180,7 @@ static void tile_kernel(int type, const uint8_t *W, int n0, int n1, int K, const
     }
 }
 
-static void kernel_t4_k(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
-                        size_t x_stride, int M, float *y, int ldy) {
-    (void)row_bytes;
-    tile_kernel(VSK_T4_K, W, n0, n1, K, xq, x_stride, M, y, ldy);
-}
+VSK_TILE_ENTRY(kernel_t4_k, tile_kernel, VSK_T4_K)
 
 /* the 32-weight tile forms: T5_0 (values 0..31, the weight d (value - 16)) and T8_0 (bytes weight + 128) */
 static void tile32_kernel(int eight, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride,
@@ -224,23 +220,11 @@ static void tile32_kernel(int eight, const uint8_t *W, int n0, int n1, int K, co
     }
 }
 
-static void kernel_t5_0(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
-                        size_t x_stride, int M, float *y, int ldy) {
-    (void)row_bytes;
-    tile32_kernel(0, W, n0, n1, K, xq, x_stride, M, y, ldy);
-}
+VSK_TILE_ENTRY(kernel_t5_0, tile32_kernel, 0)
 
-static void kernel_t8_0(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
-                        size_t x_stride, int M, float *y, int ldy) {
-    (void)row_bytes;
-    tile32_kernel(1, W, n0, n1, K, xq, x_stride, M, y, ldy);
-}
+VSK_TILE_ENTRY(kernel_t8_0, tile32_kernel, 1)
 
-static void kernel_t6_k(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
-                        size_t x_stride, int M, float *y, int ldy) {
-    (void)row_bytes;
-    tile_kernel(VSK_T6_K, W, n0, n1, K, xq, x_stride, M, y, ldy);
-}
+VSK_TILE_ENTRY(kernel_t6_k, tile_kernel, VSK_T6_K)
 
 vsk_kernel vsk_tile_kernel_scalar(int type) {
     return type == VSK_T4_K   ? kernel_t4_k

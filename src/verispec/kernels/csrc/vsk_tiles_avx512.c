@@ -96,17 +96,9 @@ static void tile_kernel(int six, const uint8_t *W, int n0, int n1, int K, const 
     }
 }
 
-static void kernel_t4_k(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
-                        size_t x_stride, int M, float *y, int ldy) {
-    (void)row_bytes;
-    tile_kernel(0, W, n0, n1, K, xq, x_stride, M, y, ldy);
-}
+VSK_TILE_ENTRY(kernel_t4_k, tile_kernel, 0)
 
-static void kernel_t6_k(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
-                        size_t x_stride, int M, float *y, int ldy) {
-    (void)row_bytes;
-    tile_kernel(1, W, n0, n1, K, xq, x_stride, M, y, ldy);
-}
+VSK_TILE_ENTRY(kernel_t6_k, tile_kernel, 1)
 
 /* the 32-weight tile forms. T5_0: values 0..31 (nibbles and a fifth bit), the weight d (value - 16). T8_0:
  * unsigned bytes (weight + 128), which vpdpbusd takes as they are. Either way the offset times the
@@ -163,17 +155,9 @@ static void tile32_kernel(int eight, const uint8_t *W, int n0, int n1, int K, co
     }
 }
 
-static void kernel_t5_0(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
-                        size_t x_stride, int M, float *y, int ldy) {
-    (void)row_bytes;
-    tile32_kernel(0, W, n0, n1, K, xq, x_stride, M, y, ldy);
-}
+VSK_TILE_ENTRY(kernel_t5_0, tile32_kernel, 0)
 
-static void kernel_t8_0(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
-                        size_t x_stride, int M, float *y, int ldy) {
-    (void)row_bytes;
-    tile32_kernel(1, W, n0, n1, K, xq, x_stride, M, y, ldy);
-}
+VSK_TILE_ENTRY(kernel_t8_0, tile32_kernel, 1)
 
 vsk_kernel vsk_tile_kernel_avx512(int type) {
     return type == VSK_T4_K   ? kernel_t4_k
