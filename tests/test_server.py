@@ -314,6 +314,8 @@ def _error(response: httpx.Response, status: int, code: str | None = None, param
         ({"prompt": "hi", "model": "gpt-4"}, 400, "model_not_found", "model"),
         ({"prompt": "hi", "max_tokens": MAX_MODEL_LEN}, 400, "context_length_exceeded", "max_tokens"),
         ({"prompt": "hi " * MAX_MODEL_LEN}, 400, "context_length_exceeded", "prompt"),
+        ({"prompt": "hi " * MAX_MODEL_LEN, "max_tokens": 4}, 400, "context_length_exceeded", "prompt"),
+        (b'{"prompt": "hi", "temperature": NaN}', 422, None, "temperature"),
         ({"prompt": "hi", "n": 2}, 400, "unsupported_parameter", "n"),
         ({"prompt": [10**9]}, 400, "invalid_value", "prompt"),
         ({"prompt": "hi", "seed": 2**64}, 400, "invalid_value", None),  # beyond torch's: once failed all requests
@@ -327,6 +329,20 @@ def test_bad_completion_requests_get_openai_errors(server, body, status, code, p
     headers = {"Content-Type": "application/json"}
     response = httpx.post(server.url + "/v1/completions", content=content, headers=headers, timeout=30)
     _error(response, status, code, param)
+
+
+@needs_smollm2
+def test_messages_name_the_real_problem(server):
+    """A prompt longer than the context is the prompt's fault even with max_tokens given; NaN and Infinity
+    (which JSON parsers take) are not finite numbers rather than numbers out of range."""
+    post = lambda content: httpx.post(  # noqa: E731
+        server.url + "/v1/completions", content=content, headers={"Content-Type": "application/json"}, timeout=30
+    )
+    long = json.dumps({"prompt": "hi " * 100_000, "max_tokens": 16}).encode()
+    assert "the prompt has" in _error(post(long), 400, "context_length_exceeded", "prompt")["message"]
+    for constant in ("NaN", "Infinity", "-Infinity"):
+        error = _error(post(b'{"prompt": "hi", "top_p": %s}' % constant.encode()), 422, "invalid_value", "top_p")
+        assert "finite number" in error["message"]
 
 
 @needs_smollm2

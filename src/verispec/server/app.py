@@ -303,6 +303,9 @@ def _max_tokens(
     max_tokens = requested or max(1, min(default_max, context - len(prompt_ids)))
     if not prompt_ids:
         raise ApiError(400, "the prompt encodes to no tokens", param=prompt_param, code="invalid_value")
+    if len(prompt_ids) >= context:  # the prompt alone leaves no room: it is the prompt's fault, whatever max_tokens
+        message = f"the prompt has {len(prompt_ids)} tokens; this model's context holds {context} (prompt + new tokens)"
+        raise ApiError(400, message, param=prompt_param, code="context_length_exceeded")
     if len(prompt_ids) + max_tokens > context:
         message = (
             f"this model's maximum context length is {context} tokens; the request needs "

@@ -38,7 +38,7 @@ class ApiError(Exception):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)  # NaN: "finite number", not "<= 2"
 
     @model_validator(mode="before")
     @classmethod
