@@ -12,6 +12,7 @@ import contextlib
 import importlib.metadata
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -1061,3 +1062,18 @@ def test_allowed_hosts_lets_a_named_host_in(monkeypatch):
         assert httpx.get(proc.url + "/metrics", timeout=10).status_code == 400  # 127.0.0.1 is not in the list now
     finally:
         proc.stop()
+
+
+@needs_smollm2
+def test_openapi_describes_the_request_bodies(server):
+    """Schema-driven clients and fuzzers read the bodies the POST routes take (their handlers parse the raw body,
+    so FastAPI alone would publish none), with every reference resolved."""
+    schema = httpx.get(server.url + "/openapi.json", timeout=30).json()
+    components = schema["components"]["schemas"]
+    for path, name, field in (("/v1/completions", "CompletionRequest", "prompt"),
+                              ("/v1/chat/completions", "ChatCompletionRequest", "messages")):  # fmt: skip
+        body = schema["paths"][path]["post"]["requestBody"]
+        assert body["required"] and body["content"]["application/json"]["schema"]["$ref"].endswith("/" + name)
+        assert field in components[name]["required"] and "max_tokens" in components[name]["properties"]
+    refs = re.findall(r'"\$ref": "#/components/schemas/([^"]+)"', json.dumps(schema))
+    assert refs and all(ref in components for ref in refs)

@@ -62,9 +62,32 @@ def create_app(state: ServerState) -> FastAPI:
     app.state.verispec = state
     _add_error_handlers(app, state)
     app.add_middleware(_Guard, state=state)
+    app.openapi = lambda: _openapi(app)
     _add_info_routes(app, state)
     _add_generation_routes(app, state)
     return app
+
+
+# ---- the published schema -----------------------------------------------------------------------------------
+REQUEST_MODELS = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest}
+
+
+def _openapi(app: FastAPI) -> dict:
+    """FastAPI's schema, plus the request bodies: the POST handlers read the raw body themselves (to answer
+    every mistake in OpenAI's error shape), so FastAPI would otherwise describe no body for them."""
+    if app.openapi_schema is None:
+        from fastapi.openapi.utils import get_openapi
+        from pydantic.json_schema import models_json_schema
+
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        models = [(model, "validation") for model in REQUEST_MODELS.values()]
+        refs, definitions = models_json_schema(models, ref_template="#/components/schemas/{model}")
+        schema.setdefault("components", {}).setdefault("schemas", {}).update(definitions["$defs"])
+        for path, model in REQUEST_MODELS.items():
+            body = {"application/json": {"schema": refs[(model, "validation")]}}
+            schema["paths"][path]["post"]["requestBody"] = {"required": True, "content": body}
+        app.openapi_schema = schema
+    return app.openapi_schema
 
 
 # ---- errors -----------------------------------------------------------------------------------------------
