@@ -1077,3 +1077,15 @@ def test_openapi_describes_the_request_bodies(server):
         assert field in components[name]["required"] and "max_tokens" in components[name]["properties"]
     refs = re.findall(r'"\$ref": "#/components/schemas/([^"]+)"', json.dumps(schema))
     assert refs and all(ref in components for ref in refs)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [(["--api-key", " "], "--api-key is empty"), (["--allowed-hosts", ","], "--allowed-hosts names no host")],
+)
+def test_empty_access_flags_are_one_line_before_any_model_loads(args, expected, capsys):
+    from verispec.cli import main
+
+    assert main(["serve", "--model", "no-such-model.gguf", *args]) == 2  # the model is never looked at
+    err = capsys.readouterr().err
+    assert err.startswith(f"verispec: error: {expected}") and err.count("\n") == 1

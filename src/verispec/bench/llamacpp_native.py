@@ -70,7 +70,8 @@ class LlamaCppProgram:
         command += ["--ignore-eos"] * config.ignore_eos
         done = subprocess.run(command, capture_output=True, text=True, errors="replace", check=False)
         if done.returncode != 0:
-            raise RuntimeError(f"{self.name}: llama.cpp exited with {done.returncode}: {done.stderr[-500:]}")
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise PeerUnavailableError(f"{self.name}: llama.cpp exited with {done.returncode}: {last}")
         text = done.stdout
         if self.speculative:  # llama-speculative-simple echoes the prompt before the completion
             text = text.split(prompt, 1)[1] if prompt in text else text
@@ -85,12 +86,12 @@ class LlamaCppProgram:
             decoded = re.findall(r"decoded\s+(\d+) tokens in\s+([0-9.]+) s", log)
             encoded = re.findall(r"encoded\s+\d+ tokens in\s+([0-9.]+) s", log)
             if not decoded or not encoded:
-                raise RuntimeError(f"{self.name}: no timing in llama.cpp's log: {log[-300:]}")
+                raise PeerUnavailableError(f"{self.name}: no timing in llama.cpp's log (another llama.cpp version?)")
             return int(decoded[-1][0]), float(decoded[-1][1]) + float(encoded[-1])
         evals = re.findall(r"common_perf_print:\s+eval time =\s+([0-9.]+) ms /\s+(\d+)", log)
         prompt = re.findall(r"prompt eval time =\s+([0-9.]+) ms", log)
         if not evals or not prompt:
-            raise RuntimeError(f"{self.name}: no timing in llama.cpp's log: {log[-300:]}")
+            raise PeerUnavailableError(f"{self.name}: no timing in llama.cpp's log (another llama.cpp version?)")
         decode_ms, tokens = evals[-1]
         return int(tokens) + 1, (float(decode_ms) + float(prompt[-1])) / 1000  # + the token prompt processing gave
 

@@ -34,7 +34,7 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--api-key",
-        default=os.environ.get("VERISPEC_API_KEY") or None,
+        default=os.environ.get("VERISPEC_API_KEY") or None,  # an empty variable counts as unset
         help="require 'Authorization: Bearer <key>' on every /v1/ route (default: $VERISPEC_API_KEY; none: open)",
     )
     parser.add_argument(
@@ -52,12 +52,10 @@ def _serve(args: argparse.Namespace) -> int:
 
     from .app import ServerState, allowed_hosts_for, create_app
 
+    hosts = _access_arguments(args)  # before the models load: a mistake here costs no wait
     scheduler = build_scheduler(args)
     name = args.served_model_name or model_id(args.model)
-    hosts = [h.strip() for h in args.allowed_hosts.split(",") if h.strip()] if args.allowed_hosts else None
-    state = ServerState(
-        scheduler, name, api_key=args.api_key or None, allowed_hosts=allowed_hosts_for(args.host, hosts)
-    )
+    state = ServerState(scheduler, name, api_key=args.api_key, allowed_hosts=allowed_hosts_for(args.host, hosts))
     target_bytes, draft_bytes = scheduler.kv_cache_bytes()
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
     logging.getLogger("verispec.server").info(
@@ -79,6 +77,18 @@ def _serve(args: argparse.Namespace) -> int:
         for sig, handler in quiet.items():
             signal.signal(sig, handler)
     return 0
+
+
+def _access_arguments(args: argparse.Namespace) -> list[str] | None:
+    """Checks --api-key and --allowed-hosts; returns the allowed names given (None: the default)."""
+    if args.api_key is not None and not args.api_key.strip():
+        raise VerispecError("--api-key is empty: give the key, or leave the flag out for an open server")
+    if args.allowed_hosts is None:
+        return None
+    hosts = [h.strip() for h in args.allowed_hosts.split(",") if h.strip()]
+    if not hosts:
+        raise VerispecError("--allowed-hosts names no host: give names (comma-separated), or '*' for any")
+    return hosts
 
 
 def _draining_server(config, state):
