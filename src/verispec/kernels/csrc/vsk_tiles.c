@@ -127,6 +127,13 @@ void vsk_repack_rows(int type, const uint8_t *src, size_t row_bytes, int N, int 
 
 /* ---- the portable kernels over tiles ----------------------------------------------------------------- */
 
+/* rows' sums of tile t into y (the weight rows below n1) */
+static void store_tile(float (*acc)[16], int rows, float *y, int ldy, int t, int n1) {
+    for (int m = 0; m < rows; m++)
+        for (int n = 0; n < 16; n++)
+            if (16 * t + n < n1) y[(size_t)m * ldy + 16 * t + n] = acc[m][n];
+}
+
 /* row n's 32 values of sub-block j, in weight order */
 static inline void unpack_sub(const uint8_t *nibbles, const uint8_t *high, int n, uint8_t *w) {
     for (int g = 0; g < 8; g++)
@@ -173,9 +180,7 @@ static void tile_kernel(int type, const uint8_t *W, int n0, int n1, int K, const
                     }
                 }
             }
-            for (int m = 0; m < rows; m++)
-                for (int n = 0; n < 16; n++)
-                    if (16 * t + n < n1) y[(size_t)(r0 + m) * ldy + 16 * t + n] = acc[m][n];
+            store_tile(acc, rows, y + (size_t)r0 * ldy, ldy, t, n1);
         }
     }
 }
@@ -213,9 +218,7 @@ static void tile32_kernel(int eight, const uint8_t *W, int n0, int n1, int K, co
                     }
                 }
             }
-            for (int m = 0; m < rows; m++)
-                for (int n = 0; n < 16; n++)
-                    if (16 * t + n < n1) y[(size_t)(r0 + m) * ldy + 16 * t + n] = acc[m][n];
+            store_tile(acc, rows, y + (size_t)r0 * ldy, ldy, t, n1);
         }
     }
 }

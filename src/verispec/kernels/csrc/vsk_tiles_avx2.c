@@ -20,6 +20,17 @@ static inline __m256 bytes_to_floats(const uint8_t *p, int is_signed) {
     return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(raw) : _mm256_cvtepu8_epi32(raw));
 }
 
+/* rows' sums of tile t into y (the lanes of weight rows below n1) */
+static inline void store_tile(__m256 (*acc)[2], int rows, float *y, int ldy, int t, int n1) {
+    const int lanes = n1 - 16 * t < 16 ? n1 - 16 * t : 16;
+    for (int m = 0; m < rows; m++) {
+        float out[16];
+        _mm256_storeu_ps(out, acc[m][0]);
+        _mm256_storeu_ps(out + 8, acc[m][1]);
+        memcpy(y + (size_t)m * ldy + 16 * t, out, sizeof(float) * (size_t)lanes);
+    }
+}
+
 static inline __m256i broadcast_group(const vsk_act32 *x, int g) {
     int32_t v;
     memcpy(&v, x->q + (g < 4 ? 4 * g : 16 + 4 * (g - 4)), 4);
@@ -92,13 +103,7 @@ static void tile_kernel(int six, const uint8_t *W, int n0, int n1, int K, const 
                     }
                 }
             }
-            const int lanes = n1 - 16 * t < 16 ? n1 - 16 * t : 16;
-            for (int m = 0; m < rows; m++) {
-                float out[16];
-                _mm256_storeu_ps(out, acc[m][0]);
-                _mm256_storeu_ps(out + 8, acc[m][1]);
-                memcpy(y + (size_t)(r0 + m) * ldy + 16 * t, out, sizeof(float) * (size_t)lanes);
-            }
+            store_tile(acc, rows, y + (size_t)r0 * ldy, ldy, t, n1);
         }
     }
 }
@@ -165,13 +170,7 @@ static void tile32_kernel(int eight, const uint8_t *W, int n0, int n1, int K, co
                     }
                 }
             }
-            const int lanes = n1 - 16 * t < 16 ? n1 - 16 * t : 16;
-            for (int m = 0; m < rows; m++) {
-                float out[16];
-                _mm256_storeu_ps(out, acc[m][0]);
-                _mm256_storeu_ps(out + 8, acc[m][1]);
-                memcpy(y + (size_t)(r0 + m) * ldy + 16 * t, out, sizeof(float) * (size_t)lanes);
-            }
+            store_tile(acc, rows, y + (size_t)r0 * ldy, ldy, t, n1);
         }
     }
 }

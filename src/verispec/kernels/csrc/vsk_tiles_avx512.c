@@ -23,6 +23,13 @@ static inline __m512 bytes_to_floats(const uint8_t *p, int is_signed) {
 /* a | (b & mask) in one instruction */
 static inline __m512i or_masked(__m512i a, __m512i b, __m512i mask) { return _mm512_ternarylogic_epi32(a, b, mask, 0xF8); }
 
+/* rows' sums of tile t into y (the lanes of weight rows below n1) */
+static inline void store_tile(const __m512 *acc, int rows, float *y, int ldy, int t, int n1) {
+    const int lanes = n1 - 16 * t < 16 ? n1 - 16 * t : 16;
+    const __mmask16 keep = (__mmask16)((1u << lanes) - 1u);
+    for (int m = 0; m < rows; m++) _mm512_mask_storeu_ps(y + (size_t)m * ldy + 16 * t, keep, acc[m]);
+}
+
 static inline __m512i broadcast_group(const vsk_act32 *x, int g) {
     int32_t v;
     memcpy(&v, x->q + (g < 4 ? 4 * g : 16 + 4 * (g - 4)), 4);
@@ -89,9 +96,7 @@ static void tile_kernel(int six, const uint8_t *W, int n0, int n1, int K, const 
                     }
                 }
             }
-            const int lanes = n1 - 16 * t < 16 ? n1 - 16 * t : 16;
-            const __mmask16 keep = (__mmask16)((1u << lanes) - 1u);
-            for (int m = 0; m < rows; m++) _mm512_mask_storeu_ps(y + (size_t)(r0 + m) * ldy + 16 * t, keep, acc[m]);
+            store_tile(acc, rows, y + (size_t)r0 * ldy, ldy, t, n1);
         }
     }
 }
@@ -148,9 +153,7 @@ static void tile32_kernel(int eight, const uint8_t *W, int n0, int n1, int K, co
                     acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x->d)), _mm512_cvtepi32_ps(s), acc[m]);
                 }
             }
-            const int lanes = n1 - 16 * t < 16 ? n1 - 16 * t : 16;
-            const __mmask16 keep = (__mmask16)((1u << lanes) - 1u);
-            for (int m = 0; m < rows; m++) _mm512_mask_storeu_ps(y + (size_t)(r0 + m) * ldy + 16 * t, keep, acc[m]);
+            store_tile(acc, rows, y + (size_t)r0 * ldy, ldy, t, n1);
         }
     }
 }
