@@ -108,3 +108,15 @@ def test_a_prefill_cut_into_calls_is_the_same_bits_as_one_call(model, monkeypatc
     finally:
         model.fused_blocks = None
     assert torch.equal(whole, cut)
+
+
+def test_no_stack_for_a_head_size_its_attention_cannot_take():
+    """The attention runs 8 lanes along the head dimension: other head sizes keep the blocks one by one."""
+    config = tiny_config(hidden_size=256, num_layers=1, intermediate_size=512, num_heads=20, num_kv_heads=4)
+    model = tiny_model(config)  # head size 256 / 20 = 12
+    block = model.layers[0]
+    block.attn.wqkv = _linear(256, [("Q4_K", 240), ("Q5_0", 48), ("Q6_K", 48)], 0, bias=True)
+    block.attn.wo = _linear(240, [("Q8_0", 256)], 3)
+    block.mlp.w_gate_up = _linear(256, [("Q4_K", 1024)], 4)
+    block.mlp.w_down = _linear(512, [("Q6_K", 256)], 6)
+    assert config.head_size == 12 and native_stack(config, model) is None

@@ -109,7 +109,9 @@ def _build(config: ModelConfig, index: dict, data: np.memmap, tiles: np.memmap |
 
 def native_stack(config: ModelConfig, model: Transformer) -> NativeStack | None:
     """The native stack over the model's blocks (whose linears are NativeLinear), or None when a product's
-    type needs other activations."""
+    type needs other activations or the head size is not a multiple of 8 (the attention's lanes)."""
+    if config.head_size % 8:
+        return None
     blocks = [
         BlockWeights(
             attn_norm=b.attn_norm.weight.data,
