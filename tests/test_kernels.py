@@ -112,8 +112,8 @@ def test_each_row_is_the_same_bits_whatever_shares_its_call(path, name):
         native.set_threads(threads)
 
 
-# ---- tile forms (Q5_0, Q8_0, Q4_K and Q6_K repacked, 16 rows interleaved) ------------------------------------------
-TILED = ["Q5_0", "Q8_0", "Q4_K", "Q6_K"]
+# ---- tile forms (Q4_0, Q5_0, Q8_0, Q4_K and Q6_K repacked, 16 rows interleaved) ------------------------------------
+TILED = ["Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K"]
 
 
 @pytest.mark.parametrize("name", TILED)
@@ -148,17 +148,18 @@ def test_a_native_linear_of_mixed_parts_equals_its_dequantized_matrix():
     from verispec.kernels.linear import NativeLinear
 
     k = 512
+    shapes = (("Q4_K", 48), ("Q5_0", 20), ("Q6_K", 16), ("Q8_0", 8), ("Q4_0", 12), ("Q4_1", 12))
     parts = [(int(TYPES[name]), torch.from_numpy(random_blocks(int(TYPES[name]), rows, k, seed=rows)))
-             for name, rows in (("Q4_K", 48), ("Q5_0", 20), ("Q6_K", 16), ("Q8_0", 8), ("Q4_0", 12))]  # fmt: skip
-    bias = torch.randn(104)
+             for name, rows in shapes]  # fmt: skip
+    bias = torch.randn(116)
     layer = NativeLinear(k, parts, bias)
-    assert [kind for kind, _ in layer.kernels] == [112, 106, 114, 108, 2]
+    assert [kind for kind, _ in layer.kernels] == [112, 106, 114, 108, 102, 3]
     x = torch.randn(3, 2, k, generator=torch.Generator().manual_seed(0))
     w = np.concatenate([dequantized(qtype, weight.numpy(), k) for qtype, weight in parts])
     expected = x.reshape(6, k).double().numpy() @ w.T + bias.double().numpy()
     got = layer(x)
-    assert got.shape == (3, 2, 104)
-    assert np.abs(got.reshape(6, 104).double().numpy() - expected).max() < 0.02 * np.abs(expected).max()
+    assert got.shape == (3, 2, 116)
+    assert np.abs(got.reshape(6, 116).double().numpy() - expected).max() < 0.02 * np.abs(expected).max()
     rows = torch.tensor([0, 5, 47])
     head = NativeLinear(k, parts[:1], bias[:48]).select_rows(rows)
     assert torch.equal(head(x), NativeLinear(k, parts[:1], bias[:48])(x)[..., rows])

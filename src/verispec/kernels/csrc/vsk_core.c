@@ -56,7 +56,7 @@ static int best_isa(void) {
 static int current_isa = -1;
 
 static vsk_kernel kernel_for(int isa, int type) {
-    if (type == VSK_T4_K || type == VSK_T6_K || type == VSK_T5_0 || type == VSK_T8_0) {
+    if (type == VSK_T4_K || type == VSK_T6_K || type == VSK_T4_0 || type == VSK_T5_0 || type == VSK_T8_0) {
         vsk_kernel k = NULL;
         if (isa >= VSK_ISA_AVX512) k = vsk_tile_kernel_avx512(type);
         if (!k && isa >= VSK_ISA_AVX2) k = vsk_tile_kernel_avx2(type);
@@ -92,6 +92,7 @@ void vsk_repack_rows(int type, const uint8_t *src, size_t row_bytes, int N, int 
 static int tile_type(int type) {
     return type == VSK_Q4_K   ? VSK_T4_K
            : type == VSK_Q6_K ? VSK_T6_K
+           : type == VSK_Q4_0 ? VSK_T4_0
            : type == VSK_Q5_0 ? VSK_T5_0
            : type == VSK_Q8_0 ? VSK_T8_0
                               : -1;
@@ -104,7 +105,7 @@ VSK_API size_t vsk_repacked_bytes(int type, int N, int K) {
 
 /* writes the tile form into dst (vsk_repacked_bytes) and returns its type, or -1 */
 VSK_API int vsk_repack(int type, const uint8_t *src, size_t row_bytes, int N, int K, uint8_t *dst) {
-    if (tile_type(type) < 0 || K % (type == VSK_Q5_0 || type == VSK_Q8_0 ? 32 : 256)) return -1;
+    if (tile_type(type) < 0 || K % (type == VSK_Q4_K || type == VSK_Q6_K ? 256 : 32)) return -1;
     vsk_repack_rows(type, src, row_bytes, N, K, dst);
     return tile_type(type);
 }

@@ -8,6 +8,7 @@
  * T4_K superblock (2368 bytes): f16 d[16], f16 dmin[16], u8 scale[8][16], u8 min[8][16], nibbles[8][256].
  * T6_K superblock (3360 bytes): f16 d[16], i8 scale[16][16], nibbles[8][256], high bits[8][128]; the high
  *   bits of group g (0..7) of a sub-block sit in chunk g / 4, bits 2 (g % 4) .. 2 (g % 4) + 1 of each byte.
+ * T4_0 block of 32 weights (288 bytes): f16 d[16], nibbles[256]; values 0..15, the weight d * (value - 8).
  * T5_0 block of 32 weights (352 bytes): f16 d[16], nibbles[256], fifth bits[64] (group g in bit g of each
  *   byte); values 0..31, the weight d * (value - 16).
  * T8_0 block of 32 weights (544 bytes): f16 d[16], then per group g of 4 weights 64 bytes, lane n (row n)
@@ -32,6 +33,7 @@ static void pack_nibbles(const uint8_t values[16][256], int j, uint8_t *out) {
 }
 
 size_t vsk_tile_strip_bytes(int type, int K) {
+    if (type == VSK_T4_0) return (size_t)(K / 32) * T40_BYTES;
     if (type == VSK_T5_0) return (size_t)(K / 32) * T50_BYTES;
     if (type == VSK_T8_0) return (size_t)(K / 32) * T80_BYTES;
     return (size_t)(K / 256) * (type == VSK_T4_K ? T4K_BYTES : T6K_BYTES);
@@ -62,6 +64,26 @@ static void repack_q5_0(const uint8_t *src, size_t row_bytes, int N, int K, uint
         }
 }
 
+static void repack_q4_0(const uint8_t *src, size_t row_bytes, int N, int K, uint8_t *dst) {
+    const int strips = (N + 15) / 16, blocks = K / 32;
+    memset(dst, 0, vsk_tile_strip_bytes(VSK_T4_0, K) * (size_t)strips);
+    for (int t = 0; t < strips; t++)
+        for (int b = 0; b < blocks; b++) {
+            uint8_t *out = dst + ((size_t)t * blocks + b) * T40_BYTES;
+            uint8_t values[16][256];
+            memset(values, 0, sizeof values);
+            for (int n = 0; n < 16 && 16 * t + n < N; n++) {
+                const uint8_t *blk = src + (size_t)(16 * t + n) * row_bytes + (size_t)b * 18;
+                memcpy(out + 2 * n, blk, 2);
+                for (int j = 0; j < 16; j++) {
+                    values[n][j] = (uint8_t)(blk[2 + j] & 0x0F);
+                    values[n][j + 16] = (uint8_t)(blk[2 + j] >> 4);
+                }
+            }
+            pack_nibbles((const uint8_t (*)[256])values, 0, out + 32);
+        }
+}
+
 static void repack_q8_0(const uint8_t *src, size_t row_bytes, int N, int K, uint8_t *dst) {
     const int strips = (N + 15) / 16, blocks = K / 32;
     memset(dst, 0, vsk_tile_strip_bytes(VSK_T8_0, K) * (size_t)strips);
@@ -80,8 +102,8 @@ static void repack_q8_0(const uint8_t *src, size_t row_bytes, int N, int K, uint
 
 /* __attribute__((visibility)) is set on the entry point in vsk_core.c */
 void vsk_repack_rows(int type, const uint8_t *src, size_t row_bytes, int N, int K, uint8_t *dst) {
-    if (type == VSK_Q5_0 || type == VSK_Q8_0) {
-        (type == VSK_Q5_0 ? repack_q5_0 : repack_q8_0)(src, row_bytes, N, K, dst);
+    if (type == VSK_Q4_0 || type == VSK_Q5_0 || type == VSK_Q8_0) {
+        (type == VSK_Q4_0 ? repack_q4_0 : type == VSK_Q5_0 ? repack_q5_0 : repack_q8_0)(src, row_bytes, N, K, dst);
         return;
     }
     const int strips = (N + 15) / 16, blocks = K / 256;
@@ -187,11 +209,12 @@ static void tile_kernel(int type, const uint8_t *W, int n0, int n1, int K, const
 
 VSK_TILE_ENTRY(kernel_t4_k, tile_kernel, VSK_T4_K)
 
-/* the 32-weight tile forms: T5_0 (values 0..31, the weight d (value - 16)) and T8_0 (bytes weight + 128) */
-static void tile32_kernel(int eight, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride,
+/* the 32-weight tile forms: T4_0 (values 0..15, the weight d (value - 8)), T5_0 (values 0..31, the weight
+ * d (value - 16)) and T8_0 (bytes weight + 128) */
+static void tile32_kernel(int type, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride,
                           int M, float *y, int ldy) {
-    const int blocks = K / 32, offset = eight ? 128 : 16;
-    const size_t block_bytes = eight ? T80_BYTES : T50_BYTES;
+    const int blocks = K / 32, offset = type == VSK_T8_0 ? 128 : type == VSK_T5_0 ? 16 : 8;
+    const size_t block_bytes = vsk_tile_strip_bytes(type, 32);
     for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
         for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
             const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
@@ -201,12 +224,12 @@ static void tile32_kernel(int eight, const uint8_t *W, int n0, int n1, int K, co
                 for (int n = 0; n < 16; n++) {
                     const float d = vsk_fp16_to_fp32(rd16(blk + 2 * n));
                     uint8_t w[32];
-                    if (eight) {
+                    if (type == VSK_T8_0) {
                         for (int g = 0; g < 8; g++)
                             for (int c = 0; c < 4; c++) w[group_index(g, c)] = blk[32 + 64 * g + 4 * n + c];
                     } else {
                         unpack_sub(blk + 32, NULL, n, w);
-                        for (int g = 0; g < 8; g++)
+                        for (int g = 0; g < 8 && type == VSK_T5_0; g++)
                             for (int c = 0; c < 4; c++)
                                 w[group_index(g, c)] |= (uint8_t)(((blk[288 + 4 * n + c] >> g) & 1) << 4);
                     }
@@ -223,15 +246,18 @@ static void tile32_kernel(int eight, const uint8_t *W, int n0, int n1, int K, co
     }
 }
 
-VSK_TILE_ENTRY(kernel_t5_0, tile32_kernel, 0)
+VSK_TILE_ENTRY(kernel_t4_0, tile32_kernel, VSK_T4_0)
 
-VSK_TILE_ENTRY(kernel_t8_0, tile32_kernel, 1)
+VSK_TILE_ENTRY(kernel_t5_0, tile32_kernel, VSK_T5_0)
+
+VSK_TILE_ENTRY(kernel_t8_0, tile32_kernel, VSK_T8_0)
 
 VSK_TILE_ENTRY(kernel_t6_k, tile_kernel, VSK_T6_K)
 
 vsk_kernel vsk_tile_kernel_scalar(int type) {
     return type == VSK_T4_K   ? kernel_t4_k
            : type == VSK_T6_K ? kernel_t6_k
+           : type == VSK_T4_0 ? kernel_t4_0
            : type == VSK_T5_0 ? kernel_t5_0
            : type == VSK_T8_0 ? kernel_t8_0
                               : NULL;

@@ -112,13 +112,13 @@ VSK_TILE_ENTRY(kernel_t4_k, tile_kernel, 0)
 
 VSK_TILE_ENTRY(kernel_t6_k, tile_kernel, 1)
 
-/* the 32-weight tile forms, rows 8v .. 8v + 7 of a tile. T5_0: values 0..31 (nibbles and a fifth bit), the
- * weight d (value - 16), dotted through maddubs with the offset taken off. T8_0: maddubs takes unsigned x
- * signed bytes and saturates pairs at 16 bits, so the stored bytes (weight + 128) are flipped back to signed
- * and the weight's magnitude (at most 128) meets the activation carrying the weight's sign: pairs stay
- * below 2^15. */
-static inline void unpack32(int eight, const uint8_t *blk, int v, __m256i *w, __m256i *magnitude) {
-    if (eight) {
+/* the 32-weight tile forms, rows 8v .. 8v + 7 of a tile. T4_0: values 0..15 (nibbles), the weight d (value
+ * - 8); T5_0: values 0..31 (nibbles and a fifth bit), the weight d (value - 16); both dotted through maddubs
+ * with the offset taken off. T8_0: maddubs takes unsigned x signed bytes and saturates pairs at 16 bits, so
+ * the stored bytes (weight + 128) are flipped back to signed and the weight's magnitude (at most 128) meets
+ * the activation carrying the weight's sign: pairs stay below 2^15. */
+static inline void unpack32(int type, const uint8_t *blk, int v, __m256i *w, __m256i *magnitude) {
+    if (type == VSK_T8_0) {
         const __m256i flip = _mm256_set1_epi8((char)0x80);
         for (int g = 0; g < 8; g++) {
             w[g] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 32 + 64 * g + 32 * v)), flip);
@@ -127,12 +127,13 @@ static inline void unpack32(int eight, const uint8_t *blk, int v, __m256i *w, __
         return;
     }
     const __m256i low = _mm256_set1_epi8(0x0F), five = _mm256_set1_epi8(0x10);
-    const __m256i h = _mm256_loadu_si256((const __m256i *)(blk + 288 + 32 * v));
     for (int i = 0; i < 4; i++) {
         const __m256i p = _mm256_loadu_si256((const __m256i *)(blk + 32 + 64 * i + 32 * v));
         w[i] = _mm256_and_si256(p, low);
         w[4 + i] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
     }
+    if (type == VSK_T4_0) return;
+    const __m256i h = _mm256_loadu_si256((const __m256i *)(blk + 288 + 32 * v));
     w[0] = _mm256_or_si256(w[0], _mm256_and_si256(_mm256_slli_epi16(h, 4), five));
     w[1] = _mm256_or_si256(w[1], _mm256_and_si256(_mm256_slli_epi16(h, 3), five));
     w[2] = _mm256_or_si256(w[2], _mm256_and_si256(_mm256_slli_epi16(h, 2), five));
@@ -143,10 +144,12 @@ static inline void unpack32(int eight, const uint8_t *blk, int v, __m256i *w, __
     w[7] = _mm256_or_si256(w[7], _mm256_and_si256(_mm256_srli_epi16(h, 3), five));
 }
 
-static void tile32_kernel(int eight, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride,
+static void tile32_kernel(int type, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride,
                           int M, float *y, int ldy) {
-    const int blocks = K / 32, offset = eight ? 0 : 16; /* T8_0's products are signed: no offset */
-    const size_t block_bytes = eight ? T80_BYTES : T50_BYTES;
+    const int eight = type == VSK_T8_0, blocks = K / 32;
+    const int offset = eight ? 0 : type == VSK_T5_0 ? 16 : 8; /* T8_0's products are signed: no offset */
+    const size_t block_bytes = vsk_tile_strip_bytes(type, 32);
+    const int lines = (int)(block_bytes / 64) + 1, ahead = eight ? 3 : 4; /* about 1.5 KiB ahead */
     for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
         for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
             const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
@@ -154,12 +157,12 @@ static void tile32_kernel(int eight, const uint8_t *W, int n0, int n1, int K, co
             for (int m = 0; m < rows; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
             for (int b = 0; b < blocks; b++) {
                 const uint8_t *blk = W + ((size_t)t * blocks + b) * block_bytes;
-                for (int l = 0; l < (eight ? 9 : 6); l++) /* about 1.5 KiB ahead */
-                    _mm_prefetch((const char *)blk + (eight ? 3 : 4) * block_bytes + 64 * l, _MM_HINT_T0);
+                for (int l = 0; l < lines; l++)
+                    _mm_prefetch((const char *)blk + ahead * block_bytes + 64 * l, _MM_HINT_T0);
                 for (int v = 0; v < 2; v++) {
                     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * v)));
                     __m256i w[8], magnitude[8];
-                    unpack32(eight, blk, v, w, magnitude);
+                    unpack32(type, blk, v, w, magnitude);
                     for (int m = 0; m < rows; m++) {
                         const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)(r0 + m) * x_stride) + b;
                         __m256i s = _mm256_set1_epi32(-offset * (x->half[0] + x->half[1]));
@@ -175,13 +178,16 @@ static void tile32_kernel(int eight, const uint8_t *W, int n0, int n1, int K, co
     }
 }
 
-VSK_TILE_ENTRY(kernel_t5_0, tile32_kernel, 0)
+VSK_TILE_ENTRY(kernel_t4_0, tile32_kernel, VSK_T4_0)
 
-VSK_TILE_ENTRY(kernel_t8_0, tile32_kernel, 1)
+VSK_TILE_ENTRY(kernel_t5_0, tile32_kernel, VSK_T5_0)
+
+VSK_TILE_ENTRY(kernel_t8_0, tile32_kernel, VSK_T8_0)
 
 vsk_kernel vsk_tile_kernel_avx2(int type) {
     return type == VSK_T4_K   ? kernel_t4_k
            : type == VSK_T6_K ? kernel_t6_k
+           : type == VSK_T4_0 ? kernel_t4_0
            : type == VSK_T5_0 ? kernel_t5_0
            : type == VSK_T8_0 ? kernel_t8_0
                               : NULL;

@@ -105,21 +105,22 @@ VSK_TILE_ENTRY(kernel_t4_k, tile_kernel, 0)
 
 VSK_TILE_ENTRY(kernel_t6_k, tile_kernel, 1)
 
-/* the 32-weight tile forms. T5_0: values 0..31 (nibbles and a fifth bit), the weight d (value - 16). T8_0:
- * unsigned bytes (weight + 128), which vpdpbusd takes as they are. Either way the offset times the
- * activations' sum is taken off. */
-static inline void unpack32(int eight, const uint8_t *blk, __m512i *w) {
-    if (eight) {
+/* the 32-weight tile forms. T4_0: values 0..15 (nibbles), the weight d (value - 8). T5_0: values 0..31
+ * (nibbles and a fifth bit), the weight d (value - 16). T8_0: unsigned bytes (weight + 128), which vpdpbusd
+ * takes as they are. Either way the offset times the activations' sum is taken off. */
+static inline void unpack32(int type, const uint8_t *blk, __m512i *w) {
+    if (type == VSK_T8_0) {
         for (int g = 0; g < 8; g++) w[g] = _mm512_loadu_si512((const void *)(blk + 32 + 64 * g));
         return;
     }
     const __m512i low = _mm512_set1_epi8(0x0F), five = _mm512_set1_epi8(0x10);
-    const __m512i h = _mm512_loadu_si512((const void *)(blk + 288));
     for (int i = 0; i < 4; i++) {
         const __m512i p = _mm512_loadu_si512((const void *)(blk + 32 + 64 * i));
         w[i] = _mm512_and_si512(p, low);
         w[4 + i] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
     }
+    if (type == VSK_T4_0) return;
+    const __m512i h = _mm512_loadu_si512((const void *)(blk + 288));
     w[0] = or_masked(w[0], _mm512_slli_epi16(h, 4), five);
     w[1] = or_masked(w[1], _mm512_slli_epi16(h, 3), five);
     w[2] = or_masked(w[2], _mm512_slli_epi16(h, 2), five);
@@ -130,10 +131,11 @@ static inline void unpack32(int eight, const uint8_t *blk, __m512i *w) {
     w[7] = or_masked(w[7], _mm512_srli_epi16(h, 3), five);
 }
 
-static void tile32_kernel(int eight, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride,
+static void tile32_kernel(int type, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride,
                           int M, float *y, int ldy) {
-    const int blocks = K / 32, offset = eight ? 128 : 16;
-    const size_t block_bytes = eight ? T80_BYTES : T50_BYTES;
+    const int blocks = K / 32, offset = type == VSK_T8_0 ? 128 : type == VSK_T5_0 ? 16 : 8;
+    const size_t block_bytes = vsk_tile_strip_bytes(type, 32);
+    const int lines = (int)(block_bytes / 64) + 1, ahead = type == VSK_T8_0 ? 3 : 4; /* about 1.5 KiB ahead */
     for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
         for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
             const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
@@ -141,11 +143,11 @@ static void tile32_kernel(int eight, const uint8_t *W, int n0, int n1, int K, co
             for (int m = 0; m < rows; m++) acc[m] = _mm512_setzero_ps();
             for (int b = 0; b < blocks; b++) {
                 const uint8_t *blk = W + ((size_t)t * blocks + b) * block_bytes;
-                for (int l = 0; l < (eight ? 9 : 6); l++) /* about 1.5 KiB ahead */
-                    _mm_prefetch((const char *)blk + (eight ? 3 : 4) * block_bytes + 64 * l, _MM_HINT_T0);
+                for (int l = 0; l < lines; l++)
+                    _mm_prefetch((const char *)blk + ahead * block_bytes + 64 * l, _MM_HINT_T0);
                 const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
                 __m512i w[8];
-                unpack32(eight, blk, w);
+                unpack32(type, blk, w);
                 for (int m = 0; m < rows; m++) {
                     const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)(r0 + m) * x_stride) + b;
                     __m512i s = _mm512_set1_epi32(-offset * (x->half[0] + x->half[1]));
@@ -158,13 +160,16 @@ static void tile32_kernel(int eight, const uint8_t *W, int n0, int n1, int K, co
     }
 }
 
-VSK_TILE_ENTRY(kernel_t5_0, tile32_kernel, 0)
+VSK_TILE_ENTRY(kernel_t4_0, tile32_kernel, VSK_T4_0)
 
-VSK_TILE_ENTRY(kernel_t8_0, tile32_kernel, 1)
+VSK_TILE_ENTRY(kernel_t5_0, tile32_kernel, VSK_T5_0)
+
+VSK_TILE_ENTRY(kernel_t8_0, tile32_kernel, VSK_T8_0)
 
 vsk_kernel vsk_tile_kernel_avx512(int type) {
     return type == VSK_T4_K   ? kernel_t4_k
            : type == VSK_T6_K ? kernel_t6_k
+           : type == VSK_T4_0 ? kernel_t4_0
            : type == VSK_T5_0 ? kernel_t5_0
            : type == VSK_T8_0 ? kernel_t8_0
                               : NULL;
