@@ -27,6 +27,7 @@ import pytest
 import torch
 
 from verispec import SpeculativeGenerator
+from verispec.errors import InvalidParameterError
 from verispec.sampling import SamplingParams
 from verispec.server import EngineRequest, ErrorEvent, FinishEvent, Scheduler, SchedulerConfig, TokenEvent
 from verispec.server.batching import CATCH_UP_WIDTH, BatchedDrafter, DraftJob, padded_forward
@@ -585,6 +586,7 @@ def _run_scheduler(
 POLICY_METHODS = [
     ("always", "draft", None), ("auto", "draft", None), ("never", "draft", None), ("always", "ngram", None),
     ("always", "draft", 100),  # a restricted draft head (draft_head.py)
+    ("always", "hybrid", None), ("auto", "hybrid", None),
 ]  # fmt: skip
 
 
@@ -693,21 +695,29 @@ def test_long_prompts_are_prefilled_in_chunks_between_decode_steps(tiny):
     assert len(long_prompt) > 3 * 8 and names.index("long") >= chunks - 1  # "short" decoded during each chunk
 
 
-@pytest.mark.parametrize("draft_vocab", [None, 100])
-def test_scheduler_seeded_sampling_matches_the_single_sequence_loop(draft_vocab, tiny):
+@pytest.mark.parametrize(("draft_vocab", "method"), [(None, "draft"), (100, "draft"), (None, "hybrid")])
+def test_scheduler_seeded_sampling_matches_the_single_sequence_loop(draft_vocab, method, tiny):
     """A seeded sampled request draws the same random stream as generator.py, whatever runs beside it."""
     target, draft = tiny
     spec = SpeculativeGenerator(
-        target, draft, max_seq_len=256, progress=False, adaptive=False, draft_vocab=draft_vocab
-    )  # k = 4, as served
+        target, draft, max_seq_len=256, progress=False, adaptive=False, draft_vocab=draft_vocab,
+        speculative_method=method,
+    )  # k = 4, as served  # fmt: skip
     expected = spec.generate("hello", max_tokens=30, temperature=0.8, top_k=50, seed=3).token_ids
     requests = [
         ("hello", SamplingParams(0.8, top_k=50, seed=3), True),
         ("something else", SamplingParams(1.0, seed=1), True),
         ("greedy", SamplingParams(), False),
     ]
-    events = _run_scheduler(target, draft, requests, "always", draft_vocab=draft_vocab)
+    events = _run_scheduler(target, draft, requests, "always", method, draft_vocab=draft_vocab)
     assert events[0][-1].output.token_ids == expected
+    assert events[0][-1].output.stats.drafted > 0
+
+
+def test_hybrid_drafting_needs_a_draft_model(tiny):
+    target, _ = tiny
+    with pytest.raises(InvalidParameterError, match="needs a draft model"):
+        Scheduler(target, None, SchedulerConfig(speculative_method="hybrid"))
 
 
 def _cpu_like_costs(batch: int, k: int) -> tuple[float, float]:
@@ -985,7 +995,6 @@ def test_scheduler_fills_the_context_exactly_and_resumes_drafting_after_a_pause(
 @pytest.mark.parametrize(
     ("flags", "expected"),
     [
-        (["--speculative-method", "hybrid"], "the server drafts with: draft, ngram"),
         (["--num-speculative-tokens", "0"], "num_speculative_tokens must be >= 1"),
         (["--prefill-chunk", "0"], "prefill_chunk must be >= 1"),
         (["--draft-vocab", "-5"], "draft_vocab must be >= 0"),
@@ -1089,3 +1098,52 @@ def test_empty_access_flags_are_one_line_before_any_model_loads(args, expected, 
     assert main(["serve", "--model", "no-such-model.gguf", *args]) == 2  # the model is never looked at
     err = capsys.readouterr().err
     assert err.startswith(f"verispec: error: {expected}") and err.count("\n") == 1
+
+
+def test_ignore_eos_requests_generate_max_tokens_through_end_tokens():
+    """A target whose head always prefers the end token: a request stops at once, unless it sets ignore_eos;
+    then it generates max_tokens end tokens, drafted or not, as the single-sequence loop does."""
+    target, draft = tiny_pair()
+    eos = min(target.tokenizer.stop_token_ids)
+    head = target.model.lm_head
+    biased = torch.nn.Linear(head.in_features, head.out_features, bias=True)
+    with torch.no_grad():
+        biased.weight.copy_(head.weight)
+        biased.bias.zero_()
+        biased.bias[eos] = 1e4
+    target.model.lm_head = biased
+    scheduler = Scheduler(target, draft, SchedulerConfig(max_num_seqs=3, max_model_len=64, draft_policy="always"))
+    events: dict[str, list] = {}
+    ids = target.tokenizer.encode("hello")
+    for name, ignore, speculative in (("stops", False, True), ("drafted", True, True), ("plain", True, False)):
+        sink = events.setdefault(name, []).append
+        request = EngineRequest(name, ids, SamplingParams(), 12, sink, speculative=speculative, ignore_eos=ignore)
+        scheduler.submit(request)
+    scheduler.run_until_idle()
+    outputs = {name: found[-1].output for name, found in events.items()}
+    assert outputs["stops"].token_ids == [] and outputs["stops"].finish_reason == "stop"
+    for name in ("drafted", "plain"):
+        assert outputs[name].token_ids == [eos] * 12 and outputs[name].finish_reason == "length", name
+        assert outputs[name].stats.new_tokens == 12
+    assert outputs["drafted"].stats.drafted > 0
+    expected = SpeculativeGenerator(target, None, max_seq_len=64, progress=False).generate(
+        ids, max_tokens=12, ignore_eos=True
+    )
+    assert outputs["drafted"].token_ids == expected.token_ids
+
+
+def test_ignore_eos_over_http_generates_max_tokens(tiny):
+    from fastapi.testclient import TestClient
+
+    from verispec.server.app import ServerState, create_app
+
+    target, draft = tiny
+    scheduler = Scheduler(target, draft, SchedulerConfig(max_num_seqs=1, max_model_len=64))
+    with TestClient(create_app(ServerState(scheduler, "tiny"))) as client:
+        body = {"prompt": "hello", "max_tokens": 20, "ignore_eos": True, "temperature": 1.0, "seed": 5}
+        reply = client.post("/v1/completions", json=body)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["usage"]["completion_tokens"] == 20
+        assert reply.json()["choices"][0]["finish_reason"] == "length"
+        bad = client.post("/v1/completions", json={**body, "ignore_eos": "sometimes"})
+        assert bad.status_code == 422 and "ignore_eos" in bad.text  # a type error, as for every field

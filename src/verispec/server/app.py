@@ -295,7 +295,9 @@ def _submit(
         raise ApiError(400, str(exc), code="invalid_value") from None
     job_id = new_id("chatcmpl" if prompt_param == "messages" else "cmpl")
     sink = AsyncSink()
-    request = EngineRequest(job_id, prompt_ids, params, max_tokens, sink, body.stop_list(), body.speculative)
+    request = EngineRequest(
+        job_id, prompt_ids, params, max_tokens, sink, body.stop_list(), body.speculative, ignore_eos=body.ignore_eos
+    )
     try:
         state.scheduler.submit(request)
     except QueueFullError as exc:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ..draft_head import DraftHead
-from ..drafters import NgramDrafter, Proposal, common_prefix
+from ..drafters import HybridDrafter, NgramDrafter, Proposal, common_prefix
 from ..model import KVCache, Transformer
 from ..sampling import SamplingParams, probs_from_logits, sample
 
@@ -153,3 +153,32 @@ class BatchedNgramDrafter:
 
     def propose(self, jobs: list[DraftJob]) -> list[Proposal]:
         return [self.lookup.propose(job.tokens, job.k, job.params, job.rng) for job in jobs]
+
+
+class BatchedHybridDrafter:
+    """Hybrid drafting (drafters.HybridDrafter) for many sequences: prompt lookup for each sequence whose last
+    MIN_MATCH tokens occurred earlier in its context, one batched draft-model pass for the others."""
+
+    def __init__(self, model: BatchedDrafter):
+        self.model = model
+        self.lookup = NgramDrafter(min_ngram=HybridDrafter.MIN_MATCH)
+        self.catch_up_seconds, self.catch_up_tokens = 0.0, 0
+
+    @property
+    def cache(self) -> KVCache:
+        return self.model.cache
+
+    def lag(self, slot: int, tokens: list[int]) -> int:
+        """What the draft model must catch up on first; nothing when the lookup drafts for this sequence."""
+        return 0 if self.lookup.lookup(tokens, 1) else self.model.lag(slot, tokens)
+
+    def propose(self, jobs: list[DraftJob]) -> list[Proposal]:
+        found = [self.lookup.lookup(job.tokens, job.k) for job in jobs]
+        rest = [job for job, tokens in zip(jobs, found, strict=True) if not tokens]
+        modelled = iter(self.model.propose(rest) if rest else [])
+        self.catch_up_seconds, self.catch_up_tokens = (
+            (self.model.catch_up_seconds, self.model.catch_up_tokens) if rest else (0.0, 0)
+        )
+        return [
+            Proposal(torch.tensor(tokens, dtype=torch.long), None) if tokens else next(modelled) for tokens in found
+        ]

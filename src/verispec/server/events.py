@@ -45,6 +45,7 @@ class EngineRequest:
     sink: Callable[[Event], None]
     stop: list[str] = field(default_factory=list)
     speculative: bool = True
+    ignore_eos: bool = False  # end tokens are ordinary tokens (benchmarks: every request generates max_tokens)
     arrival: float = field(default_factory=time.perf_counter)
     cancelled: bool = False
 

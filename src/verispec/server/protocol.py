@@ -65,6 +65,7 @@ class _GenerationRequest(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     speculative: bool = True  # extension: false decodes this request without drafting
+    ignore_eos: bool = False  # extension (vLLM's): end tokens are ordinary tokens; generate max_tokens
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None

@@ -34,7 +34,14 @@ from ..loading import LoadedModel
 from ..sampling import probs_from_logits
 from ..stats import GenerationStats
 from ..stopping import StopChecker
-from .batching import CATCH_UP_WIDTH, BatchedDrafter, BatchedNgramDrafter, DraftJob, padded_forward
+from .batching import (
+    CATCH_UP_WIDTH,
+    BatchedDrafter,
+    BatchedHybridDrafter,
+    BatchedNgramDrafter,
+    DraftJob,
+    padded_forward,
+)
 from .events import EngineRequest, ErrorEvent, FinishEvent, TokenEvent
 from .metrics import Metrics
 from .policy import POLICIES, DraftPolicy
@@ -50,7 +57,7 @@ class SchedulerStoppedError(VerispecError):
     """The scheduler no longer accepts requests (shutting down)."""
 
 
-SERVER_METHODS = ("draft", "ngram")  # the batched drafters; hybrid runs in generate/bench only
+SERVER_METHODS = ("draft", "ngram", "hybrid")  # the batched drafters (batching.py)
 
 
 @dataclass
@@ -60,7 +67,9 @@ class SchedulerConfig:
     max_model_len: int = 4096  # prompt + generated tokens per sequence
     num_speculative_tokens: int = 4
     draft_policy: str = "auto"  # auto | always | never (see policy.py)
-    speculative_method: str = "draft"  # draft: a draft model proposes; ngram: prompt lookup (no draft model)
+    # draft: a draft model proposes; ngram: prompt lookup (no draft model); hybrid: prompt lookup where the
+    # context repeats itself, the draft model elsewhere
+    speculative_method: str = "draft"
     draft_vocab: int | None = None  # the draft proposes only the first N ids and stop tokens (draft_head.py)
     prefill_chunk: int = 128  # prompt tokens prefilled per step, so running requests wait one chunk, not a prompt
 
@@ -134,18 +143,24 @@ class Scheduler:
         k+1 wide, draft catch-up rows up to CATCH_UP_WIDTH), hence the room beyond max_model_len."""
         k, slots = self.config.num_speculative_tokens, self.config.max_num_seqs
         self.cache = target.model.new_cache(num_slots=slots, max_len=self.max_model_len + k + 1)
-        self.drafter: BatchedDrafter | BatchedNgramDrafter | None = None
-        if self.config.speculative_method == "ngram":
+        self.drafter: BatchedDrafter | BatchedNgramDrafter | BatchedHybridDrafter | None = None
+        method = self.config.speculative_method
+        if method == "ngram":
             self.drafter = BatchedNgramDrafter()
         elif draft is not None:
             vocab = target.model.config.vocab_size
             draft_len = self.max_model_len + max(k, CATCH_UP_WIDTH) + 1
             ids = draft_ids(self.config.draft_vocab, draft.model.config.vocab_size, self.tokenizer.stop_token_ids)
             self.drafter = BatchedDrafter(draft.model, vocab, slots, draft_len, ids)
+            if method == "hybrid":
+                self.drafter = BatchedHybridDrafter(self.drafter)
+        elif method == "hybrid":
+            raise InvalidParameterError("the hybrid speculative method needs a draft model")
 
     # ---- any thread ---------------------------------------------------------------------------------
     def kv_cache_bytes(self) -> tuple[int, int]:
-        return self.cache.nbytes(), self.drafter.cache.nbytes() if isinstance(self.drafter, BatchedDrafter) else 0
+        draft_cache = getattr(self.drafter, "cache", None)  # the n-gram drafter has none
+        return self.cache.nbytes(), draft_cache.nbytes() if draft_cache is not None else 0
 
     def submit(self, request: EngineRequest) -> None:
         if request.max_tokens < 1:
@@ -295,7 +310,7 @@ class Scheduler:
             request=request,
             slot=slot,
             tokens=list(prompt),
-            stopper=StopChecker(self.tokenizer, request.max_tokens, request.stop),
+            stopper=StopChecker(self.tokenizer, request.max_tokens, request.stop, request.ignore_eos),
             stats=GenerationStats(prompt_tokens=len(prompt)),
             rng=request.params.make_generator(),
             admitted=now,
@@ -370,10 +385,9 @@ class Scheduler:
         seq.stats.record_round(k, accepted)
         self.metrics.record_round(k, accepted)
         self.policy.record_round(k, accepted)
-        stop_ids = self.tokenizer.stop_token_ids
         for token in [*proposal.tokens[:accepted].tolist(), next_token]:
             seq.tokens.append(token)
-            is_stop_token = token in stop_ids
+            is_stop_token = seq.stopper.is_stop_token(token)
             piece = seq.stopper.add(token)
             seq.stats.new_tokens += not is_stop_token
             if not is_stop_token:
