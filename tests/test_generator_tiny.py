@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from verispec import SpeculativeGenerator
-from verispec.drafters import Proposal
+from verispec.engine.proposers import BatchedDrafter, Proposal, ngram_lookup
 from verispec.sampling import SamplingParams, probs_from_logits
 from verispec.testing import EOS_TEXT, tiny_config, tiny_loaded, tiny_model, tiny_pair, truncated_copy, word_tokenizer
 from verispec.tokenizer import Tokenizer
@@ -71,15 +71,20 @@ def test_draft_equal_to_target_accepts_everything(pair):
 
 
 class AlwaysWrongDrafter:
-    """Proposes, at every position, a token the target's greedy choice is not."""
+    """A proposer (engine/proposers.py) that drafts, at every position, a token the target's greedy choice is not."""
+
+    catch_up_seconds, catch_up_tokens = 0.0, 0
 
     def __init__(self, target):
         self.target = target
 
-    def reset(self, prompt_ids):
-        pass
+    def lag(self, slot, tokens):
+        return 0
 
-    def propose(self, tokens, k, params, rng):
+    def propose(self, jobs):
+        return [self._wrong(job.tokens, job.k) for job in jobs]
+
+    def _wrong(self, tokens, k):
         model = self.target.model
         seq, drafted = list(tokens), []
         for _ in range(k):
@@ -88,14 +93,11 @@ class AlwaysWrongDrafter:
             seq.append(best)
         return Proposal(torch.tensor(drafted), None)
 
-    def observe(self, accepted):
-        pass
-
 
 def test_always_wrong_draft_accepts_nothing_and_changes_nothing(pair):
     target, draft = pair
     generator = SpeculativeGenerator(target, draft, num_speculative_tokens=3, adaptive=False)
-    generator.drafter = AlwaysWrongDrafter(target)
+    generator.engine.drafter = AlwaysWrongDrafter(target)
     out = generator.generate(PROMPTS[1], max_tokens=20)
     assert out.stats.accepted == 0 and out.stats.drafted > 0
     assert out.stats.rejected == out.stats.drafted_by_position[0]  # every round that drafted ended on a rejection
@@ -117,7 +119,7 @@ def test_eos_inside_a_drafted_block_cuts_where_plain_decoding_does(pair):
         out = generator.generate(prompt_ids, max_tokens=40)
         assert out.token_ids == free_run[:cut]
         assert out.finish_reason == "stop"
-        assert generator.target_cache.lengths[0] <= len(prompt_ids) + cut + 1
+        assert generator.engine.cache.lengths[0] <= len(prompt_ids) + cut + 1
 
 
 @pytest.mark.parametrize("max_tokens", [1, 2, 7, 11])
@@ -218,30 +220,24 @@ def test_ngram_greedy_output_equals_plain_greedy(pair, k):
 
 
 def test_ngram_lookup_proposes_what_followed_the_latest_match():
-    from verispec.drafters import NgramDrafter
-
-    drafter = NgramDrafter(max_ngram=2)
-    params, rng = SamplingParams(), torch.Generator()
-    assert drafter.propose([1, 2, 3, 4, 1, 2, 5, 9, 1, 2], 3, params, rng).tokens.tolist() == [5, 9, 1]
-    assert drafter.propose([7, 8, 9], 3, params, rng).tokens.tolist() == []
-    assert drafter.propose([4, 5, 6, 4], 2, params, rng).tokens.tolist() == [5, 6]  # falls back to n = 1
+    assert ngram_lookup([1, 2, 3, 4, 1, 2, 5, 9, 1, 2], 3, max_ngram=2) == [5, 9, 1]
+    assert ngram_lookup([7, 8, 9], 3, max_ngram=2) == []
+    assert ngram_lookup([4, 5, 6, 4], 2, max_ngram=2) == [5, 6]  # falls back to n = 1
 
 
 def test_hybrid_uses_lookup_where_the_context_repeats_and_the_model_elsewhere(pair, monkeypatch):
-    from verispec.drafters import DraftModelDrafter
-
     target, draft = pair
     generator = SpeculativeGenerator(
         target, draft, num_speculative_tokens=4, speculative_method="hybrid", adaptive=False
     )
     used = Counter()
-    model_propose = DraftModelDrafter.propose
+    model_propose = BatchedDrafter.propose
 
     def counting(self, *args):
-        used["model"] += 1
+        used["model"] += len(args[0])
         return model_propose(self, *args)
 
-    monkeypatch.setattr(DraftModelDrafter, "propose", counting)
+    monkeypatch.setattr(BatchedDrafter, "propose", counting)
     for prompt in [REPETITIVE, PROMPTS[0]]:
         ids = target.tokenizer.encode(prompt)
         out = generator.generate(ids, max_tokens=40)

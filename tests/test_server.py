@@ -27,12 +27,12 @@ import pytest
 import torch
 
 from verispec import SpeculativeGenerator
+from verispec.engine.policy import DraftPolicy
+from verispec.engine.proposers import CATCH_UP_WIDTH, BatchedDrafter, DraftJob, padded_forward
 from verispec.errors import InvalidParameterError
 from verispec.sampling import SamplingParams
 from verispec.server import EngineRequest, ErrorEvent, FinishEvent, Scheduler, SchedulerConfig, TokenEvent
-from verispec.server.batching import CATCH_UP_WIDTH, BatchedDrafter, DraftJob, padded_forward
 from verispec.server.bench import LevelResult, median_interval, verdict
-from verispec.server.policy import DraftPolicy
 from verispec.testing import tiny_pair
 
 openai = pytest.importorskip("openai")

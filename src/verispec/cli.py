@@ -154,7 +154,7 @@ def _generate(args: argparse.Namespace) -> int:
         seed=args.seed, stop=args.stop,
     )  # fmt: skip
     spec = _stream_to_stdout(generator, request, options)
-    label = "[plain]      " if generator.drafter is None else "[speculative]"
+    label = "[speculative]" if generator.speculates else "[plain]      "
     print(f"{label} {spec.stats.summary()} | load {load_seconds:.2f} s", file=sys.stderr)
     if args.compare:
         plain_generator = SpeculativeGenerator(

@@ -1,51 +1,30 @@
-"""The speculative decoding loop.
+"""`generate` and `stream`: one request at a time through the engine (engine/scheduler.py), in the calling
+thread. The loop, the proposers and the draft-length rule are the server's own; this module only turns a
+prompt into an engine request and the engine's events into StreamChunks.
 
-    prefill the target with the prompt (all but its last token); the drafter prefills itself
-    while not done:
-        draft k tokens (and their probabilities q)          drafter.propose
-        run the target once over [pending, d1..dk]          k+1 positions -> p1..p(k+1)
-        accept d1..dn by min(1, p/q), then one more token     acceptance.verify_*
-        roll the target cache back to the accepted length   a length, not a copy
-        emit the accepted tokens through the stop rules     StopChecker
-        drafter.observe(n)
-
-With no drafter the same loop is plain decoding: k = 0, one target pass per token.
+With no draft model (and not the n-gram method) the engine decodes plainly: one target pass per token.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from .acceptance import verify_greedy, verify_sampled
-from .adaptive import AdaptiveK
-from .draft_head import draft_ids
-from .drafters import DraftModelDrafter, HybridDrafter, NgramDrafter, Proposal
-from .errors import InvalidParameterError, PromptTooLongError
-from .loading import LoadedModel, load_model
-from .quantize import default_draft_quantization
-from .sampling import SamplingParams, probs_from_logits
-from .stats import GenerationStats
-from .stopping import StopChecker
+from .engine.requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput, TokenEvent
+from .engine.scheduler import METHODS, Scheduler, SchedulerConfig
+from .errors import InvalidParameterError, PromptTooLongError, VerispecError
+from .loading import LoadedModel, load_pair
+from .sampling import SamplingParams
 
 DEFAULT_MAX_SEQ_LEN = 4096
 DEFAULT_DRAFT_VOCAB = 65536  # a restricted draft head (draft_head.py); the CLI default, off in the API
-# draft: a draft model; ngram: prompt lookup (no model); hybrid: prompt lookup where the context repeats
-# itself, the draft model elsewhere
-SPECULATIVE_METHODS = ("draft", "ngram", "hybrid")
+SPECULATIVE_METHODS = METHODS
 
-
-@dataclass
-class GenerationOutput:
-    text: str
-    token_ids: list[int]
-    finish_reason: str  # "stop" (EOS or a stop string) or "length" (max_tokens or the context is full)
-    stats: GenerationStats
-    prompt_ids: list[int] = field(default_factory=list)
+__all__ = ["GenerationOutput", "SpeculativeGenerator", "StreamChunk"]
 
 
 @dataclass
@@ -73,6 +52,8 @@ class SpeculativeGenerator:
         adaptive: bool = True,
         draft_vocab: int | None = None,
     ):
+        """`adaptive`: the engine's draft policy picks k = 0..num_speculative_tokens per step from measured
+        costs (engine/policy.py); False drafts num_speculative_tokens every step."""
         if speculative_method not in SPECULATIVE_METHODS:
             raise InvalidParameterError(
                 f"unknown speculative method '{speculative_method}' (choose from {', '.join(SPECULATIVE_METHODS)})"
@@ -81,45 +62,28 @@ class SpeculativeGenerator:
             draft = None
         if speculative_method == "hybrid" and draft is None:
             raise InvalidParameterError("the hybrid speculative method needs a draft model")
-        if (draft is not None or speculative_method == "ngram") and num_speculative_tokens < 1:
+        speculates = draft is not None or speculative_method == "ngram"
+        if speculates and num_speculative_tokens < 1:
             raise InvalidParameterError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
-        if draft_vocab is not None and draft_vocab < 0:
-            raise InvalidParameterError(f"draft_vocab must be >= 0 (0 = the whole vocabulary), got {draft_vocab}")
         if max_seq_len < 2:
             raise InvalidParameterError(f"max_seq_len must be >= 2, got {max_seq_len}")
-        self.target = (
-            target if isinstance(target, LoadedModel) else load_model(target, dtype, device, progress, quantization)
-        )
+        self.target, self.draft = load_pair(target, draft, dtype, device, progress, quantization, draft_quantization)
         self.tokenizer = self.target.tokenizer
-        self.max_seq_len = min(max_seq_len, self.target.model.config.max_position_embeddings)
-        speculates = draft is not None or speculative_method == "ngram"
         self.num_speculative_tokens = num_speculative_tokens if speculates else 0
-        self.draft: LoadedModel | None = None
-        if draft is not None:
-            if draft_quantization is None:
-                draft_quantization = default_draft_quantization(quantization)
-            self.draft = (
-                draft
-                if isinstance(draft, LoadedModel)
-                else load_model(draft, dtype, device, progress, draft_quantization)
-            )
-            self.tokenizer.check_compatible(self.draft.tokenizer)
-            self.max_seq_len = min(self.max_seq_len, self.draft.model.config.max_position_embeddings)
-        self.drafter = self._make_drafter(speculative_method, draft_vocab)
-        # num_speculative_tokens is the most drafted per round; adaptive picks 0..that from measured costs
-        self.adaptive = AdaptiveK(self.num_speculative_tokens) if adaptive and self.num_speculative_tokens else None
-        self.target_cache = self.target.model.new_cache(num_slots=1, max_len=self.max_seq_len)
+        config = SchedulerConfig(
+            max_num_seqs=1, max_queue=0, max_model_len=max_seq_len,
+            num_speculative_tokens=max(1, num_speculative_tokens),
+            draft_policy=("auto" if adaptive else "always") if speculates else "never",
+            speculative_method=speculative_method, draft_vocab=draft_vocab,
+            prefill_chunk=max_seq_len,  # one request: its whole prompt in one pass
+        )  # fmt: skip
+        self.engine = Scheduler(self.target, self.draft, config)
+        self.max_seq_len = self.engine.max_model_len
+        self._ids = itertools.count()
 
-    def _make_drafter(
-        self, method: str, draft_vocab: int | None
-    ) -> DraftModelDrafter | NgramDrafter | HybridDrafter | None:
-        if method == "ngram":
-            return NgramDrafter()
-        if self.draft is None:
-            return None
-        head_ids = draft_ids(draft_vocab, self.draft.model.config.vocab_size, self.tokenizer.stop_token_ids)
-        model = DraftModelDrafter(self.draft.model, self.target.model.config.vocab_size, self.max_seq_len, head_ids)
-        return HybridDrafter(model, NgramDrafter(min_ngram=HybridDrafter.MIN_MATCH)) if method == "hybrid" else model
+    @property
+    def speculates(self) -> bool:
+        return self.engine.drafter is not None
 
     # ---- public API -------------------------------------------------------------------------------
     def generate(self, prompt: str | list[int] | list[dict], max_tokens: int = 128, **options) -> GenerationOutput:
@@ -144,12 +108,19 @@ class SpeculativeGenerator:
         `prompt` is raw text, token ids, or chat messages ([{"role": ..., "content": ...}]) rendered
         with the model's chat template. `ignore_eos`: generate through end-of-sequence tokens up to
         max_tokens or a stop string (llama.cpp's --ignore-eos, vLLM's ignore_eos), for benchmarks.
+        Generation stops at max_tokens or when the context is full (finish reason "length").
         """
         params = SamplingParams(temperature, top_k, top_p, seed)
         if max_tokens < 1:
             raise InvalidParameterError(f"max_tokens must be >= 1, got {max_tokens}")
         prompt_ids = self.encode_prompt(prompt)
-        return self._run(prompt_ids, params, StopChecker(self.tokenizer, max_tokens, stop, ignore_eos))
+        events: list = []
+        room = self.max_seq_len - len(prompt_ids)  # a full context ends the request with "length"
+        request = EngineRequest(
+            f"generate-{next(self._ids)}", prompt_ids, params, min(max_tokens, room), events.append,
+            stop or [], ignore_eos=ignore_eos,
+        )  # fmt: skip
+        return self._run(request, events)
 
     def encode_prompt(self, prompt: str | list[int] | list[dict]) -> list[int]:
         if isinstance(prompt, str):
@@ -168,94 +139,36 @@ class SpeculativeGenerator:
             raise PromptTooLongError(
                 f"prompt has {len(ids)} tokens; the context holds {self.max_seq_len} (prompt + at least 1 new)"
             )
-        vocab = self.target.model.config.vocab_size
-        if any(not 0 <= t < vocab for t in ids):
-            raise InvalidParameterError(f"prompt token ids must be in [0, {vocab})")
+        if any(not 0 <= t < self.engine.vocab_size for t in ids):
+            raise InvalidParameterError(f"prompt token ids must be in [0, {self.engine.vocab_size})")
         return ids
 
-    # ---- the loop ---------------------------------------------------------------------------------
-    def _run(self, prompt_ids: list[int], params: SamplingParams, stopper: StopChecker) -> Iterator[StreamChunk]:
-        stats = GenerationStats(prompt_tokens=len(prompt_ids))
-        rng = params.make_generator()
-        tokens = list(prompt_ids)
-        start = time.perf_counter()
-        self._prefill(tokens, stats)
-        drafter_ready = self.drafter is None
-        while not stopper.finished:
-            room = self.max_seq_len - len(tokens)
-            if room < 0:
-                yield StreamChunk(stopper.finish("length"), None)
-                break
-            k = min(self.num_speculative_tokens, room, stopper.max_tokens - len(stopper.token_ids) - 1)
-            if self.adaptive is not None:
-                k = min(k, self.adaptive.choose())
-            if k > 0 and not drafter_ready:
-                drafter_ready = self._prefill_drafter(prompt_ids, stats)
-            proposal, draft_seconds = self._propose(tokens, k, params, rng, stats)
-            (accepted, next_token), target_seconds = self._verify(tokens, proposal, params, rng, stats)
-            drafted = proposal.tokens.shape[0]
-            stats.record_round(drafted, accepted)
-            if self.adaptive is not None:
-                self.adaptive.record(drafted, accepted, draft_seconds, target_seconds)
-            if self.drafter is not None:
-                self.drafter.observe(accepted)
-            for token in [*proposal.tokens[:accepted].tolist(), next_token]:
-                tokens.append(token)
-                is_stop_token = stopper.is_stop_token(token)
-                piece = stopper.add(token)
-                stats.new_tokens += not is_stop_token
-                if piece or not is_stop_token:
-                    yield StreamChunk(piece, None if is_stop_token else token)
-                if stopper.finished:
-                    break
-            if not drafter_ready and not stopper.finished:  # after the first token has streamed
-                drafter_ready = self._prefill_drafter(prompt_ids, stats)
-        stats.time_total = time.perf_counter() - start
-        text = stopper.text
-        output = GenerationOutput(text, list(stopper.token_ids), stopper.finish_reason or "length", stats, prompt_ids)
-        yield StreamChunk("", None, output)
+    # ---- driving the engine -----------------------------------------------------------------------
+    def _run(self, request: EngineRequest, events: list) -> Iterator[StreamChunk]:
+        self._abandon_unfinished()  # a stream left unread must not hold the engine's only slot
+        self.engine.submit(request)
+        finished = False
+        try:
+            while not finished:
+                if not self.engine.step():
+                    raise AssertionError("the engine went idle before the request finished")
+                for event in events:
+                    if isinstance(event, TokenEvent):
+                        yield StreamChunk(event.text, event.token_id)
+                    elif isinstance(event, FinishEvent):
+                        finished = True
+                        yield StreamChunk("", None, event.output)
+                    elif isinstance(event, ErrorEvent):
+                        finished = True
+                        raise VerispecError(event.message)
+                events.clear()
+        finally:
+            if not finished:  # the caller stopped reading (or a step raised): free the slot
+                self.engine.cancel(request.request_id)
+                self._abandon_unfinished()
 
-    def _prefill(self, tokens: list[int], stats: GenerationStats) -> None:
-        """The target's prefill. The drafter's comes after the first token (with adaptive k the first round is
-        a plain step, so the first token streams without waiting for the draft model)."""
-        begin = time.perf_counter()
-        self.target_cache.set_length(0, 0)
-        if len(tokens) > 1:
-            self._target_forward(tokens[:-1], num_logits=1, invariant=False)
-        stats.time_prefill = time.perf_counter() - begin
-
-    def _prefill_drafter(self, prompt_ids: list[int], stats: GenerationStats) -> bool:
-        begin = time.perf_counter()
-        self.drafter.reset(prompt_ids)
-        stats.time_prefill += time.perf_counter() - begin
-        return True
-
-    def _propose(self, tokens, k, params, rng, stats) -> tuple[Proposal, float]:
-        if k <= 0 or self.drafter is None:
-            return Proposal(torch.empty(0, dtype=torch.long), None), 0.0
-        begin = time.perf_counter()
-        proposal = self.drafter.propose(tokens, k, params, rng)
-        seconds = time.perf_counter() - begin
-        stats.time_draft += seconds
-        return proposal, seconds
-
-    def _verify(self, tokens, proposal: Proposal, params, rng, stats) -> tuple[tuple[int, int], float]:
-        begin = time.perf_counter()
-        pending = tokens[self.target_cache.lengths[0] :]
-        k = proposal.tokens.shape[0]
-        logits = self._target_forward(pending + proposal.tokens.tolist(), num_logits=k + 1)
-        if params.greedy:
-            accepted, next_token = verify_greedy(proposal.tokens, logits)
-        else:
-            accepted, next_token = verify_sampled(
-                proposal.tokens, proposal.probs, probs_from_logits(logits, params), rng
-            )
-        self.target_cache.set_length(0, len(tokens) + accepted)
-        seconds = time.perf_counter() - begin
-        stats.time_target += seconds
-        return (accepted, next_token), seconds
-
-    def _target_forward(self, ids: list[int], num_logits: int, invariant: bool = True) -> torch.Tensor:
-        model = self.target.model
-        batch = torch.tensor([ids], dtype=torch.long, device=model.device)
-        return model(batch, self.target_cache, [0], num_logits=num_logits, invariant=invariant)[0].cpu()
+    def _abandon_unfinished(self) -> None:
+        for request_id in list(self.engine.active):
+            self.engine.cancel(request_id)
+        while self.engine.running:
+            self.engine.step()

@@ -23,7 +23,7 @@ from .config import ModelConfig
 from .converted import converted_folder, writing
 from .errors import InvalidParameterError, ModelLoadError
 from .model import Transformer
-from .quantize import ACTIVATION_DTYPE, QUANTIZATIONS
+from .quantize import ACTIVATION_DTYPE, QUANTIZATIONS, default_draft_quantization
 from .tokenizer import Tokenizer
 from .weights import assemble_state_dict, state_dict_parts
 
@@ -108,6 +108,33 @@ def load_model(
             model.use_quantized_linears(state)
     model.load_state_dict(state, assign=True, strict=True)
     return LoadedModel(text, path, model.to(torch_device).eval(), tokenizer)
+
+
+def load_pair(
+    target: str | os.PathLike | LoadedModel,
+    draft: str | os.PathLike | LoadedModel | None,
+    dtype: str | torch.dtype = "float32",
+    device: str | None = "cpu",
+    progress: bool = True,
+    quantization: str = "none",
+    draft_quantization: str | None = None,
+) -> tuple[LoadedModel, LoadedModel | None]:
+    """A target and its draft (None: no draft), each a source to load or a model already loaded. One copy of
+    the weights serves both when they name the same source in the same format; the tokenizers must match.
+    `draft_quantization` None: quantize.default_draft_quantization of the target's."""
+    loaded = target if isinstance(target, LoadedModel) else load_model(target, dtype, device, progress, quantization)
+    if draft is None or isinstance(draft, LoadedModel):
+        second = draft
+    else:
+        draft_quantization = draft_quantization or default_draft_quantization(quantization)
+        same = not isinstance(target, LoadedModel) and str(draft) == str(target)
+        if same and draft_quantization == quantization:
+            second = loaded
+        else:
+            second = load_model(draft, dtype, device, progress, draft_quantization)
+    if second is not None:
+        loaded.tokenizer.check_compatible(second.tokenizer)
+    return loaded, second
 
 
 def _weight_form(dtype: torch.dtype, quantization: str) -> str:

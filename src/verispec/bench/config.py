@@ -11,7 +11,7 @@ from ..generator import DEFAULT_DRAFT_VOCAB
 from ..sampling import GREEDY_BELOW
 
 # ngram: prompt lookup, no draft model; hybrid: prompt lookup where it matches, the draft model elsewhere;
-# auto-X: method X with k chosen each round from measured costs (adaptive.py), k from --k as the most
+# auto-X: method X with k chosen each step from measured costs (engine/policy.py), k from --k as the most
 SPECULATIVE = ("draft", "ngram", "hybrid")
 METHODS = ("plain", *SPECULATIVE, *(f"auto-{m}" for m in SPECULATIVE))
 PEERS = ("hf", "llamacpp", "llamacpp-native")

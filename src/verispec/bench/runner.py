@@ -21,7 +21,7 @@ from tqdm import tqdm
 from ..draft_head import DraftHead, draft_ids
 from ..errors import InvalidParameterError
 from ..kernels.linear import GGUFEmbedding, NativeLinear
-from ..loading import LoadedModel, load_model
+from ..loading import LoadedModel, load_pair
 from ..quantize import QuantizedLinear, default_draft_quantization
 from .config import PEER_FAMILIES, BenchConfig, as_command
 from .costs import Costs, measure_costs
@@ -155,15 +155,13 @@ def _contenders(config: BenchConfig, models: Models, max_seq_len: int, log: Call
 
 
 def _load_models(config: BenchConfig, log: Callable[[str], None]) -> Models:
+    draft_quantization = config.draft_quantization or default_draft_quantization(config.quantization)
     log(f"loading {config.model} ({_form(config.dtype, config.quantization)}) ...")
-    target = load_model(config.model, config.dtype, config.device, quantization=config.quantization)
-    draft = None
     if config.uses_draft:
-        draft_quantization = config.draft_quantization or default_draft_quantization(config.quantization)
         log(f"loading {config.draft_model} ({_form(config.dtype, draft_quantization)}) ...")
-        draft = load_model(config.draft_model, config.dtype, config.device, quantization=draft_quantization)
-        target.tokenizer.check_compatible(draft.tokenizer)
-    return Models(target, draft)
+    draft = config.draft_model if config.uses_draft else None
+    pair = load_pair(config.model, draft, config.dtype, config.device, True, config.quantization, draft_quantization)
+    return Models(*pair)
 
 
 def _threads(config: BenchConfig) -> int:

@@ -1,7 +1,8 @@
 """OpenAI-compatible HTTP server with continuous batching and speculative decoding (`verispec serve`)."""
 
-from .events import AsyncSink, EngineRequest, ErrorEvent, FinishEvent, TokenEvent
-from .scheduler import QueueFullError, Scheduler, SchedulerConfig, SchedulerStoppedError
+from ..engine.requests import EngineRequest, ErrorEvent, FinishEvent, TokenEvent
+from ..engine.scheduler import QueueFullError, Scheduler, SchedulerConfig, SchedulerStoppedError
+from .events import AsyncSink
 
 __all__ = [
     "AsyncSink",

@@ -25,13 +25,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..engine.requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput
+from ..engine.scheduler import QueueFullError, Scheduler, SchedulerStoppedError
 from ..errors import InvalidParameterError, ModelLoadError
-from ..generator import GenerationOutput
 from ..sampling import SamplingParams
-from .events import AsyncSink, EngineRequest, ErrorEvent, FinishEvent
+from .events import AsyncSink
 from .protocol import ApiError, ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, new_id
 from .responses import Job, chat_chunks, chat_completion_body, completion_body, completion_chunks
-from .scheduler import QueueFullError, Scheduler, SchedulerStoppedError
 
 log = logging.getLogger("verispec.server")
 RequestT = TypeVar("RequestT", CompletionRequest, ChatCompletionRequest)

@@ -31,8 +31,8 @@ import time
 from dataclasses import asdict, dataclass
 
 from ..cli import add_draft_vocab_argument, add_model_arguments
+from ..engine.policy import POLICIES
 from ..errors import VerispecError
-from .policy import POLICIES
 
 PROMPTS = [
     "Write a Python function that checks whether a number is prime.",

@@ -10,10 +10,9 @@ from pathlib import Path
 
 from .. import bundled
 from ..cli import COMMANDS, add_draft_vocab_argument, add_model_arguments
+from ..engine.policy import POLICIES
 from ..errors import VerispecError
 from ..loading import LoadedModel
-from ..quantize import default_draft_quantization
-from .policy import POLICIES
 
 TINY = "tiny"  # --model tiny / --speculative-model tiny: the random test pair of verispec.testing
 
@@ -110,7 +109,7 @@ def _draining_server(config, state):
 def build_scheduler(args: argparse.Namespace):
     import torch
 
-    from .scheduler import Scheduler, SchedulerConfig
+    from ..engine.scheduler import Scheduler, SchedulerConfig
 
     if args.threads is not None:
         if args.threads < 1:
@@ -122,12 +121,12 @@ def build_scheduler(args: argparse.Namespace):
         speculative_method=args.speculative_method, draft_vocab=args.draft_vocab,
         prefill_chunk=args.prefill_chunk,
     )  # fmt: skip
-    target, draft = load_pair(args)  # after the config: its mistakes are reported before seconds of loading
+    target, draft = load_models(args)  # after the config: its mistakes are reported before seconds of loading
     return Scheduler(target, draft, config)
 
 
-def load_pair(args: argparse.Namespace) -> tuple[LoadedModel, LoadedModel | None]:
-    from ..loading import load_model
+def load_models(args: argparse.Namespace) -> tuple[LoadedModel, LoadedModel | None]:
+    from ..loading import load_pair
 
     if TINY in (args.model, args.speculative_model):
         from ..testing import tiny_pair
@@ -136,13 +135,12 @@ def load_pair(args: argparse.Namespace) -> tuple[LoadedModel, LoadedModel | None
             raise VerispecError("--speculative-model tiny needs --model tiny (the pair shares a tokenizer)")
         tiny_target, tiny_draft = tiny_pair()
         return tiny_target, tiny_draft if args.speculative_model == TINY else None
-    target = load_model(args.model, args.dtype, args.device, quantization=args.quantization)
-    if args.speculative_model.lower() == "none" or args.speculative_method == "ngram":
-        return target, None
-    draft_quantization = args.speculative_quantization or default_draft_quantization(args.quantization)
-    if args.speculative_model == args.model and draft_quantization == args.quantization:
-        return target, target  # one copy of the weights serves as both
-    return target, load_model(args.speculative_model, args.dtype, args.device, quantization=draft_quantization)
+    no_draft = args.speculative_model.lower() == "none" or args.speculative_method == "ngram"
+    draft = None if no_draft else args.speculative_model
+    return load_pair(
+        args.model, draft, args.dtype, args.device, quantization=args.quantization,
+        draft_quantization=args.speculative_quantization,
+    )  # fmt: skip
 
 
 def model_id(source: str) -> str:

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from ..generator import GenerationOutput
-from .events import AsyncSink, EngineRequest, ErrorEvent, FinishEvent
+from ..engine.requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput
+from .events import AsyncSink
 from .protocol import (
     ApiError,
     AssistantMessage,

@@ -1,4 +1,5 @@
-"""Prometheus metrics of the server (prometheus_client, a registry of its own per server)."""
+"""Prometheus metrics of the engine (prometheus_client, a registry of its own per engine); the server
+publishes them at /metrics."""
 
 from __future__ import annotations
 

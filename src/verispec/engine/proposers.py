@@ -1,9 +1,18 @@
-"""Batched forwards over rows of different lengths, and a draft model that drafts for many sequences at once.
+"""Proposers: what drafts the next tokens of many sequences at once (a batch of one is the single-sequence
+case). The target decides; any proposer keeps decoding lossless.
 
-Rows are right-padded to a common width. Padding cannot change a real token's result: each row reads only
-its own cache slot, a query attends only to key positions at or before its own, and after the forward
-every slot's length is set back to its real tokens, so padded keys are never read again (they are
-overwritten before any later read). Only float round-off of differently shaped matrix products remains.
+    BatchedDrafter         a draft model, one cache slot per sequence
+    BatchedNgramDrafter    prompt lookup in each sequence's own context (no model, no probabilities)
+    BatchedHybridDrafter   prompt lookup where a sequence's context repeats itself, the draft model elsewhere
+
+Each has `propose(jobs) -> [Proposal]`, `lag(slot, tokens)` (tokens the draft model must catch up on before
+drafting for that sequence) and `catch_up_seconds` / `catch_up_tokens` (what the last propose spent on it).
+A proposal without distributions (a lookup) is a point mass, q = 1, and the acceptance rule stays exact.
+
+The draft model's forwards run over rows of different lengths, right-padded to a common width. Padding
+cannot change a real token's result: each row reads only its own cache slot, a query attends only to key
+positions at or before its own, and after the forward every slot's length is set back to its real tokens,
+so padded keys are never read again (they are overwritten before any later read).
 """
 
 from __future__ import annotations
@@ -14,7 +23,6 @@ from dataclasses import dataclass
 import torch
 
 from ..draft_head import DraftHead
-from ..drafters import HybridDrafter, NgramDrafter, Proposal, common_prefix
 from ..model import KVCache, Transformer
 from ..sampling import SamplingParams, probs_from_logits, sample
 
@@ -43,6 +51,36 @@ def padded_forward(
 
 
 @dataclass
+class Proposal:
+    tokens: torch.Tensor  # [k] int64
+    probs: torch.Tensor | None  # [k, target vocab] float32, None for a point-mass proposer
+
+
+def common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    """Length of the common prefix of a and b, at most limit (a binary search over slice comparisons, which
+    run in C: the scheduler asks this of every sequence's full history at every step)."""
+    low, high = 0, min(len(a), len(b), limit)  # a[:low] == b[:low]; the common prefix is at most high
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[low:middle] == b[low:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def ngram_lookup(tokens: list[int], k: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
+    """Prompt lookup: the up to k tokens that followed the latest earlier occurrence of the context's last n
+    tokens (n from max_ngram down to min_ngram), or [] when none occurred."""
+    for n in range(min(max_ngram, len(tokens) - 1), min_ngram - 1, -1):
+        suffix = tokens[-n:]
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start : start + n] == suffix:
+                return tokens[start + n : start + n + k]
+    return []
+
+
+@dataclass
 class DraftJob:
     """One sequence's drafting request for this step: its tokens so far (the last one is not yet verified)."""
 
@@ -56,8 +94,8 @@ class DraftJob:
 class BatchedDrafter:
     """A draft model with one cache slot per sequence; `propose` drafts k tokens for many sequences together.
 
-    Per sequence it makes the same choices as `drafters.DraftModelDrafter` (argmax when greedy, else a
-    sample from the filtered draft distribution q, drawn from the sequence's own generator).
+    Per sequence: argmax when greedy, else a sample from the filtered draft distribution q, drawn from the
+    sequence's own generator.
 
     A slot needs no prefill: `propose` feeds whatever the slot lacks, keeping the longest prefix it already
     holds (so a new request reuses a previous one's shared prefix, and a sequence whose drafting was
@@ -141,27 +179,25 @@ class BatchedDrafter:
 
 
 class BatchedNgramDrafter:
-    """Prompt lookup (drafters.NgramDrafter) for many sequences: no model, so nothing to batch or catch up."""
+    """Prompt lookup for many sequences: no model, so nothing to batch or catch up."""
 
     catch_up_seconds, catch_up_tokens = 0.0, 0
-
-    def __init__(self) -> None:
-        self.lookup = NgramDrafter()
 
     def lag(self, slot: int, tokens: list[int]) -> int:
         return 0
 
     def propose(self, jobs: list[DraftJob]) -> list[Proposal]:
-        return [self.lookup.propose(job.tokens, job.k, job.params, job.rng) for job in jobs]
+        return [Proposal(torch.tensor(ngram_lookup(job.tokens, job.k), dtype=torch.long), None) for job in jobs]
 
 
 class BatchedHybridDrafter:
-    """Hybrid drafting (drafters.HybridDrafter) for many sequences: prompt lookup for each sequence whose last
-    MIN_MATCH tokens occurred earlier in its context, one batched draft-model pass for the others."""
+    """Prompt lookup for each sequence whose last MIN_MATCH tokens occurred earlier in its context (free, and
+    then usually right: code repeats names and lines), one batched draft-model pass for the others."""
+
+    MIN_MATCH = 3
 
     def __init__(self, model: BatchedDrafter):
         self.model = model
-        self.lookup = NgramDrafter(min_ngram=HybridDrafter.MIN_MATCH)
         self.catch_up_seconds, self.catch_up_tokens = 0.0, 0
 
     @property
@@ -170,10 +206,10 @@ class BatchedHybridDrafter:
 
     def lag(self, slot: int, tokens: list[int]) -> int:
         """What the draft model must catch up on first; nothing when the lookup drafts for this sequence."""
-        return 0 if self.lookup.lookup(tokens, 1) else self.model.lag(slot, tokens)
+        return 0 if self._lookup(tokens, 1) else self.model.lag(slot, tokens)
 
     def propose(self, jobs: list[DraftJob]) -> list[Proposal]:
-        found = [self.lookup.lookup(job.tokens, job.k) for job in jobs]
+        found = [self._lookup(job.tokens, job.k) for job in jobs]
         rest = [job for job, tokens in zip(jobs, found, strict=True) if not tokens]
         modelled = iter(self.model.propose(rest) if rest else [])
         self.catch_up_seconds, self.catch_up_tokens = (
@@ -182,3 +218,6 @@ class BatchedHybridDrafter:
         return [
             Proposal(torch.tensor(tokens, dtype=torch.long), None) if tokens else next(modelled) for tokens in found
         ]
+
+    def _lookup(self, tokens: list[int], k: int) -> list[int]:
+        return ngram_lookup(tokens, k, min_ngram=self.MIN_MATCH)

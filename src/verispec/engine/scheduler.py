@@ -1,18 +1,18 @@
-"""Continuous batching with speculation: one loop, in one thread, serves every running request.
-
-Each step follows the single-sequence loop of `generator.py`, for all running sequences at once:
+"""The engine: one loop of speculative decoding with continuous batching. `verispec serve` runs it in a
+thread of its own for every request; `generate` and `bench` (SpeculativeGenerator) run its steps in the
+calling thread for a batch of one. Each step, for all running sequences at once:
 
     admit waiting requests into free slots
     drop cancelled requests (their slots are free from this step on)
     prefill one chunk of one admitted prompt (the draft catches up when it drafts)
     decide how many tokens this step drafts (policy.DraftPolicy: k = 0..k_max, what pays at this batch size)
-    draft k tokens for every sequence that may draft         BatchedDrafter.propose, one draft pass per position
+    draft k tokens for every sequence that may draft         proposers.py: one draft pass per position
     run the target ONCE over [pending, d1..dk] for all rows  padded_forward, rows right-padded
     per sequence: accept by acceptance.verify_*, roll its cache back to the accepted length
     emit the accepted tokens one by one through its StopChecker; finished sequences leave
 
 Requests join and leave between steps. A row's result does not depend on the other rows (see
-batching.py), so a greedy request gets the same text whatever else runs beside it.
+proposers.py), so a greedy request gets the same text whatever else runs beside it.
 """
 
 from __future__ import annotations
@@ -27,24 +27,23 @@ import torch
 
 from ..acceptance import verify_greedy, verify_sampled
 from ..draft_head import draft_ids
-from ..drafters import Proposal
 from ..errors import InvalidParameterError, PromptTooLongError, VerispecError
-from ..generator import GenerationOutput
 from ..loading import LoadedModel
 from ..sampling import probs_from_logits
 from ..stats import GenerationStats
 from ..stopping import StopChecker
-from .batching import (
+from .metrics import Metrics
+from .policy import POLICIES, DraftPolicy
+from .proposers import (
     CATCH_UP_WIDTH,
     BatchedDrafter,
     BatchedHybridDrafter,
     BatchedNgramDrafter,
     DraftJob,
+    Proposal,
     padded_forward,
 )
-from .events import EngineRequest, ErrorEvent, FinishEvent, TokenEvent
-from .metrics import Metrics
-from .policy import POLICIES, DraftPolicy
+from .requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput, TokenEvent
 
 log = logging.getLogger("verispec.server")
 
@@ -57,7 +56,7 @@ class SchedulerStoppedError(VerispecError):
     """The scheduler no longer accepts requests (shutting down)."""
 
 
-SERVER_METHODS = ("draft", "ngram", "hybrid")  # the batched drafters (batching.py)
+METHODS = ("draft", "ngram", "hybrid")  # the proposers (proposers.py)
 
 
 @dataclass
@@ -80,9 +79,9 @@ class SchedulerConfig:
             raise InvalidParameterError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
         if self.num_speculative_tokens < 1:
             raise InvalidParameterError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
-        if self.speculative_method not in SERVER_METHODS:
+        if self.speculative_method not in METHODS:
             raise InvalidParameterError(
-                f"the server drafts with: {', '.join(SERVER_METHODS)} (not '{self.speculative_method}')"
+                f"the engine drafts with: {', '.join(METHODS)} (not '{self.speculative_method}')"
             )
         if self.draft_policy not in POLICIES:
             raise InvalidParameterError(f"draft_policy must be one of {', '.join(POLICIES)}, got {self.draft_policy!r}")

@@ -1,0 +1,54 @@
+"""What a request hands the engine, and what the engine sends back: one event per streamed piece of text,
+then the finished output (or an error)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..sampling import SamplingParams
+from ..stats import GenerationStats
+
+
+@dataclass
+class GenerationOutput:
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "stop" (EOS or a stop string) or "length" (max_tokens or the context is full)
+    stats: GenerationStats
+    prompt_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class TokenEvent:
+    text: str  # newly safe text, possibly empty (held back for a possible stop string)
+    token_id: int | None  # None for the final flush after a stop token
+
+
+@dataclass
+class FinishEvent:
+    output: GenerationOutput
+    queue_seconds: float  # time from arrival to admission into a slot
+
+
+@dataclass
+class ErrorEvent:
+    message: str
+
+
+Event = TokenEvent | FinishEvent | ErrorEvent
+
+
+@dataclass
+class EngineRequest:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_tokens: int
+    sink: Callable[[Event], None]
+    stop: list[str] = field(default_factory=list)
+    speculative: bool = True
+    ignore_eos: bool = False  # end tokens are ordinary tokens (benchmarks: every request generates max_tokens)
+    arrival: float = field(default_factory=time.perf_counter)
+    cancelled: bool = False
