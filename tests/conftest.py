@@ -15,3 +15,21 @@ def _one_thread_for_small_models(request):
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """This process computes with one thread for a whole module: a server process beside it, or tiny models,
+    need no more."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def tiny(one_thread) -> tuple:
+    """The tiny random target and draft (verispec.testing), fresh for each test."""
+    from verispec.testing import tiny_pair
+
+    return tiny_pair()

@@ -197,6 +197,10 @@ def test_datasets_humaneval_and_jsonl(prompts_file):
     assert [r.is_chat for r in requests] == [False, True, True, False]
     assert requests[2].prompt == [{"role": "user", "content": "What is 2 + 2?"}]
     assert all(r.is_chat for r in load_requests(str(prompts_file), chat=True))
+    long = load_requests("humaneval-long")
+    assert len(long) == 164 - 8 and long[0].id == "HumanEval/8-long"
+    assert long[0].prompt.endswith(humaneval[8].prompt) and humaneval[7].prompt in long[0].prompt
+    assert all(len(r.prompt) > 2500 for r in long)  # 800-2,700 tokens of the bundled tokenizer
 
 
 def test_reported_command_repeats_the_run():
@@ -331,7 +335,7 @@ def test_ignore_eos_generates_max_tokens_through_end_of_sequence(prompts_file):
 def test_llamacpp_native_programs_run_beside_ours(tmp_path):
     """Skipped unless llama.cpp's programs are built (docs/bench.md)."""
     from verispec.bench.llamacpp_native import binaries
-    from verispec.bench.peers import PeerUnavailableError
+    from verispec.bench.peer_tools import PeerUnavailableError
 
     from real_models import require_bundled
 

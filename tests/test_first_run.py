@@ -36,7 +36,7 @@ def test_a_command_whose_package_is_missing_at_run_time_says_what_to_install(mon
 def test_a_subcommand_module_that_cannot_import_still_gets_its_command(monkeypatch, tmp_path, capsys):
     (tmp_path / "verispec_fake_ext.py").write_text("import verispec_not_installed_package\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(cli._EXTENSIONS, "verispec_fake_ext", ("fake", "fake-extra"))
+    monkeypatch.setitem(cli._EXTENSIONS, "verispec_fake_ext", (("fake",), "fake-extra"))
     monkeypatch.setattr(cli, "COMMANDS", dict(cli.COMMANDS))
     assert cli.main(["fake", "--any", "flags"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

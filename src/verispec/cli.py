@@ -1,4 +1,5 @@
-"""Command line: `verispec generate`, plus subcommands that register themselves in COMMANDS.
+"""Command line: `verispec generate`, plus the subcommands of other layers (bench, serve), each module of
+which offers its own COMMANDS table.
 
 Every user mistake ends as one line `verispec: error: ...` and exit status 2; no tracebacks.
 """
@@ -6,68 +7,23 @@ Every user mistake ends as one line `verispec: error: ...` and exit status 2; no
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import time
 from collections.abc import Callable
 
+from .arguments import (
+    add_draft_vocab_argument,
+    add_model_arguments,
+    add_sampling_arguments,
+    validate_sampling_arguments,
+)
 from .errors import InvalidParameterError, VerispecError
-from .generator import DEFAULT_DRAFT_VOCAB, SPECULATIVE_METHODS
-from .quantize import QUANTIZATIONS, resolve_quantization
+from .quantize import resolve_quantization
 
-# name -> (add_arguments, run); run(args) returns an exit status. Other modules may extend this.
-COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
-
-
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags shared by every command that loads models (vLLM's names)."""
-    parser.add_argument("--model", default="target", help="target: bundled 'target', a .gguf file or a HF folder")
-    parser.add_argument(
-        "--speculative-model", default="draft", help="draft model: bundled 'draft', a .gguf, a HF folder, or 'none'"
-    )
-    parser.add_argument(
-        "--num-speculative-tokens",
-        type=int,
-        default=3,
-        help="tokens drafted per target pass (k; the most, with adaptive k)",
-    )
-    parser.add_argument(
-        "--speculative-method",
-        default="draft",
-        choices=SPECULATIVE_METHODS,
-        help="draft: the --speculative-model drafts; ngram: prompt lookup in the context (no draft model); "
-        "hybrid: prompt lookup where the context repeats itself, the draft model elsewhere",
-    )
-    parser.add_argument(
-        "--dtype",
-        default=None,
-        choices=["float32", "bfloat16", "float16"],
-        help="weights and activations when not quantized (default float32; naming one turns auto quantization off)",
-    )
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
-    parser.add_argument(
-        "--quantization",
-        default="auto",
-        choices=("auto", *QUANTIZATIONS),
-        help="target weights: none (--dtype), int4 (4-bit GGUF tensors exact, int8 for the rest), int4-all, int8; "
-        "auto (default): int4 on the CPU unless --dtype is given, none on a GPU",
-    )
-    parser.add_argument(
-        "--speculative-quantization",
-        default=None,
-        choices=QUANTIZATIONS,
-        help="draft weights (default: int4-all for an int4 target, else as the target)",
-    )
-    parser.add_argument("--max-model-len", type=int, default=4096, help="context length (tokens) to allocate")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: all cores)")
-
-
-def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0, help="0 = off")
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+# name -> (add_arguments, run); run(args) returns an exit status
+Command = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
+COMMANDS: dict[str, Command] = {}
 
 
 def build_generator(args: argparse.Namespace, with_draft: bool = True):
@@ -114,28 +70,6 @@ def _generate_arguments(parser: argparse.ArgumentParser) -> None:
         help="choose 0..--num-speculative-tokens drafts per round from measured costs (default on)",
     )
     parser.set_defaults(speculative_method="hybrid")
-
-
-def add_draft_vocab_argument(parser: argparse.ArgumentParser) -> None:
-    """--draft-vocab, for every command that drafts with a model (generate, bench, serve, bench-serve)."""
-    parser.add_argument(
-        "--draft-vocab",
-        type=int,
-        default=DEFAULT_DRAFT_VOCAB,
-        help=f"the draft proposes only among the first N token ids and the stop tokens (default {DEFAULT_DRAFT_VOCAB}; "
-        "0 = all)",
-    )
-
-
-def validate_sampling_arguments(args: argparse.Namespace) -> None:
-    """Fail on bad sampling flags before spending seconds on loading models."""
-    from .sampling import SamplingParams
-
-    SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
-    if args.max_tokens < 1:
-        raise InvalidParameterError(f"max_tokens must be >= 1, got {args.max_tokens}")
-    if args.num_speculative_tokens < 1:
-        raise InvalidParameterError(f"num_speculative_tokens must be >= 1, got {args.num_speculative_tokens}")
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -186,22 +120,27 @@ def _stream_to_stdout(generator, request, options):
 COMMANDS["generate"] = (_generate_arguments, _generate)
 
 
-# subcommands registered by other modules, and the extra that installs what they import
-_EXTENSIONS = {"verispec.bench.cli": ("bench", "bench"), "verispec.server.cli": ("serve", "serve")}
+# the modules offering more commands (each a COMMANDS table), their commands, and the extra that installs
+# what they import
+_EXTENSIONS = {
+    "verispec.bench.cli": (("bench",), "bench"),
+    "verispec.server.cli": (("serve", "bench-serve"), "serve"),
+}
 
 
 def _load_extensions() -> None:
-    """Import the subcommand modules; one whose third-party imports are missing still gets its command,
-    which then says in one line what to install."""
-    for module, (command, extra) in _EXTENSIONS.items():
+    """Import the subcommand modules; one whose third-party imports are missing still gets its commands,
+    which then say in one line what to install."""
+    for module, (commands, extra) in _EXTENSIONS.items():
         try:
-            __import__(module)
+            COMMANDS.update(importlib.import_module(module).COMMANDS)
         except ModuleNotFoundError as exc:
             if exc.name is None or exc.name.split(".")[0] == "verispec":
                 raise
-            if command not in COMMANDS:
-                COMMANDS[command] = _missing_package_command(command, exc.name, extra)
-                _STUBS.add(command)
+            for command in commands:
+                if command not in COMMANDS:
+                    COMMANDS[command] = _missing_package_command(command, exc.name, extra)
+                    _STUBS.add(command)
 
 
 _STUBS: set[str] = set()  # commands that only report a missing package (they accept any arguments)

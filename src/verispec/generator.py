@@ -16,7 +16,7 @@ import torch
 
 from .engine.requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput, TokenEvent
 from .engine.scheduler import METHODS, Scheduler, SchedulerConfig
-from .errors import InvalidParameterError, PromptTooLongError, VerispecError
+from .errors import InvalidParameterError, VerispecError
 from .loading import LoadedModel, load_pair
 from .sampling import SamplingParams
 
@@ -133,14 +133,7 @@ class SpeculativeGenerator:
             ids = list(prompt)
         else:
             raise InvalidParameterError("prompt must be a non-empty string, token id list, or list of messages")
-        if not ids:
-            raise InvalidParameterError("prompt encodes to no tokens")
-        if len(ids) + 1 > self.max_seq_len:
-            raise PromptTooLongError(
-                f"prompt has {len(ids)} tokens; the context holds {self.max_seq_len} (prompt + at least 1 new)"
-            )
-        if any(not 0 <= t < self.engine.vocab_size for t in ids):
-            raise InvalidParameterError(f"prompt token ids must be in [0, {self.engine.vocab_size})")
+        self.engine.check_prompt(ids)
         return ids
 
     # ---- driving the engine -----------------------------------------------------------------------

@@ -23,7 +23,7 @@ from .config import ModelConfig
 from .converted import converted_folder, writing
 from .errors import InvalidParameterError, ModelLoadError
 from .model import Transformer
-from .quantize import ACTIVATION_DTYPE, QUANTIZATIONS, default_draft_quantization
+from .quantize import ACTIVATION_DTYPE, QUANTIZATIONS, default_draft_quantization, use_quantized_linears
 from .tokenizer import Tokenizer
 from .weights import assemble_state_dict, state_dict_parts
 
@@ -105,7 +105,7 @@ def load_model(
     with torch.device("meta"):
         model = Transformer(config)
         if quantization != "none":
-            model.use_quantized_linears(state)
+            use_quantized_linears(model, state)
     model.load_state_dict(state, assign=True, strict=True)
     return LoadedModel(text, path, model.to(torch_device).eval(), tokenizer)
 

@@ -13,7 +13,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
-from .quantize import QuantizedLinear
 
 # `fused_blocks` takes a long pass (a prefill) in calls of at most this many rows, bounding its scratch memory
 FUSED_CHUNK_ROWS = 256
@@ -161,24 +160,6 @@ class Transformer(nn.Module):
         # Called as fused_blocks(x [rows, hidden], cache, cos, sin, slot per row, position per row), in place;
         # it runs every pass of the model, batch-invariant (each row's result depends on that row alone).
         self.fused_blocks = None
-
-    def use_quantized_linears(self, state: dict[str, torch.Tensor]) -> None:
-        """Swap each nn.Linear that `state` holds quantized for a QuantizedLinear, and make attention
-        batch-invariant, so that greedy speculative decoding stays token-identical in this format."""
-
-        def quantized(name: str, in_features: int, out_features: int) -> QuantizedLinear:
-            bits = 8 if state[f"{name}.qweight"].dtype == torch.int8 else 4
-            return QuantizedLinear(in_features, out_features, bits, bias=f"{name}.bias" in state)
-
-        for name, module in list(self.named_modules()):
-            if isinstance(module, nn.Linear) and f"{name}.qweight" in state:
-                parent, _, attr = name.rpartition(".")
-                owner = self.get_submodule(parent) if parent else self
-                setattr(owner, attr, quantized(name, module.in_features, module.out_features))
-        if self.lm_head is None and "lm_head.qweight" in state:  # tied embeddings: a quantized copy
-            self.lm_head = quantized("lm_head", self.config.hidden_size, self.config.vocab_size)
-        for block in self.layers:
-            block.attn.batch_invariant = True
 
     @property
     def dtype(self) -> torch.dtype:

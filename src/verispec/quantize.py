@@ -24,6 +24,8 @@ from gguf import GGMLQuantizationType
 from gguf.quants import Q4_K
 from torch import nn
 
+from .model import Transformer
+
 GROUP = 32
 # gguf: the GGUF file's own blocks on verispec's native kernels (kernels/); the others PyTorch's kernels
 QUANTIZATIONS = ("none", "int8", "int4", "int4-all", "gguf")
@@ -255,8 +257,6 @@ def _pack_int8(w: torch.Tensor) -> dict[str, torch.Tensor]:
 
 def quantize_model(model, mode: str):
     """A quantized copy of an in-memory float Transformer (every linear, and a tied head, quantized)."""
-    from .model import Transformer
-
     state: dict[str, torch.Tensor] = {}
     for name, tensor in model.state_dict().items():
         owner, _, field = name.rpartition(".")
@@ -268,6 +268,25 @@ def quantize_model(model, mode: str):
         state |= {f"lm_head.{key}": value for key, value in quantized_entries([model.embed.weight], mode).items()}
     with torch.device("meta"):
         quantized = Transformer(model.config)
-        quantized.use_quantized_linears(state)
+        use_quantized_linears(quantized, state)
     quantized.load_state_dict(state, assign=True, strict=True)
     return quantized.eval()
+
+
+def use_quantized_linears(model: Transformer, state: dict[str, torch.Tensor]) -> None:
+    """Swap each nn.Linear of `model` that `state` holds quantized for a QuantizedLinear, and make attention
+    batch-invariant, so that greedy speculative decoding stays token-identical in this format."""
+
+    def quantized(name: str, in_features: int, out_features: int) -> QuantizedLinear:
+        bits = 8 if state[f"{name}.qweight"].dtype == torch.int8 else 4
+        return QuantizedLinear(in_features, out_features, bits, bias=f"{name}.bias" in state)
+
+    for name, module in list(model.named_modules()):
+        if isinstance(module, nn.Linear) and f"{name}.qweight" in state:
+            parent, _, attr = name.rpartition(".")
+            owner = model.get_submodule(parent) if parent else model
+            setattr(owner, attr, quantized(name, module.in_features, module.out_features))
+    if model.lm_head is None and "lm_head.qweight" in state:  # tied embeddings: a quantized copy
+        model.lm_head = quantized("lm_head", model.config.hidden_size, model.config.vocab_size)
+    for block in model.layers:
+        block.attn.batch_invariant = True

@@ -8,7 +8,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from ..cli import COMMANDS, add_draft_vocab_argument, add_model_arguments, add_sampling_arguments
+from ..arguments import add_draft_vocab_argument, add_model_arguments, add_sampling_arguments
 from .config import QUICK, BenchConfig, as_command, parse_ks, parse_list
 
 DEFAULT_ROOT = Path("bench-results")
@@ -20,7 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_sampling_arguments(parser)
     add_draft_vocab_argument(parser)
     parser.set_defaults(num_speculative_tokens=None, max_tokens=None)  # None: bench or --quick default
-    parser.add_argument("--dataset", default="humaneval", help="humaneval, or a .jsonl file (prompt/messages/turns)")
+    parser.add_argument(
+        "--dataset", default="humaneval", help="humaneval, humaneval-long (800-2,700-token prompts), or a .jsonl file"
+    )
     parser.add_argument("--num-prompts", type=int, default=None, help="prompts to run (default 10; --quick 2)")
     parser.add_argument(
         "--methods",
@@ -105,4 +107,4 @@ def _timestamped_folder(root: Path) -> Path:
     return folder
 
 
-COMMANDS["bench"] = (add_arguments, run)
+COMMANDS = {"bench": (add_arguments, run)}

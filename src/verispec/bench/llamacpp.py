@@ -22,7 +22,7 @@ from .. import bundled
 from ..errors import ModelLoadError
 from .config import BenchConfig
 from .methods import Outcome
-from .peers import PeerUnavailableError, cut_at_stop, installed
+from .peer_tools import PeerUnavailableError, cut_at_stop, installed
 
 DRAFT_TOKENS = 4
 INSTALL_HINT = (

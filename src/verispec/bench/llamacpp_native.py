@@ -29,7 +29,7 @@ from ..tokenizer import Tokenizer
 from .config import BenchConfig
 from .llamacpp import gguf_file
 from .methods import Outcome
-from .peers import PeerUnavailableError
+from .peer_tools import PeerUnavailableError
 
 PROGRAMS = ("llama-completion", "llama-speculative-simple", "llama-bench")
 SPEC_TYPES = ("draft-simple", "ngram-simple", "ngram-mod")

@@ -26,9 +26,10 @@ from ..quantize import QuantizedLinear, default_draft_quantization
 from .config import PEER_FAMILIES, BenchConfig, as_command
 from .costs import Costs, measure_costs
 from .datasets import Request, load_requests
+from .hf import HFLoader, build_hf_peers, hf_loader
 from .memory import PeakMemory
 from .methods import Outcome, build_methods
-from .peers import HFLoader, build_hf_peers, check_available, hf_loader
+from .peers import check_available
 
 
 class Contender(Protocol):

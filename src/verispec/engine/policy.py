@@ -1,54 +1,37 @@
-"""How many tokens each scheduler step drafts (k = 0: plain decoding), chosen from costs measured online.
+"""How many tokens each engine step drafts (k = 0: plain decoding), chosen from costs measured online.
 
 A step over B running sequences that drafts k tokens for the S of them that may draft yields
 
     sum_i E(a_i, k_i) + (B - S) tokens   in   draft(S, k) + verify(B, k) seconds
 
-(k = 0, plain decoding: B tokens in verify(B, 0) seconds), where E(a, k) = (1 - a^(k+1)) / (1 - a) is the
-expected yield of a round (Leviathan et al. 2023), a_i sequence i's acceptance rate so far (a new sequence
-starts from the server-wide rate), k_i = min(k, what sequence i may still draft), draft(S, k) the time to
-draft k tokens for S sequences and verify(B, k) one target pass over B rows of k+1 tokens. The step runs
-the k with the most tokens per second; a k > 0 must beat plain decoding by `margin` (10%). Resuming drafting
-after plain steps first costs the draft's catch-up on the tokens it skipped: that price is spread over the
-tokens the drafting sequences may still generate, so a sequence near its end does not resume.
+(k = 0: B tokens in verify(B, 0) seconds), where E(a, k) = (1 - a^(k+1)) / (1 - a) is the expected yield of
+a round (Leviathan et al. 2023), a_i sequence i's acceptance rate so far (a new sequence starts from the
+engine-wide rate, weighted as `prior_weight` drafts), k_i = min(k, what sequence i may still draft),
+draft(S, k) the time to draft k tokens for S sequences and verify(B, k) one target pass over B rows of k+1
+tokens. Rules:
 
-Why a k and not just on/off: on a CPU a quantized matmul works on blocks of 4 rows, so a pass over 5-8
-tokens costs about twice one over 1-4 (docs/speed.md). One sequence verifies k = 3 in one block; two
-sequences verify k = 1 in one block (2 rows of 2 tokens) but need two for k = 3. On a GPU verify(B, k)
-stays near verify(B, 0) until B(k+1) tokens fill the chip. The rule finds either from its measurements.
+- The step runs the k with the most tokens per second; a k > 0 must beat plain decoding by `margin`.
+- Resuming drafting first costs the draft's catch-up on the tokens it skipped (BatchedDrafter.lag, priced
+  at the measured seconds per caught-up token and kept out of draft(S, k)); that price is spread over the
+  tokens the drafting sequences may still generate, so a sequence near its end does not resume.
+- A k is chosen per batch size, not just on or off: whether k+1 rows cost one block of a CPU matmul or
+  more, or fill a GPU, the measurements show.
+- Times are kept at the machine's reference speed. Each step's time over its cell's gives the machine's
+  current slowdown; a step's sample counts only if at least `paired_steps` of the last 5 steps were of
+  other cells, and is stored divided by their median slowdown; the chosen cell's own steps only track
+  the slowdown. A cell's time is the median of its last 9 samples, the smaller of the first two until
+  there are 3 (one step slowed by other load, which only ever slows, must not flip a decision).
+- A new batch size starts with plain steps (the baseline). A k not yet measured twice there is tried only
+  beside enough other steps for its samples to be paired, and only if a guess of its rate beats plain's by
+  the margin: its cost guessed as the larger of what measured steps that do no more work cost and plain's
+  cost here times the (draft + verify) / plain ratio measured at the nearest smaller batch size.
+- Every `probe_every`-th step at a batch size runs a neighbour of the chosen k (k - 1 and k + 1 in turn),
+  so the numbers follow the machine; the interval doubles (up to `max_probe_interval`) while the choice
+  holds and drops back when it changes, and probes are spaced so that their measured cost (time lost at
+  the lower rate, plus the catch-up they cause) stays under `probe_budget` of the throughput.
+- While a prompt prefills or waits for a slot (a burst starts), nothing drafts.
 
-Times are kept at the machine's reference speed, and a cell's time moves only by samples taken beside
-other cells' steps. A shared machine slows every step by up to 2x for seconds at a time, and contexts grow
-step by step; the chosen cell is measured at every step, the others only when probed, so raw times would
-compare different moments (a plain step time taken in a slow spell once kept two sequences drafting for 60
-steps where drafting costs what plain decoding does). Each step's time over its cell's gives the machine's
-current slowdown. A step's sample counts only if at least 3 of the last 5 steps were of other cells, and is
-stored divided by their median slowdown: a probe (or the first steps after the choice changes) is measured
-against the steps just before it, and only costs measured relative to one another remain. The chosen cell's
-own steps only track the slowdown: when they also moved its time, a machine slowing step by step dragged
-plain's time along (12 steps to 1.55x flipped two sequences to drafting), and when one step of another cell
-sufficed, one probe slowed by other load moved the chosen cell through the 4 steps after it. A cell's time
-is the median of its last 9 samples, the smaller of the first two until there are 3 (one step slowed by
-other load must not flip a decision).
-
-Drafting must beat plain decoding by `margin` (10%): at two sequences on a CPU, drafting 1 token was
-estimated 6-9% faster and measured level with plain decoding in bench-serve's pairs of runs.
-
-A new batch size starts with plain steps, the baseline. A k not yet measured twice there is tried only beside
-enough other steps for its samples to be paired (at a server's first steps, unpaired first samples of k = 3
-kept one sequence from drafting for its first two runs in bench-serve), and only if
-a guess of its rate beats plain's by the margin: its cost guessed as the larger of (a) a lower bound, what
-measured steps that do no more work cost (verify: no more sequences and no more tokens in the pass,
-whatever their k; draft: no more sequences, no larger k), and (b) plain's cost here times the (draft +
-verify) / plain ratio measured at the nearest smaller batch size, with the draft's catch-up spread as
-above. (Without (b), every new batch size on a CPU tried every k at 2-6x a plain step's cost.) After that,
-every `probe_every`-th step at a batch size runs a neighbour of the chosen k (k - 1 and k + 1 in turn), so
-the numbers follow the machine and a decision can move. The interval doubles (up to `max_probe_interval`)
-while the choice holds and drops back when it changes, and probes are spaced so that their measured cost
-(time lost at the lower rate, plus the draft catching up on the tokens it skipped while drafting was
-suspended) stays under `probe_budget` of the throughput. The catch-up is priced at the draft's measured
-seconds per caught-up token times the tokens it lacks beyond what rides in the batched draft pass
-(BatchedDrafter.lag), and kept out of draft(S, k), the steady-state cost.
+Why each rule is there (the runs that showed it): docs/server.md, "Why the policy's rules are what they are".
 """
 
 from __future__ import annotations
@@ -108,6 +91,10 @@ class DraftPolicy:
     accepted: float = 3.0  # server-wide decayed counts of accepted drafts and of rejections (prior: a = 0.6)
     rejected: float = 2.0
     catch_up: _StepTime = field(default_factory=_StepTime)  # draft seconds per caught-up token
+    prefill: _StepTime = field(default_factory=_StepTime)  # target seconds per prefilled prompt token
+    # until the draft has caught up once, a caught-up token is priced at this share of a prefilled one: a draft
+    # costing more than half its target rarely pays, so the guess errs on the side of not drafting
+    draft_share_guess: float = 0.5
     # the last steps: ((batch, k), their time over their cell's), the machine's current slowdown
     recent: deque[tuple[tuple[int, int], float]] = field(default_factory=lambda: deque(maxlen=5))
     paired_steps: int = 3  # a sample counts if at least this many of the last 5 steps were of other cells
@@ -159,11 +146,10 @@ class DraftPolicy:
     ) -> dict[int, float]:
         """Drafting rates with the draft's catch-up spread over the tokens still to come: resuming drafting
         near the end of a long sequence costs more than it can win back."""
-        if not lag_tokens or not remaining_tokens or not self.catch_up.samples:
+        price = self._catch_up_token_price()
+        if not lag_tokens or not remaining_tokens or not price:
             return rates
-        # the cheapest seconds per token measured: the marginal cost of a long catch-up (a short one also
-        # carries the fixed cost of a draft pass, which would price a new prompt's catch-up out of reach)
-        per_token = lag_tokens * min(self.catch_up.samples) / remaining_tokens
+        per_token = lag_tokens * price / remaining_tokens
         return {k: 1 / (1 / rate + per_token) if k else rate for k, rate in rates.items()}
 
     def seconds(self, batch: int, drafting: int, k: int) -> float | None:
@@ -225,7 +211,20 @@ class DraftPolicy:
         return other
 
     def _catch_up_price(self, lag_tokens: int) -> float:
-        return lag_tokens * self.catch_up.value if self.catch_up.samples else 0.0
+        return lag_tokens * self._catch_up_token_price()
+
+    def _catch_up_token_price(self) -> float:
+        """Seconds per caught-up token: the cheapest measured (the marginal cost of a long catch-up; a short one
+        also carries the fixed cost of a draft pass, which would price a new prompt's catch-up out of reach), or
+        before any, `draft_share_guess` of a prefilled token (0 while neither is measured)."""
+        if self.catch_up.samples:
+            return min(self.catch_up.samples)
+        return self.draft_share_guess * min(self.prefill.samples) if self.prefill.samples else 0.0
+
+    def record_prefill(self, seconds: float, tokens: int) -> None:
+        """A prompt chunk the target prefilled (the guess of a catch-up's price until one is measured)."""
+        if tokens:
+            self.prefill.add(seconds / tokens / self.slowdown)
 
     @property
     def slowdown(self) -> float:

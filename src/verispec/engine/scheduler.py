@@ -161,6 +161,19 @@ class Scheduler:
         draft_cache = getattr(self.drafter, "cache", None)  # the n-gram drafter has none
         return self.cache.nbytes(), draft_cache.nbytes() if draft_cache is not None else 0
 
+    def check_prompt(self, prompt_ids: list[int]) -> None:
+        """A prompt both models can read that leaves room for a new token; raises InvalidParameterError or
+        PromptTooLongError (the one check of `generate` and `serve`)."""
+        if not prompt_ids:
+            raise InvalidParameterError("the prompt encodes to no tokens")
+        if any(not 0 <= t < self.vocab_size for t in prompt_ids):
+            raise InvalidParameterError(f"prompt token ids must be in [0, {self.vocab_size})")
+        if len(prompt_ids) >= self.max_model_len:
+            raise PromptTooLongError(
+                f"the prompt has {len(prompt_ids)} tokens; the context holds {self.max_model_len} "
+                "(prompt + at least 1 new token)"
+            )
+
     def submit(self, request: EngineRequest) -> None:
         if request.max_tokens < 1:
             raise InvalidParameterError(f"max_tokens must be >= 1, got {request.max_tokens}")
@@ -331,7 +344,9 @@ class Scheduler:
         ids = torch.tensor([chunk], dtype=torch.long, device=self.target.model.device)
         self.target.model(ids, self.cache, [seq.slot], num_logits=1, invariant=False)
         seq.prefilled = end
-        seq.stats.time_prefill += time.perf_counter() - begin
+        seconds = time.perf_counter() - begin
+        seq.stats.time_prefill += seconds
+        self.policy.record_prefill(seconds, len(chunk))
 
     def _drop_cancelled(self) -> None:
         for seq in [s for s in self.running.values() if s.request.cancelled]:

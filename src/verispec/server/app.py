@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine.requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput
 from ..engine.scheduler import QueueFullError, Scheduler, SchedulerStoppedError
-from ..errors import InvalidParameterError, ModelLoadError
+from ..errors import InvalidParameterError, ModelLoadError, PromptTooLongError
 from ..sampling import SamplingParams
 from .events import AsyncSink
 from .protocol import ApiError, ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, new_id
@@ -257,12 +257,7 @@ def _encode_completion_prompt(state: ServerState, body: CompletionRequest) -> li
         prompt = prompt[0]
     if not prompt:
         raise ApiError(400, "prompt is empty", param="prompt", code="invalid_value")
-    if isinstance(prompt, str):
-        return state.scheduler.tokenizer.encode(prompt)
-    vocab = state.scheduler.vocab_size
-    if not all(0 <= t < vocab for t in prompt):
-        raise ApiError(400, f"prompt token ids must be in [0, {vocab})", param="prompt", code="invalid_value")
-    return list(prompt)
+    return state.scheduler.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
 
 
 def _encode_chat(state: ServerState, body: ChatCompletionRequest) -> list[int]:
@@ -326,11 +321,12 @@ def _max_tokens(
     """The request's max_tokens (default when absent); 400 when prompt + max_tokens overflow the context."""
     context = state.scheduler.max_model_len
     max_tokens = requested or max(1, min(default_max, context - len(prompt_ids)))
-    if not prompt_ids:
-        raise ApiError(400, "the prompt encodes to no tokens", param=prompt_param, code="invalid_value")
-    if len(prompt_ids) >= context:  # the prompt alone leaves no room: it is the prompt's fault, whatever max_tokens
-        message = f"the prompt has {len(prompt_ids)} tokens; this model's context holds {context} (prompt + new tokens)"
-        raise ApiError(400, message, param=prompt_param, code="context_length_exceeded")
+    try:  # the prompt alone leaves no room: it is the prompt's fault, whatever max_tokens
+        state.scheduler.check_prompt(prompt_ids)
+    except PromptTooLongError as exc:
+        raise ApiError(400, str(exc), param=prompt_param, code="context_length_exceeded") from None
+    except InvalidParameterError as exc:
+        raise ApiError(400, str(exc), param=prompt_param, code="invalid_value") from None
     if len(prompt_ids) + max_tokens > context:
         message = (
             f"this model's maximum context length is {context} tokens; the request needs "

@@ -1,4 +1,4 @@
-"""`verispec serve` and `verispec bench-serve`, registered in verispec.cli.COMMANDS."""
+"""`verispec serve` and `verispec bench-serve` (the client, bench/serve.py), offered to verispec.cli."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import signal
 from pathlib import Path
 
 from .. import bundled
-from ..cli import COMMANDS, add_draft_vocab_argument, add_model_arguments
+from ..arguments import add_draft_vocab_argument, add_model_arguments
 from ..engine.policy import POLICIES
 from ..errors import VerispecError
 from ..loading import LoadedModel
@@ -154,16 +154,15 @@ def model_id(source: str) -> str:
 
 
 def _bench_arguments(parser: argparse.ArgumentParser) -> None:
-    from .bench import add_bench_arguments
+    from ..bench.serve import add_bench_arguments
 
     add_bench_arguments(parser)
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .bench import run_bench
+    from ..bench.serve import run_bench
 
     return run_bench(args)
 
 
-COMMANDS["serve"] = (_serve_arguments, _serve)
-COMMANDS["bench-serve"] = (_bench_arguments, _bench)
+COMMANDS = {"serve": (_serve_arguments, _serve), "bench-serve": (_bench_arguments, _bench)}

@@ -30,7 +30,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-from ..cli import add_draft_vocab_argument, add_model_arguments
+from ..arguments import add_draft_vocab_argument, add_model_arguments
 from ..engine.policy import POLICIES
 from ..errors import VerispecError
 

@@ -1,0 +1,83 @@
+"""Command-line flags shared by `generate`, `bench`, `serve` and `bench-serve` (vLLM's names where vLLM has one)."""
+
+from __future__ import annotations
+
+import argparse
+
+from .errors import InvalidParameterError
+from .generator import DEFAULT_DRAFT_VOCAB, SPECULATIVE_METHODS
+from .quantize import QUANTIZATIONS
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags shared by every command that loads models (vLLM's names)."""
+    parser.add_argument("--model", default="target", help="target: bundled 'target', a .gguf file or a HF folder")
+    parser.add_argument(
+        "--speculative-model", default="draft", help="draft model: bundled 'draft', a .gguf, a HF folder, or 'none'"
+    )
+    parser.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=3,
+        help="tokens drafted per target pass (k; the most, with adaptive k)",
+    )
+    parser.add_argument(
+        "--speculative-method",
+        default="draft",
+        choices=SPECULATIVE_METHODS,
+        help="draft: the --speculative-model drafts; ngram: prompt lookup in the context (no draft model); "
+        "hybrid: prompt lookup where the context repeats itself, the draft model elsewhere",
+    )
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float32", "bfloat16", "float16"],
+        help="weights and activations when not quantized (default float32; naming one turns auto quantization off)",
+    )
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    parser.add_argument(
+        "--quantization",
+        default="auto",
+        choices=("auto", *QUANTIZATIONS),
+        help="target weights: none (--dtype), int4 (4-bit GGUF tensors exact, int8 for the rest), int4-all, int8; "
+        "auto (default): int4 on the CPU unless --dtype is given, none on a GPU",
+    )
+    parser.add_argument(
+        "--speculative-quantization",
+        default=None,
+        choices=QUANTIZATIONS,
+        help="draft weights (default: int4-all for an int4 target, else as the target)",
+    )
+    parser.add_argument("--max-model-len", type=int, default=4096, help="context length (tokens) to allocate")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: all cores)")
+
+
+def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0, help="0 = off")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+
+
+def add_draft_vocab_argument(parser: argparse.ArgumentParser) -> None:
+    """--draft-vocab, for every command that drafts with a model (generate, bench, serve, bench-serve)."""
+    parser.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=DEFAULT_DRAFT_VOCAB,
+        help=f"the draft proposes only among the first N token ids and the stop tokens (default {DEFAULT_DRAFT_VOCAB}; "
+        "0 = all)",
+    )
+
+
+def validate_sampling_arguments(args: argparse.Namespace) -> None:
+    """Fail on bad sampling flags before spending seconds on loading models."""
+    from .sampling import SamplingParams
+
+    SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    if args.max_tokens < 1:
+        raise InvalidParameterError(f"max_tokens must be >= 1, got {args.max_tokens}")
+    if args.num_speculative_tokens < 1:
+        raise InvalidParameterError(f"num_speculative_tokens must be >= 1, got {args.num_speculative_tokens}")

@@ -1,0 +1,294 @@
+"""The engine on the tiny pair, in process: padded batches, the draft's catch-up, greedy identity with every
+proposer and policy, seeded sampling equal whatever runs beside, chunked prefill, ignore_eos, context limits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from verispec import SpeculativeGenerator
+from verispec.engine.proposers import CATCH_UP_WIDTH, BatchedDrafter, DraftJob, padded_forward
+from verispec.engine.requests import EngineRequest, ErrorEvent, FinishEvent, TokenEvent
+from verispec.engine.scheduler import Scheduler, SchedulerConfig
+from verispec.errors import InvalidParameterError
+from verispec.sampling import SamplingParams
+from verispec.testing import tiny_pair
+
+from real_models import smollm2_path
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
+           "The three primary colors are", "import numpy as np\n\n# compute the mean of"]  # fmt: skip
+
+
+def test_padded_rows_do_not_change_other_rows(tiny):
+    target, _ = tiny
+    model = target.model
+    prompts = [[1, 2, 3, 4, 5], [7], [9, 8, 7, 6, 5, 4, 3, 2, 1], [42, 43]]
+    rows = [[11, 12, 13], [14], [15, 16], [17, 18, 19, 20, 21]]
+    solo_cache, batch_cache = model.new_cache(4, 64), model.new_cache(4, 64)
+    solo = []
+    for slot, (prompt, row) in enumerate(zip(prompts, rows, strict=True)):
+        model(torch.tensor([prompt]), solo_cache, [slot])
+        model(torch.tensor([prompt]), batch_cache, [slot])
+        solo.append(model(torch.tensor([row]), solo_cache, [slot])[0])
+    batched = padded_forward(model, batch_cache, rows, [0, 1, 2, 3])
+    for slot, (expect, got) in enumerate(zip(solo, batched, strict=True)):
+        torch.testing.assert_close(got, expect, atol=1e-5, rtol=1e-5)
+        assert batch_cache.lengths[slot] == len(prompts[slot]) + len(rows[slot])
+
+
+def test_draft_lag_is_what_propose_then_feeds_alone(tiny):
+    """The draft policy prices resuming drafting by `lag`: it must count what the slot really lacks, also when
+    the slot holds a longer earlier request that shares only a prefix (it once counted 1 token there)."""
+    target, draft = tiny
+    drafter = BatchedDrafter(draft.model, target.model.config.vocab_size, 1, 128, None)
+    greedy = SamplingParams()
+    old, new = list(range(1, 61)), [*range(1, 11), *range(100, 130)]
+    # a new slot, a short step on, a shorter request sharing 10 tokens, a step on, back into its own prompt
+    for tokens in (old, old + [61, 62, 63], new, new + [7], new[:12]):
+        lag = drafter.lag(0, tokens)
+        drafter.propose([DraftJob(0, tokens, 1, greedy, torch.Generator())])
+        assert lag == drafter.catch_up_tokens
+    assert drafter.lag(0, new) == len(new) - 12 - CATCH_UP_WIDTH
+    assert drafter.lag(0, old) == len(old) - 10 - CATCH_UP_WIDTH
+
+
+def _run_scheduler(
+    target,
+    draft,
+    requests: list[tuple[str, SamplingParams, bool]],
+    policy: str,
+    method: str = "draft",
+    draft_vocab: int | None = None,
+) -> list[list]:
+    config = SchedulerConfig(
+        max_num_seqs=3, max_model_len=256, draft_policy=policy, speculative_method=method, draft_vocab=draft_vocab
+    )
+    scheduler = Scheduler(target, draft, config)
+    events: list[list] = []
+    for i, (prompt, params, speculative) in enumerate(requests):
+        events.append([])
+        ids = target.tokenizer.encode(prompt)
+        scheduler.submit(EngineRequest(str(i), ids, params, 30, events[-1].append, speculative=speculative))
+    scheduler.run_until_idle(max_steps=2000)
+    return events
+
+
+POLICY_METHODS = [
+    ("always", "draft", None), ("auto", "draft", None), ("never", "draft", None), ("always", "ngram", None),
+    ("always", "draft", 100),  # a restricted draft head (draft_head.py)
+    ("always", "hybrid", None), ("auto", "hybrid", None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("policy", "method", "draft_vocab"), POLICY_METHODS)
+def test_scheduler_greedy_outputs_equal_plain_decoding(policy, method, draft_vocab, tiny):
+    target, draft = tiny
+    plain = SpeculativeGenerator(target, None, max_seq_len=256, progress=False)
+    prompts = ["hello world", "a", "The quick brown fox", "xyz" * 8, "1234", "ok"]
+    requests = [(p, SamplingParams(), i % 3 != 0) for i, p in enumerate(prompts)]
+    draft = None if method == "ngram" else draft
+    events = _run_scheduler(target, draft, requests, policy, method, draft_vocab)  # 6 requests, 3 slots: some wait
+    for prompt, request_events in zip(prompts, events, strict=True):
+        expected = plain.generate(prompt, max_tokens=30)
+        final = request_events[-1]
+        assert isinstance(final, FinishEvent)
+        assert final.output.token_ids == expected.token_ids
+        streamed = [e for e in request_events[:-1] if isinstance(e, TokenEvent)]
+        assert "".join(e.text for e in streamed) == expected.text
+        assert len([e for e in streamed if e.token_id is not None]) == len(expected.token_ids)
+    drafted = sum(e[-1].output.stats.drafted for e in events)
+    assert (drafted == 0) == (policy == "never")
+
+
+def test_scheduler_on_the_native_kernels_equals_plain_decoding(one_thread):
+    """The server's default weights on a CPU: the GGUF blocks on the native kernels. Batched verify passes
+    (rows of different lengths, some speculating, some not) give each request its plain greedy output."""
+    from verispec import load_model
+    from verispec.kernels import native
+
+    if not native.available():
+        pytest.skip("native kernels not compiled")
+    model = load_model(str(smollm2_path()), quantization="gguf", progress=False)
+    assert type(model.model.lm_head).__name__ == "NativeLinear"
+    plain = SpeculativeGenerator(model, None, max_seq_len=256, progress=False)
+    prompts = PROMPTS
+    requests = [(p, SamplingParams(), i % 3 != 2) for i, p in enumerate(prompts)]
+    events = _run_scheduler(model, model, requests, "always")
+    for prompt, request_events in zip(prompts, events, strict=True):
+        assert request_events[-1].output.token_ids == plain.generate(prompt, max_tokens=30).token_ids, prompt
+    assert sum(e[-1].output.stats.drafted for e in events) > 0
+
+
+def test_a_request_that_cannot_start_fails_alone(tiny):
+    """An error while admitting one request answers that request and frees its slot; the others go on."""
+    target, draft = tiny
+
+    class Broken(SamplingParams):
+        def make_generator(self):
+            raise RuntimeError("broken")
+
+    scheduler, events = Scheduler(target, draft, SchedulerConfig(max_num_seqs=2, max_model_len=64)), {}
+    for name, params in (("ok", SamplingParams()), ("broken", Broken())):
+        sink = lambda event, name=name: events.setdefault(name, []).append(event)  # noqa: E731
+        scheduler.submit(EngineRequest(name, target.tokenizer.encode("hello"), params, 8, sink))
+    scheduler.run_until_idle()
+    assert [type(e) for e in events["broken"]] == [ErrorEvent]
+    assert isinstance(events["ok"][-1], FinishEvent) and len(events["ok"][-1].output.token_ids) == 8
+    assert sorted(scheduler.free_slots) == [0, 1] and not scheduler.active
+
+
+def test_long_prompts_are_prefilled_in_chunks_between_decode_steps(tiny):
+    """Running requests keep decoding while a long prompt is prefilled, and chunking does not change its output."""
+    target, draft = tiny
+    long_prompt = target.tokenizer.encode("the quick brown fox jumps over the lazy dog " * 3)
+
+    def run(requests):
+        config = SchedulerConfig(max_num_seqs=2, max_model_len=256, draft_policy="always", prefill_chunk=8)
+        scheduler, order = Scheduler(target, draft, config), []
+        for name, ids in requests:
+            sink = lambda event, name=name: order.append((name, event))  # noqa: E731
+            scheduler.submit(EngineRequest(name, ids, SamplingParams(), 40, sink))
+            scheduler.step()
+        scheduler.run_until_idle()
+        return order
+
+    together = run([("short", target.tokenizer.encode("ok")), ("long", long_prompt)])
+    alone = run([("long", long_prompt)])
+    outputs = lambda order: {n: e.output.token_ids for n, e in order if isinstance(e, FinishEvent)}  # noqa: E731
+    assert outputs(together)["long"] == outputs(alone)["long"]
+    names = [name for name, event in together if isinstance(event, TokenEvent)]
+    chunks = -(-(len(long_prompt) - 1) // 8)
+    assert len(long_prompt) > 3 * 8 and names.index("long") >= chunks - 1  # "short" decoded during each chunk
+
+
+@pytest.mark.parametrize(("draft_vocab", "method"), [(None, "draft"), (100, "draft"), (None, "hybrid")])
+def test_scheduler_seeded_sampling_matches_the_single_sequence_loop(draft_vocab, method, tiny):
+    """A seeded sampled request draws the same random stream as generator.py, whatever runs beside it."""
+    target, draft = tiny
+    spec = SpeculativeGenerator(
+        target, draft, max_seq_len=256, progress=False, adaptive=False, draft_vocab=draft_vocab,
+        speculative_method=method,
+    )  # k = 4, as served  # fmt: skip
+    expected = spec.generate("hello", max_tokens=30, temperature=0.8, top_k=50, seed=3).token_ids
+    requests = [
+        ("hello", SamplingParams(0.8, top_k=50, seed=3), True),
+        ("something else", SamplingParams(1.0, seed=1), True),
+        ("greedy", SamplingParams(), False),
+    ]
+    events = _run_scheduler(target, draft, requests, "always", method, draft_vocab=draft_vocab)
+    assert events[0][-1].output.token_ids == expected
+    assert events[0][-1].output.stats.drafted > 0
+
+
+def test_hybrid_drafting_needs_a_draft_model(tiny):
+    target, _ = tiny
+    with pytest.raises(InvalidParameterError, match="needs a draft model"):
+        Scheduler(target, None, SchedulerConfig(speculative_method="hybrid"))
+
+
+def test_scheduler_does_not_draft_while_a_prompt_prefills(tiny, monkeypatch):
+    """While a prompt prefills (a chunk per step), a burst is starting: drafting for the sequences already
+    decoding would finish them before the joining ones, which does not end the burst sooner (bench-serve's
+    waves at two sequences lost ~2% to it), and would read their prompts into the draft."""
+    target, draft = tiny
+    config = SchedulerConfig(max_num_seqs=2, max_model_len=256, num_speculative_tokens=2, prefill_chunk=4)
+    scheduler = Scheduler(target, draft, config)
+    policy = scheduler.policy
+    for _ in range(3):  # one sequence: k = 2 pays (1.96 tokens in 0.012 s against 1 in 0.01 s) once caught up
+        policy.record(1, 1, 2, 0.002, 0.010, catch_up_seconds=0.05, catch_up_tokens=10)
+        policy.record(1, 0, 0, 0.0, 0.010)
+    monkeypatch.setattr(scheduler, "_record_costs", lambda *args: None)  # keep these costs
+    chosen, choose = [], policy.choose_k
+    monkeypatch.setattr(policy, "choose_k", lambda *args: chosen.append(choose(*args)) or 0)
+    first, second = [*range(1, 31)], [*range(40, 80)]  # the draft lacks 30 tokens of the first; 10 chunks
+    for i, ids in enumerate((first, second)):
+        scheduler.submit(EngineRequest(str(i), ids, SamplingParams(), 200, lambda event: None))
+    while not scheduler.running or any(seq.prefilling for seq in scheduler.running.values()):
+        scheduler.step()
+    assert len(chosen) == 11 and set(chosen) == {0}  # the first decoded alone, plainly, while the second prefilled
+    alone = scheduler.running[0]
+    lag = scheduler.drafter.lag(alone.slot, alone.tokens)
+    assert lag == 30 + 11 - CATCH_UP_WIDTH  # (the wrapper kept every step plain: the draft never read anything)
+    # alone, without a prompt joining, the policy would draft k = 2 and pay the catch-up back over 189 tokens
+    assert choose(1, [policy.acceptance(0, 0)], [2], lag, scheduler._tokens_left(alone)) == 2
+
+
+def test_scheduler_does_not_draft_while_a_request_waits_for_a_free_slot(tiny, monkeypatch):
+    """Over HTTP a burst's second request arrives while the first prefills, after this step's admission: the
+    first's first decoding step must not draft either (bench-serve's waves at two sequences lost 1-2% to it)."""
+    target, draft = tiny
+    config = SchedulerConfig(max_num_seqs=2, max_model_len=256, num_speculative_tokens=2)
+    scheduler = Scheduler(target, draft, config)
+    policy = scheduler.policy
+    for _ in range(4):
+        policy.record(1, 1, 2, 0.002, 0.010)
+        policy.record(1, 0, 0, 0.0, 0.010)
+    monkeypatch.setattr(scheduler, "_record_costs", lambda *args: None)
+    chosen, choose = [], policy.choose_k
+    monkeypatch.setattr(policy, "choose_k", lambda *args: chosen.append(choose(*args)) or 0)
+    prefill = scheduler._prefill_chunk
+
+    def prefill_then_second_arrives() -> None:
+        prefill()
+        if not chosen:
+            scheduler.submit(EngineRequest("1", [*range(40, 50)], SamplingParams(), 200, lambda event: None))
+
+    monkeypatch.setattr(scheduler, "_prefill_chunk", prefill_then_second_arrives)
+    scheduler.submit(EngineRequest("0", [*range(1, 11)], SamplingParams(), 200, lambda event: None))
+    scheduler.step()
+    assert chosen == [0]
+    assert choose(1, [0.9], [2]) == 2  # alone, it would have drafted
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_scheduler_fills_the_context_exactly_and_resumes_drafting_after_a_pause(k, tiny):
+    """Requests that end exactly at the context limit, with drafting suspended then resumed (long catch-up)."""
+    target, draft = tiny
+    plain = SpeculativeGenerator(target, None, max_seq_len=64, progress=False)
+    config = SchedulerConfig(max_num_seqs=2, max_model_len=64, num_speculative_tokens=k, draft_policy="never")
+    scheduler = Scheduler(target, draft, config)
+    prompts = [target.tokenizer.encode("0123456789"), target.tokenizer.encode("z")]
+    events: list[list] = [[], []]
+    for i, ids in enumerate(prompts):
+        scheduler.submit(EngineRequest(str(i), ids, SamplingParams(), 64 - len(ids), events[i].append))
+    for _ in range(20):  # plain steps: the draft caches fall 20 tokens behind
+        scheduler.step()
+    scheduler.policy.mode = "always"
+    scheduler.run_until_idle(max_steps=200)
+    for ids, request_events in zip(prompts, events, strict=True):
+        output = request_events[-1].output
+        assert output.token_ids == plain.generate(ids, max_tokens=64 - len(ids)).token_ids
+        assert output.stats.drafted > 0
+
+
+def test_ignore_eos_requests_generate_max_tokens_through_end_tokens():
+    """A target whose head always prefers the end token: a request stops at once, unless it sets ignore_eos;
+    then it generates max_tokens end tokens, drafted or not, as the single-sequence loop does."""
+    target, draft = tiny_pair()
+    eos = min(target.tokenizer.stop_token_ids)
+    head = target.model.lm_head
+    biased = torch.nn.Linear(head.in_features, head.out_features, bias=True)
+    with torch.no_grad():
+        biased.weight.copy_(head.weight)
+        biased.bias.zero_()
+        biased.bias[eos] = 1e4
+    target.model.lm_head = biased
+    scheduler = Scheduler(target, draft, SchedulerConfig(max_num_seqs=3, max_model_len=64, draft_policy="always"))
+    events: dict[str, list] = {}
+    ids = target.tokenizer.encode("hello")
+    for name, ignore, speculative in (("stops", False, True), ("drafted", True, True), ("plain", True, False)):
+        sink = events.setdefault(name, []).append
+        request = EngineRequest(name, ids, SamplingParams(), 12, sink, speculative=speculative, ignore_eos=ignore)
+        scheduler.submit(request)
+    scheduler.run_until_idle()
+    outputs = {name: found[-1].output for name, found in events.items()}
+    assert outputs["stops"].token_ids == [] and outputs["stops"].finish_reason == "stop"
+    for name in ("drafted", "plain"):
+        assert outputs[name].token_ids == [eos] * 12 and outputs[name].finish_reason == "length", name
+        assert outputs[name].stats.new_tokens == 12
+    assert outputs["drafted"].stats.drafted > 0
+    expected = SpeculativeGenerator(target, None, max_seq_len=64, progress=False).generate(
+        ids, max_tokens=12, ignore_eos=True
+    )
+    assert outputs["drafted"].token_ids == expected.token_ids
