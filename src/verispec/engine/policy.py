@@ -49,10 +49,14 @@ POLICIES = ("auto", "always", "never")
 @dataclass
 class _StepTime:
     """A step time from its last samples: the median of up to 9, the smaller of the first two (so that one
-    step slowed by other load, which only ever makes a step slower, cannot flip a decision)."""
+    step slowed by other load, which only ever makes a step slower, cannot flip a decision). `mean`: the
+    mean of the samples instead of their median, for drafting, whose cost a hybrid proposer mixes from free
+    lookups and draft-model passes: the mean is what drafting costs on average, where the median is
+    whichever kind was the more frequent."""
 
     window: int = 9
     samples: deque[float] = field(default_factory=deque)
+    mean: bool = False
 
     @property
     def measured(self) -> bool:
@@ -60,7 +64,9 @@ class _StepTime:
 
     @property
     def value(self) -> float:
-        return statistics.median(self.samples) if len(self.samples) >= 3 else min(self.samples)
+        if len(self.samples) < 3:
+            return min(self.samples)
+        return statistics.fmean(self.samples) if self.mean else statistics.median(self.samples)
 
     def add(self, sample: float) -> None:
         self.samples.append(sample)
@@ -244,11 +250,11 @@ class DraftPolicy:
             slowdown = statistics.median(others) if paired else self.slowdown
             verify.add(verify_seconds / slowdown)
             if k:
-                draft = self.draft.setdefault((drafting, k), _StepTime())
+                draft = self.draft.setdefault((drafting, k), _StepTime(mean=True))
                 draft.add(draft_seconds / slowdown)
                 if catch_up_tokens:
                     self.catch_up.add(catch_up_seconds / catch_up_tokens / slowdown)
-        elif k and not (draft := self.draft.setdefault((drafting, k), _StepTime())).measured:
+        elif k and not (draft := self.draft.setdefault((drafting, k), _StepTime(mean=True))).measured:
             draft.add(draft_seconds / self.slowdown)
         if verify.measured:
             self.recent.append((cell, verify_seconds / verify.value))
