@@ -8,7 +8,7 @@ import torch
 
 from verispec import SpeculativeGenerator
 from verispec.engine.proposers import CATCH_UP_WIDTH, BatchedDrafter, DraftJob, padded_forward
-from verispec.engine.requests import EngineRequest, ErrorEvent, FinishEvent, TokenEvent
+from verispec.engine.requests import EngineRequest, ErrorEvent, FinishEvent, StreamChunk
 from verispec.engine.scheduler import Scheduler, SchedulerConfig
 from verispec.errors import InvalidParameterError
 from verispec.sampling import SamplingParams
@@ -94,7 +94,7 @@ def test_scheduler_greedy_outputs_equal_plain_decoding(policy, method, draft_voc
         final = request_events[-1]
         assert isinstance(final, FinishEvent)
         assert final.output.token_ids == expected.token_ids
-        streamed = [e for e in request_events[:-1] if isinstance(e, TokenEvent)]
+        streamed = [e for e in request_events[:-1] if isinstance(e, StreamChunk)]
         assert "".join(e.text for e in streamed) == expected.text
         assert len([e for e in streamed if e.token_id is not None]) == len(expected.token_ids)
     drafted = sum(e[-1].output.stats.drafted for e in events)
@@ -157,7 +157,7 @@ def test_long_prompts_are_prefilled_in_chunks_between_decode_steps(tiny):
     alone = run([("long", long_prompt)])
     outputs = lambda order: {n: e.output.token_ids for n, e in order if isinstance(e, FinishEvent)}  # noqa: E731
     assert outputs(together)["long"] == outputs(alone)["long"]
-    names = [name for name, event in together if isinstance(event, TokenEvent)]
+    names = [name for name, event in together if isinstance(event, StreamChunk)]
     chunks = -(-(len(long_prompt) - 1) // 8)
     assert len(long_prompt) > 3 * 8 and names.index("long") >= chunks - 1  # "short" decoded during each chunk
 

@@ -10,11 +10,10 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 
-from .engine.requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput, TokenEvent
+from .engine.requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput, StreamChunk
 from .engine.scheduler import METHODS, Scheduler, SchedulerConfig
 from .errors import InvalidParameterError, VerispecError
 from .loading import LoadedModel, load_pair
@@ -25,13 +24,6 @@ DEFAULT_DRAFT_VOCAB = 65536  # a restricted draft head (draft_head.py); the CLI 
 SPECULATIVE_METHODS = METHODS
 
 __all__ = ["GenerationOutput", "SpeculativeGenerator", "StreamChunk"]
-
-
-@dataclass
-class StreamChunk:
-    text: str  # newly safe text, possibly empty (held back for a possible stop string)
-    token_id: int | None  # the token this chunk comes from; None for a final flush
-    output: GenerationOutput | None = None  # set on the last chunk only
 
 
 class SpeculativeGenerator:
@@ -146,8 +138,8 @@ class SpeculativeGenerator:
                 if not self.engine.step():
                     raise AssertionError("the engine went idle before the request finished")
                 for event in events:
-                    if isinstance(event, TokenEvent):
-                        yield StreamChunk(event.text, event.token_id)
+                    if isinstance(event, StreamChunk):
+                        yield event
                     elif isinstance(event, FinishEvent):
                         finished = True
                         yield StreamChunk("", None, event.output)

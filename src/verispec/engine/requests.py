@@ -21,9 +21,12 @@ class GenerationOutput:
 
 
 @dataclass
-class TokenEvent:
+class StreamChunk:
+    """A piece of a request's output as it streams (the engine's token event, and what `stream` yields)."""
+
     text: str  # newly safe text, possibly empty (held back for a possible stop string)
-    token_id: int | None  # None for the final flush after a stop token
+    token_id: int | None  # the token it comes from; None for a final flush (after a stop token)
+    output: GenerationOutput | None = None  # `stream`'s last chunk: the whole output
 
 
 @dataclass
@@ -37,7 +40,7 @@ class ErrorEvent:
     message: str
 
 
-Event = TokenEvent | FinishEvent | ErrorEvent
+Event = StreamChunk | FinishEvent | ErrorEvent
 
 
 @dataclass

@@ -43,7 +43,7 @@ from .proposers import (
     Proposal,
     padded_forward,
 )
-from .requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput, TokenEvent
+from .requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput, StreamChunk
 
 log = logging.getLogger("verispec.server")
 
@@ -407,7 +407,7 @@ class Scheduler:
             if not is_stop_token:
                 self._record_token_time(seq)
             if piece or not is_stop_token:
-                seq.request.sink(TokenEvent(piece, None if is_stop_token else token))
+                seq.request.sink(StreamChunk(piece, None if is_stop_token else token))
             if seq.stopper.finished:
                 self._finish(seq)
                 return

@@ -1,6 +1,6 @@
 """OpenAI-compatible HTTP server with continuous batching and speculative decoding (`verispec serve`)."""
 
-from ..engine.requests import EngineRequest, ErrorEvent, FinishEvent, TokenEvent
+from ..engine.requests import EngineRequest, ErrorEvent, FinishEvent, StreamChunk
 from ..engine.scheduler import QueueFullError, Scheduler, SchedulerConfig, SchedulerStoppedError
 from .events import AsyncSink
 
@@ -13,5 +13,5 @@ __all__ = [
     "Scheduler",
     "SchedulerConfig",
     "SchedulerStoppedError",
-    "TokenEvent",
+    "StreamChunk",
 ]

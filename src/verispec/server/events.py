@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from ..engine.requests import Event, TokenEvent
+from ..engine.requests import Event, StreamChunk
 
 
 class AsyncSink:
@@ -26,5 +26,5 @@ class AsyncSink:
         while True:
             event = await self.queue.get()
             yield event
-            if not isinstance(event, TokenEvent):
+            if not isinstance(event, StreamChunk):
                 return
