@@ -20,6 +20,7 @@ from verispec.bench.runner import reference_method
 from verispec.bench.summary import ideal_speedup
 from verispec.bench.tiny import hf_twin, tiny_models
 from verispec.cli import main
+from verispec.testing import prefer_the_end_token
 
 PROMPTS = [
     {"prompt": "def add(a, b):\n    return"},
@@ -310,14 +311,7 @@ def test_ignore_eos_generates_max_tokens_through_end_of_sequence(prompts_file):
     """A target whose head always prefers the end token: without --ignore-eos every run stops at once; with it
     every run has max_tokens tokens, and speculative decoding still equals plain decoding token for token."""
     target, draft = tiny_models()
-    eos = min(target.tokenizer.stop_token_ids)
-    head = target.model.lm_head
-    biased = torch.nn.Linear(head.in_features, head.out_features, bias=True)
-    with torch.no_grad():
-        biased.weight.copy_(head.weight)
-        biased.bias.zero_()
-        biased.bias[eos] = 1e4
-    target.model.lm_head = biased
+    eos = prefer_the_end_token(target)
     runs = {}
     for ignore in (False, True):
         config = BenchConfig(

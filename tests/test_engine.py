@@ -12,7 +12,7 @@ from verispec.engine.requests import EngineRequest, ErrorEvent, FinishEvent, Str
 from verispec.engine.scheduler import Scheduler, SchedulerConfig
 from verispec.errors import InvalidParameterError
 from verispec.sampling import SamplingParams
-from verispec.testing import tiny_pair
+from verispec.testing import prefer_the_end_token, tiny_pair
 
 from real_models import smollm2_path
 
@@ -266,14 +266,7 @@ def test_ignore_eos_requests_generate_max_tokens_through_end_tokens():
     """A target whose head always prefers the end token: a request stops at once, unless it sets ignore_eos;
     then it generates max_tokens end tokens, drafted or not, as the single-sequence loop does."""
     target, draft = tiny_pair()
-    eos = min(target.tokenizer.stop_token_ids)
-    head = target.model.lm_head
-    biased = torch.nn.Linear(head.in_features, head.out_features, bias=True)
-    with torch.no_grad():
-        biased.weight.copy_(head.weight)
-        biased.bias.zero_()
-        biased.bias[eos] = 1e4
-    target.model.lm_head = biased
+    eos = prefer_the_end_token(target)
     scheduler = Scheduler(target, draft, SchedulerConfig(max_num_seqs=3, max_model_len=64, draft_policy="always"))
     events: dict[str, list] = {}
     ids = target.tokenizer.encode("hello")

@@ -87,6 +87,20 @@ def tiny_pair(
     return tiny_loaded(target, tokenizer, "tiny-target"), tiny_loaded(draft, tokenizer, "tiny-draft")
 
 
+def prefer_the_end_token(target: LoadedModel) -> int:
+    """Give the target a head that always prefers its first stop token (a copy of its head plus a large
+    bias); returns that token: without ignore_eos every generation stops at once."""
+    eos = min(target.tokenizer.stop_token_ids)
+    head = target.model.lm_head
+    biased = torch.nn.Linear(head.in_features, head.out_features, bias=True)
+    with torch.no_grad():
+        biased.weight.copy_(head.weight)
+        biased.bias.zero_()
+        biased.bias[eos] = 1e4
+    target.model.lm_head = biased
+    return eos
+
+
 def word_tokenizer(size: int) -> Tokenizer:
     """A tokenizer of `size` tokens: single letters 'a', 'b', ... and '<eos>' last (for exact-distribution tests)."""
     from tokenizers import Tokenizer as RawTokenizer
