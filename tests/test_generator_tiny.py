@@ -286,3 +286,17 @@ def test_hybrid_uses_lookup_where_the_context_repeats_and_the_model_elsewhere(pa
         assert out.token_ids == reference_greedy(target.model, ids, 40, target.tokenizer.stop_token_ids)
         used["rounds"] += out.stats.target_passes
     assert 0 < used["model"] < used["rounds"]  # both the model and the free lookup drafted
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"draft_vocab": -1}, "draft_vocab must be >= 0"),
+        ({"speculative_method": "bogus"}, "unknown speculative method"),
+    ],
+)
+def test_bad_options_are_refused_before_any_model_loads(options, message):
+    from verispec.errors import InvalidParameterError
+
+    with pytest.raises(InvalidParameterError, match=message):  # not ModelLoadError: the files are never opened
+        SpeculativeGenerator("no-such-target.gguf", "no-such-draft.gguf", progress=False, **options)

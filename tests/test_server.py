@@ -537,6 +537,7 @@ def test_messages_the_chat_template_refuses_get_a_400(tiny, monkeypatch):
         (["--num-speculative-tokens", "0"], "num_speculative_tokens must be >= 1"),
         (["--prefill-chunk", "0"], "prefill_chunk must be >= 1"),
         (["--draft-vocab", "-5"], "draft_vocab must be >= 0"),
+        (["--speculative-method", "hybrid", "--speculative-model", "none"], "hybrid speculative method needs a draft"),
     ],
 )
 def test_serve_refuses_bad_flags_in_one_line_before_loading(flags, expected, capsys):

@@ -59,16 +59,16 @@ class SpeculativeGenerator:
             raise InvalidParameterError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
         if max_seq_len < 2:
             raise InvalidParameterError(f"max_seq_len must be >= 2, got {max_seq_len}")
-        self.target, self.draft = load_pair(target, draft, dtype, device, progress, quantization, draft_quantization)
-        self.tokenizer = self.target.tokenizer
-        self.num_speculative_tokens = num_speculative_tokens if speculates else 0
-        config = SchedulerConfig(
+        config = SchedulerConfig(  # before loading: its mistakes are reported before seconds of loading
             max_num_seqs=1, max_queue=0, max_model_len=max_seq_len,
             num_speculative_tokens=max(1, num_speculative_tokens),
             draft_policy=("auto" if adaptive else "always") if speculates else "never",
             speculative_method=speculative_method, draft_vocab=draft_vocab,
             prefill_chunk=max_seq_len,  # one request: its whole prompt in one pass
         )  # fmt: skip
+        self.target, self.draft = load_pair(target, draft, dtype, device, progress, quantization, draft_quantization)
+        self.tokenizer = self.target.tokenizer
+        self.num_speculative_tokens = num_speculative_tokens if speculates else 0
         self.engine = Scheduler(self.target, self.draft, config)
         self.max_seq_len = self.engine.max_model_len
         self._ids = itertools.count()

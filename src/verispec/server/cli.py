@@ -121,6 +121,8 @@ def build_scheduler(args: argparse.Namespace):
         speculative_method=args.speculative_method, draft_vocab=args.draft_vocab,
         prefill_chunk=args.prefill_chunk,
     )  # fmt: skip
+    if args.speculative_method == "hybrid" and args.speculative_model.lower() == "none":
+        raise VerispecError("the hybrid speculative method needs a draft model (--speculative-model)")
     target, draft = load_models(args)  # after the config: its mistakes are reported before seconds of loading
     return Scheduler(target, draft, config)
 
