@@ -39,48 +39,31 @@ size_t vsk_tile_strip_bytes(int type, int K) {
     return (size_t)(K / 256) * (type == VSK_T4_K ? T4K_BYTES : T6K_BYTES);
 }
 
-static void repack_q5_0(const uint8_t *src, size_t row_bytes, int N, int K, uint8_t *dst) {
-    const int strips = (N + 15) / 16, blocks = K / 32;
-    memset(dst, 0, vsk_tile_strip_bytes(VSK_T5_0, K) * (size_t)strips);
+/* Q4_0 (18-byte blocks: f16 d, 16 bytes of nibbles) and Q5_0 (22: f16 d, 4 bytes of fifth bits, 16 of
+ * nibbles) into T4_0 / T5_0: the same nibble chunks, T5_0 adding its fifth bits after them */
+static void repack_nibble32(int five, const uint8_t *src, size_t row_bytes, int N, int K, uint8_t *dst) {
+    const int strips = (N + 15) / 16, blocks = K / 32, in_bytes = five ? 22 : 18, nibbles = five ? 6 : 2;
+    const size_t out_bytes = vsk_tile_strip_bytes(five ? VSK_T5_0 : VSK_T4_0, 32);
+    memset(dst, 0, out_bytes * (size_t)blocks * (size_t)strips);
     for (int t = 0; t < strips; t++)
         for (int b = 0; b < blocks; b++) {
-            uint8_t *out = dst + ((size_t)t * blocks + b) * T50_BYTES;
+            uint8_t *out = dst + ((size_t)t * blocks + b) * out_bytes;
             uint8_t values[16][256];
             memset(values, 0, sizeof values);
             for (int n = 0; n < 16 && 16 * t + n < N; n++) {
-                const uint8_t *blk = src + (size_t)(16 * t + n) * row_bytes + (size_t)b * 22;
+                const uint8_t *blk = src + (size_t)(16 * t + n) * row_bytes + (size_t)b * in_bytes;
                 memcpy(out + 2 * n, blk, 2);
-                const uint32_t qh = rd32(blk + 2);
+                const uint32_t qh = five ? rd32(blk + 2) : 0;
                 for (int j = 0; j < 16; j++) {
-                    values[n][j] = (uint8_t)((blk[6 + j] & 0x0F) | (((qh >> j) & 1u) << 4));
-                    values[n][j + 16] = (uint8_t)((blk[6 + j] >> 4) | (((qh >> (j + 16)) & 1u) << 4));
+                    values[n][j] = (uint8_t)((blk[nibbles + j] & 0x0F) | (((qh >> j) & 1u) << 4));
+                    values[n][j + 16] = (uint8_t)((blk[nibbles + j] >> 4) | (((qh >> (j + 16)) & 1u) << 4));
                 }
             }
             pack_nibbles((const uint8_t (*)[256])values, 0, out + 32);
-            for (int g = 0; g < 8; g++)
+            for (int g = 0; g < 8 && five; g++)
                 for (int n = 0; n < 16; n++)
                     for (int c = 0; c < 4; c++)
                         out[288 + 4 * n + c] |= (uint8_t)(((values[n][group_index(g, c)] >> 4) & 1) << g);
-        }
-}
-
-static void repack_q4_0(const uint8_t *src, size_t row_bytes, int N, int K, uint8_t *dst) {
-    const int strips = (N + 15) / 16, blocks = K / 32;
-    memset(dst, 0, vsk_tile_strip_bytes(VSK_T4_0, K) * (size_t)strips);
-    for (int t = 0; t < strips; t++)
-        for (int b = 0; b < blocks; b++) {
-            uint8_t *out = dst + ((size_t)t * blocks + b) * T40_BYTES;
-            uint8_t values[16][256];
-            memset(values, 0, sizeof values);
-            for (int n = 0; n < 16 && 16 * t + n < N; n++) {
-                const uint8_t *blk = src + (size_t)(16 * t + n) * row_bytes + (size_t)b * 18;
-                memcpy(out + 2 * n, blk, 2);
-                for (int j = 0; j < 16; j++) {
-                    values[n][j] = (uint8_t)(blk[2 + j] & 0x0F);
-                    values[n][j + 16] = (uint8_t)(blk[2 + j] >> 4);
-                }
-            }
-            pack_nibbles((const uint8_t (*)[256])values, 0, out + 32);
         }
 }
 
@@ -102,8 +85,12 @@ static void repack_q8_0(const uint8_t *src, size_t row_bytes, int N, int K, uint
 
 /* __attribute__((visibility)) is set on the entry point in vsk_core.c */
 void vsk_repack_rows(int type, const uint8_t *src, size_t row_bytes, int N, int K, uint8_t *dst) {
-    if (type == VSK_Q4_0 || type == VSK_Q5_0 || type == VSK_Q8_0) {
-        (type == VSK_Q4_0 ? repack_q4_0 : type == VSK_Q5_0 ? repack_q5_0 : repack_q8_0)(src, row_bytes, N, K, dst);
+    if (type == VSK_Q4_0 || type == VSK_Q5_0) {
+        repack_nibble32(type == VSK_Q5_0, src, row_bytes, N, K, dst);
+        return;
+    }
+    if (type == VSK_Q8_0) {
+        repack_q8_0(src, row_bytes, N, K, dst);
         return;
     }
     const int strips = (N + 15) / 16, blocks = K / 256;
