@@ -164,7 +164,8 @@ def test_long_prompts_are_prefilled_in_chunks_between_decode_steps(tiny):
 
 @pytest.mark.parametrize(("draft_vocab", "method"), [(None, "draft"), (100, "draft"), (None, "hybrid")])
 def test_scheduler_seeded_sampling_matches_the_single_sequence_loop(draft_vocab, method, tiny):
-    """A seeded sampled request draws the same random stream as generator.py, whatever runs beside it."""
+    """A seeded sampled request draws the same random stream beside other requests as alone (generate's batch
+    of one)."""
     target, draft = tiny
     spec = SpeculativeGenerator(
         target, draft, max_seq_len=256, progress=False, adaptive=False, draft_vocab=draft_vocab,
@@ -264,7 +265,7 @@ def test_scheduler_fills_the_context_exactly_and_resumes_drafting_after_a_pause(
 
 def test_ignore_eos_requests_generate_max_tokens_through_end_tokens():
     """A target whose head always prefers the end token: a request stops at once, unless it sets ignore_eos;
-    then it generates max_tokens end tokens, drafted or not, as the single-sequence loop does."""
+    then it generates max_tokens end tokens, drafted or not, as `generate` does."""
     target, draft = tiny_pair()
     eos = prefer_the_end_token(target)
     scheduler = Scheduler(target, draft, SchedulerConfig(max_num_seqs=3, max_model_len=64, draft_policy="always"))
