@@ -94,6 +94,10 @@ class SpeculativeGenerator:
         seed: int | None = None,
         stop: list[str] | None = None,
         ignore_eos: bool = False,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        logit_bias: dict[int, float] | None = None,
+        logprobs: int | None = None,
     ) -> Iterator[StreamChunk]:
         """Yields one chunk per generated token; the last chunk carries the whole GenerationOutput.
 
@@ -101,8 +105,13 @@ class SpeculativeGenerator:
         with the model's chat template. `ignore_eos`: generate through end-of-sequence tokens up to
         max_tokens or a stop string (llama.cpp's --ignore-eos, vLLM's ignore_eos), for benchmarks.
         Generation stops at max_tokens or when the context is full (finish reason "length").
+        `presence_penalty`, `frequency_penalty` and `logit_bias` adjust the logits as OpenAI's API does
+        (adjustments.py); `logprobs=N` gives every token its logprob and its N most likely alternatives
+        (logprobs.py), in each chunk and in the output.
         """
-        params = SamplingParams(temperature, top_k, top_p, seed)
+        params = SamplingParams(
+            temperature, top_k, top_p, seed, presence_penalty, frequency_penalty, dict(logit_bias or {})
+        )
         if max_tokens < 1:
             raise InvalidParameterError(f"max_tokens must be >= 1, got {max_tokens}")
         prompt_ids = self.encode_prompt(prompt)
@@ -110,7 +119,7 @@ class SpeculativeGenerator:
         room = self.max_seq_len - len(prompt_ids)  # a full context ends the request with "length"
         request = EngineRequest(
             f"generate-{next(self._ids)}", prompt_ids, params, min(max_tokens, room), events.append,
-            stop or [], ignore_eos=ignore_eos,
+            stop or [], ignore_eos=ignore_eos, logprobs=logprobs,
         )  # fmt: skip
         return self._run(request, events)
 

@@ -7,7 +7,7 @@ acceptance rule then reproduces the filtered target distribution exactly, whatev
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -15,17 +15,23 @@ from .errors import InvalidParameterError
 
 GREEDY_BELOW = 1e-5  # temperatures under this decode greedily (vLLM's rule): logits / 1e-38 overflow float32
 SEED_RANGE = range(-(2**63), 2**64)  # what torch.Generator.manual_seed accepts
+PENALTY_RANGE = (-2.0, 2.0)  # OpenAI's range for presence and frequency penalties
+BIAS_RANGE = (-100.0, 100.0)  # OpenAI's range for logit_bias values
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """temperature 0 (or under GREEDY_BELOW) means greedy; top_k 0 and top_p 1 mean no filter; seed None means
-    random."""
+    random. presence_penalty, frequency_penalty and logit_bias (token id -> added logit) change the logits
+    before all of these (adjustments.py); 0 and {} leave them alone."""
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:
@@ -36,6 +42,20 @@ class SamplingParams:
             raise InvalidParameterError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         if self.seed is not None and self.seed not in SEED_RANGE:
             raise InvalidParameterError(f"seed must be in [-2**63, 2**64), got {self.seed}")
+        low, high = PENALTY_RANGE
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not low <= getattr(self, name) <= high:
+                raise InvalidParameterError(f"{name} must be in [{low:g}, {high:g}], got {getattr(self, name)}")
+        low, high = BIAS_RANGE
+        for token, bias in self.logit_bias.items():
+            if not isinstance(token, int) or token < 0:
+                raise InvalidParameterError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
+            if not low <= bias <= high:
+                raise InvalidParameterError(f"logit_bias values must be in [{low:g}, {high:g}], got {bias}")
+
+    @property
+    def adjusts_logits(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias)
 
     @property
     def greedy(self) -> bool:

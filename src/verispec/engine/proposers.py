@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..adjustments import LogitAdjustments
 from ..draft_head import DraftHead
 from ..model import KVCache, Transformer
 from ..sampling import SamplingParams, probs_from_logits, sample
@@ -89,13 +90,14 @@ class DraftJob:
     k: int
     params: SamplingParams
     rng: torch.Generator
+    adjustments: LogitAdjustments | None = None  # the request's logit_bias and penalties, if any
 
 
 class BatchedDrafter:
     """A draft model with one cache slot per sequence; `propose` drafts k tokens for many sequences together.
 
     Per sequence: argmax when greedy, else a sample from the filtered draft distribution q, drawn from the
-    sequence's own generator.
+    sequence's own generator; both after the request's logit adjustments (adjustments.py).
 
     A slot needs no prefill: `propose` feeds whatever the slot lacks, keeping the longest prefix it already
     holds (so a new request reuses a previous one's shared prefix, and a sequence whose drafting was
@@ -129,7 +131,7 @@ class BatchedDrafter:
         for step in range(max(job.k for job in jobs)):
             active = [i for i, job in enumerate(jobs) if job.k > step]
             for i in active:
-                token, q = self._choose(logits[i], jobs[i])
+                token, q = self._choose(logits[i], jobs[i], drafted[i])
                 drafted[i].append(token)
                 if q is not None:
                     probs[i].append(q)
@@ -171,7 +173,9 @@ class BatchedDrafter:
         self.model(ids, self.cache, [slot], num_logits=1, invariant=False, head=self.head.module)
         self.fed[slot] += tokens
 
-    def _choose(self, logits: torch.Tensor, job: DraftJob) -> tuple[int, torch.Tensor | None]:
+    def _choose(self, logits: torch.Tensor, job: DraftJob, drafted: list[int]) -> tuple[int, torch.Tensor | None]:
+        if job.adjustments is not None:
+            logits = job.adjustments.apply(logits[None], drafted)[0]
         if job.params.greedy:
             return int(logits.argmax()), None
         q = probs_from_logits(logits, job.params)

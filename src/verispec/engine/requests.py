@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..logprobs import TokenLogprob
 from ..sampling import SamplingParams
 from ..stats import GenerationStats
 
@@ -18,6 +19,7 @@ class GenerationOutput:
     finish_reason: str  # "stop" (EOS or a stop string) or "length" (max_tokens or the context is full)
     stats: GenerationStats
     prompt_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked for them
 
 
 @dataclass
@@ -27,6 +29,7 @@ class StreamChunk:
     text: str  # newly safe text, possibly empty (held back for a possible stop string)
     token_id: int | None  # the token it comes from; None for a final flush (after a stop token)
     output: GenerationOutput | None = None  # `stream`'s last chunk: the whole output
+    logprob: TokenLogprob | None = None  # the token's, when the request asked for logprobs
 
 
 @dataclass
@@ -53,5 +56,6 @@ class EngineRequest:
     stop: list[str] = field(default_factory=list)
     speculative: bool = True
     ignore_eos: bool = False  # end tokens are ordinary tokens (benchmarks: every request generates max_tokens)
+    logprobs: int | None = None  # None: no logprobs; N: each token's logprob and its N most likely alternatives
     arrival: float = field(default_factory=time.perf_counter)
     cancelled: bool = False

@@ -26,9 +26,11 @@ from dataclasses import dataclass
 import torch
 
 from ..acceptance import verify_greedy, verify_sampled
+from ..adjustments import LogitAdjustments
 from ..draft_head import draft_ids
 from ..errors import InvalidParameterError, PromptTooLongError, VerispecError
 from ..loading import LoadedModel
+from ..logprobs import MAX_TOP_LOGPROBS, TokenLogprob, token_logprobs
 from ..sampling import probs_from_logits
 from ..stats import GenerationStats
 from ..stopping import StopChecker
@@ -97,14 +99,25 @@ class Sequence:
     stopper: StopChecker
     stats: GenerationStats
     rng: torch.Generator
+    adjustments: LogitAdjustments
     admitted: float
     last_emit: float | None = None
     queue_seconds: float = 0.0
     prefilled: int = 0  # prompt tokens (all but the last) in the target cache
+    logprobs: list[TokenLogprob] | None = None  # the emitted tokens', when the request asks for them
 
     @property
     def prefilling(self) -> bool:
         return self.prefilled < len(self.request.prompt_ids) - 1
+
+
+@dataclass
+class Verdict:
+    """What a verification pass decided for one sequence."""
+
+    accepted: int  # drafted tokens kept
+    next_token: int  # the target's own token after them
+    logprobs: list[TokenLogprob] | None  # of the accepted tokens and the next one, when asked for
 
 
 class Scheduler:
@@ -177,6 +190,11 @@ class Scheduler:
     def submit(self, request: EngineRequest) -> None:
         if request.max_tokens < 1:
             raise InvalidParameterError(f"max_tokens must be >= 1, got {request.max_tokens}")
+        if request.logprobs is not None and not 0 <= request.logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidParameterError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {request.logprobs}")
+        logits_width = self.target.model.config.vocab_size
+        if any(token >= logits_width for token in request.params.logit_bias):
+            raise InvalidParameterError(f"logit_bias token ids must be in [0, {logits_width})")
         total = len(request.prompt_ids) + request.max_tokens
         if total > self.max_model_len:
             raise PromptTooLongError(
@@ -279,10 +297,10 @@ class Scheduler:
             "step: %d sequences, k = %d for %d (lag %d), draft %.3f s (catch-up %.3f s, %d tokens), verify %.3f s",
             len(seqs), max(ks), drafting, lag, drafted - begin, *caught_up, verified - drafted,
         )  # fmt: skip
-        for seq, proposal, (accepted, next_token) in zip(seqs, proposals, verdicts, strict=True):
+        for seq, proposal, verdict in zip(seqs, proposals, verdicts, strict=True):
             seq.stats.time_draft += drafted - begin
             seq.stats.time_target += verified - drafted
-            self._advance(seq, proposal, accepted, next_token)
+            self._advance(seq, proposal, verdict)
         with self.cond:
             self._update_gauges()
         return True
@@ -325,8 +343,10 @@ class Scheduler:
             stopper=StopChecker(self.tokenizer, request.max_tokens, request.stop, request.ignore_eos),
             stats=GenerationStats(prompt_tokens=len(prompt)),
             rng=request.params.make_generator(),
+            adjustments=LogitAdjustments(request.params, self.target.model.config.vocab_size),
             admitted=now,
             queue_seconds=now - request.arrival,
+            logprobs=[] if request.logprobs is not None else None,
         )
         self.running[slot] = seq
         self.cache.set_length(slot, 0)
@@ -365,7 +385,7 @@ class Scheduler:
         empty = Proposal(torch.empty(0, dtype=torch.long), None)
         proposals = [empty] * len(seqs)
         jobs = [
-            (i, DraftJob(seq.slot, seq.tokens, k, seq.request.params, seq.rng))
+            (i, DraftJob(seq.slot, seq.tokens, k, seq.request.params, seq.rng, seq.adjustments))
             for i, (seq, k) in enumerate(zip(seqs, ks, strict=True))
             if k
         ]
@@ -374,40 +394,53 @@ class Scheduler:
                 proposals[i] = proposal
         return proposals
 
-    def _verify(self, seqs: list[Sequence], proposals: list[Proposal]) -> list[tuple[int, int]]:
-        """One target pass over [pending, drafts] of every sequence; (accepted, next token) per sequence."""
+    def _verify(self, seqs: list[Sequence], proposals: list[Proposal]) -> list[Verdict]:
+        """One target pass over [pending, drafts] of every sequence, then each one's verdict."""
         rows = [
             seq.tokens[self.cache.lengths[seq.slot] :] + p.tokens.tolist()
             for seq, p in zip(seqs, proposals, strict=True)
         ]
         all_logits = padded_forward(self.target.model, self.cache, rows, [seq.slot for seq in seqs])
         verdicts = []
-        for seq, proposal, logits in zip(seqs, proposals, all_logits, strict=True):
+        for seq, proposal, raw in zip(seqs, proposals, all_logits, strict=True):
             k = proposal.tokens.shape[0]
-            logits = logits[-(k + 1) :]
+            raw = raw[-(k + 1) :]
             params = seq.request.params
+            logits = seq.adjustments.apply(raw, proposal.tokens.tolist())
             if params.greedy:
-                verdict = verify_greedy(proposal.tokens, logits)
+                accepted, next_token = verify_greedy(proposal.tokens, logits)
             else:
-                verdict = verify_sampled(proposal.tokens, proposal.probs, probs_from_logits(logits, params), seq.rng)
-            self.cache.set_length(seq.slot, len(seq.tokens) + verdict[0])
-            verdicts.append(verdict)
+                probs = probs_from_logits(logits, params)
+                accepted, next_token = verify_sampled(proposal.tokens, proposal.probs, probs, seq.rng)
+            self.cache.set_length(seq.slot, len(seq.tokens) + accepted)
+            logprobs = None
+            if seq.request.logprobs is not None:
+                emitted = [*proposal.tokens[:accepted].tolist(), next_token]
+                logprobs = token_logprobs(raw[: accepted + 1], emitted, seq.request.logprobs)
+            verdicts.append(Verdict(accepted, next_token, logprobs))
         return verdicts
 
-    def _advance(self, seq: Sequence, proposal: Proposal, accepted: int, next_token: int) -> None:
-        k = proposal.tokens.shape[0]
+    def _advance(self, seq: Sequence, proposal: Proposal, verdict: Verdict) -> None:
+        k, accepted = proposal.tokens.shape[0], verdict.accepted
         seq.stats.record_round(k, accepted)
         self.metrics.record_round(k, accepted)
         self.policy.record_round(k, accepted)
-        for token in [*proposal.tokens[:accepted].tolist(), next_token]:
+        emitted = [*proposal.tokens[:accepted].tolist(), verdict.next_token]
+        for i, token in enumerate(emitted):
             seq.tokens.append(token)
+            seq.adjustments.record(token)
             is_stop_token = seq.stopper.is_stop_token(token)
+            logprob = None
+            if seq.logprobs is not None and not is_stop_token:
+                logprob = verdict.logprobs[i]
+                logprob.text_offset = len(seq.stopper.text)
+                seq.logprobs.append(logprob)
             piece = seq.stopper.add(token)
             seq.stats.new_tokens += not is_stop_token
             if not is_stop_token:
                 self._record_token_time(seq)
             if piece or not is_stop_token:
-                seq.request.sink(StreamChunk(piece, None if is_stop_token else token))
+                seq.request.sink(StreamChunk(piece, None if is_stop_token else token, logprob=logprob))
             if seq.stopper.finished:
                 self._finish(seq)
                 return
@@ -425,7 +458,9 @@ class Scheduler:
         seq.stats.time_total = time.perf_counter() - seq.admitted
         stopper = seq.stopper
         reason = stopper.finish_reason or "length"
-        output = GenerationOutput(stopper.text, list(stopper.token_ids), reason, seq.stats, seq.request.prompt_ids)
+        output = GenerationOutput(
+            stopper.text, list(stopper.token_ids), reason, seq.stats, seq.request.prompt_ids, seq.logprobs
+        )
         seq.request.sink(FinishEvent(output, seq.queue_seconds))
         self._release(seq, reason)
 
