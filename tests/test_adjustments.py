@@ -188,3 +188,22 @@ def test_bad_adjustments_and_logprobs_are_refused(pair, options, message):
     target, draft = pair
     with pytest.raises(InvalidParameterError, match=message):
         SpeculativeGenerator(target, draft).generate("hello", max_tokens=3, **options)
+
+
+def test_logprobs_on_the_native_kernels_are_exactly_plain_decodings(one_thread):
+    """The GGUF blocks on the native kernels, whose rows are independent of the batch: drafted, corrected and
+    bonus tokens carry bit-for-bit the logprobs (and top sets) of plain decoding, not merely close ones."""
+    from verispec import load_model
+    from verispec.kernels import native
+
+    from real_models import smollm2_path
+
+    if not native.available():
+        pytest.skip("native kernels not compiled")
+    model = load_model(str(smollm2_path()), quantization="gguf", progress=False)
+    spec = SpeculativeGenerator(model, model, num_speculative_tokens=3, adaptive=False, max_seq_len=256)
+    plain = SpeculativeGenerator(model, None, max_seq_len=256)
+    for prompt in ("def fibonacci(n):", "The capital of France is"):
+        on, off = (g.generate(prompt, max_tokens=30, logprobs=5) for g in (spec, plain))
+        assert on.token_ids == off.token_ids and on.stats.accepted > 0
+        assert [(x.logprob, x.top) for x in on.logprobs] == [(x.logprob, x.top) for x in off.logprobs]

@@ -3,7 +3,8 @@
 Every `import` and `from ... import` inside src/verispec counts, those inside functions included (a lazy
 import is still a dependency). Layers, from the ground up:
 
-    0 foundation   errors, config, stats, sampling, stopping, acceptance, tokenizer, bundled, converted
+    0 foundation   errors, config, stats, sampling, adjustments, logprobs, stopping, acceptance, tokenizer,
+                   bundled, converted
     1 kernels      kernels/ (the native library and its Python face)
     2 model        model (the transformer; knows no weight format)
     3 weights      quantize, weights, gguf_source, hf_source, gguf_native, draft_head, loading, testing
@@ -21,8 +22,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "verispec"
 
 LAYERS = {
-    "errors": 0, "config": 0, "stats": 0, "sampling": 0, "stopping": 0, "acceptance": 0, "tokenizer": 0,
-    "bundled": 0, "converted": 0,
+    "errors": 0, "config": 0, "stats": 0, "sampling": 0, "adjustments": 0, "logprobs": 0, "stopping": 0,
+    "acceptance": 0, "tokenizer": 0, "bundled": 0, "converted": 0,
     "kernels": 1,
     "model": 2,
     "quantize": 3, "weights": 3, "gguf_source": 3, "hf_source": 3, "gguf_native": 3, "draft_head": 3,

@@ -47,6 +47,7 @@ PROMPTS = [
 ]
 MAX_TOKENS = 24
 MODEL = "SmolLM2-135M-Instruct.Q4_1"  # the id the server derives from the file name
+LOGPROB_TOLERANCE = 1e-5  # server (speculating, batched) vs plain decoding in this process
 
 
 def _smollm2() -> Path | None:
@@ -222,6 +223,71 @@ def test_chat_plain_and_streamed_equal_plain_decoding(server, plain):
     assert chunks[-1].usage.completion_tokens == len(expected.token_ids)
 
 
+# ---- logprobs, penalties, logit_bias ----------------------------------------------------------------------
+@needs_smollm2
+def test_completion_logprobs_equal_plain_decodings_streamed_or_not(server, plain):
+    """Speculation on (drafted and bonus tokens) gives the logprobs of plain decoding: the same tokens, the same
+    top sets, values within LOGPROB_TOLERANCE (exactly equal where the kernels' rows are invariant)."""
+    expected = plain.generate(PROMPTS[1], max_tokens=MAX_TOKENS, logprobs=3)
+    client = server.client()
+    result = client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=MAX_TOKENS, temperature=0, logprobs=3)
+    assert result.model_extra["verispec"]["accepted"] > 0
+    got = result.choices[0].logprobs
+    stream = client.completions.create(
+        model=MODEL, prompt=PROMPTS[1], max_tokens=MAX_TOKENS, temperature=0, logprobs=3, stream=True
+    )
+    pieces = [c.choices[0].logprobs for c in stream if c.choices and c.choices[0].logprobs]
+    streamed = [(t, lp, top, at) for p in pieces for t, lp, top, at in zip(
+        p.tokens, p.token_logprobs, p.top_logprobs, p.text_offset, strict=True)]  # fmt: skip
+    assert streamed == list(zip(got.tokens, got.token_logprobs, got.top_logprobs, got.text_offset, strict=True))
+    tokenizer = plain.tokenizer
+    assert got.tokens == [tokenizer.token_text(t.token_id) for t in expected.logprobs]
+    assert "".join(got.tokens) == result.choices[0].text == expected.text
+    assert got.text_offset == [t.text_offset for t in expected.logprobs]
+    for value, top, want in zip(got.token_logprobs, got.top_logprobs, expected.logprobs, strict=True):
+        assert value == pytest.approx(want.logprob, abs=LOGPROB_TOLERANCE)
+        assert set(top) == {tokenizer.token_text(t) for t, _ in want.top} | {tokenizer.token_text(want.token_id)}
+
+
+@needs_smollm2
+def test_chat_logprobs_carry_bytes_and_top_alternatives(server, plain):
+    messages = [{"role": "user", "content": "Say hello in French."}]
+    expected = plain.generate(messages, max_tokens=16, logprobs=2)
+    client = server.client()
+    for stream in (False, True):
+        reply = client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=16, temperature=0, logprobs=True, top_logprobs=2, stream=stream
+        )
+        if stream:
+            chunks = list(reply)
+            content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            entries = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+        else:
+            content, entries = reply.choices[0].message.content, reply.choices[0].logprobs.content
+        assert content == expected.text
+        assert bytes(b for e in entries for b in e.bytes).decode() == expected.text
+        assert len(entries) == len(expected.token_ids)
+        for entry, want in zip(entries, expected.logprobs, strict=True):
+            assert entry.logprob == pytest.approx(want.logprob, abs=LOGPROB_TOLERANCE)
+            assert [t.token for t in entry.top_logprobs] == [plain.tokenizer.token_text(t) for t, _ in want.top]
+
+
+@needs_smollm2
+def test_penalties_and_logit_bias_equal_plain_decoding(server, plain):
+    client = server.client()
+    reference = plain.generate(PROMPTS[2], max_tokens=MAX_TOKENS)
+    banned = reference.token_ids[2]  # the bias must change the text, or this test could not fail
+    adjust = {"presence_penalty": 0.8, "frequency_penalty": 0.6, "logit_bias": {banned: -100.0}}
+    expected = plain.generate(PROMPTS[2], max_tokens=MAX_TOKENS, **adjust)
+    assert expected.token_ids != reference.token_ids and banned not in expected.token_ids
+    result = client.completions.create(
+        model=MODEL, prompt=PROMPTS[2], max_tokens=MAX_TOKENS, temperature=0, presence_penalty=0.8,
+        frequency_penalty=0.6, logit_bias={str(banned): -100},
+    )  # fmt: skip
+    assert result.choices[0].text == expected.text
+    assert result.model_extra["verispec"]["drafted"] > 0
+
+
 @needs_smollm2
 def test_stream_sends_one_token_per_event_and_done(server):
     with httpx.stream(
@@ -309,6 +375,11 @@ def _error(response: httpx.Response, status: int, code: str | None = None, param
         ({"prompt": "hi", "stop": ["x"] * 17}, 422, None, "stop"),
         ({"prompt": "hi", "tools": [{"type": "function"}]}, 400, "unsupported_parameter", "tools"),
         ({"prompt": "hi", "response_format": {"type": "json_object"}}, 400, "unsupported_parameter", "response_format"),
+        ({"prompt": "hi", "logprobs": 21}, 422, None, "logprobs"),
+        ({"prompt": "hi", "presence_penalty": 2.5}, 422, None, "presence_penalty"),
+        ({"prompt": "hi", "logit_bias": {"abc": 1}}, 422, None, "logit_bias"),
+        ({"prompt": "hi", "logit_bias": {"5": 101}}, 422, None, "logit_bias.5"),
+        ({"prompt": "hi", "logit_bias": {"99999999": 1}}, 400, "invalid_value", "logit_bias"),
     ],
 )
 def test_bad_completion_requests_get_openai_errors(server, body, status, code, param):
@@ -363,7 +434,7 @@ def test_bad_chat_requests_and_unknown_routes(server):
     _error(post({"messages": []}), 422, param="messages")
     _error(post({"messages": [{"role": "wizard", "content": "hi"}]}), 422)
     _error(post({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**6}), 400, "context_length_exceeded")
-    _error(post({"messages": [{"role": "user", "content": "hi"}], "logprobs": True}), 400, "unsupported_parameter")
+    _error(post({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}), 422, param="top_logprobs")
     _error(httpx.get(server.url + "/v1/nothing", timeout=30), 404)
     with pytest.raises(openai.BadRequestError):  # the official client sees a 400 for an unknown model
         server.client().chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])

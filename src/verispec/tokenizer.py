@@ -52,6 +52,31 @@ class Tokenizer:
         """token -> id, added tokens included (built on first use: a tenth of a second for 150k tokens)."""
         return self.raw.get_vocab(with_added_tokens=True)
 
+    @cached_property
+    def _added_ids(self) -> frozenset[int]:
+        return frozenset(self.raw.get_added_tokens_decoder())
+
+    @cached_property
+    def _byte_level(self) -> bool:
+        return type(self.raw.decoder).__name__ == "ByteLevel"
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (a piece of a multi-byte character is a piece of its bytes): a
+        byte-level BPE token spelled back through GPT-2's byte alphabet; added tokens and other tokenizers'
+        tokens as the UTF-8 of their text."""
+        piece = self.raw.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if token_id in self._added_ids:
+            return piece.encode()
+        if self._byte_level and all(c in _BYTE_OF for c in piece):
+            return bytes(_BYTE_OF[c] for c in piece)
+        return self.decode([token_id]).encode()
+
+    def token_text(self, token_id: int) -> str:
+        """A token as text (a piece of a multi-byte character shows as U+FFFD, as OpenAI's logprobs do)."""
+        return self.token_bytes(token_id).decode("utf-8", errors="replace")
+
     @property
     def eos_token_id(self) -> int | None:
         return self.raw.token_to_id(self.eos_token) if self.eos_token else None
@@ -142,6 +167,17 @@ class Tokenizer:
                 f"draft and target tokenizers differ ({len(differing)} of {len(small)} tokens map to other "
                 f"ids, e.g. {differing[0]!r}); use a draft model from the target's family"
             )
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, character -> byte: printable Latin-1 bytes stand for themselves, the other
+    bytes for the characters from U+0100 on, in byte order (the table every byte-level BPE vocabulary uses)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {chr(b): b for b in printable} | {chr(256 + i): b for i, b in enumerate(others)}
+
+
+_BYTE_OF = _byte_alphabet()
 
 
 @lru_cache(maxsize=4)

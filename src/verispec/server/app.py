@@ -285,14 +285,18 @@ def _submit(
     max_tokens = _max_tokens(state, prompt_ids, default_max, requested, prompt_param)
     temperature = 1.0 if body.temperature is None else body.temperature
     try:
-        params = SamplingParams(temperature, max(body.top_k, 0), body.top_p, body.seed)
+        params = SamplingParams(
+            temperature, max(body.top_k, 0), body.top_p, body.seed, body.presence_penalty, body.frequency_penalty,
+            body.bias(),
+        )  # fmt: skip
     except InvalidParameterError as exc:
         raise ApiError(400, str(exc), code="invalid_value") from None
     job_id = new_id("chatcmpl" if prompt_param == "messages" else "cmpl")
     sink = AsyncSink()
     request = EngineRequest(
-        job_id, prompt_ids, params, max_tokens, sink, body.stop_list(), body.speculative, ignore_eos=body.ignore_eos
-    )
+        job_id, prompt_ids, params, max_tokens, sink, body.stop_list(), body.speculative, ignore_eos=body.ignore_eos,
+        logprobs=body.top_logprobs_asked(),
+    )  # fmt: skip
     try:
         state.scheduler.submit(request)
     except QueueFullError as exc:
@@ -301,9 +305,10 @@ def _submit(
     except SchedulerStoppedError as exc:
         raise ApiError(503, str(exc), type="server_error", code="shutting_down") from None
     except InvalidParameterError as exc:
-        raise ApiError(400, str(exc), code="invalid_value") from None
+        param = "logit_bias" if "logit_bias" in str(exc) else None
+        raise ApiError(400, str(exc), param=param, code="invalid_value") from None
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return Job(job_id, state.model_name, request, sink, body.stream, include_usage)
+    return Job(job_id, state.model_name, request, sink, body.stream, include_usage, state.scheduler.tokenizer)
 
 
 def _check_request(state: ServerState, body: CompletionRequest | ChatCompletionRequest) -> None:

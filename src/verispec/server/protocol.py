@@ -2,18 +2,19 @@
 
 Requests are validated strictly (JSON types as OpenAI documents them: no "5" for 5; null means the
 default, as in OpenAI's API); unknown fields are ignored, but known features verispec does not implement
-(n > 1, logprobs, penalties, tools, response formats, ...) are refused with a 400 rather than silently
-dropped.
+(n > 1, tools, response formats, ...) are refused with a 400 rather than silently dropped.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_serializer, model_validator
 
+from ..logprobs import MAX_TOP_LOGPROBS
+from ..sampling import BIAS_RANGE, PENALTY_RANGE
 from ..stats import GenerationStats
 
 
@@ -66,9 +67,10 @@ class _GenerationRequest(_Strict):
     stream_options: StreamOptions | None = None
     speculative: bool = True  # extension: false decodes this request without drafting
     ignore_eos: bool = False  # extension (vLLM's): end tokens are ordinary tokens; generate max_tokens
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: float = Field(default=0.0, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
+    frequency_penalty: float = Field(default=0.0, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
+    # token id (as a JSON key: a string of digits) -> added logit
+    logit_bias: dict[str, Annotated[float, Field(ge=BIAS_RANGE[0], le=BIAS_RANGE[1])]] | None = None
     user: str | None = None
     # features verispec lacks, recognised so that asking for them is refused rather than ignored
     tools: list[Any] | None = None
@@ -79,16 +81,26 @@ class _GenerationRequest(_Strict):
         """(param, message) for a requested feature verispec lacks."""
         if self.n != 1:
             return "n", "only n=1 is supported"
-        if self.presence_penalty or self.frequency_penalty:
-            param = "presence_penalty" if self.presence_penalty else "frequency_penalty"
-            return param, "presence and frequency penalties are not supported"
-        if self.logit_bias:
-            return "logit_bias", "logit_bias is not supported"
         if self.tools or self.functions:
             return ("tools" if self.tools else "functions"), "tool and function calling are not supported"
         if self.response_format and self.response_format.get("type", "text") != "text":
             return "response_format", "only the text response format is supported"
         return None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key in value or {}:
+            if not key.isdigit():
+                raise ValueError(f"keys must be token ids (strings of digits), got {key!r}")
+        return value
+
+    def bias(self) -> dict[int, float]:
+        return {int(token): bias for token, bias in (self.logit_bias or {}).items()}
+
+    def top_logprobs_asked(self) -> int | None:
+        """None: no logprobs; N: each token's logprob and its N most likely alternatives."""
+        raise NotImplementedError
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -99,15 +111,16 @@ class _GenerationRequest(_Strict):
 class CompletionRequest(_GenerationRequest):
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     best_of: int | None = None
     suffix: str | None = None
+
+    def top_logprobs_asked(self) -> int | None:
+        return self.logprobs
 
     def unsupported(self) -> tuple[str, str] | None:
         if self.echo:
             return "echo", "echo is not supported"
-        if self.logprobs is not None:
-            return "logprobs", "logprobs are not supported"
         if self.best_of not in (None, 1):
             return "best_of", "only best_of=1 is supported"
         if self.suffix:
@@ -135,11 +148,17 @@ class ChatCompletionRequest(_GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
 
-    def unsupported(self) -> tuple[str, str] | None:
-        if self.logprobs:
-            return "logprobs", "logprobs are not supported"
-        return super().unsupported()
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_needs_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs: true")
+        return value
+
+    def top_logprobs_asked(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 # ---- responses ----------------------------------------------------------------------------------------
@@ -175,10 +194,33 @@ class VerispecStats(BaseModel):
         )
 
 
+class CompletionLogprobs(BaseModel):
+    """The legacy completions shape: parallel lists, one entry per token."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]  # the sampled token and the N most likely
+    text_offset: list[int]
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprobEntry(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprobEntry]
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None
 
 
@@ -200,7 +242,7 @@ class AssistantMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str
 
 
@@ -226,7 +268,7 @@ class Delta(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: Delta
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 
 
