@@ -9,7 +9,7 @@ import torch
 from verispec import SpeculativeGenerator
 from verispec.engine.proposers import CATCH_UP_WIDTH, BatchedDrafter, DraftJob, padded_forward
 from verispec.engine.requests import EngineRequest, ErrorEvent, FinishEvent, StreamChunk
-from verispec.engine.scheduler import Scheduler, SchedulerConfig
+from verispec.engine.scheduler import Scheduler, SchedulerConfig, reusable_prefill
 from verispec.errors import InvalidParameterError
 from verispec.sampling import SamplingParams
 from verispec.testing import prefer_the_end_token, tiny_pair
@@ -160,6 +160,48 @@ def test_long_prompts_are_prefilled_in_chunks_between_decode_steps(tiny):
     names = [name for name, event in together if isinstance(event, StreamChunk)]
     chunks = -(-(len(long_prompt) - 1) // 8)
     assert len(long_prompt) > 3 * 8 and names.index("long") >= chunks - 1  # "short" decoded during each chunk
+
+
+def test_reusable_prefill_takes_whole_chunks_that_end_where_prefilling_would_end_them():
+    record = list(range(20))  # a slot prefilled 20 tokens in chunks of 8: [0, 8), [8, 16), [16, 20)
+    assert reusable_prefill(record, list(range(20)), 0, 8) == 20
+    assert reusable_prefill(record, list(range(20)), 8, 8) == 20  # from a later chunk boundary
+    assert reusable_prefill(record, [*range(19), 99], 0, 8) == 16  # the last chunk differs
+    assert reusable_prefill(record, list(range(18)), 0, 8) == 16  # [16, 18) would be its own, shorter chunk
+    assert reusable_prefill(record, list(range(30)), 0, 8) == 16  # [16, 24) was never prefilled as one chunk
+    assert reusable_prefill(record, [99, *range(1, 20)], 0, 8) == 0
+    assert reusable_prefill([], list(range(5)), 0, 8) == 0
+
+
+def test_requests_sharing_a_prompt_prefill_it_once_and_decode_as_alone(tiny):
+    """n choices of one prompt (and a later request repeating it, in the slot it left): the first prefills it,
+    the others copy its keys and values chunk by chunk; each decodes exactly as it would alone, greedy or
+    seeded. A prompt sharing only its first chunk reuses that chunk."""
+    target, draft = tiny
+    prompt = target.tokenizer.encode("the quick brown fox jumps over the lazy dog " * 3)
+    other = prompt[:8] + target.tokenizer.encode(" and now something else entirely")
+    config = SchedulerConfig(max_num_seqs=3, max_model_len=256, draft_policy="always", prefill_chunk=8)
+    requests = [
+        ("a", prompt, SamplingParams()), ("b", prompt, SamplingParams(0.9, seed=1)),
+        ("c", prompt, SamplingParams(0.9, seed=2)), ("d", other, SamplingParams()), ("e", prompt, SamplingParams()),
+    ]  # fmt: skip
+
+    def run(batch):
+        scheduler, outputs = Scheduler(target, draft, config), {}
+        for name, ids, params in batch:
+            sink = lambda event, name=name: outputs.update({name: event}) if isinstance(event, FinishEvent) else None  # noqa: E731
+            scheduler.submit(EngineRequest(name, ids, params, 30, sink))
+        scheduler.run_until_idle()
+        return scheduler, {name: event.output for name, event in outputs.items()}
+
+    scheduler, together = run(requests)
+    for name, ids, params in requests:
+        alone = run([(name, ids, params)])[1][name]
+        assert together[name].token_ids == alone.token_ids, name
+    assert together["a"].stats.drafted > 0
+    assert [together[n].stats.time_prefill > 0 for n in "abcde"] == [True, False, False, True, False]
+    prefilled = len(prompt) - 1
+    assert scheduler.metrics.prefill_reused_tokens._value.get() == 2 * prefilled + 8 + prefilled
 
 
 @pytest.mark.parametrize(("draft_vocab", "method"), [(None, "draft"), (100, "draft"), (None, "hybrid")])

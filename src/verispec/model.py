@@ -37,6 +37,17 @@ class KVCache:
             raise ValueError(f"slot {slot}: cannot set length {length} (holds {self.lengths[slot]})")
         self.lengths[slot] = length
 
+    def copy(self, source: int, slot: int, end: int) -> None:
+        """Give `slot` the keys and values `source` holds at positions [slot's length, end); its length
+        becomes `end`. Copying from the slot itself keeps what it still holds there."""
+        start = self.lengths[slot]
+        if not start <= end <= self.max_len:
+            raise ValueError(f"slot {slot} holds {start} positions: cannot copy up to {end}")
+        if source != slot:
+            for layer in self.keys + self.values:
+                layer[slot, :, start:end].copy_(layer[source, :, start:end])
+        self.lengths[slot] = end
+
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.keys + self.values)
 

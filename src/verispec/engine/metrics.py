@@ -18,6 +18,9 @@ class Metrics:
         self.requests = counter("requests", "Finished requests by finish reason", "finish_reason")
         self.rejected = counter("rejected_requests", "Requests refused before running, by error code", "code")
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of admitted requests")
+        self.prefill_reused_tokens = counter(
+            "prefill_reused_tokens", "Prompt tokens whose keys and values were copied from another request's prefill"
+        )
         self.generation_tokens = counter("generation_tokens", "Generated tokens")
         self.drafted = counter("draft_tokens", "Drafted tokens")
         self.accepted = counter("accepted_tokens", "Drafted tokens the target accepted")

@@ -100,9 +100,11 @@ class BatchedDrafter:
     sequence's own generator; both after the request's logit adjustments (adjustments.py).
 
     A slot needs no prefill: `propose` feeds whatever the slot lacks, keeping the longest prefix it already
-    holds (so a new request reuses a previous one's shared prefix, and a sequence whose drafting was
-    suspended catches up only when drafting resumes). Feeds too long to batch run alone first; their time
-    is kept in `catch_up_seconds` so the draft policy can tell steady-state drafting cost from catching up.
+    holds, or copying a longer one another slot holds (so a new request reuses a previous one's shared
+    prefix, n choices of one prompt catch up once, and a sequence whose drafting was suspended catches up
+    only when drafting resumes; a draft's keys need not match any other computation bit for bit). Feeds
+    too long to batch run alone first; their time is kept in `catch_up_seconds` so the draft policy can
+    tell steady-state drafting cost from catching up.
     """
 
     def __init__(
@@ -119,9 +121,19 @@ class BatchedDrafter:
     def lag(self, slot: int, tokens: list[int]) -> int:
         """How many tokens `propose` would feed the slot alone, before drafting for `tokens`: what it lacks
         beyond the CATCH_UP_WIDTH that ride in the batched pass (a slot may hold an earlier request's tokens,
-        or rejected drafts: only the common prefix counts)."""
-        fed = common_prefix(self.fed[slot], tokens, limit=len(tokens) - 1)
-        return max(0, len(tokens) - fed - CATCH_UP_WIDTH)
+        or rejected drafts: only the common prefix counts; another slot's longer one is copied)."""
+        return max(0, len(tokens) - self._held(slot, tokens)[1] - CATCH_UP_WIDTH)
+
+    def _held(self, slot: int, tokens: list[int]) -> tuple[int, int]:
+        """(the slot holding the longest prefix of `tokens`, its length): `slot` itself unless another holds
+        more than a batched pass would feed (n choices of one prompt share its catch-up)."""
+        limit = len(tokens) - 1
+        best = (slot, common_prefix(self.fed[slot], tokens, limit))
+        if limit - best[1] > CATCH_UP_WIDTH:
+            for other, fed in enumerate(self.fed):
+                if other != slot and (held := common_prefix(fed, tokens, limit)) > best[1]:
+                    best = (other, held)
+        return best
 
     def propose(self, jobs: list[DraftJob]) -> list[Proposal]:
         self.catch_up_seconds, self.catch_up_tokens = 0.0, 0
@@ -152,9 +164,14 @@ class BatchedDrafter:
         todo = []
         for job in jobs:
             fed = self.fed[job.slot]
+            source, held = self._held(job.slot, job.tokens)
             keep = common_prefix(fed, job.tokens, limit=len(job.tokens) - 1)
             self.cache.set_length(job.slot, keep)
             del fed[keep:]
+            if held > keep:  # another slot holds more of these tokens: copy its keys and values
+                self.cache.copy(source, job.slot, held)
+                fed += job.tokens[keep:held]
+                keep = held
             missing = job.tokens[keep:]
             if len(missing) > CATCH_UP_WIDTH:
                 begin = time.perf_counter()
