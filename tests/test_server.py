@@ -288,6 +288,61 @@ def test_penalties_and_logit_bias_equal_plain_decoding(server, plain):
     assert result.model_extra["verispec"]["drafted"] > 0
 
 
+# ---- n choices, best_of ---------------------------------------------------------------------------------------
+@needs_smollm2
+def test_n_choices_share_one_prefill_and_each_is_the_single_request_with_its_seed(server, plain):
+    """Choice i of a seeded request is the n = 1 request with seed + i (reproducible, and different choices);
+    the n - 1 other choices copy the first one's prefill instead of computing it."""
+    client = server.client()
+    prompt = PROMPTS[4]
+    prompt_tokens = len(plain.tokenizer.encode(prompt))
+    ask = dict(model=MODEL, prompt=prompt, max_tokens=12, temperature=1.0, seed=11)  # noqa: C408
+    before = server.metrics()
+    result = client.completions.create(n=3, **ask)
+    reused = server.metrics()["verispec_prefill_reused_tokens_total"] - before["verispec_prefill_reused_tokens_total"]
+    texts = [choice.text for choice in sorted(result.choices, key=lambda c: c.index)]
+    assert [c.index for c in result.choices] == [0, 1, 2]
+    assert reused >= 2 * (prompt_tokens - 1)
+    singles = [client.completions.create(**{**ask, "seed": 11 + i}).choices[0].text for i in range(3)]
+    assert texts == singles and len(set(texts)) > 1
+    assert result.usage.completion_tokens == 36 and result.usage.prompt_tokens == prompt_tokens
+    assert result.model_extra["verispec"]["drafted"] > 0
+
+
+@needs_smollm2
+def test_streamed_chat_choices_arrive_tagged_and_each_equals_plain_decoding(server, plain):
+    messages = [{"role": "user", "content": "Name a colour."}]
+    expected = plain.generate(messages, max_tokens=10)
+    stream = server.client().chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=10, temperature=0, n=2, stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    texts, finished = {0: "", 1: ""}, {}
+    chunks = list(stream)
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            if choice.finish_reason:
+                finished[choice.index] = choice.finish_reason
+    assert texts == {0: expected.text, 1: expected.text}
+    assert finished == {0: expected.finish_reason, 1: expected.finish_reason}
+    assert chunks[-1].usage.completion_tokens == 2 * len(expected.token_ids)
+
+
+@needs_smollm2
+def test_best_of_returns_the_n_sequences_of_highest_mean_logprob(server):
+    client = server.client()
+    ask = dict(model=MODEL, prompt=PROMPTS[6], max_tokens=8, temperature=1.0, seed=5, logprobs=0)  # noqa: C408
+    every = client.completions.create(n=4, **ask).choices
+    best = client.completions.create(n=2, best_of=4, **ask).choices
+    mean = lambda choice: sum(choice.logprobs.token_logprobs) / len(choice.logprobs.token_logprobs)  # noqa: E731
+    ranked = sorted(every, key=mean, reverse=True)
+    assert [c.text for c in best] == [c.text for c in ranked[:2]]
+    assert [c.index for c in best] == [0, 1]
+    plain_best = client.completions.create(n=1, best_of=4, **{**ask, "logprobs": None}).choices
+    assert plain_best[0].text == ranked[0].text and plain_best[0].logprobs is None  # ranked, not shown
+
+
 @needs_smollm2
 def test_stream_sends_one_token_per_event_and_done(server):
     with httpx.stream(
@@ -369,7 +424,11 @@ def _error(response: httpx.Response, status: int, code: str | None = None, param
         ({"prompt": "hi " * MAX_MODEL_LEN}, 400, "context_length_exceeded", "prompt"),
         ({"prompt": "hi " * MAX_MODEL_LEN, "max_tokens": 4}, 400, "context_length_exceeded", "prompt"),
         (b'{"prompt": "hi", "temperature": NaN}', 422, None, "temperature"),
-        ({"prompt": "hi", "n": 2}, 400, "unsupported_parameter", "n"),
+        ({"prompt": "hi", "n": 0}, 422, None, "n"),
+        ({"prompt": "hi", "n": 100}, 400, "invalid_value", "n"),  # more than slots + queue places
+        ({"prompt": "hi", "n": 2, "best_of": 1}, 422, None, "best_of"),
+        ({"prompt": "hi", "best_of": 3, "stream": True}, 422, None, "best_of"),
+        ({"prompt": "hi", "n": 2, "seed": 2**64 - 1}, 400, "invalid_value", "seed"),  # choice 1 draws from seed + 1
         ({"prompt": [10**9]}, 400, "invalid_value", "prompt"),
         ({"prompt": "hi", "seed": 2**64}, 400, "invalid_value", None),  # beyond torch's: once failed all requests
         ({"prompt": "hi", "stop": ["x"] * 17}, 422, None, "stop"),

@@ -54,6 +54,23 @@ class GenerationStats:
             self.drafted_by_position[i] += 1
             self.accepted_by_position[i] += i < accepted
 
+    @classmethod
+    def merged(cls, parts: list[GenerationStats]) -> GenerationStats:
+        """One request's n choices as one: counts add up, times are the longest choice's."""
+        total = cls()
+        for part in parts:
+            for name in ("prompt_tokens", "new_tokens", "target_passes", "drafted", "accepted", "rejected"):
+                setattr(total, name, getattr(total, name) + getattr(part, name))
+            for name in ("drafted_by_position", "accepted_by_position"):
+                mine, theirs = getattr(total, name), getattr(part, name)
+                mine += [0] * (len(theirs) - len(mine))
+                for i, count in enumerate(theirs):
+                    mine[i] += count
+            for name in ("time_prefill", "time_draft", "time_target", "time_total"):
+                setattr(total, name, max(getattr(total, name), getattr(part, name)))
+        total.prompt_tokens = max((part.prompt_tokens for part in parts), default=0)  # one prompt, shared
+        return total
+
     def to_dict(self) -> dict:
         data = asdict(self)
         for name in ("acceptance_rate", "mean_accepted_length", "tokens_per_second", "time_other"):

@@ -205,6 +205,26 @@ class Scheduler:
             )
 
     def submit(self, request: EngineRequest) -> None:
+        self.submit_all([request])
+
+    def submit_all(self, requests: list[EngineRequest]) -> None:
+        """Queue all of `requests` (a request's n choices) or, when they do not all fit, none."""
+        for request in requests:
+            self._check(request)
+        with self.cond:
+            if self.stopping:
+                raise SchedulerStoppedError("the server is shutting down")
+            if len(self.active) + len(requests) > self.config.max_num_seqs + self.config.max_queue:
+                raise QueueFullError(
+                    f"{self.config.max_num_seqs} requests running and {self.config.max_queue} waiting; retry later"
+                )
+            for request in requests:
+                self.active[request.request_id] = request
+                self.waiting.append(request)
+            self._update_gauges()
+            self.cond.notify()
+
+    def _check(self, request: EngineRequest) -> None:
         if request.max_tokens < 1:
             raise InvalidParameterError(f"max_tokens must be >= 1, got {request.max_tokens}")
         if request.logprobs is not None and not 0 <= request.logprobs <= MAX_TOP_LOGPROBS:
@@ -217,17 +237,6 @@ class Scheduler:
             raise PromptTooLongError(
                 f"prompt + max_tokens = {total} tokens exceeds the context of {self.max_model_len}"
             )
-        with self.cond:
-            if self.stopping:
-                raise SchedulerStoppedError("the server is shutting down")
-            if len(self.active) >= self.config.max_num_seqs + self.config.max_queue:
-                raise QueueFullError(
-                    f"{self.config.max_num_seqs} requests running and {self.config.max_queue} waiting; retry later"
-                )
-            self.active[request.request_id] = request
-            self.waiting.append(request)
-            self._update_gauges()
-            self.cond.notify()
 
     def cancel(self, request_id: str) -> None:
         """Stop a request (its client went away); a waiting one leaves at once, a running one before the next step."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import json
 import logging
@@ -220,8 +221,8 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
         job = _submit(state, body, prompt_ids, COMPLETION_DEFAULT_MAX_TOKENS, body.max_tokens, "prompt")
         if job.stream:
             return _sse(state, job, completion_chunks(job))
-        output, queue_seconds = await _result(request, state, job)
-        return JSONResponse(completion_body(job, output, queue_seconds).model_dump())
+        outputs, queue_seconds = await _result(request, state, job)
+        return JSONResponse(completion_body(job, outputs, queue_seconds).model_dump())
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -232,8 +233,8 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
         job = _submit(state, body, prompt_ids, room, requested, "messages")
         if job.stream:
             return _sse(state, job, chat_chunks(job))
-        output, queue_seconds = await _result(request, state, job)
-        return JSONResponse(chat_completion_body(job, output, queue_seconds).model_dump())
+        outputs, queue_seconds = await _result(request, state, job)
+        return JSONResponse(chat_completion_body(job, outputs, queue_seconds).model_dump())
 
 
 async def _parse(request: Request, model: type[RequestT]) -> RequestT:
@@ -292,13 +293,20 @@ def _submit(
     except InvalidParameterError as exc:
         raise ApiError(400, str(exc), code="invalid_value") from None
     job_id = new_id("chatcmpl" if prompt_param == "messages" else "cmpl")
-    sink = AsyncSink()
-    request = EngineRequest(
-        job_id, prompt_ids, params, max_tokens, sink, body.stop_list(), body.speculative, ignore_eos=body.ignore_eos,
-        logprobs=body.top_logprobs_asked(),
-    )  # fmt: skip
+    count = body.sequences()
+    sink = AsyncSink(count)
+    logprobs = body.top_logprobs_asked()
+    ranking = count > body.n  # best_of ranks the sequences by their logprobs
+    requests = [
+        EngineRequest(
+            job_id if count == 1 else f"{job_id}-{i}", prompt_ids, _choice_params(params, i), max_tokens,
+            sink.choice(i), body.stop_list(), body.speculative, ignore_eos=body.ignore_eos,
+            logprobs=0 if ranking and logprobs is None else logprobs,
+        )
+        for i in range(count)
+    ]  # fmt: skip
     try:
-        state.scheduler.submit(request)
+        state.scheduler.submit_all(requests)
     except QueueFullError as exc:
         headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
         raise ApiError(429, str(exc), type="rate_limit_error", code="queue_full", headers=headers) from None
@@ -308,7 +316,21 @@ def _submit(
         param = "logit_bias" if "logit_bias" in str(exc) else None
         raise ApiError(400, str(exc), param=param, code="invalid_value") from None
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return Job(job_id, state.model_name, request, sink, body.stream, include_usage, state.scheduler.tokenizer)
+    return Job(
+        job_id, state.model_name, requests, sink, body.stream, include_usage, state.scheduler.tokenizer,
+        choices=body.n, logprobs=logprobs is not None,
+    )  # fmt: skip
+
+
+def _choice_params(params: SamplingParams, index: int) -> SamplingParams:
+    """Choice i of a seeded request draws from seed + i: the choices differ, and each is reproducible (the
+    same request gives the same n answers; choice 0 is what n = 1 gives)."""
+    if params.seed is None or index == 0:
+        return params
+    try:
+        return dataclasses.replace(params, seed=params.seed + index)
+    except InvalidParameterError as exc:
+        raise ApiError(400, f"choice {index}: {exc}", param="seed", code="invalid_value") from None
 
 
 def _check_request(state: ServerState, body: CompletionRequest | ChatCompletionRequest) -> None:
@@ -318,6 +340,11 @@ def _check_request(state: ServerState, body: CompletionRequest | ChatCompletionR
         raise ApiError(400, f"the model `{body.model}` does not exist", param="model", code="model_not_found")
     if problem := body.unsupported():
         raise ApiError(400, problem[1], param=problem[0], code="unsupported_parameter")
+    room = state.scheduler.config.max_num_seqs + state.scheduler.config.max_queue
+    if body.sequences() > room:
+        param = "n" if body.sequences() == body.n else "best_of"
+        message = f"{param} = {body.sequences()} needs as many slots and queue places; this server has {room}"
+        raise ApiError(400, message, param=param, code="invalid_value")
 
 
 def _max_tokens(
@@ -342,24 +369,34 @@ def _max_tokens(
     return max_tokens
 
 
-async def _result(http_request: Request, state: ServerState, job: Job) -> tuple[GenerationOutput, float]:
-    """Wait for the finished output; cancels the request if the client disconnects meanwhile."""
+async def _result(http_request: Request, state: ServerState, job: Job) -> tuple[list[GenerationOutput], float]:
+    """Wait for every choice's output (in choice order) and the longest queue time; cancels the request if the
+    client disconnects meanwhile."""
     loop = asyncio.get_running_loop()
     next_check = loop.time() + DISCONNECT_POLL_SECONDS
+    outputs: dict[int, GenerationOutput] = {}
+    queue_seconds = 0.0
     try:
-        while True:
+        while len(outputs) < len(job.requests):
             with contextlib.suppress(TimeoutError):
-                event = await asyncio.wait_for(job.sink.queue.get(), max(0.0, next_check - loop.time()))
+                index, event = await asyncio.wait_for(job.sink.queue.get(), max(0.0, next_check - loop.time()))
                 if isinstance(event, FinishEvent):
-                    return event.output, event.queue_seconds
+                    outputs[index] = event.output
+                    queue_seconds = max(queue_seconds, event.queue_seconds)
                 if isinstance(event, ErrorEvent):
                     raise ApiError(500, event.message, type="server_error", code="internal")
             if loop.time() >= next_check:
                 if await http_request.is_disconnected():
                     raise ApiError(499, "client closed the request", code="client_closed")
                 next_check = loop.time() + DISCONNECT_POLL_SECONDS
+        return [outputs[i] for i in range(len(job.requests))], queue_seconds
     finally:
-        state.scheduler.cancel(job.id)
+        _cancel(state, job)
+
+
+def _cancel(state: ServerState, job: Job) -> None:
+    for request in job.requests:
+        state.scheduler.cancel(request.request_id)
 
 
 def _sse(state: ServerState, job: Job, chunks: AsyncIterator[BaseModel | dict]) -> StreamingResponse:
@@ -370,7 +407,7 @@ def _sse(state: ServerState, job: Job, chunks: AsyncIterator[BaseModel | dict]) 
                 yield f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
             yield "data: [DONE]\n\n"
         finally:  # also on cancellation when the client disconnects
-            state.scheduler.cancel(job.id)
+            _cancel(state, job)
 
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return StreamingResponse(body(), media_type="text/event-stream", headers=headers)

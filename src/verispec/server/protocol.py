@@ -2,7 +2,7 @@
 
 Requests are validated strictly (JSON types as OpenAI documents them: no "5" for 5; null means the
 default, as in OpenAI's API); unknown fields are ignored, but known features verispec does not implement
-(n > 1, tools, response formats, ...) are refused with a 400 rather than silently dropped.
+(tools, response formats, ...) are refused with a 400 rather than silently dropped.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class _GenerationRequest(_Strict):
     top_k: int = Field(default=0, ge=-1)  # extension (vLLM's); 0 or -1: off
     seed: int | None = None
     stop: str | list[str] | None = Field(default=None, max_length=MAX_STOP_STRINGS)
-    n: int = 1
+    n: int = Field(default=1, ge=1)  # choices; at most the server's slots + queue places (checked there)
     stream: bool = False
     stream_options: StreamOptions | None = None
     speculative: bool = True  # extension: false decodes this request without drafting
@@ -79,8 +79,6 @@ class _GenerationRequest(_Strict):
 
     def unsupported(self) -> tuple[str, str] | None:
         """(param, message) for a requested feature verispec lacks."""
-        if self.n != 1:
-            return "n", "only n=1 is supported"
         if self.tools or self.functions:
             return ("tools" if self.tools else "functions"), "tool and function calling are not supported"
         if self.response_format and self.response_format.get("type", "text") != "text":
@@ -102,6 +100,10 @@ class _GenerationRequest(_Strict):
         """None: no logprobs; N: each token's logprob and its N most likely alternatives."""
         raise NotImplementedError
 
+    def sequences(self) -> int:
+        """How many sequences the request generates."""
+        return self.n
+
     def stop_list(self) -> list[str]:
         if self.stop is None:
             return []
@@ -112,17 +114,27 @@ class CompletionRequest(_GenerationRequest):
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool = False
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
-    best_of: int | None = None
+    best_of: int | None = Field(default=None, ge=1)  # sequences generated; the n of highest mean logprob returned
     suffix: str | None = None
 
     def top_logprobs_asked(self) -> int | None:
         return self.logprobs
 
+    def sequences(self) -> int:
+        return self.best_of or self.n
+
+    @field_validator("best_of")
+    @classmethod
+    def _at_least_n(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and value < info.data.get("n", 1):
+            raise ValueError("best_of must be >= n")
+        if value is not None and value > info.data.get("n", 1) and info.data.get("stream"):
+            raise ValueError("best_of > n cannot be streamed (the best are known only at the end)")
+        return value
+
     def unsupported(self) -> tuple[str, str] | None:
         if self.echo:
             return "echo", "echo is not supported"
-        if self.best_of not in (None, 1):
-            return "best_of", "only best_of=1 is supported"
         if self.suffix:
             return "suffix", "suffix is not supported"
         return super().unsupported()

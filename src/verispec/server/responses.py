@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from ..engine.requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput, StreamChunk
 from ..logprobs import TokenLogprob
+from ..stats import GenerationStats
 from ..tokenizer import Tokenizer
 from .events import AsyncSink
 from .protocol import (
@@ -34,19 +35,22 @@ LOWEST_LOGPROB = -9999.0  # how a logprob of -inf is sent (JSON has no infinity;
 
 @dataclass
 class Job:
-    """A request accepted by a handler: what the route needs to answer it."""
+    """A request accepted by a handler: what the route needs to answer it. `requests` are its choices' engine
+    requests (n of them, or best_of)."""
 
     id: str
     model: str
-    engine: EngineRequest
+    requests: list[EngineRequest]
     sink: AsyncSink
     stream: bool
     include_usage: bool
     tokenizer: Tokenizer
+    choices: int = 1  # n: how many of the requests' outputs are answered
+    logprobs: bool = False  # whether the client asked for them (best_of ranks by them either way)
 
     @property
     def wants_logprobs(self) -> bool:
-        return self.engine.logprobs is not None
+        return self.logprobs
 
 
 # ---- logprobs -------------------------------------------------------------------------------------------
@@ -98,24 +102,50 @@ def _pending_logprobs(job: Job, event: StreamChunk, pending: list[TokenLogprob])
     return taken
 
 
-def usage(output: GenerationOutput) -> Usage:
-    prompt, completion = len(output.prompt_ids), len(output.token_ids)
+def usage(outputs: list[GenerationOutput]) -> Usage:
+    prompt, completion = len(outputs[0].prompt_ids), sum(len(output.token_ids) for output in outputs)
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
-def completion_body(job: Job, output: GenerationOutput, queue_seconds: float) -> Completion:
-    logprobs = completion_logprobs(job.tokenizer, output.logprobs) if output.logprobs is not None else None
-    choice = CompletionChoice(text=output.text, logprobs=logprobs, finish_reason=output.finish_reason)
-    stats = VerispecStats.from_stats(output.stats, queue_seconds)
-    return Completion(id=job.id, model=job.model, choices=[choice], usage=usage(output), verispec=stats)
+def best(job: Job, outputs: list[GenerationOutput]) -> list[GenerationOutput]:
+    """The job's n answers: all outputs, or with best_of the n of highest mean logprob per token (OpenAI's
+    rule), best first."""
+    if len(outputs) == job.choices:
+        return outputs
+
+    def mean_logprob(output: GenerationOutput) -> float:
+        values = [entry.logprob for entry in output.logprobs or []]
+        return sum(values) / len(values) if values else float("-inf")
+
+    return sorted(outputs, key=mean_logprob, reverse=True)[: job.choices]
 
 
-def chat_completion_body(job: Job, output: GenerationOutput, queue_seconds: float) -> ChatCompletion:
-    logprobs = chat_logprobs(job.tokenizer, output.logprobs) if output.logprobs is not None else None
-    message = AssistantMessage(content=output.text)
-    choice = ChatChoice(message=message, logprobs=logprobs, finish_reason=output.finish_reason)
-    stats = VerispecStats.from_stats(output.stats, queue_seconds)
-    return ChatCompletion(id=job.id, model=job.model, choices=[choice], usage=usage(output), verispec=stats)
+def _stats(outputs: list[GenerationOutput], queue_seconds: float) -> VerispecStats:
+    return VerispecStats.from_stats(GenerationStats.merged([output.stats for output in outputs]), queue_seconds)
+
+
+def completion_body(job: Job, outputs: list[GenerationOutput], queue_seconds: float) -> Completion:
+    choices = [
+        CompletionChoice(
+            index=i, text=output.text, finish_reason=output.finish_reason,
+            logprobs=completion_logprobs(job.tokenizer, output.logprobs) if job.wants_logprobs else None,
+        )
+        for i, output in enumerate(best(job, outputs))
+    ]  # fmt: skip
+    stats = _stats(outputs, queue_seconds)
+    return Completion(id=job.id, model=job.model, choices=choices, usage=usage(outputs), verispec=stats)
+
+
+def chat_completion_body(job: Job, outputs: list[GenerationOutput], queue_seconds: float) -> ChatCompletion:
+    choices = [
+        ChatChoice(
+            index=i, message=AssistantMessage(content=output.text), finish_reason=output.finish_reason,
+            logprobs=chat_logprobs(job.tokenizer, output.logprobs) if job.wants_logprobs else None,
+        )
+        for i, output in enumerate(outputs)
+    ]  # fmt: skip
+    stats = _stats(outputs, queue_seconds)
+    return ChatCompletion(id=job.id, model=job.model, choices=choices, usage=usage(outputs), verispec=stats)
 
 
 def _error_chunk(event: ErrorEvent) -> dict:
@@ -123,43 +153,49 @@ def _error_chunk(event: ErrorEvent) -> dict:
 
 
 async def completion_chunks(job: Job) -> AsyncIterator[BaseModel | dict]:
-    """One chunk per token with new text, then a chunk with the finish reason (and usage when asked)."""
-    pending: list[TokenLogprob] = []
-    async for event in job.sink.events():
+    """One chunk per token with new text (tagged with its choice's index), a chunk with each choice's finish
+    reason (and its statistics), then usage when asked."""
+    pending: dict[int, list[TokenLogprob]] = {}
+    outputs: list[GenerationOutput] = []
+    async for index, event in job.sink.events():
         if isinstance(event, ErrorEvent):
             yield _error_chunk(event)
         elif isinstance(event, FinishEvent):
+            outputs.append(event.output)
             stats = VerispecStats.from_stats(event.output.stats, event.queue_seconds)
-            logprobs = completion_logprobs(job.tokenizer, pending) if pending else None
-            choice = CompletionChoice(text="", logprobs=logprobs, finish_reason=event.output.finish_reason)
+            waiting = pending.pop(index, None)
+            logprobs = completion_logprobs(job.tokenizer, waiting) if waiting else None
+            choice = CompletionChoice(index=index, text="", logprobs=logprobs, finish_reason=event.output.finish_reason)
             yield Completion(id=job.id, model=job.model, choices=[choice], verispec=stats)
-            if job.include_usage:
-                yield Completion(id=job.id, model=job.model, choices=[], usage=usage(event.output))
-        elif (taken := _pending_logprobs(job, event, pending)) is not None or event.text:
+        elif (taken := _pending_logprobs(job, event, pending.setdefault(index, []))) is not None or event.text:
             logprobs = completion_logprobs(job.tokenizer, taken) if taken is not None else None
-            choice = CompletionChoice(text=event.text, logprobs=logprobs, finish_reason=None)
+            choice = CompletionChoice(index=index, text=event.text, logprobs=logprobs, finish_reason=None)
             yield Completion(id=job.id, model=job.model, choices=[choice])
+    if job.include_usage and len(outputs) == len(job.requests):
+        yield Completion(id=job.id, model=job.model, choices=[], usage=usage(outputs))
 
 
 async def chat_chunks(job: Job) -> AsyncIterator[BaseModel | dict]:
     def chunk(
-        delta: Delta | None, finish_reason: str | None = None, logprobs: list[TokenLogprob] | None = None, **extra
-    ) -> ChatCompletionChunk:
-        choices = []
-        if delta is not None:  # the usage chunk has no choices
-            entries = chat_logprobs(job.tokenizer, logprobs) if logprobs else None
-            choices.append(ChatChunkChoice(delta=delta, logprobs=entries, finish_reason=finish_reason))
-        return ChatCompletionChunk(id=job.id, model=job.model, choices=choices, **extra)
+        index: int, delta: Delta, finish_reason: str | None = None, logprobs: list[TokenLogprob] | None = None,
+        **extra,
+    ) -> ChatCompletionChunk:  # fmt: skip
+        entries = chat_logprobs(job.tokenizer, logprobs) if logprobs else None
+        choice = ChatChunkChoice(index=index, delta=delta, logprobs=entries, finish_reason=finish_reason)
+        return ChatCompletionChunk(id=job.id, model=job.model, choices=[choice], **extra)
 
-    yield chunk(Delta(role="assistant", content=""))
-    pending: list[TokenLogprob] = []
-    async for event in job.sink.events():
+    for index in range(len(job.requests)):
+        yield chunk(index, Delta(role="assistant", content=""))
+    pending: dict[int, list[TokenLogprob]] = {}
+    outputs: list[GenerationOutput] = []
+    async for index, event in job.sink.events():
         if isinstance(event, ErrorEvent):
             yield _error_chunk(event)
         elif isinstance(event, FinishEvent):
+            outputs.append(event.output)
             stats = VerispecStats.from_stats(event.output.stats, event.queue_seconds)
-            yield chunk(Delta(), event.output.finish_reason, pending, verispec=stats)
-            if job.include_usage:
-                yield chunk(None, usage=usage(event.output))
-        elif (taken := _pending_logprobs(job, event, pending)) is not None or event.text:
-            yield chunk(Delta(content=event.text), logprobs=taken)
+            yield chunk(index, Delta(), event.output.finish_reason, pending.pop(index, None), verispec=stats)
+        elif (taken := _pending_logprobs(job, event, pending.setdefault(index, []))) is not None or event.text:
+            yield chunk(index, Delta(content=event.text), logprobs=taken)
+    if job.include_usage and len(outputs) == len(job.requests):
+        yield ChatCompletionChunk(id=job.id, model=job.model, choices=[], usage=usage(outputs))
