@@ -3,7 +3,7 @@
 Every `import` and `from ... import` inside src/verispec counts, those inside functions included (a lazy
 import is still a dependency). Layers, from the ground up:
 
-    0 foundation   errors, config, stats, sampling, adjustments, logprobs, stopping, acceptance, tokenizer,
+    0 foundation   errors, config, stats, sampling, adjustments, logprobs, grammar, stopping, acceptance, tokenizer,
                    bundled, converted
     1 kernels      kernels/ (the native library and its Python face)
     2 model        model (the transformer; knows no weight format)
@@ -22,7 +22,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "verispec"
 
 LAYERS = {
-    "errors": 0, "config": 0, "stats": 0, "sampling": 0, "adjustments": 0, "logprobs": 0, "stopping": 0,
+    "errors": 0, "config": 0, "stats": 0, "sampling": 0, "adjustments": 0, "logprobs": 0, "grammar": 0, "stopping": 0,
     "acceptance": 0, "tokenizer": 0, "bundled": 0, "converted": 0,
     "kernels": 1,
     "model": 2,

@@ -9,6 +9,7 @@ from .errors import (
     VerispecError,
 )
 from .generator import GenerationOutput, SpeculativeGenerator, StreamChunk
+from .grammar import GrammarSpec
 from .loading import LoadedModel, load_model
 from .sampling import SamplingParams
 from .stats import GenerationStats
@@ -17,6 +18,7 @@ __all__ = [
     "BundledModelError",
     "GenerationOutput",
     "GenerationStats",
+    "GrammarSpec",
     "InvalidParameterError",
     "LoadedModel",
     "ModelLoadError",

@@ -16,6 +16,7 @@ import torch
 from .engine.requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput, StreamChunk
 from .engine.scheduler import METHODS, Scheduler, SchedulerConfig
 from .errors import InvalidParameterError, VerispecError
+from .grammar import GrammarSpec
 from .loading import LoadedModel, load_pair
 from .sampling import SamplingParams
 
@@ -98,6 +99,7 @@ class SpeculativeGenerator:
         frequency_penalty: float = 0.0,
         logit_bias: dict[int, float] | None = None,
         logprobs: int | None = None,
+        grammar: GrammarSpec | None = None,
     ) -> Iterator[StreamChunk]:
         """Yields one chunk per generated token; the last chunk carries the whole GenerationOutput.
 
@@ -107,7 +109,8 @@ class SpeculativeGenerator:
         Generation stops at max_tokens or when the context is full (finish reason "length").
         `presence_penalty`, `frequency_penalty` and `logit_bias` adjust the logits as OpenAI's API does
         (adjustments.py); `logprobs=N` gives every token its logprob and its N most likely alternatives
-        (logprobs.py), in each chunk and in the output.
+        (logprobs.py), in each chunk and in the output. `grammar` (a GrammarSpec: a JSON schema, any JSON
+        object, a regex, a Lark/GBNF grammar or a choice) keeps every token within it (grammar.py).
         """
         params = SamplingParams(
             temperature, top_k, top_p, seed, presence_penalty, frequency_penalty, dict(logit_bias or {})
@@ -120,6 +123,7 @@ class SpeculativeGenerator:
         request = EngineRequest(
             f"generate-{next(self._ids)}", prompt_ids, params, min(max_tokens, room), events.append,
             stop or [], ignore_eos=ignore_eos, logprobs=logprobs,
+            grammar=self.engine.grammars.compile(grammar) if grammar is not None else None,
         )  # fmt: skip
         return self._run(request, events)
 

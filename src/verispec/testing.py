@@ -109,5 +109,5 @@ def word_tokenizer(size: int) -> Tokenizer:
     vocab = {chr(ord("a") + i): i for i in range(size - 1)} | {EOS_TEXT: size - 1}
     raw = RawTokenizer(models.WordLevel(vocab=vocab, unk_token=EOS_TEXT))
     raw.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    raw.decoder = decoders.Fuse()
+    raw.decoder = decoders.ByteLevel()  # letters spell themselves in GPT-2's byte alphabet (grammars read bytes)
     return Tokenizer(raw, EOS_TEXT)

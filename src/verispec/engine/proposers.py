@@ -24,6 +24,7 @@ import torch
 
 from ..adjustments import LogitAdjustments
 from ..draft_head import DraftHead
+from ..grammar import GrammarMatcher
 from ..model import KVCache, Transformer
 from ..sampling import SamplingParams, probs_from_logits, sample
 
@@ -91,13 +92,15 @@ class DraftJob:
     params: SamplingParams
     rng: torch.Generator
     adjustments: LogitAdjustments | None = None  # the request's logit_bias and penalties, if any
+    grammar: GrammarMatcher | None = None  # the request's structured-output constraint, if any
 
 
 class BatchedDrafter:
     """A draft model with one cache slot per sequence; `propose` drafts k tokens for many sequences together.
 
     Per sequence: argmax when greedy, else a sample from the filtered draft distribution q, drawn from the
-    sequence's own generator; both after the request's logit adjustments (adjustments.py).
+    sequence's own generator; both after the request's logit adjustments (adjustments.py) and within its
+    grammar (grammar.py: a sequence whose grammar allows none of the draft head's tokens drafts fewer).
 
     A slot needs no prefill: `propose` feeds whatever the slot lacks, keeping the longest prefix it already
     holds, or copying a longer one another slot holds (so a new request reuses a previous one's shared
@@ -140,14 +143,18 @@ class BatchedDrafter:
         logits = self._catch_up(jobs)
         drafted: list[list[int]] = [[] for _ in jobs]
         probs: list[list[torch.Tensor]] = [[] for _ in jobs]
+        ended: set[int] = set()  # jobs whose grammar leaves the draft nothing to propose
         for step in range(max(job.k for job in jobs)):
-            active = [i for i, job in enumerate(jobs) if job.k > step]
+            active = [i for i, job in enumerate(jobs) if job.k > step and i not in ended]
             for i in active:
-                token, q = self._choose(logits[i], jobs[i], drafted[i])
-                drafted[i].append(token)
-                if q is not None:
-                    probs[i].append(q)
-            feeding = [i for i in active if jobs[i].k > step + 1]
+                choice = self._choose(logits[i], jobs[i], drafted[i])
+                if choice is None:
+                    ended.add(i)
+                    continue
+                drafted[i].append(choice[0])
+                if choice[1] is not None:
+                    probs[i].append(choice[1])
+            feeding = [i for i in active if jobs[i].k > step + 1 and i not in ended]
             if feeding:
                 rows = [[drafted[i][-1]] for i in feeding]
                 outputs = padded_forward(self.model, self.cache, rows, [jobs[i].slot for i in feeding], self.head)
@@ -190,9 +197,16 @@ class BatchedDrafter:
         self.model(ids, self.cache, [slot], num_logits=1, invariant=False, head=self.head.module)
         self.fed[slot] += tokens
 
-    def _choose(self, logits: torch.Tensor, job: DraftJob, drafted: list[int]) -> tuple[int, torch.Tensor | None]:
+    def _choose(
+        self, logits: torch.Tensor, job: DraftJob, drafted: list[int]
+    ) -> tuple[int, torch.Tensor | None] | None:
+        """(token, q) for the next draft position; None when the grammar allows none of the draft's tokens."""
         if job.adjustments is not None:
             logits = job.adjustments.apply(logits[None], drafted)[0]
+        if job.grammar is not None:
+            logits = logits.masked_fill(~job.grammar.mask_after(drafted), float("-inf"))
+            if torch.isneginf(logits).all():
+                return None
         if job.params.greedy:
             return int(logits.argmax()), None
         q = probs_from_logits(logits, job.params)

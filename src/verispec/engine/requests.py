@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..grammar import Grammar
 from ..logprobs import TokenLogprob
 from ..sampling import SamplingParams
 from ..stats import GenerationStats
@@ -57,5 +58,6 @@ class EngineRequest:
     speculative: bool = True
     ignore_eos: bool = False  # end tokens are ordinary tokens (benchmarks: every request generates max_tokens)
     logprobs: int | None = None  # None: no logprobs; N: each token's logprob and its N most likely alternatives
+    grammar: Grammar | None = None  # structured output: every generated token within this grammar
     arrival: float = field(default_factory=time.perf_counter)
     cancelled: bool = False

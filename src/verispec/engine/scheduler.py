@@ -29,6 +29,7 @@ from ..acceptance import verify_greedy, verify_sampled
 from ..adjustments import LogitAdjustments
 from ..draft_head import draft_ids
 from ..errors import InvalidParameterError, PromptTooLongError, VerispecError
+from ..grammar import GrammarCompiler, GrammarMatcher
 from ..loading import LoadedModel
 from ..logprobs import MAX_TOP_LOGPROBS, TokenLogprob, token_logprobs
 from ..sampling import probs_from_logits
@@ -100,6 +101,7 @@ class Sequence:
     stats: GenerationStats
     rng: torch.Generator
     adjustments: LogitAdjustments
+    grammar: GrammarMatcher | None  # the structured-output constraint's state after the emitted tokens
     admitted: float
     last_emit: float | None = None
     queue_seconds: float = 0.0
@@ -154,6 +156,7 @@ class Scheduler:
         vocabs = [target.model.config.vocab_size] + ([draft.model.config.vocab_size] if draft is not None else [])
         self.vocab_size = min(vocabs)  # token ids both models can embed
         self._allocate_caches(target, draft)
+        self.grammars = GrammarCompiler(self.tokenizer, target.model.config.vocab_size)  # for EngineRequest.grammar
         mode = self.config.draft_policy if self.drafter is not None else "never"
         self.policy = DraftPolicy(k_max=self.config.num_speculative_tokens, mode=mode)
         self.running: dict[int, Sequence] = {}
@@ -313,8 +316,9 @@ class Scheduler:
         ks = [min(k, limit) for limit in limits]
         begin = time.perf_counter()
         proposals = self._propose(seqs, ks)
+        masks = self._constrain(seqs, proposals)
         drafted = time.perf_counter()
-        verdicts = self._verify(seqs, proposals)
+        verdicts = self._verify(seqs, proposals, masks)
         verified = time.perf_counter()
         caught_up = (self.drafter.catch_up_seconds, self.drafter.catch_up_tokens) if any(ks) else (0.0, 0)
         drafting = sum(1 for k in ks if k)
@@ -370,6 +374,7 @@ class Scheduler:
             stats=GenerationStats(prompt_tokens=len(prompt)),
             rng=request.params.make_generator(),
             adjustments=LogitAdjustments(request.params, self.target.model.config.vocab_size),
+            grammar=request.grammar.matcher() if request.grammar is not None else None,
             admitted=now,
             queue_seconds=now - request.arrival,
             logprobs=[] if request.logprobs is not None else None,
@@ -434,7 +439,7 @@ class Scheduler:
         empty = Proposal(torch.empty(0, dtype=torch.long), None)
         proposals = [empty] * len(seqs)
         jobs = [
-            (i, DraftJob(seq.slot, seq.tokens, k, seq.request.params, seq.rng, seq.adjustments))
+            (i, DraftJob(seq.slot, seq.tokens, k, seq.request.params, seq.rng, seq.adjustments, seq.grammar))
             for i, (seq, k) in enumerate(zip(seqs, ks, strict=True))
             if k
         ]
@@ -443,19 +448,39 @@ class Scheduler:
                 proposals[i] = proposal
         return proposals
 
-    def _verify(self, seqs: list[Sequence], proposals: list[Proposal]) -> list[Verdict]:
-        """One target pass over [pending, drafts] of every sequence, then each one's verdict."""
+    def _constrain(self, seqs: list[Sequence], proposals: list[Proposal]) -> list[torch.Tensor | None]:
+        """Per sequence with a grammar: cut its proposal at the first token the grammar rejects (a lookup's
+        tokens are not masked), and the masks [k + 1, V] of the states the verification rows stand at."""
+        masks: list[torch.Tensor | None] = []
+        for i, (seq, proposal) in enumerate(zip(seqs, proposals, strict=True)):
+            if seq.grammar is None:
+                masks.append(None)
+                continue
+            allowed, valid = seq.grammar.masks(proposal.tokens.tolist())
+            if valid < proposal.tokens.shape[0]:
+                probs = proposal.probs[:valid] if proposal.probs is not None else None
+                proposals[i] = Proposal(proposal.tokens[:valid], probs)
+            masks.append(allowed)
+        return masks
+
+    def _verify(
+        self, seqs: list[Sequence], proposals: list[Proposal], masks: list[torch.Tensor | None]
+    ) -> list[Verdict]:
+        """One target pass over [pending, drafts] of every sequence, then each one's verdict: rows adjusted by
+        the request's logit_bias and penalties, then masked by its grammar."""
         rows = [
             seq.tokens[self.cache.lengths[seq.slot] :] + p.tokens.tolist()
             for seq, p in zip(seqs, proposals, strict=True)
         ]
         all_logits = padded_forward(self.target.model, self.cache, rows, [seq.slot for seq in seqs])
         verdicts = []
-        for seq, proposal, raw in zip(seqs, proposals, all_logits, strict=True):
+        for seq, proposal, raw, mask in zip(seqs, proposals, all_logits, masks, strict=True):
             k = proposal.tokens.shape[0]
             raw = raw[-(k + 1) :]
             params = seq.request.params
             logits = seq.adjustments.apply(raw, proposal.tokens.tolist())
+            if mask is not None:
+                logits = logits.masked_fill(~mask, float("-inf"))
             if params.greedy:
                 accepted, next_token = verify_greedy(proposal.tokens, logits)
             else:
@@ -475,6 +500,8 @@ class Scheduler:
         self.metrics.record_round(k, accepted)
         self.policy.record_round(k, accepted)
         emitted = [*proposal.tokens[:accepted].tolist(), verdict.next_token]
+        if seq.grammar is not None:
+            seq.grammar.advance([t for t in emitted if not seq.stopper.is_stop_token(t)])
         for i, token in enumerate(emitted):
             seq.tokens.append(token)
             seq.adjustments.record(token)

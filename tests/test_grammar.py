@@ -1,0 +1,178 @@
+"""Structured output through the engine (grammar.py, llguidance), against plain constrained decoding.
+
+The greedy reference steps llguidance's own matcher one token at a time over a cache-free recomputation of the
+model, so it shares neither the engine's masks-along-a-draft, its rollbacks nor its loop. The sampled test
+computes the masked distribution by hand, from allowed sets written down in the test.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import pytest
+import torch
+
+from verispec import GrammarSpec, SpeculativeGenerator
+from verispec.errors import InvalidParameterError
+from verispec.grammar import GrammarMatcher
+from verispec.sampling import SamplingParams, probs_from_logits
+from verispec.testing import tiny_config, tiny_loaded, tiny_model, tiny_pair, truncated_copy, word_tokenizer
+
+from distributions import total_variation
+
+REGEX = "(ab|c|ba)+x"
+
+
+def _logits(model, seq: list[int]) -> torch.Tensor:
+    return model(torch.tensor([seq], device=model.device), model.new_cache(max_len=len(seq)), [0])[0, -1].float()
+
+
+def reference_constrained_greedy(loaded, prompt_ids, max_tokens, spec: GrammarSpec) -> list[int]:
+    from llguidance import LLMatcher, LLTokenizer
+
+    tokenizer, vocab = loaded.tokenizer, loaded.model.config.vocab_size
+    stops = sorted(tokenizer.stop_token_ids)
+    matcher = LLMatcher(LLTokenizer(tokenizer.raw.to_str(), n_vocab=vocab, eos_token=stops), spec.source())
+    out: list[int] = []
+    for _ in range(max_tokens):
+        allowed = torch.tensor(list(matcher.compute_logit_bias()[:vocab])) > 0
+        token = int(_logits(loaded.model, [*prompt_ids, *out]).masked_fill(~allowed, float("-inf")).argmax())
+        if token in stops:
+            break
+        assert matcher.consume_token(token)
+        out.append(token)
+    return out
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_pair()
+
+
+@pytest.mark.parametrize(("method", "k"), [("draft", 1), ("draft", 4), ("clone", 4), ("hybrid", 3), ("ngram", 3)])
+def test_greedy_constrained_output_equals_plain_constrained_decoding(pair, method, k):
+    target, draft = pair
+    if method == "clone":  # a draft equal to the target: deep rows of every pass are used
+        method, draft = (
+            "draft",
+            tiny_loaded(truncated_copy(target.model, target.model.config.num_layers), target.tokenizer),
+        )
+    generator = SpeculativeGenerator(
+        target, None if method == "ngram" else draft, num_speculative_tokens=k, speculative_method=method,
+        adaptive=False,
+    )  # fmt: skip
+    spec = GrammarSpec("regex", REGEX)
+    drafted = stopped = 0
+    for prompt in ["hello world", "abab abab abab", "x"]:
+        ids = target.tokenizer.encode(prompt)
+        out = generator.generate(ids, max_tokens=30, grammar=spec)
+        assert out.token_ids == reference_constrained_greedy(target, ids, 30, spec), prompt
+        stopped += out.finish_reason == "stop"
+        if out.finish_reason == "stop":
+            assert re.fullmatch(REGEX, out.text)
+        else:
+            assert re.fullmatch(r"(ab|c|ba)*(a|b)?", out.text)  # a prefix of a match
+        drafted += out.stats.drafted
+    assert drafted > 0
+
+
+def test_lookup_drafts_are_cut_at_the_first_token_the_grammar_rejects(pair, monkeypatch):
+    """Prompt lookup proposes what followed earlier in the context, grammar or not: the engine ends the draft
+    at the first rejected token (the verification pass never sees it), and the output is unchanged."""
+    target, _ = pair
+    cuts = []
+    masks = GrammarMatcher.masks
+
+    def counting(self, tokens):
+        allowed, valid = masks(self, tokens)
+        cuts.append(valid < len(tokens))
+        return allowed, valid
+
+    monkeypatch.setattr(GrammarMatcher, "masks", counting)
+    generator = SpeculativeGenerator(target, None, num_speculative_tokens=4, speculative_method="ngram", adaptive=False)
+    spec = GrammarSpec("regex", "(ab|cd)+x")
+    ids = target.tokenizer.encode("ab cd ab cd ab x ab ax ab cd xx ab")
+    out = generator.generate(ids, max_tokens=24, grammar=spec)
+    assert out.token_ids == reference_constrained_greedy(target, ids, 24, spec)
+    assert any(cuts) and out.stats.drafted > 0
+
+
+VOCAB = 7  # a..f and <eos>
+RUNS = 4000
+TOLERANCE = 0.06  # TV over the first two tokens' outcomes; sampling noise ~0.02 at N = 4000
+ALLOWED = ({0, 1, 2}, {1, 3})  # "[abc][bd]": the first token is a, b or c, the second b or d
+
+
+def _exact_first_two(model, prompt_ids, params, allowed=(None, None)) -> dict:
+    def probs(seq, keep):
+        logits = _logits(model, seq)
+        if keep is not None:
+            logits = logits.masked_fill(~torch.isin(torch.arange(VOCAB), torch.tensor(sorted(keep))), float("-inf"))
+        return probs_from_logits(logits, params)
+
+    first = probs(prompt_ids, allowed[0])
+    exact = {}
+    for a in range(VOCAB):
+        for b, pb in enumerate(probs([*prompt_ids, a], allowed[1])):
+            exact[(a, b)] = float(first[a]) * float(pb)
+    return exact
+
+
+@pytest.mark.parametrize("method", ["draft", "hybrid"])
+def test_sampled_constrained_output_follows_the_masked_target_distribution(method):
+    tokenizer = word_tokenizer(VOCAB)
+    target_model = tiny_model(tiny_config(vocab_size=VOCAB), seed=3, scale=1.0, residual_gain=0.5)
+    draft_model = tiny_model(tiny_config(vocab_size=VOCAB, hidden_size=32, num_layers=1), seed=4)
+    params = SamplingParams(temperature=1.0)
+    prompt_ids = [0, 1, 3, 0, 1, 3, 0, 1] if method == "hybrid" else [0, 1, 2]  # hybrid: lookups propose "d"
+    generator = SpeculativeGenerator(
+        tiny_loaded(target_model, tokenizer), tiny_loaded(draft_model, tokenizer), num_speculative_tokens=3,
+        speculative_method=method, adaptive=False,
+    )  # fmt: skip
+    spec = GrammarSpec("regex", "[abc][bd]")
+    counts, accepted = Counter(), 0
+    for seed in range(RUNS):
+        out = generator.generate(prompt_ids, max_tokens=3, temperature=1.0, seed=seed, grammar=spec)
+        assert out.finish_reason == "stop" and len(out.token_ids) == 2  # the grammar ends it: only EOS is left
+        counts[tuple(out.token_ids)] += 1
+        accepted += out.stats.accepted
+    assert accepted > 0
+    assert total_variation(counts, _exact_first_two(target_model, prompt_ids, params, ALLOWED), RUNS) < TOLERANCE
+    # negative control: masking only the first position is measurably different at this sample size
+    wrong = _exact_first_two(target_model, prompt_ids, params, (ALLOWED[0], None))
+    assert total_variation(counts, wrong, RUNS) > TOLERANCE
+
+
+def test_json_object_choice_and_lark_outputs_are_in_their_languages(pair):
+    target, draft = pair
+    generator = SpeculativeGenerator(target, draft, num_speculative_tokens=3, adaptive=False)
+    choice = generator.generate("x", max_tokens=20, grammar=GrammarSpec("choice", '["yes", "no", "maybe"]'))
+    assert choice.text in {"yes", "no", "maybe"} and choice.finish_reason == "stop"
+    lark = generator.generate(
+        "x", max_tokens=20, grammar=GrammarSpec("grammar", 'start: "(" NUM ")"\nNUM: /[0-9]{1,3}/')
+    )
+    assert re.fullmatch(r"\([0-9]{1,3}\)", lark.text) and lark.finish_reason == "stop"
+    gbnf = generator.generate("x", max_tokens=20, grammar=GrammarSpec("grammar", 'root ::= "<" [a-c]+ ">"'))
+    assert gbnf.text.startswith("<") and re.fullmatch(r"<[a-c]*>?", gbnf.text)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (GrammarSpec("regex", "[a-"), "invalid regex"),
+        (GrammarSpec("json_schema", '{"type": "nonsense"}'), "invalid json schema"),
+        (GrammarSpec("json_schema", "not json"), "invalid json schema"),
+        (GrammarSpec("grammar", "start: undefined_rule"), "invalid grammar"),
+    ],
+)
+def test_bad_grammars_are_refused_with_the_librarys_reason(pair, spec, message):
+    target, _ = pair
+    with pytest.raises(InvalidParameterError, match=message):
+        SpeculativeGenerator(target, None).generate("x", max_tokens=3, grammar=spec)
+
+
+@pytest.mark.parametrize(("kind", "value"), [("yaml", "x"), ("choice", "[]"), ("choice", "[1]"), ("choice", "{")])
+def test_bad_grammar_specs_are_refused_at_once(kind, value):
+    with pytest.raises(InvalidParameterError, match="unknown grammar kind|invalid choice"):
+        GrammarSpec(kind, value)
