@@ -102,3 +102,105 @@ def test_int4_greedy_speculative_equals_int4_plain_on_humaneval(int4_pair):
     # Lossless whatever the draft does, so also check the draft is the real one: this pair agrees on most code
     # tokens, and a draft whose int4 weights were unpacked in the wrong layout accepted none.
     assert accepted > 0.5 * drafted
+
+
+# ---- the API's features on the real pair (native kernels): exact under speculation -------------------------------
+SCHEMAS = [
+    ({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+      "required": ["name", "age"]}, "A person"),
+    ({"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+      "required": ["city", "country"]}, "The capital of France"),
+    ({"type": "object", "properties": {"language": {"enum": ["python", "rust", "go"]}, "reason": {"type": "string",
+      "maxLength": 40}}, "required": ["language", "reason"]}, "The best language for scripts"),
+    ({"type": "array", "items": {"type": "integer"}, "minItems": 3, "maxItems": 5}, "The first primes"),
+    ({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}, "Is 7 prime?"),
+    ({"type": "object", "properties": {"x": {"type": "number"}, "y": {"type": "number"}}, "required": ["x", "y"]},
+     "A point on the unit circle"),
+    ({"type": "object", "properties": {"function": {"type": "string", "pattern": "^[a-z_]+$"},
+      "args": {"type": "array", "items": {"type": "string"}, "maxItems": 3}}, "required": ["function", "args"]},
+     "A Python call that sorts a list"),
+    ({"type": "string", "enum": ["red", "green", "blue"]}, "The colour of the sky"),
+    ({"type": "object", "properties": {"title": {"type": "string", "maxLength": 30}, "year": {"type": "integer",
+      "minimum": 1900, "maximum": 2030}}, "required": ["title", "year"]}, "A famous film"),
+    ({"type": "object", "properties": {"user": {"type": "object", "properties": {"id": {"type": "integer"},
+      "email": {"type": "string", "maxLength": 30}}, "required": ["id", "email"]}}, "required": ["user"]},
+     "A user record"),
+    ({"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 2, "maxItems": 4},
+     "Some fruits"),
+    ({"type": "object", "properties": {"celsius": {"type": "number"}, "fahrenheit": {"type": "number"}},
+      "required": ["celsius", "fahrenheit"]}, "Water's boiling point"),
+    ({"type": "object", "properties": {"status": {"enum": ["open", "closed"]}, "count": {"type": "integer",
+      "minimum": 0, "maximum": 999}}, "required": ["status", "count"]}, "An issue tracker summary"),
+    ({"type": "integer", "minimum": 1, "maximum": 100}, "A number between 1 and 100"),
+    ({"type": "object", "properties": {"keys": {"type": "array", "items": {"type": "string", "maxLength": 10},
+      "maxItems": 3}}, "required": ["keys"]}, "The keys of a Python dict of settings"),
+    ({"type": "object", "properties": {"sum": {"type": "integer"}}, "required": ["sum"]}, "2 + 3"),
+    ({"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}, "tags": {"type": "array",
+      "items": {"enum": ["fast", "safe", "simple"]}, "maxItems": 3}}, "required": ["name", "tags"]},
+     "A programming language"),
+    ({"type": "boolean"}, "Is the earth flat?"),
+    ({"type": "object", "properties": {"a": {"type": "string", "maxLength": 5}, "b": {"type": ["integer", "null"]}},
+      "required": ["a", "b"]}, "Two fields"),
+    ({"type": "object", "properties": {"host": {"type": "string", "maxLength": 20}, "port": {"type": "integer",
+      "minimum": 1, "maximum": 65535}}, "required": ["host", "port"]}, "A web server address"),
+]  # fmt: skip
+
+
+def _closed(schema):
+    """The schema with every object closed to other properties, as OpenAI's strict mode asks of schemas (an open
+    object lets a model add properties until it runs out of tokens)."""
+    if isinstance(schema, dict):
+        schema = {key: _closed(value) for key, value in schema.items()}
+        if schema.get("type") == "object":
+            schema.setdefault("additionalProperties", False)
+    return schema
+
+
+@pytest.fixture(scope="module")
+def gguf_pair():
+    require_bundled()
+    from verispec.kernels import native
+
+    if not native.available():
+        pytest.skip("native kernels not compiled")
+    return load_model("target", quantization="gguf"), load_model("draft", quantization="gguf")
+
+
+def test_json_schema_outputs_parse_validate_and_equal_plain_constrained_decoding(gguf_pair):
+    """Twenty schemas, each with its own prompt: every answer (greedy, speculating) parses and validates; the first
+    five equal plain constrained decoding token for token."""
+    import json
+
+    from jsonschema import validate
+
+    from verispec import GrammarSpec
+
+    target, draft = gguf_pair
+    spec = SpeculativeGenerator(target, draft, num_speculative_tokens=3, speculative_method="hybrid")
+    plain = SpeculativeGenerator(target, None)
+    drafted = 0
+    for i, (schema, topic) in enumerate(SCHEMAS):
+        schema = _closed(schema)
+        messages = [{"role": "user", "content": f"{topic}, as JSON."}]
+        grammar = GrammarSpec("json_schema", json.dumps(schema))
+        out = spec.generate(messages, max_tokens=120, grammar=grammar)
+        assert out.finish_reason == "stop", (topic, out.text)
+        validate(json.loads(out.text), schema)
+        drafted += out.stats.drafted
+        if i < 5:
+            assert out.token_ids == plain.generate(messages, max_tokens=120, grammar=grammar).token_ids, topic
+    assert drafted > 0
+
+
+def test_logprobs_and_penalties_under_speculation_equal_plain_decoding(gguf_pair):
+    target, draft = gguf_pair
+    spec = SpeculativeGenerator(target, draft, num_speculative_tokens=4, adaptive=False)
+    plain = SpeculativeGenerator(target, None)
+    prompt = humaneval_prompts(2)[1]
+    on, off = (g.generate(prompt, max_tokens=TOKENS, logprobs=3) for g in (spec, plain))
+    assert on.token_ids == off.token_ids and on.stats.accepted > 0
+    assert [(x.logprob, x.top) for x in on.logprobs] == [(x.logprob, x.top) for x in off.logprobs]  # bit for bit
+    adjust = {"presence_penalty": 0.5, "frequency_penalty": 0.5, "logit_bias": {on.token_ids[3]: -100.0}}
+    penalised = spec.generate(prompt, max_tokens=TOKENS, **adjust)
+    assert penalised.token_ids == plain.generate(prompt, max_tokens=TOKENS, **adjust).token_ids
+    assert penalised.token_ids != on.token_ids and penalised.stats.accepted > 0

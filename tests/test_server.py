@@ -288,6 +288,59 @@ def test_penalties_and_logit_bias_equal_plain_decoding(server, plain):
     assert result.model_extra["verispec"]["drafted"] > 0
 
 
+# ---- structured output ------------------------------------------------------------------------------------------
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+@needs_smollm2
+def test_json_schema_answers_validate_and_equal_plain_constrained_decoding(server, plain):
+    from jsonschema import validate
+
+    from verispec import GrammarSpec
+
+    messages = [{"role": "user", "content": "Describe a person as JSON."}]
+    expected = plain.generate(messages, max_tokens=60, grammar=GrammarSpec("json_schema", json.dumps(PERSON)))
+    client = server.client()
+    response_format = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    result = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=60, temperature=0, response_format=response_format
+    )
+    content = result.choices[0].message.content
+    assert content == expected.text and result.choices[0].finish_reason == "stop"
+    validate(json.loads(content), PERSON)
+    assert result.model_extra["verispec"]["drafted"] > 0
+    stream = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=60, temperature=0, response_format=response_format, stream=True
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == expected.text
+    sampled = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=60, temperature=1.0, seed=3, response_format=response_format
+    )
+    validate(json.loads(sampled.choices[0].message.content), PERSON)
+
+
+@needs_smollm2
+def test_regex_choice_and_json_object_under_vllms_names(server):
+    client = server.client()
+    ask = dict(model=MODEL, prompt="The answer is", max_tokens=20, temperature=0.7, seed=1)  # noqa: C408
+    regex = client.completions.create(**ask, extra_body={"structured_outputs": {"regex": "[0-9]{3}-[a-z]{2}"}})
+    assert re.fullmatch("[0-9]{3}-[a-z]{2}", regex.choices[0].text)
+    choice = client.completions.create(**ask, extra_body={"guided_choice": ["yes", "no"]})
+    assert choice.choices[0].text in {"yes", "no"} and choice.choices[0].finish_reason == "stop"
+    anything = client.completions.create(
+        **{**ask, "max_tokens": 80}, extra_body={"response_format": {"type": "json_object"}}
+    )
+    if anything.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(anything.choices[0].text), dict)
+    else:  # out of tokens mid-object: what there is still begins a JSON object
+        assert anything.choices[0].text.lstrip().startswith("{")
+
+
 # ---- n choices, best_of ---------------------------------------------------------------------------------------
 @needs_smollm2
 def test_n_choices_share_one_prefill_and_each_is_the_single_request_with_its_seed(server, plain):
@@ -433,7 +486,17 @@ def _error(response: httpx.Response, status: int, code: str | None = None, param
         ({"prompt": "hi", "seed": 2**64}, 400, "invalid_value", None),  # beyond torch's: once failed all requests
         ({"prompt": "hi", "stop": ["x"] * 17}, 422, None, "stop"),
         ({"prompt": "hi", "tools": [{"type": "function"}]}, 400, "unsupported_parameter", "tools"),
-        ({"prompt": "hi", "response_format": {"type": "json_object"}}, 400, "unsupported_parameter", "response_format"),
+        ({"prompt": "hi", "response_format": {"type": "json_schema"}}, 422, None, "response_format.json_schema"),
+        ({"prompt": "hi", "response_format": {"type": "yaml"}}, 422, None, "response_format.type"),
+        ({"prompt": "hi", "structured_outputs": {"regex": "[a-"}}, 400, "invalid_value", "structured_outputs"),
+        ({"prompt": "hi", "guided_json": {"type": "nonsense"}}, 400, "invalid_value", "guided_json"),
+        ({"prompt": "hi", "guided_choice": []}, 400, "invalid_value", "guided_choice"),
+        (
+            {"prompt": "hi", "response_format": {"type": "json_object"}, "guided_regex": "a"},
+            400,
+            "invalid_value",
+            "response_format",
+        ),
         ({"prompt": "hi", "logprobs": 21}, 422, None, "logprobs"),
         ({"prompt": "hi", "presence_penalty": 2.5}, 422, None, "presence_penalty"),
         ({"prompt": "hi", "logit_bias": {"abc": 1}}, 422, None, "logit_bias"),

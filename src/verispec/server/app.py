@@ -29,6 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..engine.requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput
 from ..engine.scheduler import QueueFullError, Scheduler, SchedulerStoppedError
 from ..errors import InvalidParameterError, ModelLoadError, PromptTooLongError
+from ..grammar import Grammar, GrammarSpec
 from ..sampling import SamplingParams
 from .events import AsyncSink
 from .protocol import ApiError, ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, new_id
@@ -218,7 +219,8 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
     async def completions(request: Request) -> Response:
         body = await _parse(request, CompletionRequest)
         prompt_ids = _encode_completion_prompt(state, body)
-        job = _submit(state, body, prompt_ids, COMPLETION_DEFAULT_MAX_TOKENS, body.max_tokens, "prompt")
+        grammar = await _grammar(state, body)
+        job = _submit(state, body, prompt_ids, COMPLETION_DEFAULT_MAX_TOKENS, body.max_tokens, "prompt", grammar)
         if job.stream:
             return _sse(state, job, completion_chunks(job))
         outputs, queue_seconds = await _result(request, state, job)
@@ -230,7 +232,8 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
         prompt_ids = _encode_chat(state, body)
         room = state.scheduler.max_model_len - len(prompt_ids)
         requested = body.max_completion_tokens or body.max_tokens
-        job = _submit(state, body, prompt_ids, room, requested, "messages")
+        grammar = await _grammar(state, body)
+        job = _submit(state, body, prompt_ids, room, requested, "messages", grammar)
         if job.stream:
             return _sse(state, job, chat_chunks(job))
         outputs, queue_seconds = await _result(request, state, job)
@@ -273,6 +276,23 @@ def _encode_chat(state: ServerState, body: ChatCompletionRequest) -> list[int]:
         raise ApiError(400, str(exc), param="messages", code="invalid_value") from None
 
 
+async def _grammar(state: ServerState, body: CompletionRequest | ChatCompletionRequest) -> Grammar | None:
+    """The request's structured-output grammar, compiled in a worker thread (a large schema takes milliseconds,
+    the first one also builds the tokenizer's index: about a second); 400 naming the field for a bad one."""
+    constraints = body.constraints()
+    if not constraints:
+        return None
+    param = constraints[0][0]
+    if len(constraints) > 1:
+        message = "ask for one structured-output constraint (response_format, structured_outputs or guided_*)"
+        raise ApiError(400, message, param=param, code="invalid_value")
+    try:
+        spec = GrammarSpec(*constraints[0][1:])
+        return await asyncio.to_thread(state.scheduler.grammars.compile, spec)
+    except InvalidParameterError as exc:
+        raise ApiError(400, str(exc), param=param, code="invalid_value") from None
+
+
 def _submit(
     state: ServerState,
     body: CompletionRequest | ChatCompletionRequest,
@@ -280,6 +300,7 @@ def _submit(
     default_max: int,
     requested: int | None,
     prompt_param: str,
+    grammar: Grammar | None = None,
 ) -> Job:
     """Check the request against the model and the limits, then queue it; raises ApiError."""
     _check_request(state, body)
@@ -301,7 +322,7 @@ def _submit(
         EngineRequest(
             job_id if count == 1 else f"{job_id}-{i}", prompt_ids, _choice_params(params, i), max_tokens,
             sink.choice(i), body.stop_list(), body.speculative, ignore_eos=body.ignore_eos,
-            logprobs=0 if ranking and logprobs is None else logprobs,
+            logprobs=0 if ranking and logprobs is None else logprobs, grammar=grammar,
         )
         for i in range(count)
     ]  # fmt: skip

@@ -7,6 +7,7 @@ default, as in OpenAI's API); unknown fields are ignored, but known features ver
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Annotated, Any, Literal
@@ -47,11 +48,54 @@ class _Strict(BaseModel):
         return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
 
+_GUIDED = {"json_schema": "json", "regex": "regex", "choice": "choice", "grammar": "grammar"}
+
+
+def _text(value: Any) -> str:
+    """A constraint's value as GrammarSpec takes it: text as it is, a schema or a list of choices as JSON."""
+    return "" if value is True else value if isinstance(value, str) else json.dumps(value)
+
+
 MAX_STOP_STRINGS = 16  # each is checked after every token, in the scheduler's thread (OpenAI allows 4)
 
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+
+
+class JsonSchemaFormat(_Strict):
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False, populate_by_name=True)
+
+    name: str = "response"
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None  # verispec always keeps the output within the schema
+    description: str | None = None
+
+
+class ResponseFormat(_Strict):
+    """OpenAI's response_format: text, any JSON object, or JSON following a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = Field(default=None, validate_default=True)
+
+    @field_validator("json_schema")
+    @classmethod
+    def _schema_for_its_type(cls, value: JsonSchemaFormat | None, info: ValidationInfo) -> JsonSchemaFormat | None:
+        if value is None and info.data.get("type") == "json_schema":
+            raise ValueError("type json_schema needs a json_schema object with its schema")
+        return value
+
+
+class StructuredOutputs(_Strict):
+    """vLLM's `structured_outputs` extension: exactly one constraint."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False, populate_by_name=True)
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")  # a JSON schema (object or its text)
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None  # Lark, or GBNF as llama.cpp and xgrammar write it
+    json_object: bool | None = None
 
 
 class _GenerationRequest(_Strict):
@@ -72,18 +116,40 @@ class _GenerationRequest(_Strict):
     # token id (as a JSON key: a string of digits) -> added logit
     logit_bias: dict[str, Annotated[float, Field(ge=BIAS_RANGE[0], le=BIAS_RANGE[1])]] | None = None
     user: str | None = None
+    # structured output: OpenAI's response_format, vLLM's structured_outputs, and vLLM's older guided_* names
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     # features verispec lacks, recognised so that asking for them is refused rather than ignored
     tools: list[Any] | None = None
     functions: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
 
     def unsupported(self) -> tuple[str, str] | None:
         """(param, message) for a requested feature verispec lacks."""
         if self.tools or self.functions:
             return ("tools" if self.tools else "functions"), "tool and function calling are not supported"
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            return "response_format", "only the text response format is supported"
         return None
+
+    def constraints(self) -> list[tuple[str, str, str]]:
+        """Every structured-output constraint asked for, as (param, grammar kind, value)."""
+        found = []
+        if self.response_format is not None and self.response_format.type == "json_object":
+            found.append(("response_format", "json_object", ""))
+        if self.response_format is not None and self.response_format.json_schema is not None:
+            found.append(("response_format", "json_schema", json.dumps(self.response_format.json_schema.schema_)))
+        if (outputs := self.structured_outputs) is not None:
+            asked = {"json_schema": outputs.json_, "regex": outputs.regex, "choice": outputs.choice,
+                     "grammar": outputs.grammar, "json_object": outputs.json_object or None}  # fmt: skip
+            found += [("structured_outputs", kind, _text(value)) for kind, value in asked.items() if value is not None]
+        guided = {"json_schema": self.guided_json, "regex": self.guided_regex, "choice": self.guided_choice,
+                  "grammar": self.guided_grammar}  # fmt: skip
+        found += [
+            (f"guided_{_GUIDED[kind]}", kind, _text(value)) for kind, value in guided.items() if value is not None
+        ]
+        return found
 
     @field_validator("logit_bias")
     @classmethod
