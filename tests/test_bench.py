@@ -236,6 +236,7 @@ def bad_jsonl(tmp_path: Path) -> str:
         (["--draft-vocab", "-1"], "--draft-vocab must be >= 0"),
         (["--methods", "auto-medusa"], "unknown method 'auto-medusa'"),
         (["--methods", "hybrid", "--speculative-model", "none"], "methods draft and hybrid need a draft model"),
+        (["--dataset", "json-schema", "--peers", "hf"], "the peers run no grammars"),
     ],
 )
 def test_bad_input_gives_one_clear_line(args, expected, tmp_path, capsys):
@@ -305,6 +306,25 @@ def test_llamacpp_native_peer_missing_its_programs(monkeypatch, tmp_path, capsys
     err = capsys.readouterr().err
     assert err.startswith("verispec: error: --peers llamacpp-native needs llama.cpp's programs")
     assert err.count("\n") == 1
+
+
+def test_json_schema_dataset_constrains_every_run_and_reports_the_grammars_time(tmp_path):
+    """The structured-output workload: each prompt carries its schema; every method decodes under it (the tiny
+    byte model writes JSON-shaped text), speculative equals plain, and the report shows the masks' time."""
+    requests = load_requests("json-schema")
+    assert len(requests) == 20 and all(r.grammar is not None and r.is_chat for r in requests)
+    target, draft = tiny_models()
+    config = BenchConfig(
+        dataset="json-schema", num_prompts=2, max_tokens=12, methods=("plain", "draft"), ks=(3,), threads=1,
+        warmup_tokens=0, cost_repeats=1, progress=False, plots=False,
+    )  # fmt: skip
+    result = run_bench(config, Models(target, draft), log=lambda message: None)
+    assert all(run.time_grammar > 0 for run in result.runs)
+    assert all(run.identical_to_plain for run in result.runs if run.method != "plain")
+    first = target.tokenizer.decode(result.runs[0].output_ids)
+    assert first.lstrip().startswith("{")  # the first schema is an object
+    write_outputs(result, tmp_path / "out")
+    assert "grammar (within)" in (tmp_path / "out" / "report.md").read_text()
 
 
 def test_ignore_eos_generates_max_tokens_through_end_of_sequence(prompts_file):

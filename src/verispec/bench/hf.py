@@ -66,7 +66,9 @@ class HFPeer:
     def __init__(self, name: str, model, counter: PassCounter, stop_ids: list[int], **options):
         self.name, self.model, self.counter, self.stop_ids, self.options = name, model, counter, stop_ids, options
 
-    def generate(self, prompt_ids: list[int], max_tokens: int, config: BenchConfig, seed: int | None) -> Outcome:
+    def generate(
+        self, prompt_ids: list[int], max_tokens: int, config: BenchConfig, seed: int | None, grammar=None
+    ) -> Outcome:  # grammar: never given (the bench refuses peers for structured output)
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.model.device)
         self.counter.count = 0
         with torch.inference_mode():

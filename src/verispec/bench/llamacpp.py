@@ -82,7 +82,9 @@ class LlamaCppPeer:
 
         llm.eval = counted
 
-    def generate(self, prompt_ids: list[int], max_tokens: int, config: BenchConfig, seed: int | None) -> Outcome:
+    def generate(
+        self, prompt_ids: list[int], max_tokens: int, config: BenchConfig, seed: int | None, grammar=None
+    ) -> Outcome:  # grammar: never given (the bench refuses peers for structured output)
         self.llm.reset()
         self.passes = 0
         tokens = []

@@ -64,7 +64,9 @@ class LlamaCppProgram:
     def __init__(self, name: str, command: list[str], tokenizer: Tokenizer, k: int = 0, speculative: bool = False):
         self.name, self.command, self.tokenizer, self.k, self.speculative = name, command, tokenizer, k, speculative
 
-    def generate(self, prompt_ids: list[int], max_tokens: int, config: BenchConfig, seed: int | None) -> Outcome:
+    def generate(
+        self, prompt_ids: list[int], max_tokens: int, config: BenchConfig, seed: int | None, grammar=None
+    ) -> Outcome:  # grammar: never given (the bench refuses peers for structured output)
         prompt = self.tokenizer.decode(prompt_ids)
         command = [*self.command, "-p", prompt, "-n", str(max_tokens)]
         command += ["--ignore-eos"] * config.ignore_eos

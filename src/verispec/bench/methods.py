@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..generator import GenerationOutput, SpeculativeGenerator
+from ..grammar import GrammarSpec
 from ..loading import LoadedModel
 from ..stats import GenerationStats
 from .config import BenchConfig
@@ -33,10 +34,13 @@ class Method:
     generator: SpeculativeGenerator
     kind: str = "verispec"
 
-    def generate(self, prompt_ids: list[int], max_tokens: int, config: BenchConfig, seed: int | None) -> Outcome:
+    def generate(
+        self, prompt_ids: list[int], max_tokens: int, config: BenchConfig, seed: int | None,
+        grammar: GrammarSpec | None = None,
+    ) -> Outcome:  # fmt: skip
         output: GenerationOutput = self.generator.generate(
             prompt_ids, max_tokens, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
-            seed=seed, stop=list(config.stop) or None, ignore_eos=config.ignore_eos,
+            seed=seed, stop=list(config.stop) or None, ignore_eos=config.ignore_eos, grammar=grammar,
         )  # fmt: skip
         rejected = output.stats.rejected if self.k else None
         return Outcome(output.token_ids, output.finish_reason, output.stats.target_passes, output.stats, rejected)

@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from ..draft_head import DraftHead, draft_ids
 from ..errors import InvalidParameterError
+from ..grammar import GrammarSpec
 from ..kernels.linear import GGUFEmbedding, NativeLinear
 from ..loading import LoadedModel, load_pair
 from ..quantize import QuantizedLinear, default_draft_quantization
@@ -37,7 +38,10 @@ class Contender(Protocol):
     k: int
     kind: str
 
-    def generate(self, prompt_ids: list[int], max_tokens: int, config: BenchConfig, seed: int | None) -> Outcome: ...
+    def generate(
+        self, prompt_ids: list[int], max_tokens: int, config: BenchConfig, seed: int | None,
+        grammar: GrammarSpec | None = None,
+    ) -> Outcome: ...  # fmt: skip
 
 
 @dataclass
@@ -45,6 +49,7 @@ class Prompt:
     index: int
     id: str
     token_ids: list[int]
+    grammar: GrammarSpec | None = None  # structured output (the json-schema dataset)
 
 
 @dataclass
@@ -68,6 +73,7 @@ class Run:
     time_draft: float | None = None
     time_target: float | None = None
     time_other: float | None = None
+    time_grammar: float | None = None  # computing grammar masks (structured output)
     peak_cuda_bytes: int | None = None
     identical_to_plain: bool | None = None
 
@@ -108,6 +114,8 @@ def run_bench(
     config = replace(config, command=config.command or as_command(config))
     check_available(config.peers, from_files=models is None or models.load_hf is None)
     requests = load_requests(config.dataset, config.chat)
+    if config.peers and any(r.grammar is not None for r in requests):
+        raise InvalidParameterError(f"the peers run no grammars: drop --peers for --dataset {config.dataset}")
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     models = models or _load_models(config, log)
@@ -191,7 +199,7 @@ def _select_prompts(config: BenchConfig, requests: list[Request], models: Models
             break
         ids = tokenizer.encode_chat(request.prompt) if request.is_chat else tokenizer.encode(request.prompt)
         if ids and len(ids) + spare <= limit:
-            prompts.append(Prompt(len(prompts), request.id, ids))
+            prompts.append(Prompt(len(prompts), request.id, ids, request.grammar))
         else:
             skipped.append(request.id)
     if not prompts:
@@ -206,7 +214,7 @@ def _warm_up(config: BenchConfig, contenders: list[Contender], prompt: Prompt, l
         return
     log(f"warm-up: {len(contenders)} methods x {config.warmup_tokens} tokens ...")
     for contender in contenders:
-        contender.generate(prompt.token_ids, config.warmup_tokens, config, config.seed)
+        contender.generate(prompt.token_ids, config.warmup_tokens, config, config.seed, prompt.grammar)
 
 
 def _measure_costs(config: BenchConfig, models: Models, prompts: list[Prompt], log: Callable[[str], None]) -> Costs:
@@ -236,7 +244,7 @@ def _timed_run(config: BenchConfig, contender: Contender, prompt: Prompt, memory
     seed = None if config.seed is None else config.seed + prompt.index
     memory.reset()
     begin = time.perf_counter()
-    outcome = contender.generate(prompt.token_ids, config.max_tokens, config, seed)
+    outcome = contender.generate(prompt.token_ids, config.max_tokens, config, seed, prompt.grammar)
     wall = time.perf_counter() - begin if outcome.seconds is None else outcome.seconds
     tokens = len(outcome.token_ids) if outcome.new_tokens is None else outcome.new_tokens
     run = Run(
@@ -255,6 +263,7 @@ def _add_stats(run: Run, outcome: Outcome) -> None:
     run.drafted_by_position, run.accepted_by_position = stats.drafted_by_position, stats.accepted_by_position
     run.time_prefill, run.time_draft, run.time_target = stats.time_prefill, stats.time_draft, stats.time_target
     run.time_other = max(0.0, run.wall_s - stats.time_prefill - stats.time_draft - stats.time_target)
+    run.time_grammar = stats.time_grammar
 
 
 def _mark_identical(result: BenchResult, by_prefix: set[str] = frozenset()) -> None:

@@ -53,6 +53,7 @@ class MethodSummary:
     time_draft: float | None = None
     time_target: float | None = None
     time_other: float | None = None
+    time_grammar: float | None = None  # grammar masks (structured output), inside draft, target and other
     peak_rss_bytes: int = 0
 
 
@@ -111,6 +112,7 @@ def _add_times(row: MethodSummary, runs: list[Run]) -> None:
         row.time_draft = sum(r.time_draft for r in runs)
         row.time_target = sum(r.time_target for r in runs)
         row.time_other = sum(r.time_other for r in runs)
+        row.time_grammar = sum(r.time_grammar or 0.0 for r in runs)
 
 
 def _add_acceptance(row: MethodSummary, runs: list[Run]) -> None:

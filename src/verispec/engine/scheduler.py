@@ -532,6 +532,7 @@ class Scheduler:
 
     def _finish(self, seq: Sequence) -> None:
         seq.stats.time_total = time.perf_counter() - seq.admitted
+        seq.stats.time_grammar = seq.grammar.seconds if seq.grammar is not None else 0.0
         stopper = seq.stopper
         reason = stopper.finish_reason or "length"
         output = GenerationOutput(
