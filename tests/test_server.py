@@ -483,7 +483,7 @@ def _error(response: httpx.Response, status: int, code: str | None = None, param
         ({"prompt": "hi", "best_of": 3, "stream": True}, 422, None, "best_of"),
         ({"prompt": "hi", "n": 2, "seed": 2**64 - 1}, 400, "invalid_value", "seed"),  # choice 1 draws from seed + 1
         ({"prompt": [10**9]}, 400, "invalid_value", "prompt"),
-        ({"prompt": "hi", "seed": 2**64}, 400, "invalid_value", None),  # beyond torch's: once failed all requests
+        ({"prompt": "hi", "seed": 2**64}, 400, "invalid_value", "seed"),  # beyond torch's: once failed all requests
         ({"prompt": "hi", "stop": ["x"] * 17}, 422, None, "stop"),
         ({"prompt": "hi", "tools": [{"type": "function"}]}, 400, "unsupported_parameter", "tools"),
         ({"prompt": "hi", "response_format": {"type": "json_schema"}}, 422, None, "response_format.json_schema"),

@@ -312,7 +312,7 @@ def _submit(
             body.bias(),
         )  # fmt: skip
     except InvalidParameterError as exc:
-        raise ApiError(400, str(exc), code="invalid_value") from None
+        raise ApiError(400, str(exc), param=_field_named(str(exc)), code="invalid_value") from None
     job_id = new_id("chatcmpl" if prompt_param == "messages" else "cmpl")
     count = body.sequences()
     sink = AsyncSink(count)
@@ -334,13 +334,21 @@ def _submit(
     except SchedulerStoppedError as exc:
         raise ApiError(503, str(exc), type="server_error", code="shutting_down") from None
     except InvalidParameterError as exc:
-        param = "logit_bias" if "logit_bias" in str(exc) else None
-        raise ApiError(400, str(exc), param=param, code="invalid_value") from None
+        raise ApiError(400, str(exc), param=_field_named(str(exc)), code="invalid_value") from None
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return Job(
         job_id, state.model_name, requests, sink, body.stream, include_usage, state.scheduler.tokenizer,
         choices=body.n, logprobs=logprobs is not None,
     )  # fmt: skip
+
+
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty", "logit_bias")
+
+
+def _field_named(message: str) -> str | None:
+    """The request field an engine message is about (they begin with its name: "seed must be ...")."""
+    first = message.split(" ", 1)[0]
+    return first if first in SAMPLING_FIELDS else None
 
 
 def _choice_params(params: SamplingParams, index: int) -> SamplingParams:
