@@ -4,11 +4,14 @@ calling thread for a batch of one. Each step, for all running sequences at once:
 
     admit waiting requests into free slots
     drop cancelled requests (their slots are free from this step on)
-    prefill one chunk of one admitted prompt (the draft catches up when it drafts)
+    prefill one chunk of one admitted prompt (chunks another slot already holds are copied; the draft
+        catches up when it drafts)
     decide how many tokens this step drafts (policy.DraftPolicy: k = 0..k_max, what pays at this batch size)
     draft k tokens for every sequence that may draft         proposers.py: one draft pass per position
+    cut each draft at the first token its grammar rejects   grammar.py (structured output)
     run the target ONCE over [pending, d1..dk] for all rows  padded_forward, rows right-padded
-    per sequence: accept by acceptance.verify_*, roll its cache back to the accepted length
+    per sequence: adjust each row (logit_bias, penalties: adjustments.py) and mask it (its grammar), accept
+        by acceptance.verify_*, roll its cache back to the accepted length, take logprobs if asked
     emit the accepted tokens one by one through its StopChecker; finished sequences leave
 
 Requests join and leave between steps. A row's result does not depend on the other rows (see
