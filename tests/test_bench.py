@@ -313,6 +313,7 @@ def test_json_schema_dataset_constrains_every_run_and_reports_the_grammars_time(
     byte model writes JSON-shaped text), speculative equals plain, and the report shows the masks' time."""
     requests = load_requests("json-schema")
     assert len(requests) == 20 and all(r.grammar is not None and r.is_chat for r in requests)
+    assert len(load_requests("json-schema-long")) == 10
     target, draft = tiny_models()
     config = BenchConfig(
         dataset="json-schema", num_prompts=2, max_tokens=12, methods=("plain", "draft"), ks=(3,), threads=1,

@@ -22,12 +22,13 @@ from pathlib import Path
 
 from ..errors import VerispecError
 from ..grammar import GrammarSpec
-from .schemas import SCHEMAS
+from .schemas import LONG_SCHEMAS, SCHEMAS
 
 HUMANEVAL = "humaneval"
 HUMANEVAL_LONG = "humaneval-long"
 JSON_SCHEMA = "json-schema"
-DATASETS = (HUMANEVAL, HUMANEVAL_LONG, JSON_SCHEMA)
+JSON_SCHEMA_LONG = "json-schema-long"
+DATASETS = (HUMANEVAL, HUMANEVAL_LONG, JSON_SCHEMA, JSON_SCHEMA_LONG)
 LONG_CONTEXT = 8  # earlier problems, with their solutions, before each problem of humaneval-long
 
 
@@ -55,10 +56,11 @@ def load_requests(dataset: str, chat: bool = False) -> list[Request]:
         requests = [Request(row["task_id"], row["prompt"]) for row in _humaneval_rows()]
     elif dataset == HUMANEVAL_LONG:
         requests = _humaneval_long()
-    elif dataset == JSON_SCHEMA:
+    elif dataset in (JSON_SCHEMA, JSON_SCHEMA_LONG):
+        schemas = SCHEMAS if dataset == JSON_SCHEMA else LONG_SCHEMAS
         requests = [
-            Request(f"schema-{i}", [{"role": "user", "content": f"{topic}, as JSON."}], _schema(schema, "json-schema"))
-            for i, (topic, schema) in enumerate(SCHEMAS)
+            Request(f"{dataset}-{i}", [{"role": "user", "content": f"{topic}, as JSON."}], _schema(schema, dataset))
+            for i, (topic, schema) in enumerate(schemas)
         ]
     elif Path(dataset).expanduser().is_file():
         requests = _jsonl(Path(dataset).expanduser())

@@ -1,5 +1,7 @@
-"""The `json-schema` bench dataset: twenty small JSON schemas, each with the topic of its prompt ("<topic>, as
-JSON."), for structured-output runs (tokens/s with speculation on and off under a schema) and tests.
+"""The structured-output bench datasets, each schema with the topic of its prompt ("<topic>, as JSON."):
+
+    json-schema        twenty small schemas (answers of about 17 tokens: prefill and the draft's catch-up weigh)
+    json-schema-long   ten lists of eight records (answers of about 180 tokens: decoding under the grammar)
 
 Every object is closed to other properties (`additionalProperties: false`, as OpenAI's strict mode asks of
 schemas): an open object lets a model add properties until it runs out of tokens. Integers that a greedy model
@@ -61,3 +63,33 @@ _OPEN = [
 ]  # fmt: skip
 
 SCHEMAS: list[tuple[str, dict]] = [(topic, closed(schema)) for schema, topic in _OPEN]  # (topic, schema)
+
+
+def _list_of(count: int, **fields: dict) -> dict:
+    item = {"type": "object", "properties": fields, "required": list(fields)}
+    return closed({"type": "array", "items": item, "minItems": count, "maxItems": count})
+
+
+def _text(length: int) -> dict:
+    return {"type": "string", "maxLength": length}
+
+
+def _int(low: int, high: int) -> dict:
+    return {"type": "integer", "minimum": low, "maximum": high}
+
+
+LONG_SCHEMAS: list[tuple[str, dict]] = [
+    ("List 8 programming languages with the year each appeared", _list_of(8, name=_text(20), year=_int(1950, 2025))),
+    ("List 8 countries with their capitals", _list_of(8, country=_text(20), capital=_text(20))),
+    ("List 8 chemical elements with their symbols and atomic numbers",
+     _list_of(8, element=_text(15), symbol=_text(3), number=_int(1, 118))),
+    ("List 8 Python built-in functions with a short description",
+     _list_of(8, function=_text(15), description=_text(40))),
+    ("List 8 planets and moons with their diameters in km", _list_of(8, body=_text(15), diameter_km=_int(1, 200000))),
+    ("List 8 HTTP status codes with their meanings", _list_of(8, code=_int(100, 599), meaning=_text(30))),
+    ("List 8 sorting algorithms with their average time complexity",
+     _list_of(8, algorithm=_text(20), complexity=_text(12))),
+    ("List 8 famous scientists with their field", _list_of(8, name=_text(25), field=_text(20))),
+    ("List 8 Linux commands with what they do", _list_of(8, command=_text(10), purpose=_text(40))),
+    ("List 8 fruits with their colour", _list_of(8, fruit=_text(15), colour=_text(12))),
+]  # fmt: skip
