@@ -10,12 +10,13 @@ from collections import Counter
 
 import pytest
 import torch
+from speculation import METHODS, speculative_generator
 
 from verispec import SpeculativeGenerator
 from verispec.adjustments import LogitAdjustments
 from verispec.errors import InvalidParameterError
 from verispec.sampling import SamplingParams, probs_from_logits
-from verispec.testing import tiny_config, tiny_loaded, tiny_model, tiny_pair, truncated_copy, word_tokenizer
+from verispec.testing import tiny_config, tiny_loaded, tiny_model, tiny_pair, word_tokenizer
 
 from distributions import total_variation
 
@@ -69,20 +70,10 @@ def test_each_row_sees_the_recorded_tokens_and_the_drafts_before_it():
     assert LogitAdjustments(SamplingParams(), 8).apply(logits, drafted) is logits  # nothing asked, nothing done
 
 
-@pytest.mark.parametrize(
-    ("method", "k"), [("draft", 1), ("draft", 4), ("clone", 4), ("hybrid", 3), ("ngram", 3)]
-)  # clone: a draft equal to the target, so that deep rows of every pass are used
+@pytest.mark.parametrize(("method", "k"), METHODS)
 def test_greedy_with_penalties_and_bias_equals_plain_decoding_by_definition(pair, method, k):
     target, draft = pair
-    if method == "clone":
-        method, draft = (
-            "draft",
-            tiny_loaded(truncated_copy(target.model, target.model.config.num_layers), target.tokenizer),
-        )
-    generator = SpeculativeGenerator(
-        target, None if method == "ngram" else draft, num_speculative_tokens=k, speculative_method=method,
-        adaptive=False,
-    )  # fmt: skip
+    generator = speculative_generator(target, draft, method, k)
     stops = target.tokenizer.stop_token_ids
     drafted = changed = 0
     for prompt in [*PROMPTS, "abc abc abc abc"]:

@@ -12,12 +12,13 @@ from collections import Counter
 
 import pytest
 import torch
+from speculation import METHODS, speculative_generator
 
 from verispec import GrammarSpec, SpeculativeGenerator
 from verispec.errors import InvalidParameterError
 from verispec.grammar import GrammarMatcher
 from verispec.sampling import SamplingParams, probs_from_logits
-from verispec.testing import tiny_config, tiny_loaded, tiny_model, tiny_pair, truncated_copy, word_tokenizer
+from verispec.testing import tiny_config, tiny_loaded, tiny_model, tiny_pair, word_tokenizer
 
 from distributions import total_variation
 
@@ -50,18 +51,10 @@ def pair():
     return tiny_pair()
 
 
-@pytest.mark.parametrize(("method", "k"), [("draft", 1), ("draft", 4), ("clone", 4), ("hybrid", 3), ("ngram", 3)])
+@pytest.mark.parametrize(("method", "k"), METHODS)
 def test_greedy_constrained_output_equals_plain_constrained_decoding(pair, method, k):
     target, draft = pair
-    if method == "clone":  # a draft equal to the target: deep rows of every pass are used
-        method, draft = (
-            "draft",
-            tiny_loaded(truncated_copy(target.model, target.model.config.num_layers), target.tokenizer),
-        )
-    generator = SpeculativeGenerator(
-        target, None if method == "ngram" else draft, num_speculative_tokens=k, speculative_method=method,
-        adaptive=False,
-    )  # fmt: skip
+    generator = speculative_generator(target, draft, method, k)
     spec = GrammarSpec("regex", REGEX)
     drafted = stopped = 0
     for prompt in ["hello world", "abab abab abab", "x"]:
