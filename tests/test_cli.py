@@ -53,6 +53,10 @@ def test_unreadable_model(tmp_path):
         (["--top-p", "0"], "top_p must be in (0, 1]"),
         (["--top-p", "1.5"], "top_p must be in (0, 1]"),
         (["--max-tokens", "0"], "max_tokens must be >= 1"),
+        (["--presence-penalty", "3"], "presence_penalty must be in [-2, 2]"),
+        (["--json-schema", "{not json"], "--json-schema is neither a file nor JSON text"),
+        (["--regex", "[a-", "--max-tokens", "2"], "invalid regex"),
+        (["--grammar", "start: nothing_defined", "--max-tokens", "2"], "invalid grammar"),
     ],
 )
 def test_bad_parameters(flags, fragment):
@@ -82,3 +86,17 @@ def test_generate_streams_and_prints_stats():
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
     assert "acceptance" in result.stderr and "texts identical" in result.stderr
+
+
+def test_generate_follows_a_json_schema_file(tmp_path):
+    require_bundled()
+    schema = tmp_path / "person.json"
+    schema.write_text(
+        '{"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", '
+        '"maximum": 120}}, "required": ["name", "age"], "additionalProperties": false}'
+    )
+    result = run_cli("generate", "A person, as JSON.", "--chat", "--json-schema", str(schema), "--max-tokens", "60")
+    assert result.returncode == 0, result.stderr
+    import json
+
+    assert set(json.loads(result.stdout)) == {"name", "age"}

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .arguments import (
     add_draft_vocab_argument,
@@ -20,6 +23,9 @@ from .arguments import (
 )
 from .errors import InvalidParameterError, VerispecError
 from .quantize import resolve_quantization
+
+if TYPE_CHECKING:
+    from .grammar import GrammarSpec
 
 # name -> (add_arguments, run); run(args) returns an exit status
 Command = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
@@ -62,6 +68,12 @@ def _generate_arguments(parser: argparse.ArgumentParser) -> None:
     add_sampling_arguments(parser)
     parser.add_argument("--chat", action="store_true", help="render the prompt as a user message (chat template)")
     parser.add_argument("--compare", action="store_true", help="also run plain target decoding and compare")
+    parser.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's presence penalty (-2..2)")
+    parser.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's frequency penalty (-2..2)")
+    constraint = parser.add_mutually_exclusive_group()
+    constraint.add_argument("--json-schema", help="the answer follows this JSON schema (a .json file, or JSON text)")
+    constraint.add_argument("--regex", help="the answer matches this regular expression")
+    constraint.add_argument("--grammar", help="the answer follows this Lark or GBNF grammar (a file, or its text)")
     add_draft_vocab_argument(parser)
     parser.add_argument(
         "--adaptive-k",
@@ -74,8 +86,11 @@ def _generate_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _generate(args: argparse.Namespace) -> int:
     from .generator import SpeculativeGenerator
+    from .sampling import SamplingParams
 
     validate_sampling_arguments(args)
+    SamplingParams(presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty)
+    grammar = _grammar_spec(args)  # mistakes in either are reported before seconds of loading
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not prompt:
         raise InvalidParameterError("prompt is empty")
@@ -85,7 +100,8 @@ def _generate(args: argparse.Namespace) -> int:
     load_seconds = time.perf_counter() - begin
     options = dict(
         max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        seed=args.seed, stop=args.stop,
+        seed=args.seed, stop=args.stop, presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty, grammar=grammar,
     )  # fmt: skip
     spec = _stream_to_stdout(generator, request, options)
     label = "[speculative]" if generator.speculates else "[plain]      "
@@ -104,6 +120,24 @@ def _generate(args: argparse.Namespace) -> int:
                 "[compare]     (sampled runs follow the same distribution, not the same random stream)", file=sys.stderr
             )
     return 0
+
+
+def _grammar_spec(args: argparse.Namespace) -> GrammarSpec | None:
+    """--json-schema, --regex or --grammar as a GrammarSpec (a file's contents where the value names a file)."""
+    from .grammar import GrammarSpec
+
+    for kind, value in (("json_schema", args.json_schema), ("regex", args.regex), ("grammar", args.grammar)):
+        if value is None:
+            continue
+        if kind != "regex" and Path(value).expanduser().is_file():
+            value = Path(value).expanduser().read_text()
+        if kind == "json_schema":
+            try:
+                json.loads(value)
+            except ValueError as exc:
+                raise InvalidParameterError(f"--json-schema is neither a file nor JSON text ({exc})") from None
+        return GrammarSpec(kind, value)
+    return None
 
 
 def _stream_to_stdout(generator, request, options):

@@ -55,7 +55,13 @@ class GrammarSpec:
         try:
             return grammar_from(self.kind, self.value)
         except Exception as exc:  # noqa: BLE001 - its parsers raise several types for a bad grammar text
-            raise InvalidParameterError(f"invalid {self.kind.replace('_', ' ')}: {exc}") from None
+            raise InvalidParameterError(f"invalid {self.kind.replace('_', ' ')}: {_one_line(str(exc))}") from None
+
+
+def _one_line(message: str) -> str:
+    """llguidance's message in one line: its first line and its `error:` lines (without the source diagram)."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return " ".join(lines[:1] + [line for line in lines[1:] if line.startswith("error")])
 
 
 class Grammar:
@@ -105,7 +111,7 @@ class GrammarCompiler:
         source = spec.source()
         failed, messages = LLMatcher.validate_grammar_with_warnings(source, tokenizer)
         if failed:
-            raise InvalidParameterError(f"invalid {spec.kind.replace('_', ' ')}: {messages[0]}")
+            raise InvalidParameterError(f"invalid {spec.kind.replace('_', ' ')}: {_one_line(messages[0])}")
         with self._lock:
             grammar = self._compiled[spec] = Grammar(self, source)
             while len(self._compiled) > self.CACHED:

@@ -213,8 +213,11 @@ def _warm_up(config: BenchConfig, contenders: list[Contender], prompt: Prompt, l
     if config.warmup_tokens == 0:
         return
     log(f"warm-up: {len(contenders)} methods x {config.warmup_tokens} tokens ...")
+    # the first prompt without its first token: the engine reuses a prompt it has prefilled (and a draft slot
+    # the prefix it holds), so warming up on the prompt itself would make its timed prefill free
+    ids = prompt.token_ids[1:] or prompt.token_ids
     for contender in contenders:
-        contender.generate(prompt.token_ids, config.warmup_tokens, config, config.seed, prompt.grammar)
+        contender.generate(ids, config.warmup_tokens, config, config.seed, prompt.grammar)
 
 
 def _measure_costs(config: BenchConfig, models: Models, prompts: list[Prompt], log: Callable[[str], None]) -> Costs:
