@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from verispec import SpeculativeGenerator
+from verispec.engine.prefixes import reusable_prefill
 from verispec.engine.proposers import CATCH_UP_WIDTH, BatchedDrafter, DraftJob, padded_forward
 from verispec.engine.requests import EngineRequest, ErrorEvent, FinishEvent, StreamChunk
-from verispec.engine.scheduler import Scheduler, SchedulerConfig, reusable_prefill
+from verispec.engine.scheduler import Scheduler, SchedulerConfig
 from verispec.errors import InvalidParameterError
 from verispec.sampling import SamplingParams
 from verispec.testing import prefer_the_end_token, tiny_pair

@@ -8,7 +8,7 @@ import is still a dependency). Layers, from the ground up:
     1 kernels      kernels/ (the native library and its Python face)
     2 model        model (the transformer; knows no weight format)
     3 weights      quantize, weights, gguf_source, hf_source, gguf_native, draft_head, loading, testing
-    4 engine       engine/ (scheduler, proposers, policy, metrics, requests)
+    4 engine       engine/ (scheduler, proposers, policy, prefixes, metrics, requests)
     5 generator    generator (one request through the engine)
     6 front ends   arguments, server/, bench/
     7 command line cli, __main__, the package's __init__

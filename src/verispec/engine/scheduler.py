@@ -40,6 +40,7 @@ from ..stats import GenerationStats
 from ..stopping import StopChecker
 from .metrics import Metrics
 from .policy import POLICIES, DraftPolicy
+from .prefixes import PrefilledPrompts
 from .proposers import (
     CATCH_UP_WIDTH,
     BatchedDrafter,
@@ -116,20 +117,6 @@ class Sequence:
         return self.prefilled < len(self.request.prompt_ids) - 1
 
 
-def reusable_prefill(record: list[int], target: list[int], start: int, chunk: int) -> int:
-    """How far a slot whose first len(record) positions were prefilled with `record` (in chunks of `chunk` from
-    position 0) can stand in for prefilling `target` from `start`, a chunk boundary: the end of the chunks
-    equal in their tokens and in where they end. A chunk's keys and values depend only on its tokens and
-    those before it, so the copied ones are bit for bit what prefilling would compute."""
-    end = start
-    while end < len(target):
-        stop = min(end + chunk, len(target))
-        if min(end + chunk, len(record)) != stop or record[end:stop] != target[end:stop]:
-            break
-        end = stop
-    return end
-
-
 @dataclass
 class Verdict:
     """What a verification pass decided for one sequence."""
@@ -175,9 +162,7 @@ class Scheduler:
         k+1 wide, draft catch-up rows up to CATCH_UP_WIDTH), hence the room beyond max_model_len."""
         k, slots = self.config.num_speculative_tokens, self.config.max_num_seqs
         self.cache = target.model.new_cache(num_slots=slots, max_len=self.max_model_len + k + 1)
-        # the prompt tokens each slot's cache holds from prefilling (positions 0 on), for later requests that
-        # share them: n choices of one prompt, a repeated prompt or system prompt (see `reusable_prefill`)
-        self.prefilled_tokens: list[list[int]] = [[] for _ in range(slots)]
+        self.prefixes = PrefilledPrompts(self.cache, self.config.prefill_chunk)  # prefill reuse (prefixes.py)
         self.drafter: BatchedDrafter | BatchedNgramDrafter | BatchedHybridDrafter | None = None
         method = self.config.speculative_method
         if method == "ngram":
@@ -383,11 +368,9 @@ class Scheduler:
             logprobs=[] if request.logprobs is not None else None,
         )
         self.running[slot] = seq
-        self.cache.set_length(slot, 0)
         self.metrics.prompt_tokens.inc(len(prompt))
-        held = self.prefilled_tokens[slot]
-        self._reuse_prefill(seq, slot)  # what this slot still holds from a request before
-        del held[seq.prefilled :]  # the rest is overwritten from here on
+        seq.prefilled = self.prefixes.admit(slot, prompt)
+        self.metrics.prefill_reused_tokens.inc(seq.prefilled)
 
     def _prefill_chunk(self) -> None:
         """The next chunk of the earliest admitted prompt still prefilling; before it, and for every other
@@ -396,22 +379,12 @@ class Scheduler:
         its neighbours."""
         computed = False
         for seq in [seq for seq in self.running.values() if seq.prefilling]:
-            for source in range(self.cache.num_slots):
-                if source != seq.slot and seq.prefilling:
-                    self._reuse_prefill(seq, source)
+            end = self.prefixes.reuse(seq.slot, seq.request.prompt_ids, seq.prefilled)
+            self.metrics.prefill_reused_tokens.inc(end - seq.prefilled)
+            seq.prefilled = end
             if seq.prefilling and not computed:
                 self._compute_chunk(seq)
                 computed = True
-
-    def _reuse_prefill(self, seq: Sequence, source: int) -> None:
-        end = reusable_prefill(
-            self.prefilled_tokens[source], seq.request.prompt_ids[:-1], seq.prefilled, self.config.prefill_chunk
-        )
-        if end > seq.prefilled:
-            self.cache.copy(source, seq.slot, end)
-            self.prefilled_tokens[seq.slot][seq.prefilled :] = seq.request.prompt_ids[seq.prefilled : end]
-            self.metrics.prefill_reused_tokens.inc(end - seq.prefilled)
-            seq.prefilled = end
 
     def _compute_chunk(self, seq: Sequence) -> None:
         begin = time.perf_counter()
@@ -419,7 +392,7 @@ class Scheduler:
         chunk = seq.request.prompt_ids[seq.prefilled : end]
         ids = torch.tensor([chunk], dtype=torch.long, device=self.target.model.device)
         self.target.model(ids, self.cache, [seq.slot], num_logits=1, invariant=False)
-        self.prefilled_tokens[seq.slot][seq.prefilled :] = chunk
+        self.prefixes.computed(seq.slot, seq.prefilled, chunk)
         seq.prefilled = end
         seconds = time.perf_counter() - begin
         seq.stats.time_prefill += seconds
