@@ -491,6 +491,7 @@ def _error(response: httpx.Response, status: int, code: str | None = None, param
         ({"prompt": "hi", "structured_outputs": {"regex": "[a-"}}, 400, "invalid_value", "structured_outputs"),
         ({"prompt": "hi", "guided_json": {"type": "nonsense"}}, 400, "invalid_value", "guided_json"),
         ({"prompt": "hi", "guided_choice": []}, 400, "invalid_value", "guided_choice"),
+        ({"prompt": "hi", "structured_outputs": {}}, 422, None, "structured_outputs"),
         (
             {"prompt": "hi", "response_format": {"type": "json_object"}, "guided_regex": "a"},
             400,

@@ -97,6 +97,12 @@ class StructuredOutputs(_Strict):
     grammar: str | None = None  # Lark, or GBNF as llama.cpp and xgrammar write it
     json_object: bool | None = None
 
+    @model_validator(mode="after")
+    def _names_a_constraint(self) -> StructuredOutputs:
+        if all(value is None for value in (self.json_, self.regex, self.choice, self.grammar)) and not self.json_object:
+            raise ValueError("structured_outputs names no constraint (json, regex, choice, grammar or json_object)")
+        return self
+
 
 class _GenerationRequest(_Strict):
     model: str | None = None
