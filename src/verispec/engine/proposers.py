@@ -172,7 +172,7 @@ class BatchedDrafter:
         for job in jobs:
             fed = self.fed[job.slot]
             source, held = self._held(job.slot, job.tokens)
-            keep = common_prefix(fed, job.tokens, limit=len(job.tokens) - 1)
+            keep = held if source == job.slot else common_prefix(fed, job.tokens, limit=len(job.tokens) - 1)
             self.cache.set_length(job.slot, keep)
             del fed[keep:]
             if held > keep:  # another slot holds more of these tokens: copy its keys and values

@@ -218,6 +218,7 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         body = await _parse(request, CompletionRequest)
+        _check_request(state, body)  # before any work: encoding, compiling a grammar
         prompt_ids = _encode_completion_prompt(state, body)
         grammar = await _grammar(state, body)
         job = _submit(state, body, prompt_ids, COMPLETION_DEFAULT_MAX_TOKENS, body.max_tokens, "prompt", grammar)
@@ -229,6 +230,7 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         body = await _parse(request, ChatCompletionRequest)
+        _check_request(state, body)
         prompt_ids = _encode_chat(state, body)
         room = state.scheduler.max_model_len - len(prompt_ids)
         requested = body.max_completion_tokens or body.max_tokens
@@ -302,8 +304,7 @@ def _submit(
     prompt_param: str,
     grammar: Grammar | None = None,
 ) -> Job:
-    """Check the request against the model and the limits, then queue it; raises ApiError."""
-    _check_request(state, body)
+    """Check the request against the limits, then queue it; raises ApiError."""
     max_tokens = _max_tokens(state, prompt_ids, default_max, requested, prompt_param)
     temperature = 1.0 if body.temperature is None else body.temperature
     try:
