@@ -44,6 +44,8 @@ _SIGNATURES = {
     "vsk_stack_forward": ([_c_p, _c_p, _c_p, _c_int, _c_p, _c_p, _c_p], _c_int),
     "vsk_stack_timing": ([_c_p], None),
     "vsk_read": ([_c_p, _c_size], ctypes.c_uint64),
+    "vsk_sum_squares": ([_c_p, _c_int], ctypes.c_float),
+    "vsk_swiglu": ([_c_p, _c_p, _c_p, _c_int], None),
     "vsk_attention": (
         [_c_p, _c_int, _c_int, _c_int, _c_int, _c_p, _c_p, _c_size, _c_int, ctypes.c_float, _c_p],
         None,
@@ -204,6 +206,20 @@ def _rows(qtype: int, weight: torch.Tensor, n: int | None) -> tuple[int, int]:
     if n is not None and n != weight.shape[0]:
         raise ValueError(f"weight has {weight.shape[0]} rows, not {n}")
     return int(weight.shape[0]), int(weight.shape[1])
+
+
+def sum_squares(x: torch.Tensor) -> float:
+    """RMSNorm's sum of squares of a float32 vector, in the library's fixed order (csrc/vsk_rows.h)."""
+    x = x.contiguous().float()
+    return float(_lib().vsk_sum_squares(x.data_ptr(), x.numel()))
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up elementwise (float32 vectors), as the native stack computes it."""
+    gate, up = gate.contiguous().float(), up.contiguous().float()
+    out = torch.empty_like(gate)
+    _lib().vsk_swiglu(gate.data_ptr(), up.data_ptr(), out.data_ptr(), gate.numel())
+    return out
 
 
 def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scale: float) -> torch.Tensor:

@@ -11,6 +11,7 @@
 #include "vsk.h"
 #include "vsk_blocks.h"
 #include "vsk_math.h"
+#include "vsk_rows.h"
 
 #define VSK_API __attribute__((visibility("default")))
 #define MAX_THREADS 64
@@ -105,6 +106,7 @@ static float quantize_block(const float *x, int n, int8_t *q) {
 
 VSK_API void vsk_quantize(int type, const float *x, int M, int K, uint8_t *out) {
     const size_t row_bytes = vsk_act_row_bytes(type, K);
+    const vsk_row_ops *rows = vsk_rows();
     for (int m = 0; m < M; m++) {
         const float *xr = x + (size_t)m * K;
         if (block_of(type) == 256) {
@@ -118,15 +120,7 @@ VSK_API void vsk_quantize(int type, const float *x, int M, int K, uint8_t *out) 
                 }
             }
         } else {
-            vsk_act32 *a = (vsk_act32 *)(out + (size_t)m * row_bytes);
-            for (int b = 0; b < K / 32; b++) {
-                a[b].d = quantize_block(xr + 32 * b, 32, a[b].q);
-                for (int h = 0; h < 2; h++) {
-                    int s = 0;
-                    for (int i = 0; i < 16; i++) s += a[b].q[16 * h + i];
-                    a[b].half[h] = (int16_t)s;
-                }
-            }
+            rows->quantize32(xr, K, (vsk_act32 *)(out + (size_t)m * row_bytes));
         }
     }
 }

@@ -14,6 +14,7 @@
 
 #include "vsk.h"
 #include "vsk_math.h"
+#include "vsk_rows.h"
 
 #define VSK_API __attribute__((visibility("default")))
 
@@ -74,10 +75,9 @@ VSK_API size_t vsk_stack_scratch_bytes(const vsk_model *md, int M) {
            floats_bytes((size_t)M * 2 * md->inter) + floats_bytes((size_t)M * md->inter) + act_bytes(widest) * M + 64;
 }
 
-/* out = x / sqrt(mean(x^2) + eps) * weight, the sum of squares in index order */
+/* out = x / sqrt(mean(x^2) + eps) * weight, the sum of squares in the fixed order of vsk_rows.h */
 static void rms_norm(const float *x, const float *weight, int n, float eps, float *out) {
-    float sum = 0.0f;
-    for (int i = 0; i < n; i++) sum += x[i] * x[i];
+    const float sum = vsk_rows()->sum_squares(x, n);
     const float r = 1.0f / sqrtf(sum / (float)n + eps);
     for (int i = 0; i < n; i++) out[i] = (x[i] * r) * weight[i];
 }
@@ -96,6 +96,7 @@ typedef struct {
     const float *gate_up; /* [M][2 inter]: gates then ups */
     float *out;           /* [M][inter] */
     int inter;
+    const vsk_row_ops *ops;
 } swiglu_t;
 
 #define SWIGLU_CHUNK 256
@@ -108,8 +109,7 @@ static void swiglu_items(const void *ctx, int begin, int end) {
         const int m = item / chunks, i0 = item % chunks * SWIGLU_CHUNK;
         const int i1 = i0 + SWIGLU_CHUNK < s->inter ? i0 + SWIGLU_CHUNK : s->inter;
         const float *gate = s->gate_up + (size_t)m * 2 * s->inter, *up = gate + s->inter;
-        float *out = s->out + (size_t)m * s->inter;
-        for (int i = i0; i < i1; i++) out[i] = gate[i] / (1.0f + vsk_exp(-gate[i])) * up[i];
+        s->ops->swiglu(gate + i0, up + i0, s->out + (size_t)m * s->inter + i0, i1 - i0);
     }
 }
 
@@ -161,7 +161,7 @@ static int block_forward(const vsk_model *md, const vsk_block *b, float *keys, f
     for (int m = 0; m < M; m++) rms_norm(x + (size_t)m * hidden, b->mlp_norm, hidden, md->eps, h + (size_t)m * hidden);
     vsk_quantize(VSK_Q8_0, h, M, hidden, xq);
     if (products(b->gate_up, b->gate_up_parts, hidden, xq, M, gate_up, 2 * inter)) return -1;
-    const swiglu_t s = {gate_up, act, inter};
+    const swiglu_t s = {gate_up, act, inter, vsk_rows()};
     vsk_parallel_for(swiglu_items, &s, M * ((inter + SWIGLU_CHUNK - 1) / SWIGLU_CHUNK));
     vsk_quantize(VSK_Q8_0, act, M, inter, xq);
     return add_products(&b->down, 1, inter, xq, M, tmp, x, hidden);

@@ -1,0 +1,76 @@
+/* The per-row steps (vsk_rows.h) on 256-bit vectors: the portable definitions' operations, element by element,
+ * so the same bits (explicit multiplies and adds: no fused multiply-add may change a rounding). */
+#include "vsk_math.h"
+#include "vsk_rows.h"
+
+#if !defined(__x86_64__)
+const vsk_row_ops *vsk_rows_avx2(void) { return NULL; }
+#else
+
+#pragma GCC target("avx2")
+#include <immintrin.h>
+
+#include "vsk_exp8.h"
+
+static inline int hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+static void quantize32(const float *x, int K, vsk_act32 *out) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int b = 0; b < K / 32; b++, x += 32) {
+        __m256 v[4], m = _mm256_setzero_ps();
+        for (int j = 0; j < 4; j++) {
+            v[j] = _mm256_loadu_ps(x + 8 * j);
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[j]));
+        }
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        const float amax = _mm_cvtss_f32(h), id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        out[b].d = amax / 127.0f;
+        __m256i q[4]; /* round to nearest even, as vsk_round */
+        for (int j = 0; j < 4; j++) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], _mm256_set1_ps(id)));
+        const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256((__m256i *)out[b].q, _mm256_permutevar8x32_epi32(bytes, order));
+        out[b].half[0] = (int16_t)hsum_epi32(_mm256_add_epi32(q[0], q[1]));
+        out[b].half[1] = (int16_t)hsum_epi32(_mm256_add_epi32(q[2], q[3]));
+    }
+}
+
+static float sum_squares(const float *x, int n) {
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    const int body = n / VSK_SQUARE_LANES * VSK_SQUARE_LANES;
+    for (int i = 0; i < body; i += VSK_SQUARE_LANES) {
+        const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+        lo = _mm256_add_ps(lo, _mm256_mul_ps(a, a));
+        hi = _mm256_add_ps(hi, _mm256_mul_ps(b, b));
+    }
+    float lanes[VSK_SQUARE_LANES];
+    _mm256_storeu_ps(lanes, lo);
+    _mm256_storeu_ps(lanes + 8, hi);
+    float sum = vsk_lane_tree(lanes);
+    for (int i = body; i < n; i++) sum += x[i] * x[i];
+    return sum;
+}
+
+static void swiglu(const float *gate, const float *up, float *out, int n) {
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + i);
+        const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_xor_ps(g, sign))));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
+    }
+    for (; i < n; i++) out[i] = gate[i] / (1.0f + vsk_exp(-gate[i])) * up[i];
+}
+
+static const vsk_row_ops ops = {quantize32, sum_squares, swiglu};
+
+const vsk_row_ops *vsk_rows_avx2(void) { return &ops; }
+
+#endif

@@ -1,0 +1,72 @@
+"""The stack's per-row steps (csrc/vsk_rows.c): activation quantization, RMSNorm's sum of squares and SwiGLU.
+Every vector path computes the portable definition's bits exactly (so a row's result does not depend on the
+path), and the definitions match float64 references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_kernels import paths
+
+from verispec.kernels import native
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="native kernels not compiled")
+
+Q8_0 = 8
+
+
+def _on(path: str, fn, *args):
+    before = native.isa()
+    native.set_isa(path)
+    try:
+        return fn(*args)
+    finally:
+        native.set_isa(before)
+
+
+def _vectors(n: int, seed: int) -> torch.Tensor:
+    """Normal values, a stretch of them spread over five decades, an all-zero block and exact ties."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g)
+    x[n // 2 :] *= torch.logspace(-3, 2, n - n // 2)[torch.randperm(n - n // 2, generator=g)]
+    x[:32] = 0.0  # an all-zero block
+    x[32:64] = torch.arange(32) - 15.5  # halves after scaling: ties
+    return x
+
+
+@pytest.mark.parametrize("path", paths()[1:])
+def test_every_vector_path_computes_the_portable_bits(path):
+    for seed, n in ((0, 1536), (1, 896), (2, 8960), (3, 1000)):
+        x, up = _vectors(n, seed), _vectors(n, seed + 10)
+        k = n // 32 * 32
+        rows = x[None, :k]
+        assert torch.equal(_on(path, native.quantize, Q8_0, rows), _on("scalar", native.quantize, Q8_0, rows))
+        assert _on(path, native.sum_squares, x) == _on("scalar", native.sum_squares, x)
+        assert torch.equal(_on(path, native.swiglu, x, up), _on("scalar", native.swiglu, x, up))
+
+
+def test_the_definitions_match_float64():
+    x, up = _vectors(1000, 5), _vectors(1000, 6)
+    x64, up64 = x.double(), up.double()
+    assert native.sum_squares(x) == pytest.approx(float((x64 * x64).sum()), rel=1e-6)
+    expected = x64 / (1 + torch.exp(-x64)) * up64
+    assert torch.allclose(native.swiglu(x, up).double(), expected, rtol=1e-5, atol=1e-30)
+    layout = np.dtype([("d", "<f4"), ("half", "<i2", 2), ("q", "i1", 32)])
+    blocks = native.quantize(Q8_0, x[None, :992]).numpy().view(layout)
+    values = blocks["q"].astype(np.float64) * blocks["d"][..., None]
+    error = np.abs(values.reshape(-1) - x64[:992].numpy())
+    assert (error <= blocks["d"].repeat(32) * 0.5 * (1 + 1e-6) + 1e-30).all()
+    assert (blocks["half"] == blocks["q"].reshape(-1, 2, 16).sum(-1)).all()
+
+
+def test_the_sum_of_squares_order_is_its_own_and_an_index_order_sum_differs():
+    """The bit comparisons above can fail: summing in index order gives other bits on these vectors."""
+    differs = 0
+    for seed in range(20):
+        x = _vectors(1536, 100 + seed)
+        ordered = torch.tensor(0.0)
+        for value in x:
+            ordered = ordered + value * value
+        differs += float(ordered) != native.sum_squares(x)
+    assert differs > 0
