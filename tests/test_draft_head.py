@@ -39,6 +39,10 @@ def test_draft_head_spreads_its_logits_over_the_target_vocabulary():
     assert spread.shape == (2, head.size)
     torch.testing.assert_close(spread[:, [7, 0, 3]], small, rtol=0, atol=0)
     assert torch.isneginf(spread).sum() == 2 * (head.size - 3)
+    run = DraftHead(draft.model, rows, torch.tensor([0, 1, 2, 5]))  # a leading run 0, 1, 2 and an extra id
+    spread = run.over_vocab(torch.tensor([[1.0, 2.0, 3.0, 4.0]]))
+    assert spread[0, [0, 1, 2, 5]].tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert torch.isneginf(spread).sum() == rows - 4
 
 
 def test_frequent_ids_keep_the_first_ids_and_the_stop_tokens():

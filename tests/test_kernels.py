@@ -229,3 +229,24 @@ def test_attention_matches_the_reference_and_each_query_only_its_own_prefix(path
     poisoned_keys, poisoned_values = keys.clone(), values.clone()
     poisoned_keys[:, start + 1 :], poisoned_values[:, start + 1 :] = float("nan"), float("nan")
     assert torch.equal(native.attention(q[:1], poisoned_keys, poisoned_values, start, d**-0.5)[0], got[0])
+
+
+@pytest.mark.parametrize("name", [*TYPES, "F16", "F32"])
+def test_embedding_rows_are_the_gguf_packages_bits(name):
+    from verispec.kernels.linear import GGUFEmbedding
+
+    k, rows = 512, 40
+    if name in TYPES:
+        qtype, data = int(TYPES[name]), random_blocks(int(TYPES[name]), rows, k, seed=7)
+    else:
+        qtype = int(GGMLQuantizationType[name])
+        values = np.random.default_rng(7).standard_normal((rows, k)).astype(np.float16 if name == "F16" else np.float32)
+        data = values.view(np.uint8).reshape(rows, -1)
+    assert native.has_rows_to_floats(qtype)
+    ids = torch.tensor([[3, 0, 39], [39, 17, 3]])
+    got = GGUFEmbedding(qtype, torch.from_numpy(data), k)(ids)
+    expected = dequantize(data[ids.reshape(-1).numpy()], GGMLQuantizationType(qtype)).reshape(2, 3, k)
+    assert got.shape == (2, 3, k)
+    assert np.array_equal(got.numpy(), expected.astype(np.float32))
+    with pytest.raises(IndexError):
+        GGUFEmbedding(qtype, torch.from_numpy(data), k)(torch.tensor([[rows]]))

@@ -35,13 +35,16 @@ class DraftHead:
         self.size = target_vocab_size
         self.ids = None if ids is None else ids[ids < target_vocab_size]
         self.module = None if self.ids is None else restricted_head(model, self.ids)
+        # ids usually start 0, 1, 2, ...: that run is placed with one slice copy, the rest by index
+        self._run = 0 if self.ids is None else int((self.ids == torch.arange(len(self.ids))).cumprod(0).sum())
 
     def over_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """[..., rows the head computed] -> [..., target vocabulary]."""
         if self.ids is None:
             return align_to_vocab(logits, self.size)
         full = logits.new_full((*logits.shape[:-1], self.size), float("-inf"))
-        full[..., self.ids] = logits
+        full[..., : self._run] = logits[..., : self._run]
+        full[..., self.ids[self._run :]] = logits[..., self._run :]
         return full
 
 

@@ -21,7 +21,7 @@ from .converted import writing
 from .errors import ModelLoadError
 from .gguf_source import undo_rope_permutation
 from .kernels import native
-from .kernels.linear import GGUFEmbedding, NativeLinear
+from .kernels.linear import GGUFEmbedding, NativeLinear, NativeRMSNorm
 from .kernels.stack import BlockWeights, NativeStack, supported
 from .model import Transformer
 from .tokenizer import Tokenizer
@@ -103,6 +103,7 @@ def _build(config: ModelConfig, index: dict, data: np.memmap, tiles: np.memmap |
     head = "output.weight" if "output.weight" in index["tensors"] else "token_embd.weight"
     model.lm_head = linear([head], hidden)
     model.load_state_dict(state, assign=True, strict=True)
+    model.norm = NativeRMSNorm(model.norm.weight.data, config.rms_norm_eps)
     model.fused_blocks = native_stack(config, model)
     return model.eval()
 

@@ -70,7 +70,8 @@ class NativeLinear(nn.Module):
 
 
 class GGUFEmbedding(nn.Module):
-    """Token embeddings looked up in a GGUF matrix: only the rows asked for are dequantized (float32)."""
+    """Token embeddings looked up in a GGUF matrix: only the rows asked for are dequantized (float32), by the
+    native library where it has the type (the `gguf` package's bits, faster), else by the `gguf` package."""
 
     def __init__(self, qtype: int, weight: torch.Tensor, dim: int):
         super().__init__()
@@ -79,7 +80,26 @@ class GGUFEmbedding(nn.Module):
         self.dim = dim
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if native.has_rows_to_floats(self.qtype):
+            ids = tokens.reshape(-1).cpu()
+            if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < self.weight_blocks.shape[0]:
+                raise IndexError("token id out of the embedding's range")
+            rows = native.rows_to_floats(int(self.qtype), self.weight_blocks, ids, self.dim)
+            return rows.reshape(*tokens.shape, self.dim)
         ids = tokens.reshape(-1).cpu().numpy()
         rows = self.weight_blocks.numpy()[ids]
         values = dequantize(rows, self.qtype).reshape(len(ids), self.dim).astype(np.float32, copy=False)
         return torch.from_numpy(values).reshape(*tokens.shape, self.dim)
+
+
+class NativeRMSNorm(nn.Module):
+    """RMSNorm (model.RMSNorm's weight and eps) computed by the native library, in the stack's order: a
+    model's final norm in one call instead of five PyTorch ops."""
+
+    def __init__(self, weight: torch.Tensor, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(weight.float(), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return native.rms_norm(x, self.weight, self.eps).to(x.dtype)

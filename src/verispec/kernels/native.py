@@ -44,6 +44,9 @@ _SIGNATURES = {
     "vsk_stack_forward": ([_c_p, _c_p, _c_p, _c_int, _c_p, _c_p, _c_p], _c_int),
     "vsk_stack_timing": ([_c_p], None),
     "vsk_read": ([_c_p, _c_size], ctypes.c_uint64),
+    "vsk_has_rows_to_floats": ([_c_int], _c_int),
+    "vsk_rows_to_floats": ([_c_int, _c_p, _c_size, _c_p, _c_int, _c_int, _c_p], _c_int),
+    "vsk_rms_norm": ([_c_p, _c_p, _c_int, _c_int, ctypes.c_float, _c_p], None),
     "vsk_sum_squares": ([_c_p, _c_int], ctypes.c_float),
     "vsk_swiglu": ([_c_p, _c_p, _c_p, _c_int], None),
     "vsk_attention": (
@@ -208,10 +211,35 @@ def _rows(qtype: int, weight: torch.Tensor, n: int | None) -> tuple[int, int]:
     return int(weight.shape[0]), int(weight.shape[1])
 
 
+def has_rows_to_floats(qtype: int) -> bool:
+    """Whether `rows_to_floats` takes this GGML type."""
+    return available() and bool(_lib().vsk_has_rows_to_floats(qtype))
+
+
+def rows_to_floats(qtype: int, weight: torch.Tensor, ids: torch.Tensor, k: int) -> torch.Tensor:
+    """Rows `ids` of a GGUF matrix [N, row bytes] (uint8) as float32 [len(ids), k]: the `gguf` package's
+    dequantization, the same bits."""
+    ids = ids.reshape(-1).to(torch.int64).contiguous()
+    out = torch.empty(ids.numel(), k, dtype=torch.float32)
+    if _lib().vsk_rows_to_floats(qtype, weight.data_ptr(), weight.shape[1], ids.data_ptr(), ids.numel(), k,
+                                 out.data_ptr()):  # fmt: skip
+        raise ValueError(f"no native dequantization for GGML type {qtype}")
+    return out
+
+
 def sum_squares(x: torch.Tensor) -> float:
     """RMSNorm's sum of squares of a float32 vector, in the library's fixed order (csrc/vsk_rows.h)."""
     x = x.contiguous().float()
     return float(_lib().vsk_sum_squares(x.data_ptr(), x.numel()))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Each row of float32 x [..., n] normalized and scaled by `weight` [n], as the native stack does it."""
+    rows = x.reshape(-1, x.shape[-1]).contiguous().float()
+    weight = weight.contiguous().float()
+    out = torch.empty_like(rows)
+    _lib().vsk_rms_norm(rows.data_ptr(), weight.data_ptr(), rows.shape[0], rows.shape[1], eps, out.data_ptr())
+    return out.reshape(x.shape)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -82,6 +82,11 @@ static void rms_norm(const float *x, const float *weight, int n, float eps, floa
     for (int i = 0; i < n; i++) out[i] = (x[i] * r) * weight[i];
 }
 
+/* out [M][n] = each row of x [M][n] normalized as in the stack (a model's final norm) */
+VSK_API void vsk_rms_norm(const float *x, const float *weight, int M, int n, float eps, float *out) {
+    for (int m = 0; m < M; m++) rms_norm(x + (size_t)m * n, weight, n, eps, out + (size_t)m * n);
+}
+
 /* rotary embedding of one head (the rotate-half form): cos/sin rows hold the position's D values */
 static void rotate(float *v, const float *cos, const float *sin, int D) {
     const int half = D / 2;

@@ -1,0 +1,78 @@
+/* Rows of a GGUF matrix to float32 (the token embedding lookup), computed as the `gguf` package's
+ * dequantization computes them, operation for operation, so the same bits. */
+#include <string.h>
+
+#include "vsk.h"
+#include "vsk_blocks.h"
+
+#define VSK_API __attribute__((visibility("default")))
+
+static float half(const uint8_t *p) { return vsk_fp16_to_fp32(rd16(p)); }
+
+/* one row of K values; 0, or -1 for a type without a definition here */
+static int row_to_floats(int type, const uint8_t *row, int K, float *out) {
+    switch (type) {
+    case VSK_F32: memcpy(out, row, sizeof(float) * (size_t)K); return 0;
+    case VSK_F16:
+        for (int i = 0; i < K; i++) out[i] = half(row + 2 * i);
+        return 0;
+    case VSK_Q4_0: case VSK_Q4_1: case VSK_Q5_0: case VSK_Q8_0: {
+        const int bytes = type == VSK_Q4_0 ? 18 : type == VSK_Q4_1 ? 20 : type == VSK_Q5_0 ? 22 : 34;
+        for (int b = 0; b < K / 32; b++, out += 32) {
+            const uint8_t *blk = row + (size_t)b * bytes;
+            const float d = half(blk);
+            if (type == VSK_Q8_0) {
+                for (int i = 0; i < 32; i++) out[i] = (float)(int8_t)blk[2 + i] * d;
+            } else if (type == VSK_Q4_1) {
+                const float m = half(blk + 2);
+                for (int i = 0; i < 16; i++) {
+                    out[i] = d * (float)(blk[4 + i] & 0x0F) + m;
+                    out[i + 16] = d * (float)(blk[4 + i] >> 4) + m;
+                }
+            } else {
+                const uint8_t *qs = blk + (type == VSK_Q5_0 ? 6 : 2);
+                const uint32_t qh = type == VSK_Q5_0 ? rd32(blk + 2) : 0;
+                const int offset = type == VSK_Q5_0 ? 16 : 8;
+                for (int i = 0; i < 16; i++) {
+                    out[i] = d * (float)((int)((qs[i] & 0x0F) | (((qh >> i) & 1u) << 4)) - offset);
+                    out[i + 16] = d * (float)((int)((qs[i] >> 4) | (((qh >> (i + 16)) & 1u) << 4)) - offset);
+                }
+            }
+        }
+        return 0;
+    }
+    case VSK_Q4_K:
+        for (int b = 0; b < K / 256; b++, out += 256) {
+            const uint8_t *blk = row + (size_t)b * Q4_K_BYTES;
+            uint8_t sc[8], mn[8], q[256];
+            q4_k_scales(blk + 4, sc, mn);
+            q4_k_values(blk + 16, q);
+            const float d = half(blk), dmin = half(blk + 2);
+            for (int i = 0; i < 256; i++) out[i] = (d * (float)sc[i / 32]) * (float)q[i] - dmin * (float)mn[i / 32];
+        }
+        return 0;
+    case VSK_Q6_K:
+        for (int b = 0; b < K / 256; b++, out += 256) {
+            const uint8_t *blk = row + (size_t)b * Q6_K_BYTES;
+            uint8_t q[256];
+            q6_k_values(blk, q);
+            const float d = half(blk + 208);
+            for (int i = 0; i < 256; i++) out[i] = (d * (float)(int8_t)blk[192 + i / 16]) * (float)((int)q[i] - 32);
+        }
+        return 0;
+    default: return -1;
+    }
+}
+
+VSK_API int vsk_has_rows_to_floats(int type) {
+    return type == VSK_F32 || type == VSK_F16 || type == VSK_Q4_0 || type == VSK_Q4_1 || type == VSK_Q5_0 ||
+           type == VSK_Q8_0 || type == VSK_Q4_K || type == VSK_Q6_K;
+}
+
+/* out[i] = row ids[i] of W (rows of `row_bytes` bytes, K values each) as float32; 0, or -1 for another type */
+VSK_API int vsk_rows_to_floats(int type, const uint8_t *W, size_t row_bytes, const int64_t *ids, int count, int K,
+                               float *out) {
+    for (int i = 0; i < count; i++)
+        if (row_to_floats(type, W + (size_t)ids[i] * row_bytes, K, out + (size_t)i * K)) return -1;
+    return 0;
+}
