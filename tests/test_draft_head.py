@@ -37,12 +37,23 @@ def test_draft_head_spreads_its_logits_over_the_target_vocabulary():
     small = torch.randn(2, 3)
     spread = head.over_vocab(small)
     assert spread.shape == (2, head.size)
-    torch.testing.assert_close(spread[:, [7, 0, 3]], small, rtol=0, atol=0)
+    torch.testing.assert_close(spread[:, [0, 3, 7]], small, rtol=0, atol=0)  # the head's rows: ascending ids
     assert torch.isneginf(spread).sum() == 2 * (head.size - 3)
     run = DraftHead(draft.model, rows, torch.tensor([0, 1, 2, 5]))  # a leading run 0, 1, 2 and an extra id
     spread = run.over_vocab(torch.tensor([[1.0, 2.0, 3.0, 4.0]]))
     assert spread[0, [0, 1, 2, 5]].tolist() == [1.0, 2.0, 3.0, 4.0]
     assert torch.isneginf(spread).sum() == rows - 4
+
+
+def test_the_heads_argmax_is_the_argmax_over_the_vocabulary_lowest_id_on_ties():
+    _, draft = tiny_pair()
+    rows = draft.model.config.vocab_size
+    for ids in (None, torch.tensor([5, 0, 1, 2, rows - 1]), torch.tensor([9, 4])):
+        head = DraftHead(draft.model, rows, ids)
+        width = rows if ids is None else len(head.ids)
+        for seed in range(20):
+            logits = torch.randint(0, 3, (width,), generator=torch.Generator().manual_seed(seed)).float()  # ties
+            assert head.argmax(logits) == int(head.over_vocab(logits).argmax()), (ids, seed)
 
 
 def test_frequent_ids_keep_the_first_ids_and_the_stop_tokens():

@@ -33,10 +33,19 @@ class DraftHead:
 
     def __init__(self, model: Transformer, target_vocab_size: int, ids: torch.Tensor | None = None):
         self.size = target_vocab_size
-        self.ids = None if ids is None else ids[ids < target_vocab_size]
+        # the head's rows are its ids in ascending order (so the first maximum among them is the lowest id)
+        self.ids = None if ids is None else torch.unique(ids[ids < target_vocab_size])
         self.module = None if self.ids is None else restricted_head(model, self.ids)
         # ids usually start 0, 1, 2, ...: that run is placed with one slice copy, the rest by index
         self._run = 0 if self.ids is None else int((self.ids == torch.arange(len(self.ids))).cumprod(0).sum())
+
+    def argmax(self, logits: torch.Tensor) -> int:
+        """The target-vocabulary id of the largest of one position's head logits, the lowest id on ties: what
+        argmax over `over_vocab(logits)` gives, without spreading them."""
+        if self.ids is None:
+            return int(align_to_vocab(logits, self.size).argmax())
+        index = int(logits.argmax())
+        return index if index < self._run else int(self.ids[index])
 
     def over_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """[..., rows the head computed] -> [..., target vocabulary]."""

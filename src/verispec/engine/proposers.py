@@ -38,7 +38,8 @@ def padded_forward(
     """One forward of all `rows` (row i appends to slot i); returns each row's logits [len(row), V] on the CPU.
 
     With a `draft_head` it is a draft's forward: that head, ordinary attention (a draft's rounding never has
-    to match a decode step's, see Transformer.forward), logits over the target's vocabulary."""
+    to match a decode step's, see Transformer.forward), logits over the head's own rows (`DraftHead.over_vocab`
+    spreads them over the target's vocabulary)."""
     width = max(len(row) for row in rows)
     padded = [row + [PAD_TOKEN] * (width - len(row)) for row in rows]
     starts = [cache.lengths[slot] for slot in slots]
@@ -46,7 +47,7 @@ def padded_forward(
     if draft_head is None:
         logits = model(batch, cache, slots).cpu()
     else:
-        logits = draft_head.over_vocab(model(batch, cache, slots, invariant=False, head=draft_head.module).cpu())
+        logits = model(batch, cache, slots, invariant=False, head=draft_head.module).cpu()
     for slot, start, row in zip(slots, starts, rows, strict=True):
         cache.set_length(slot, start + len(row))
     return [logits[i, : len(row)] for i, row in enumerate(rows)]
@@ -200,7 +201,11 @@ class BatchedDrafter:
     def _choose(
         self, logits: torch.Tensor, job: DraftJob, drafted: list[int]
     ) -> tuple[int, torch.Tensor | None] | None:
-        """(token, q) for the next draft position; None when the grammar allows none of the draft's tokens."""
+        """(token, q) for the next draft position from the head's logits; None when the grammar allows none of
+        the draft's tokens."""
+        if job.params.greedy and job.adjustments is None and job.grammar is None:
+            return self.head.argmax(logits), None
+        logits = self.head.over_vocab(logits)
         if job.adjustments is not None:
             logits = job.adjustments.apply(logits[None], drafted)[0]
         if job.grammar is not None:
