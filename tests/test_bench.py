@@ -373,3 +373,4 @@ def test_llamacpp_native_programs_run_beside_ours(tmp_path):
     assert runs["llama.cpp-plain"].output_ids[:4] == runs["plain"].output_ids[:4]  # the same model, greedy
     assert all(run.identical_to_plain is not None for name, run in runs.items() if name != "plain")
     assert result.peer_passes is not None and set(result.peer_passes) >= {1, 4, 8}
+    assert 0 < result.costs.native["target"]["head_s"] < result.costs.target_step_s  # the head, inside the step

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -152,10 +153,11 @@ def _native(
         weights = sum(p.nbytes for m in model.layers.modules() if isinstance(m, NativeLinear) for p in m.buffers())
         weights += sum(p.nbytes for p in head.buffers()) if isinstance(head, NativeLinear) else 0
         NativeStack.timing()  # restart the counters
-        for _ in range(repeats):
-            timers[name]()
+        with _timed(head) as head_times:  # the head inside the step: read cold, after the blocks
+            for _ in range(repeats):
+                timers[name]()
         stack_s, products_s = (t / repeats for t in NativeStack.timing())
-        head_s = _head_seconds(model, head, repeats)
+        head_s = statistics.median(head_times)
         step = median[name]
         out[name] = {
             "weight_bytes": weights, "gb_per_s": weights / step / 1e9,
@@ -165,14 +167,18 @@ def _native(
     return out
 
 
-def _head_seconds(model: Transformer, head: nn.Module, repeats: int) -> float:
-    x = torch.randn(1, 1, model.config.hidden_size)
-    times = []
-    for _ in range(repeats):
-        begin = time.perf_counter()
-        head(x)
-        times.append(time.perf_counter() - begin)
-    return statistics.median(times)
+@contextmanager
+def _timed(module: nn.Module) -> Iterator[list[float]]:
+    """Seconds of each call of `module` while the block runs (forward hooks)."""
+    times: list[float] = []
+    began: list[float] = []
+    hooks = (module.register_forward_pre_hook(lambda *_: began.append(time.perf_counter())),
+             module.register_forward_hook(lambda *_: times.append(time.perf_counter() - began.pop())))  # fmt: skip
+    try:
+        yield times
+    finally:
+        for hook in hooks:
+            hook.remove()
 
 
 def _ids(tokens: list[int], model: Transformer) -> torch.Tensor:
