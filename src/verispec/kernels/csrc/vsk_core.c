@@ -60,6 +60,11 @@ VSK_API int vsk_set_isa(int isa) {
     return 0;
 }
 
+const vsk_row_ops *vsk_rows(void) {
+    const vsk_row_ops *vector = vsk_get_isa() >= VSK_ISA_AVX2 ? vsk_rows_avx2() : NULL;
+    return vector ? vector : vsk_rows_portable();
+}
+
 VSK_API int vsk_has_kernel(int type) { return kernel_for(VSK_ISA_SCALAR, type) != NULL; }
 
 /* ---- tiles ---------------------------------------------------------------------------------------------- */
@@ -124,6 +129,11 @@ VSK_API void vsk_quantize(int type, const float *x, int M, int K, uint8_t *out) 
         }
     }
 }
+
+/* for tests: the current path's per-row steps on whole arrays */
+VSK_API float vsk_sum_squares(const float *x, int n) { return vsk_rows()->sum_squares(x, n); }
+
+VSK_API void vsk_swiglu(const float *gate, const float *up, float *out, int n) { vsk_rows()->swiglu(gate, up, out, n); }
 
 /* ---- thread pool ---------------------------------------------------------------------------------------- */
 

@@ -1,4 +1,4 @@
-/* The portable definitions of the per-row steps (vsk_rows.h) and the choice of path. */
+/* The portable definitions of the per-row steps (vsk_rows.h). */
 #include <math.h>
 
 #include "vsk_math.h"
@@ -37,15 +37,4 @@ static void swiglu(const float *gate, const float *up, float *out, int n) {
 
 static const vsk_row_ops portable = {quantize32, sum_squares, swiglu};
 
-const vsk_row_ops *vsk_rows(void) {
-    const vsk_row_ops *vector = vsk_get_isa() >= VSK_ISA_AVX2 ? vsk_rows_avx2() : NULL;
-    return vector ? vector : &portable;
-}
-
-/* ---- for tests: the current path's ops on whole arrays ------------------------------------------------- */
-
-#define VSK_API __attribute__((visibility("default")))
-
-VSK_API float vsk_sum_squares(const float *x, int n) { return vsk_rows()->sum_squares(x, n); }
-
-VSK_API void vsk_swiglu(const float *gate, const float *up, float *out, int n) { vsk_rows()->swiglu(gate, up, out, n); }
+const vsk_row_ops *vsk_rows_portable(void) { return &portable; }

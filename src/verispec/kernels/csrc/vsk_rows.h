@@ -17,8 +17,9 @@ typedef struct {
     void (*swiglu)(const float *gate, const float *up, float *out, int n); /* silu(gate) * up */
 } vsk_row_ops;
 
-/* the ops of the current path (vsk_get_isa) */
+/* the ops of the current path (vsk_get_isa; chosen in vsk_core.c), and of each path */
 const vsk_row_ops *vsk_rows(void);
+const vsk_row_ops *vsk_rows_portable(void);
 const vsk_row_ops *vsk_rows_avx2(void); /* NULL off x86-64 */
 
 /* the pairwise tree over the 16 lanes, shared by every path */
