@@ -112,8 +112,8 @@ def test_each_row_is_the_same_bits_whatever_shares_its_call(path, name):
         native.set_threads(threads)
 
 
-# ---- tile forms (Q4_0, Q5_0, Q8_0, Q4_K and Q6_K repacked, 16 rows interleaved) ------------------------------------
-TILED = ["Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K"]
+# ---- tile forms (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K repacked, 16 rows interleaved) --------------------------------
+TILED = ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"]
 
 
 @pytest.mark.parametrize("name", TILED)
@@ -144,7 +144,7 @@ def test_tile_rows_are_the_same_bits_whatever_shares_their_call(path, name):
 
 
 def test_a_native_linear_of_mixed_parts_equals_its_dequantized_matrix():
-    """Fused layers (q/k/v, gate/up) stack parts of different block types, tiled and not, plus a bias."""
+    """Fused layers (q/k/v, gate/up) stack parts of different block types, plus a bias."""
     from verispec.kernels.linear import NativeLinear
 
     k = 512
@@ -153,7 +153,7 @@ def test_a_native_linear_of_mixed_parts_equals_its_dequantized_matrix():
              for name, rows in shapes]  # fmt: skip
     bias = torch.randn(116)
     layer = NativeLinear(k, parts, bias)
-    assert [kind for kind, _ in layer.kernels] == [112, 106, 114, 108, 102, 3]
+    assert [kind for kind, _ in layer.kernels] == [112, 106, 114, 108, 102, 103]  # every part in its tile form
     x = torch.randn(3, 2, k, generator=torch.Generator().manual_seed(0))
     w = np.concatenate([dequantized(qtype, weight.numpy(), k) for qtype, weight in parts])
     expected = x.reshape(6, k).double().numpy() @ w.T + bias.double().numpy()

@@ -26,7 +26,7 @@ from .kernels.stack import BlockWeights, NativeStack, supported
 from .model import Transformer
 from .tokenizer import Tokenizer
 
-FORM = "gguf-tiles4"  # the cache form (converted.converted_folder); change when the tile formats change
+FORM = "gguf-tiles5"  # the cache form (converted.converted_folder); change when the tile formats change (5: T4_1)
 _FLOAT_TYPES = {0: np.float32, 1: np.float16}  # F32, F16: 1-D tensors (norms, biases) and their element type
 _HALF_FIELDS = {2: (18, (0,)), 3: (20, (0, 2)), 6: (22, (0,)), 8: (34, (0,)), 12: (144, (0, 2)), 14: (210, (208,))}
 

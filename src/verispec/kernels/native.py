@@ -24,8 +24,8 @@ CHOICES = ("auto", *ISAS, "torch")
 QUANT_TYPES = {2: (32, 18), 3: (32, 20), 6: (32, 22), 8: (32, 34), 12: (256, 144), 14: (256, 210)}
 _ACT_BLOCK = {32: 40, 256: 292}  # bytes of one quantized activation block (vsk.h: vsk_act32, vsk_act256)
 # tile forms (csrc/vsk_tiles.c): 16 rows interleaved, lossless; their activations are 32-blocks
-TILE_OF = {2: 102, 6: 106, 8: 108, 12: 112, 14: 114}
-_ACT_OF_TILE = {102: 32, 106: 32, 108: 32, 112: 32, 114: 32}
+TILE_OF = {2: 102, 3: 103, 6: 106, 8: 108, 12: 112, 14: 114}
+_ACT_OF_TILE = {102: 32, 103: 32, 106: 32, 108: 32, 112: 32, 114: 32}
 
 _c_p, _c_int, _c_size = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
 _SIGNATURES = {

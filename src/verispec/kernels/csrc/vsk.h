@@ -22,8 +22,8 @@ enum {
     VSK_Q4_K = 12, VSK_Q6_K = 14, VSK_BF16 = 30,
 };
 
-/* tile formats (vsk_tiles.c): Q4_0, Q5_0, Q8_0, Q4_K and Q6_K repacked losslessly, 16 weight rows interleaved */
-enum { VSK_T4_0 = 102, VSK_T5_0 = 106, VSK_T8_0 = 108, VSK_T4_K = 112, VSK_T6_K = 114 };
+/* tile formats (vsk_tiles.c): Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K repacked losslessly, 16 weight rows interleaved */
+enum { VSK_T4_0 = 102, VSK_T4_1 = 103, VSK_T5_0 = 106, VSK_T8_0 = 108, VSK_T4_K = 112, VSK_T6_K = 114 };
 
 enum { VSK_ISA_SCALAR = 0, VSK_ISA_AVX2 = 1, VSK_ISA_AVX512 = 2 };
 

@@ -12,6 +12,7 @@
 #define T4K_BYTES 2368 /* 256 weights */
 #define T6K_BYTES 3360 /* 256 weights */
 #define T40_BYTES 288  /* 32 weights */
+#define T41_BYTES 320  /* 32 weights */
 #define T50_BYTES 352  /* 32 weights */
 #define T80_BYTES 544  /* 32 weights */
 

@@ -33,7 +33,8 @@ static int best_isa(void) {
 static int current_isa = -1;
 
 static vsk_kernel kernel_for(int isa, int type) {
-    if (type == VSK_T4_K || type == VSK_T6_K || type == VSK_T4_0 || type == VSK_T5_0 || type == VSK_T8_0) {
+    if (type == VSK_T4_K || type == VSK_T6_K || type == VSK_T4_0 || type == VSK_T4_1 || type == VSK_T5_0 ||
+        type == VSK_T8_0) {
         vsk_kernel k = NULL;
         if (isa >= VSK_ISA_AVX512) k = vsk_tile_kernel_avx512(type);
         if (!k && isa >= VSK_ISA_AVX2) k = vsk_tile_kernel_avx2(type);
@@ -75,6 +76,7 @@ static int tile_type(int type) {
     return type == VSK_Q4_K   ? VSK_T4_K
            : type == VSK_Q6_K ? VSK_T6_K
            : type == VSK_Q4_0 ? VSK_T4_0
+           : type == VSK_Q4_1 ? VSK_T4_1
            : type == VSK_Q5_0 ? VSK_T5_0
            : type == VSK_Q8_0 ? VSK_T8_0
                               : -1;

@@ -9,6 +9,7 @@
  * T6_K superblock (3360 bytes): f16 d[16], i8 scale[16][16], nibbles[8][256], high bits[8][128]; the high
  *   bits of group g (0..7) of a sub-block sit in chunk g / 4, bits 2 (g % 4) .. 2 (g % 4) + 1 of each byte.
  * T4_0 block of 32 weights (288 bytes): f16 d[16], nibbles[256]; values 0..15, the weight d * (value - 8).
+ * T4_1 block of 32 weights (320 bytes): T4_0's, then f16 m[16]; the weight d * value + m.
  * T5_0 block of 32 weights (352 bytes): f16 d[16], nibbles[256], fifth bits[64] (group g in bit g of each
  *   byte); values 0..31, the weight d * (value - 16).
  * T8_0 block of 32 weights (544 bytes): f16 d[16], then per group g of 4 weights 64 bytes, lane n (row n)
@@ -34,16 +35,20 @@ static void pack_nibbles(const uint8_t values[16][256], int j, uint8_t *out) {
 
 size_t vsk_tile_strip_bytes(int type, int K) {
     if (type == VSK_T4_0) return (size_t)(K / 32) * T40_BYTES;
+    if (type == VSK_T4_1) return (size_t)(K / 32) * T41_BYTES;
     if (type == VSK_T5_0) return (size_t)(K / 32) * T50_BYTES;
     if (type == VSK_T8_0) return (size_t)(K / 32) * T80_BYTES;
     return (size_t)(K / 256) * (type == VSK_T4_K ? T4K_BYTES : T6K_BYTES);
 }
 
-/* Q4_0 (18-byte blocks: f16 d, 16 bytes of nibbles) and Q5_0 (22: f16 d, 4 bytes of fifth bits, 16 of
- * nibbles) into T4_0 / T5_0: the same nibble chunks, T5_0 adding its fifth bits after them */
-static void repack_nibble32(int five, const uint8_t *src, size_t row_bytes, int N, int K, uint8_t *dst) {
-    const int strips = (N + 15) / 16, blocks = K / 32, in_bytes = five ? 22 : 18, nibbles = five ? 6 : 2;
-    const size_t out_bytes = vsk_tile_strip_bytes(five ? VSK_T5_0 : VSK_T4_0, 32);
+/* Q4_0 (18-byte blocks: f16 d, 16 bytes of nibbles), Q4_1 (20: f16 d, f16 m, 16 of nibbles) and Q5_0 (22:
+ * f16 d, 4 bytes of fifth bits, 16 of nibbles) into T4_0 / T4_1 / T5_0: the same nibble chunks, T5_0 adding
+ * its fifth bits after them, T4_1 its minimums */
+static void repack_nibble32(int type, const uint8_t *src, size_t row_bytes, int N, int K, uint8_t *dst) {
+    const int five = type == VSK_Q5_0, one = type == VSK_Q4_1;
+    const int strips = (N + 15) / 16, blocks = K / 32, in_bytes = five ? 22 : one ? 20 : 18;
+    const int nibbles = five ? 6 : one ? 4 : 2;
+    const size_t out_bytes = vsk_tile_strip_bytes(five ? VSK_T5_0 : one ? VSK_T4_1 : VSK_T4_0, 32);
     memset(dst, 0, out_bytes * (size_t)blocks * (size_t)strips);
     for (int t = 0; t < strips; t++)
         for (int b = 0; b < blocks; b++) {
@@ -53,6 +58,7 @@ static void repack_nibble32(int five, const uint8_t *src, size_t row_bytes, int 
             for (int n = 0; n < 16 && 16 * t + n < N; n++) {
                 const uint8_t *blk = src + (size_t)(16 * t + n) * row_bytes + (size_t)b * in_bytes;
                 memcpy(out + 2 * n, blk, 2);
+                if (one) memcpy(out + 288 + 2 * n, blk + 2, 2);
                 const uint32_t qh = five ? rd32(blk + 2) : 0;
                 for (int j = 0; j < 16; j++) {
                     values[n][j] = (uint8_t)((blk[nibbles + j] & 0x0F) | (((qh >> j) & 1u) << 4));
@@ -85,8 +91,8 @@ static void repack_q8_0(const uint8_t *src, size_t row_bytes, int N, int K, uint
 
 /* __attribute__((visibility)) is set on the entry point in vsk_core.c */
 void vsk_repack_rows(int type, const uint8_t *src, size_t row_bytes, int N, int K, uint8_t *dst) {
-    if (type == VSK_Q4_0 || type == VSK_Q5_0) {
-        repack_nibble32(type == VSK_Q5_0, src, row_bytes, N, K, dst);
+    if (type == VSK_Q4_0 || type == VSK_Q4_1 || type == VSK_Q5_0) {
+        repack_nibble32(type, src, row_bytes, N, K, dst);
         return;
     }
     if (type == VSK_Q8_0) {
@@ -196,11 +202,12 @@ static void tile_kernel(int type, const uint8_t *W, int n0, int n1, int K, const
 
 VSK_TILE_ENTRY(kernel_t4_k, tile_kernel, VSK_T4_K)
 
-/* the 32-weight tile forms: T4_0 (values 0..15, the weight d (value - 8)), T5_0 (values 0..31, the weight
- * d (value - 16)) and T8_0 (bytes weight + 128) */
+/* the 32-weight tile forms: T4_0 (values 0..15, the weight d (value - 8)), T4_1 (values 0..15, the weight
+ * d value + m), T5_0 (values 0..31, the weight d (value - 16)) and T8_0 (bytes weight + 128) */
 static void tile32_kernel(int type, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride,
                           int M, float *y, int ldy) {
-    const int blocks = K / 32, offset = type == VSK_T8_0 ? 128 : type == VSK_T5_0 ? 16 : 8;
+    const int blocks = K / 32;
+    const int offset = type == VSK_T8_0 ? 128 : type == VSK_T5_0 ? 16 : type == VSK_T4_0 ? 8 : 0;
     const size_t block_bytes = vsk_tile_strip_bytes(type, 32);
     for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
         for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
@@ -210,6 +217,7 @@ static void tile32_kernel(int type, const uint8_t *W, int n0, int n1, int K, con
                 const uint8_t *blk = W + ((size_t)t * blocks + b) * block_bytes;
                 for (int n = 0; n < 16; n++) {
                     const float d = vsk_fp16_to_fp32(rd16(blk + 2 * n));
+                    const float mn = type == VSK_T4_1 ? vsk_fp16_to_fp32(rd16(blk + 288 + 2 * n)) : 0.0f;
                     uint8_t w[32];
                     if (type == VSK_T8_0) {
                         for (int g = 0; g < 8; g++)
@@ -224,7 +232,7 @@ static void tile32_kernel(int type, const uint8_t *W, int n0, int n1, int K, con
                         const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)(r0 + m) * x_stride) + b;
                         int32_t s = -offset * (x->half[0] + x->half[1]);
                         for (int i = 0; i < 32; i++) s += (int32_t)w[i] * x->q[i];
-                        acc[m][n] += (d * x->d) * (float)s;
+                        acc[m][n] += (d * x->d) * (float)s + mn * (x->d * (float)(x->half[0] + x->half[1]));
                     }
                 }
             }
@@ -234,6 +242,8 @@ static void tile32_kernel(int type, const uint8_t *W, int n0, int n1, int K, con
 }
 
 VSK_TILE_ENTRY(kernel_t4_0, tile32_kernel, VSK_T4_0)
+
+VSK_TILE_ENTRY(kernel_t4_1, tile32_kernel, VSK_T4_1)
 
 VSK_TILE_ENTRY(kernel_t5_0, tile32_kernel, VSK_T5_0)
 
@@ -245,6 +255,7 @@ vsk_kernel vsk_tile_kernel_scalar(int type) {
     return type == VSK_T4_K   ? kernel_t4_k
            : type == VSK_T6_K ? kernel_t6_k
            : type == VSK_T4_0 ? kernel_t4_0
+           : type == VSK_T4_1 ? kernel_t4_1
            : type == VSK_T5_0 ? kernel_t5_0
            : type == VSK_T8_0 ? kernel_t8_0
                               : NULL;

@@ -114,7 +114,7 @@ VSK_TILE_ENTRY(kernel_t4_k, tile_kernel, 0)
 VSK_TILE_ENTRY(kernel_t6_k, tile_kernel, 1)
 
 /* the 32-weight tile forms, rows 8v .. 8v + 7 of a tile. T4_0: values 0..15 (nibbles), the weight d (value
- * - 8); T5_0: values 0..31 (nibbles and a fifth bit), the weight d (value - 16); both dotted through maddubs
+ * - 8); T4_1: values 0..15, the weight d value + m (the minimum times the activations' sum added); T5_0: values 0..31 (nibbles and a fifth bit), the weight d (value - 16); both dotted through maddubs
  * with the offset taken off. T8_0: maddubs takes unsigned x signed bytes and saturates pairs at 16 bits, so
  * the stored bytes (weight + 128) are flipped back to signed and the weight's magnitude (at most 128) meets
  * the activation carrying the weight's sign: pairs stay below 2^15. */
@@ -133,7 +133,7 @@ static inline void unpack32(int type, const uint8_t *blk, int v, __m256i *w, __m
         w[i] = _mm256_and_si256(p, low);
         w[4 + i] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
     }
-    if (type == VSK_T4_0) return;
+    if (type == VSK_T4_0 || type == VSK_T4_1) return;
     const __m256i h = _mm256_loadu_si256((const __m256i *)(blk + 288 + 32 * v));
     w[0] = _mm256_or_si256(w[0], _mm256_and_si256(_mm256_slli_epi16(h, 4), five));
     w[1] = _mm256_or_si256(w[1], _mm256_and_si256(_mm256_slli_epi16(h, 3), five));
@@ -148,7 +148,8 @@ static inline void unpack32(int type, const uint8_t *blk, int v, __m256i *w, __m
 static void tile32_kernel(int type, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride,
                           int M, float *y, int ldy) {
     const int eight = type == VSK_T8_0, blocks = K / 32;
-    const int offset = eight ? 0 : type == VSK_T5_0 ? 16 : 8; /* T8_0's products are signed: no offset */
+    const int offset = type == VSK_T5_0 ? 16 : type == VSK_T4_0 ? 8 : 0; /* T8_0's products are signed */
+    const int one = type == VSK_T4_1;
     const size_t block_bytes = vsk_tile_strip_bytes(type, 32);
     const int lines = (int)(block_bytes / 64) + 1, ahead = eight ? 6 : 8; /* about 3 KiB ahead */
     for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
@@ -162,6 +163,8 @@ static void tile32_kernel(int type, const uint8_t *W, int n0, int n1, int K, con
                     _mm_prefetch((const char *)blk + ahead * block_bytes + 64 * l, _MM_HINT_T1); /* into L2 */
                 for (int v = 0; v < 2; v++) {
                     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * v)));
+                    const __m256 mins =
+                        one ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 288 + 16 * v))) : d;
                     __m256i w[8], magnitude[8];
                     unpack32(type, blk, v, w, magnitude);
                     for (int m = 0; m < rows; m++) {
@@ -171,6 +174,9 @@ static void tile32_kernel(int type, const uint8_t *W, int n0, int n1, int K, con
                             s = eight ? dot(s, magnitude[g], _mm256_sign_epi8(broadcast_group(x, g), w[g]))
                                       : dot(s, w[g], broadcast_group(x, g));
                         acc[m][v] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x->d)), _mm256_cvtepi32_ps(s), acc[m][v]);
+                        if (one) /* T4_1's minimums times the activations' sum */
+                            acc[m][v] = _mm256_fmadd_ps(mins, _mm256_set1_ps(x->d * (float)(x->half[0] + x->half[1])),
+                                                        acc[m][v]);
                     }
                 }
             }
@@ -181,6 +187,8 @@ static void tile32_kernel(int type, const uint8_t *W, int n0, int n1, int K, con
 
 VSK_TILE_ENTRY(kernel_t4_0, tile32_kernel, VSK_T4_0)
 
+VSK_TILE_ENTRY(kernel_t4_1, tile32_kernel, VSK_T4_1)
+
 VSK_TILE_ENTRY(kernel_t5_0, tile32_kernel, VSK_T5_0)
 
 VSK_TILE_ENTRY(kernel_t8_0, tile32_kernel, VSK_T8_0)
@@ -189,6 +197,7 @@ vsk_kernel vsk_tile_kernel_avx2(int type) {
     return type == VSK_T4_K   ? kernel_t4_k
            : type == VSK_T6_K ? kernel_t6_k
            : type == VSK_T4_0 ? kernel_t4_0
+           : type == VSK_T4_1 ? kernel_t4_1
            : type == VSK_T5_0 ? kernel_t5_0
            : type == VSK_T8_0 ? kernel_t8_0
                               : NULL;

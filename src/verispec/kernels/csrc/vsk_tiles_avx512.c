@@ -106,7 +106,7 @@ VSK_TILE_ENTRY(kernel_t4_k, tile_kernel, 0)
 
 VSK_TILE_ENTRY(kernel_t6_k, tile_kernel, 1)
 
-/* the 32-weight tile forms. T4_0: values 0..15 (nibbles), the weight d (value - 8). T5_0: values 0..31
+/* the 32-weight tile forms. T4_0: values 0..15 (nibbles), the weight d (value - 8); T4_1: d value + m. T5_0: values 0..31
  * (nibbles and a fifth bit), the weight d (value - 16). T8_0: unsigned bytes (weight + 128), which vpdpbusd
  * takes as they are. Either way the offset times the activations' sum is taken off. */
 static inline void unpack32(int type, const uint8_t *blk, __m512i *w) {
@@ -120,7 +120,7 @@ static inline void unpack32(int type, const uint8_t *blk, __m512i *w) {
         w[i] = _mm512_and_si512(p, low);
         w[4 + i] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
     }
-    if (type == VSK_T4_0) return;
+    if (type == VSK_T4_0 || type == VSK_T4_1) return;
     const __m512i h = _mm512_loadu_si512((const void *)(blk + 288));
     w[0] = or_masked(w[0], _mm512_slli_epi16(h, 4), five);
     w[1] = or_masked(w[1], _mm512_slli_epi16(h, 3), five);
@@ -134,7 +134,8 @@ static inline void unpack32(int type, const uint8_t *blk, __m512i *w) {
 
 static void tile32_kernel(int type, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride,
                           int M, float *y, int ldy) {
-    const int blocks = K / 32, offset = type == VSK_T8_0 ? 128 : type == VSK_T5_0 ? 16 : 8;
+    const int blocks = K / 32, one = type == VSK_T4_1;
+    const int offset = type == VSK_T8_0 ? 128 : type == VSK_T5_0 ? 16 : type == VSK_T4_0 ? 8 : 0;
     const size_t block_bytes = vsk_tile_strip_bytes(type, 32);
     const int lines = (int)(block_bytes / 64) + 1, ahead = type == VSK_T8_0 ? 6 : 8; /* about 3 KiB ahead */
     for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
@@ -147,6 +148,7 @@ static void tile32_kernel(int type, const uint8_t *W, int n0, int n1, int K, con
                 for (int l = 0; l < lines; l++)
                     _mm_prefetch((const char *)blk + ahead * block_bytes + 64 * l, _MM_HINT_T1);
                 const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+                const __m512 mins = one ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 288))) : d;
                 __m512i w[8];
                 unpack32(type, blk, w);
                 for (int m = 0; m < rows; m++) {
@@ -154,6 +156,8 @@ static void tile32_kernel(int type, const uint8_t *W, int n0, int n1, int K, con
                     __m512i s = _mm512_set1_epi32(-offset * (x->half[0] + x->half[1]));
                     for (int g = 0; g < 8; g++) s = _mm512_dpbusd_epi32(s, w[g], broadcast_group(x, g));
                     acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x->d)), _mm512_cvtepi32_ps(s), acc[m]);
+                    if (one) /* T4_1's minimums times the activations' sum */
+                        acc[m] = _mm512_fmadd_ps(mins, _mm512_set1_ps(x->d * (float)(x->half[0] + x->half[1])), acc[m]);
                 }
             }
             store_tile(acc, rows, y + (size_t)r0 * ldy, ldy, t, n1);
@@ -163,6 +167,8 @@ static void tile32_kernel(int type, const uint8_t *W, int n0, int n1, int K, con
 
 VSK_TILE_ENTRY(kernel_t4_0, tile32_kernel, VSK_T4_0)
 
+VSK_TILE_ENTRY(kernel_t4_1, tile32_kernel, VSK_T4_1)
+
 VSK_TILE_ENTRY(kernel_t5_0, tile32_kernel, VSK_T5_0)
 
 VSK_TILE_ENTRY(kernel_t8_0, tile32_kernel, VSK_T8_0)
@@ -171,6 +177,7 @@ vsk_kernel vsk_tile_kernel_avx512(int type) {
     return type == VSK_T4_K   ? kernel_t4_k
            : type == VSK_T6_K ? kernel_t6_k
            : type == VSK_T4_0 ? kernel_t4_0
+           : type == VSK_T4_1 ? kernel_t4_1
            : type == VSK_T5_0 ? kernel_t5_0
            : type == VSK_T8_0 ? kernel_t8_0
                               : NULL;
