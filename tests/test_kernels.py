@@ -50,11 +50,11 @@ def dequantized(qtype: int, data: np.ndarray, k: int) -> np.ndarray:
 
 def activations_as_floats(qtype: int, xq: torch.Tensor, k: int) -> np.ndarray:
     """What the kernel multiplies by: each quantized activation block as q * d, in float64."""
-    block = 32 if qtype in native.TILE_OF.values() else native.QUANT_TYPES[qtype][0]
+    block = native.activation_block(qtype)
     if block == 32:
         layout = np.dtype([("d", "<f4"), ("half", "<i2", 2), ("q", "i1", 32)])
     else:
-        layout = np.dtype([("d", "<f4"), ("bsum", "<i2", 16), ("q", "i1", 256)])
+        layout = np.dtype([("d", "<f4"), ("bsum", "<i2", 16), ("sum32", "<i2", 8), ("q", "i1", 256)])
     blocks = xq.numpy().view(layout).reshape(xq.shape[0], k // block)
     return (blocks["q"].astype(np.float64) * blocks["d"].astype(np.float64)[..., None]).reshape(xq.shape[0], k)
 

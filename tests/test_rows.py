@@ -13,7 +13,7 @@ from verispec.kernels import native
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="native kernels not compiled")
 
-Q8_0 = 8
+Q8_0, Q4_K = 8, 12  # activations in 32-blocks (Q8_0's) and in 256-blocks (the K-quants')
 
 
 def _on(path: str, fn, *args):
@@ -42,6 +42,8 @@ def test_every_vector_path_computes_the_portable_bits(path):
         k = n // 32 * 32
         rows = x[None, :k]
         assert torch.equal(_on(path, native.quantize, Q8_0, rows), _on("scalar", native.quantize, Q8_0, rows))
+        rows = x[None, : n // 256 * 256]
+        assert torch.equal(_on(path, native.quantize, Q4_K, rows), _on("scalar", native.quantize, Q4_K, rows))
         assert _on(path, native.sum_squares, x) == _on("scalar", native.sum_squares, x)
         assert torch.equal(_on(path, native.swiglu, x, up), _on("scalar", native.swiglu, x, up))
 
@@ -58,6 +60,14 @@ def test_the_definitions_match_float64():
     error = np.abs(values.reshape(-1) - x64[:992].numpy())
     assert (error <= blocks["d"].repeat(32) * 0.5 * (1 + 1e-6) + 1e-30).all()
     assert (blocks["half"] == blocks["q"].reshape(-1, 2, 16).sum(-1)).all()
+    layout = np.dtype([("d", "<f4"), ("bsum", "<i2", 16), ("sum32", "<i2", 8), ("q", "i1", 256)])
+    blocks = native.quantize(Q4_K, x[None, :768]).numpy().view(layout)
+    values = blocks["q"].astype(np.float64) * blocks["d"][..., None]
+    error = np.abs(values.reshape(-1) - x64[:768].numpy())
+    assert (error <= blocks["d"].repeat(256) * 0.5 * (1 + 1e-6) + 1e-30).all()
+    assert (blocks["d"] == np.abs(x[:768].numpy()).reshape(3, 256).max(-1) / np.float32(127)).all()
+    assert (blocks["bsum"] == blocks["q"].reshape(-1, 16, 16).sum(-1)).all()
+    assert (blocks["sum32"] == blocks["q"].reshape(-1, 8, 32).sum(-1)).all()
 
 
 def test_the_sum_of_squares_order_is_its_own_and_an_index_order_sum_differs():

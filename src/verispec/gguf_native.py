@@ -22,7 +22,7 @@ from .errors import ModelLoadError
 from .gguf_source import undo_rope_permutation
 from .kernels import native
 from .kernels.linear import GGUFEmbedding, NativeLinear, NativeRMSNorm
-from .kernels.stack import BlockWeights, NativeStack, supported
+from .kernels.stack import BlockWeights, NativeStack
 from .model import Transformer
 from .tokenizer import Tokenizer
 
@@ -109,8 +109,9 @@ def _build(config: ModelConfig, index: dict, data: np.memmap, tiles: np.memmap |
 
 
 def native_stack(config: ModelConfig, model: Transformer) -> NativeStack | None:
-    """The native stack over the model's blocks (whose linears are NativeLinear), or None when a product's
-    type needs other activations or the head size is not a multiple of 8 (the attention's lanes)."""
+    """The native stack over the model's blocks (whose linears are NativeLinear), or None when the head size is
+    not a multiple of 8 (the attention's lanes). Each product's activations are quantized in the format its
+    parts take (blocks of 32 values, or 256 for the K-quants)."""
     if config.head_size % 8:
         return None
     blocks = [
@@ -125,8 +126,6 @@ def native_stack(config: ModelConfig, model: Transformer) -> NativeStack | None:
         )
         for b in model.layers
     ]
-    if not all(supported(parts) for b in blocks for parts in (b.qkv, b.o, b.gate_up, b.down)):
-        return None
     return NativeStack(hidden=config.hidden_size, heads=config.num_heads, kv_heads=config.num_kv_heads,
                        head_dim=config.head_size, inter=config.intermediate_size, eps=config.rms_norm_eps,
                        blocks=blocks)  # fmt: skip

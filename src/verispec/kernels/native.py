@@ -22,10 +22,11 @@ ISAS = ("scalar", "avx2", "avx512")
 CHOICES = ("auto", *ISAS, "torch")
 # GGML type ids with a native product: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K
 QUANT_TYPES = {2: (32, 18), 3: (32, 20), 6: (32, 22), 8: (32, 34), 12: (256, 144), 14: (256, 210)}
-_ACT_BLOCK = {32: 40, 256: 292}  # bytes of one quantized activation block (vsk.h: vsk_act32, vsk_act256)
-# tile forms (csrc/vsk_tiles.c): 16 rows interleaved, lossless; their activations are 32-blocks
+_ACT_BLOCK = {32: 40, 256: 308}  # bytes of one quantized activation block (vsk.h: vsk_act32, vsk_act256)
+# tile forms (csrc/vsk_tiles.c): 16 rows interleaved, lossless; their activations are blocks of 32 values, or of
+# 256 for the K-quants' forms (as the K-quants themselves)
 TILE_OF = {2: 102, 3: 103, 6: 106, 8: 108, 12: 112, 14: 114}
-_ACT_OF_TILE = {102: 32, 103: 32, 106: 32, 108: 32, 112: 32, 114: 32}
+_ACT_OF_TILE = {102: 32, 103: 32, 106: 32, 108: 32, 112: 256, 114: 256}
 
 _c_p, _c_int, _c_size = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
 _SIGNATURES = {

@@ -62,12 +62,6 @@ class BlockWeights:
     down: list[Part]
 
 
-def supported(parts: list[Part]) -> bool:
-    """Whether the stack can run these products: the library quantizes a block's activations once, in
-    32-value blocks, which every tile form and 32-weight type takes (not the row kernels of Q4_K/Q6_K)."""
-    return all(native.activation_block(kind) == 32 for kind, *_ in parts)
-
-
 class NativeStack:
     """Every block of a model for one pass: (x [M, hidden] float32, cache, slots, positions) -> x in place."""
 

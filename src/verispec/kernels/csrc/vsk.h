@@ -2,7 +2,9 @@
  *
  * y[m][n] = sum_k x[m][k] * W[n][k] for M activation rows (M small: a decode step, a verify pass, or a slice
  * of a prefill) and N weight rows stored in one GGUF block type. Activations are first quantized per row to
- * 8-bit blocks (vsk_act32 for the 32-weight block types, vsk_act256 for the 256-weight K-quants).
+ * 8-bit blocks (vsk_act32 for the 32-weight block types, vsk_act256 for the 256-weight K-quants and their
+ * tile forms: one scale per 256 values lets a K-quant superblock's sub-block sums meet their integer scales
+ * before a single float step per row, as llama.cpp's Q8_K).
  *
  * Rules every path keeps:
  *  - one sweep over the weights serves all M rows: a weight block is loaded and unpacked once, then dotted
@@ -34,10 +36,12 @@ typedef struct {
     int8_t q[32];
 } vsk_act32;
 
-/* bsum[j] = sum of q[16j .. 16j+15] (the K-quants' per-sub-block offset terms) */
+/* bsum[j] = sum of q[16j .. 16j+15] (Q6_K's per-sub-block offset terms), sum32[j] = sum of q[32j .. 32j+31]
+ * (Q4_K's minimum terms) */
 typedef struct {
     float d;
     int16_t bsum[16];
+    int16_t sum32[8];
     int8_t q[256];
 } vsk_act256;
 
@@ -72,12 +76,16 @@ typedef struct {
  * 0, or -1 when a part's type has no kernel. */
 int vsk_products(const vsk_part *parts, int count, int K, const uint8_t *xq, size_t x_stride, int M, float *y,
                  int ldy);
+/* the same with each part's own activations (parts whose types take different activation formats) */
+int vsk_products_each(const vsk_part *parts, int count, int K, const uint8_t *const *xq, const size_t *x_stride,
+                      int M, float *y, int ldy);
 
 /* task(ctx, begin, end) over [0, count), split among the pool's threads */
 void vsk_parallel_for(void (*task)(const void *ctx, int begin, int end), const void *ctx, int count);
 
 void vsk_quantize(int type, const float *x, int M, int K, uint8_t *out);
 size_t vsk_act_row_bytes(int type, int K);
+int vsk_act_block(int type); /* values per activation block for weights of `type` (GGUF or tile form): 32 or 256 */
 
 /* per query row: the attention of a decode or verify pass (vsk_attention.c) */
 typedef struct {

@@ -89,46 +89,32 @@ VSK_API size_t vsk_repacked_bytes(int type, int N, int K) {
 
 /* writes the tile form into dst (vsk_repacked_bytes) and returns its type, or -1 */
 VSK_API int vsk_repack(int type, const uint8_t *src, size_t row_bytes, int N, int K, uint8_t *dst) {
-    if (tile_type(type) < 0 || K % (type == VSK_Q4_K || type == VSK_Q6_K ? 256 : 32)) return -1;
+    if (tile_type(type) < 0 || K % vsk_act_block(type)) return -1;
     vsk_repack_rows(type, src, row_bytes, N, K, dst);
     return tile_type(type);
 }
 
 /* ---- activations ---------------------------------------------------------------------------------------- */
 
-static int block_of(int type) { return (type == VSK_Q4_K || type == VSK_Q6_K) ? 256 : 32; }
+/* the K-quants and their tile forms take one scale per 256 values; every other type one per 32 */
+VSK_API int vsk_act_block(int type) {
+    return (type == VSK_Q4_K || type == VSK_Q6_K || type == VSK_T4_K || type == VSK_T6_K) ? 256 : 32;
+}
 
 VSK_API size_t vsk_act_row_bytes(int type, int K) {
-    return block_of(type) == 256 ? (size_t)(K / 256) * sizeof(vsk_act256) : (size_t)(K / 32) * sizeof(vsk_act32);
+    return vsk_act_block(type) == 256 ? (size_t)(K / 256) * sizeof(vsk_act256) : (size_t)(K / 32) * sizeof(vsk_act32);
 }
 
-/* symmetric 8-bit: d = max|x| / 127, q = round(x / d); every row on its own */
-static float quantize_block(const float *x, int n, int8_t *q) {
-    float amax = 0.0f;
-    for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
-    const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-    for (int i = 0; i < n; i++) q[i] = (int8_t)vsk_round(x[i] * id);
-    return d;
-}
-
+/* symmetric 8-bit per block: d = max|x| / 127, q = round(x / d); every row on its own (vsk_rows.c) */
 VSK_API void vsk_quantize(int type, const float *x, int M, int K, uint8_t *out) {
     const size_t row_bytes = vsk_act_row_bytes(type, K);
     const vsk_row_ops *rows = vsk_rows();
     for (int m = 0; m < M; m++) {
-        const float *xr = x + (size_t)m * K;
-        if (block_of(type) == 256) {
-            vsk_act256 *a = (vsk_act256 *)(out + (size_t)m * row_bytes);
-            for (int b = 0; b < K / 256; b++) {
-                a[b].d = quantize_block(xr + 256 * b, 256, a[b].q);
-                for (int j = 0; j < 16; j++) {
-                    int s = 0;
-                    for (int i = 0; i < 16; i++) s += a[b].q[16 * j + i];
-                    a[b].bsum[j] = (int16_t)s;
-                }
-            }
-        } else {
-            rows->quantize32(xr, K, (vsk_act32 *)(out + (size_t)m * row_bytes));
-        }
+        uint8_t *row = out + (size_t)m * row_bytes;
+        if (vsk_act_block(type) == 256)
+            rows->quantize256(x + (size_t)m * K, K, (vsk_act256 *)row);
+        else
+            rows->quantize32(x + (size_t)m * K, K, (vsk_act32 *)row);
     }
 }
 
@@ -152,8 +138,8 @@ typedef struct {
     int column[MAX_PARTS];     /* where part p's outputs start in a row of y */
     int chunks[MAX_PARTS + 1]; /* part p owns the chunks [chunks[p], chunks[p + 1]) */
     int K;
-    const uint8_t *xq;
-    size_t x_stride;
+    const uint8_t *xq[MAX_PARTS]; /* part p's quantized activations, rows x_stride[p] bytes apart */
+    size_t x_stride[MAX_PARTS];
     int M;
     float *y;
     int ldy;
@@ -193,8 +179,8 @@ static void run_slice(const job_t *job, int t, int threads) {
         if (a >= b) continue;
         const vsk_part *w = &job->part[p];
         const int n0 = (a - job->chunks[p]) * 16, n1e = (b - job->chunks[p]) * 16, n1 = n1e < w->N ? n1e : w->N;
-        job->kernel[p](w->W, w->row_bytes, n0, n1, job->K, job->xq, job->x_stride, job->M, job->y + job->column[p],
-                       job->ldy);
+        job->kernel[p](w->W, w->row_bytes, n0, n1, job->K, job->xq[p], job->x_stride[p], job->M,
+                       job->y + job->column[p], job->ldy);
     }
 }
 
@@ -274,8 +260,8 @@ void vsk_parallel_for(void (*task)(const void *ctx, int begin, int end), const v
     run(&job);
 }
 
-int vsk_products(const vsk_part *parts, int count, int K, const uint8_t *xq, size_t x_stride, int M, float *y,
-                 int ldy) {
+int vsk_products_each(const vsk_part *parts, int count, int K, const uint8_t *const *xq, const size_t *x_stride,
+                      int M, float *y, int ldy) {
     if (count < 1 || count > MAX_PARTS) return -1;
     job_t job = {0};
     job.parts = count;
@@ -285,16 +271,23 @@ int vsk_products(const vsk_part *parts, int count, int K, const uint8_t *xq, siz
         job.part[p] = parts[p];
         job.column[p] = column;
         job.chunks[p + 1] = job.chunks[p] + (parts[p].N + 15) / 16;
+        job.xq[p] = xq[p];
+        job.x_stride[p] = x_stride[p];
         column += parts[p].N;
     }
     job.K = K;
-    job.xq = xq;
-    job.x_stride = x_stride;
     job.M = M;
     job.y = y;
     job.ldy = ldy;
     run(&job);
     return 0;
+}
+
+int vsk_products(const vsk_part *parts, int count, int K, const uint8_t *xq, size_t x_stride, int M, float *y,
+                 int ldy) {
+    const uint8_t *each[MAX_PARTS] = {xq, xq, xq, xq};
+    const size_t strides[MAX_PARTS] = {x_stride, x_stride, x_stride, x_stride};
+    return vsk_products_each(parts, count, K, each, strides, M, y, ldy);
 }
 
 /* y[m][n] for m < M, n < N; 0, or -1 for a type without a kernel */

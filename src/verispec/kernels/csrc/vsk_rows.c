@@ -21,6 +21,23 @@ static void quantize32(const float *x, int K, vsk_act32 *out) {
     }
 }
 
+/* the same per 256 values, with the sums of q over each 16 (bsum) and each 32 (sum32) */
+static void quantize256(const float *x, int K, vsk_act256 *out) {
+    for (int b = 0; b < K / 256; b++, x += 256) {
+        float amax = 0.0f;
+        for (int i = 0; i < 256; i++) amax = fmaxf(amax, fabsf(x[i]));
+        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        out[b].d = amax / 127.0f;
+        for (int i = 0; i < 256; i++) out[b].q[i] = (int8_t)vsk_round(x[i] * id);
+        for (int j = 0; j < 16; j++) {
+            int s = 0;
+            for (int i = 0; i < 16; i++) s += out[b].q[16 * j + i];
+            out[b].bsum[j] = (int16_t)s;
+        }
+        for (int j = 0; j < 8; j++) out[b].sum32[j] = (int16_t)(out[b].bsum[2 * j] + out[b].bsum[2 * j + 1]);
+    }
+}
+
 static float sum_squares(const float *x, int n) {
     float lanes[VSK_SQUARE_LANES] = {0};
     const int body = n / VSK_SQUARE_LANES * VSK_SQUARE_LANES;
@@ -35,6 +52,6 @@ static void swiglu(const float *gate, const float *up, float *out, int n) {
     for (int i = 0; i < n; i++) out[i] = gate[i] / (1.0f + vsk_exp(-gate[i])) * up[i];
 }
 
-static const vsk_row_ops portable = {quantize32, sum_squares, swiglu};
+static const vsk_row_ops portable = {quantize32, quantize256, sum_squares, swiglu};
 
 const vsk_row_ops *vsk_rows_portable(void) { return &portable; }

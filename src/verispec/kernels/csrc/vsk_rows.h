@@ -12,7 +12,8 @@
 #define VSK_SQUARE_LANES 16
 
 typedef struct {
-    void (*quantize32)(const float *x, int K, vsk_act32 *out); /* K a multiple of 32 */
+    void (*quantize32)(const float *x, int K, vsk_act32 *out);   /* K a multiple of 32 */
+    void (*quantize256)(const float *x, int K, vsk_act256 *out); /* K a multiple of 256 */
     float (*sum_squares)(const float *x, int n);
     void (*swiglu)(const float *gate, const float *up, float *out, int n); /* silu(gate) * up */
 } vsk_row_ops;

@@ -19,26 +19,47 @@ static inline int hsum_epi32(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
-static void quantize32(const float *x, int K, vsk_act32 *out) {
+/* the largest |x| of n values (a multiple of 8): maxima are exact in any order */
+static inline float abs_max(const float *x, int n) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+/* 32 values times id, rounded to nearest even (as vsk_round), stored as bytes; returns the two sums of 16 */
+static inline __m128i round_32(const float *x, __m256 id, int8_t *out) {
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    __m256i q[4];
+    for (int j = 0; j < 4; j++) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * j), id));
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256((__m256i *)out, _mm256_permutevar8x32_epi32(bytes, order));
+    return _mm_setr_epi32(hsum_epi32(_mm256_add_epi32(q[0], q[1])), hsum_epi32(_mm256_add_epi32(q[2], q[3])), 0, 0);
+}
+
+static void quantize32(const float *x, int K, vsk_act32 *out) {
     for (int b = 0; b < K / 32; b++, x += 32) {
-        __m256 v[4], m = _mm256_setzero_ps();
-        for (int j = 0; j < 4; j++) {
-            v[j] = _mm256_loadu_ps(x + 8 * j);
-            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[j]));
-        }
-        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-        h = _mm_max_ss(h, _mm_movehdup_ps(h));
-        const float amax = _mm_cvtss_f32(h), id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        const float amax = abs_max(x, 32), id = amax > 0.0f ? 127.0f / amax : 0.0f;
         out[b].d = amax / 127.0f;
-        __m256i q[4]; /* round to nearest even, as vsk_round */
-        for (int j = 0; j < 4; j++) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], _mm256_set1_ps(id)));
-        const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-        _mm256_storeu_si256((__m256i *)out[b].q, _mm256_permutevar8x32_epi32(bytes, order));
-        out[b].half[0] = (int16_t)hsum_epi32(_mm256_add_epi32(q[0], q[1]));
-        out[b].half[1] = (int16_t)hsum_epi32(_mm256_add_epi32(q[2], q[3]));
+        const __m128i sums = round_32(x, _mm256_set1_ps(id), out[b].q);
+        out[b].half[0] = (int16_t)_mm_cvtsi128_si32(sums);
+        out[b].half[1] = (int16_t)_mm_extract_epi32(sums, 1);
+    }
+}
+
+static void quantize256(const float *x, int K, vsk_act256 *out) {
+    for (int b = 0; b < K / 256; b++, x += 256) {
+        const float amax = abs_max(x, 256), id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        out[b].d = amax / 127.0f;
+        for (int c = 0; c < 8; c++) {
+            const __m128i sums = round_32(x + 32 * c, _mm256_set1_ps(id), out[b].q + 32 * c);
+            out[b].bsum[2 * c] = (int16_t)_mm_cvtsi128_si32(sums);
+            out[b].bsum[2 * c + 1] = (int16_t)_mm_extract_epi32(sums, 1);
+            out[b].sum32[c] = (int16_t)(out[b].bsum[2 * c] + out[b].bsum[2 * c + 1]);
+        }
     }
 }
 
@@ -69,7 +90,7 @@ static void swiglu(const float *gate, const float *up, float *out, int n) {
     for (; i < n; i++) out[i] = gate[i] / (1.0f + vsk_exp(-gate[i])) * up[i];
 }
 
-static const vsk_row_ops ops = {quantize32, sum_squares, swiglu};
+static const vsk_row_ops ops = {quantize32, quantize256, sum_squares, swiglu};
 
 const vsk_row_ops *vsk_rows_avx2(void) { return &ops; }
 

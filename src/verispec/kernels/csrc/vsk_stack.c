@@ -18,7 +18,8 @@
 
 #define VSK_API __attribute__((visibility("default")))
 
-/* one block's weights (their activations are 32-blocks: tile forms, Q4_0, Q4_1, Q5_0, Q8_0) */
+/* one block's weights (any types with a kernel; each product's activations are quantized in the formats its
+ * parts take, vsk_act_block) */
 typedef struct {
     const float *attn_norm, *mlp_norm; /* [hidden] */
     const float *qkv_bias;             /* [(H + 2 kvH) D], or NULL */
@@ -39,7 +40,11 @@ typedef struct {
     const float *cos, *sin;
 } vsk_cache;
 
-static size_t act_bytes(int K) { return (size_t)(K / 32) * sizeof(vsk_act32); }
+/* bytes of one row's activations in either format (the larger) */
+static size_t act_bytes(int K) {
+    const size_t a32 = (size_t)(K / 32) * sizeof(vsk_act32), a256 = (size_t)(K / 256) * sizeof(vsk_act256);
+    return a32 > a256 ? a32 : a256;
+}
 
 /* seconds spent in the stack and in its products since the last vsk_stack_timing (the bench's split) */
 static double stack_seconds, product_seconds;
@@ -57,9 +62,66 @@ VSK_API void vsk_stack_timing(double *out) {
     stack_seconds = product_seconds = 0.0;
 }
 
-static int products(const vsk_part *parts, int count, int K, const uint8_t *xq, int M, float *y, int ldy) {
+/* where one row's activations in format f (0: 32-blocks, 1: 256-blocks) start in xq (room for M rows of each) */
+static uint8_t *act_row(uint8_t *xq, int format, int M, int K, int m) {
+    return xq + (size_t)format * M * act_bytes(K) + (size_t)m * act_bytes(K);
+}
+
+/* what the rows of a product need before it: the pending residual added (x += tmp), the rows normalized (when
+ * `norm`) into `in`, and quantized in every format the parts take */
+typedef struct {
+    const vsk_part *parts;
+    int count, K, M;
+    float *x;          /* [M][K] the rows (the residual stream when norm is set), or the product's input */
+    const float *tmp;  /* [M][K] the residual to add to x first, or NULL */
+    const float *norm; /* RMSNorm weights, or NULL: quantize x as it is */
+    float eps;
+    float *normed; /* [M][K] the normalized rows (when norm) */
+    uint8_t *xq;
+} prepare_t;
+
+/* out = x / sqrt(mean(x^2) + eps) * weight, the sum of squares in the fixed order of vsk_rows.h */
+static void rms_norm(const float *x, const float *weight, int n, float eps, float *out) {
+    const float sum = vsk_rows()->sum_squares(x, n);
+    const float r = 1.0f / sqrtf(sum / (float)n + eps);
+    for (int i = 0; i < n; i++) out[i] = (x[i] * r) * weight[i];
+}
+
+/* item = row: each row's steps in a fixed order that depends on that row alone */
+static void prepare_rows(const void *ctx, int begin, int end) {
+    const prepare_t *p = ctx;
+    for (int m = begin; m < end; m++) {
+        float *row = p->x + (size_t)m * p->K;
+        if (p->tmp)
+            for (int i = 0; i < p->K; i++) row[i] += p->tmp[(size_t)m * p->K + i];
+        const float *in = row;
+        if (p->norm) {
+            rms_norm(row, p->norm, p->K, p->eps, p->normed + (size_t)m * p->K);
+            in = p->normed + (size_t)m * p->K;
+        }
+        int done[2] = {0, 0}; /* per format (32, 256): quantized already */
+        for (int q = 0; q < p->count; q++) {
+            const int format = vsk_act_block(p->parts[q].type) == 256;
+            if (!done[format]) {
+                done[format] = 1;
+                vsk_quantize(p->parts[q].type, in, 1, p->K, act_row(p->xq, format, p->M, p->K, m));
+            }
+        }
+    }
+}
+
+/* y = the products of `parts` over the rows `prepare` made: all parts in one job of the pool */
+static int products(const prepare_t *prepare, float *y, int ldy) {
+    vsk_parallel_for(prepare_rows, prepare, prepare->M);
+    const uint8_t *each[4];
+    size_t strides[4];
+    for (int q = 0; q < prepare->count; q++) {
+        const int format = vsk_act_block(prepare->parts[q].type) == 256;
+        each[q] = act_row(prepare->xq, format, prepare->M, prepare->K, 0);
+        strides[q] = act_bytes(prepare->K);
+    }
     const double begin = now();
-    const int status = vsk_products(parts, count, K, xq, act_bytes(K), M, y, ldy);
+    const int status = vsk_products_each(prepare->parts, prepare->count, prepare->K, each, strides, prepare->M, y, ldy);
     product_seconds += now() - begin;
     return status;
 }
@@ -72,14 +134,7 @@ VSK_API size_t vsk_stack_scratch_bytes(const vsk_model *md, int M) {
     int widest = md->hidden > (int)att ? md->hidden : (int)att;
     widest = md->inter > widest ? md->inter : widest;
     return floats_bytes((size_t)M * md->hidden) * 2 + floats_bytes((size_t)M * qkv) + floats_bytes((size_t)M * att) +
-           floats_bytes((size_t)M * 2 * md->inter) + floats_bytes((size_t)M * md->inter) + act_bytes(widest) * M + 64;
-}
-
-/* out = x / sqrt(mean(x^2) + eps) * weight, the sum of squares in the fixed order of vsk_rows.h */
-static void rms_norm(const float *x, const float *weight, int n, float eps, float *out) {
-    const float sum = vsk_rows()->sum_squares(x, n);
-    const float r = 1.0f / sqrtf(sum / (float)n + eps);
-    for (int i = 0; i < n; i++) out[i] = (x[i] * r) * weight[i];
+           floats_bytes((size_t)M * 2 * md->inter) + floats_bytes((size_t)M * md->inter) + 2 * act_bytes(widest) * M + 64;
 }
 
 /* out [M][n] = each row of x [M][n] normalized as in the stack (a model's final norm) */
@@ -118,16 +173,38 @@ static void swiglu_items(const void *ctx, int begin, int end) {
     }
 }
 
-/* x [M][hidden] += the products of `parts` over quantized rows xq, through `tmp` [M][hidden] */
-static int add_products(const vsk_part *parts, int count, int K, const uint8_t *xq, int M, float *tmp, float *x,
-                        int hidden) {
-    if (products(parts, count, K, xq, M, tmp, hidden)) return -1;
-    for (size_t i = 0; i < (size_t)M * hidden; i++) x[i] += tmp[i];
-    return 0;
+typedef struct {
+    const vsk_model *md;
+    const vsk_block *b;
+    const vsk_cache *c;
+    float *qkv, *keys, *values;
+    const int *slot, *pos;
+} rotate_t;
+
+/* item = row: q/k/v bias, rotary embedding of q and k, the row's keys and values into its cache slot, and its
+ * queries packed [H][D] at the row's start (the attention's layout) */
+static void rotate_rows(const void *ctx, int begin, int end) {
+    const rotate_t *r = ctx;
+    const int H = r->md->heads, kvH = r->md->kv_heads, D = r->md->head_dim, width = (H + 2 * kvH) * D;
+    for (int m = begin; m < end; m++) {
+        float *row = r->qkv + (size_t)m * width;
+        if (r->b->qkv_bias)
+            for (int i = 0; i < width; i++) row[i] += r->b->qkv_bias[i];
+        const float *cos = r->c->cos + (size_t)r->pos[m] * D, *sin = r->c->sin + (size_t)r->pos[m] * D;
+        for (int head = 0; head < H + kvH; head++) rotate(row + (size_t)head * D, cos, sin, D);
+        for (int head = 0; head < kvH; head++) {
+            const size_t at = (size_t)r->slot[m] * r->c->slot_stride + (size_t)head * r->c->head_stride +
+                              (size_t)r->pos[m] * D;
+            memcpy(r->keys + at, row + (size_t)(H + head) * D, sizeof(float) * D);
+            memcpy(r->values + at, row + (size_t)(H + kvH + head) * D, sizeof(float) * D);
+        }
+    }
 }
 
+/* One block for M rows. Its output leaves the last product in `tmp`, to be added to x by the next block's
+ * first step (or by the stack at the end): `pending` says whether tmp holds such a residual on entry. */
 static int block_forward(const vsk_model *md, const vsk_block *b, float *keys, float *values, const vsk_cache *c,
-                         float *x, int M, const int *slot, const int *pos, uint8_t *scratch) {
+                         float *x, int M, const int *slot, const int *pos, uint8_t *scratch, int pending) {
     const int H = md->heads, kvH = md->kv_heads, D = md->head_dim, hidden = md->hidden, inter = md->inter;
     const int width = (H + 2 * kvH) * D;
     float *h = (float *)scratch;
@@ -139,37 +216,25 @@ static int block_forward(const vsk_model *md, const vsk_block *b, float *keys, f
     uint8_t *xq = (uint8_t *)act + floats_bytes((size_t)M * inter);
 
     /* attention */
-    for (int m = 0; m < M; m++) rms_norm(x + (size_t)m * hidden, b->attn_norm, hidden, md->eps, h + (size_t)m * hidden);
-    vsk_quantize(VSK_Q8_0, h, M, hidden, xq);
-    if (products(b->qkv, b->qkv_parts, hidden, xq, M, qkv, width)) return -1;
-    for (int m = 0; m < M; m++) {
-        float *row = qkv + (size_t)m * width;
-        if (b->qkv_bias)
-            for (int i = 0; i < width; i++) row[i] += b->qkv_bias[i];
-        const float *cos = c->cos + (size_t)pos[m] * D, *sin = c->sin + (size_t)pos[m] * D;
-        for (int head = 0; head < H + kvH; head++) rotate(row + (size_t)head * D, cos, sin, D);
-        for (int head = 0; head < kvH; head++) {
-            const size_t at = (size_t)slot[m] * c->slot_stride + (size_t)head * c->head_stride + (size_t)pos[m] * D;
-            memcpy(keys + at, row + (size_t)(H + head) * D, sizeof(float) * D);
-            memcpy(values + at, row + (size_t)(H + kvH + head) * D, sizeof(float) * D);
-        }
-    }
+    const prepare_t attn_in = {b->qkv, b->qkv_parts, hidden, M, x, pending ? tmp : NULL, b->attn_norm, md->eps, h, xq};
+    if (products(&attn_in, qkv, width)) return -1;
+    const rotate_t r = {md, b, c, qkv, keys, values, slot, pos};
+    vsk_parallel_for(rotate_rows, &r, M);
     for (int m = 0; m < M; m++) /* the queries, packed [M][H][D] for the attention */
         memmove(qkv + (size_t)m * H * D, qkv + (size_t)m * width, sizeof(float) * H * D);
     const vsk_attention_t a = {qkv, keys, values, c->slot_stride, c->head_stride, slot, pos, H, kvH, D,
                                1.0f / sqrtf((float)D), att};
     vsk_attend(&a, M);
-    vsk_quantize(VSK_Q8_0, att, M, H * D, xq);
-    if (add_products(&b->o, 1, H * D, xq, M, tmp, x, hidden)) return -1;
+    const prepare_t o_in = {&b->o, 1, H * D, M, att, NULL, NULL, 0.0f, NULL, xq};
+    if (products(&o_in, tmp, hidden)) return -1;
 
     /* MLP */
-    for (int m = 0; m < M; m++) rms_norm(x + (size_t)m * hidden, b->mlp_norm, hidden, md->eps, h + (size_t)m * hidden);
-    vsk_quantize(VSK_Q8_0, h, M, hidden, xq);
-    if (products(b->gate_up, b->gate_up_parts, hidden, xq, M, gate_up, 2 * inter)) return -1;
+    const prepare_t mlp_in = {b->gate_up, b->gate_up_parts, hidden, M, x, tmp, b->mlp_norm, md->eps, h, xq};
+    if (products(&mlp_in, gate_up, 2 * inter)) return -1;
     const swiglu_t s = {gate_up, act, inter, vsk_rows()};
     vsk_parallel_for(swiglu_items, &s, M * ((inter + SWIGLU_CHUNK - 1) / SWIGLU_CHUNK));
-    vsk_quantize(VSK_Q8_0, act, M, inter, xq);
-    return add_products(&b->down, 1, inter, xq, M, tmp, x, hidden);
+    const prepare_t down_in = {&b->down, 1, inter, M, act, NULL, NULL, 0.0f, NULL, xq};
+    return products(&down_in, tmp, hidden);
 }
 
 /* x [M][hidden] through every block, in place. Row m is at position pos[m] of the sequence in cache slot
@@ -181,7 +246,9 @@ VSK_API int vsk_stack_forward(const vsk_model *md, const vsk_cache *c, float *x,
     const double begin = now();
     int status = 0;
     for (int l = 0; l < md->layers && !status; l++)
-        status = block_forward(md, &md->blocks[l], c->keys[l], c->values[l], c, x, M, slot, pos, scratch);
+        status = block_forward(md, &md->blocks[l], c->keys[l], c->values[l], c, x, M, slot, pos, scratch, l > 0);
+    const float *tmp = (const float *)(scratch + floats_bytes((size_t)M * md->hidden)); /* the last residual */
+    for (size_t i = 0; !status && md->layers && i < (size_t)M * md->hidden; i++) x[i] += tmp[i];
     stack_seconds += now() - begin;
     return status ? -1 : 0;
 }

@@ -160,6 +160,9 @@ static inline void unpack_sub(const uint8_t *nibbles, const uint8_t *high, int n
         }
 }
 
+/* Per row and superblock: each sub-block's integer sum meets its scale (times the superblock's d), the
+ * minimums (Q4_K) or the values' offset of 32 (Q6_K) are one integer sum over the activations' sub-block
+ * sums, and the superblock's total meets the activations' scale once. */
 static void tile_kernel(int type, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride,
                         int M, float *y, int ldy) {
     const int blocks = K / 256, six = type == VSK_T6_K;
@@ -172,26 +175,33 @@ static void tile_kernel(int type, const uint8_t *W, int n0, int n1, int K, const
                 const uint8_t *blk = W + (size_t)t * strip_bytes + (size_t)b * block_bytes;
                 for (int n = 0; n < 16; n++) {
                     const float d = vsk_fp16_to_fp32(rd16(blk + 2 * n));
-                    const float dmin = six ? 0.0f : vsk_fp16_to_fp32(rd16(blk + 32 + 2 * n));
+                    float sb[MAX_ROWS] = {0};
                     for (int j = 0; j < 8; j++) {
                         uint8_t w[32];
                         unpack_sub(blk + (six ? 288 : 320) + 256 * j, six ? blk + 2336 + 128 * j : NULL, n, w);
                         for (int m = 0; m < rows; m++) {
-                            const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)(r0 + m) * x_stride) + 8 * b + j;
+                            const vsk_act256 *x = (const vsk_act256 *)(xq + (size_t)(r0 + m) * x_stride) + b;
                             int32_t s[2] = {0, 0};
-                            for (int i = 0; i < 32; i++) s[i / 16] += (int32_t)w[i] * x->q[i];
+                            for (int i = 0; i < 32; i++) s[i / 16] += (int32_t)w[i] * x->q[32 * j + i];
                             if (six) {
-                                for (int h = 0; h < 2; h++) {
-                                    const float scale = d * (float)(int8_t)blk[32 + 16 * (2 * j + h) + n];
-                                    acc[m][n] += (scale * x->d) * (float)(s[h] - 32 * x->half[h]);
-                                }
+                                for (int h = 0; h < 2; h++)
+                                    sb[m] += (d * (float)(int8_t)blk[32 + 16 * (2 * j + h) + n]) * (float)s[h];
                             } else {
-                                const float scale = d * (float)blk[64 + 16 * j + n];
-                                const float minimum = dmin * (float)blk[192 + 16 * j + n];
-                                acc[m][n] += (scale * x->d) * (float)(s[0] + s[1]);
-                                acc[m][n] -= minimum * (x->d * (float)(x->half[0] + x->half[1]));
+                                sb[m] += (d * (float)blk[64 + 16 * j + n]) * (float)(s[0] + s[1]);
                             }
                         }
+                    }
+                    for (int m = 0; m < rows; m++) {
+                        const vsk_act256 *x = (const vsk_act256 *)(xq + (size_t)(r0 + m) * x_stride) + b;
+                        int32_t terms = 0; /* Q4_K: sum_j min_j sum32_j; Q6_K: sum_j scale_j bsum_j */
+                        if (six) {
+                            for (int j = 0; j < 16; j++) terms += (int32_t)(int8_t)blk[32 + 16 * j + n] * x->bsum[j];
+                            sb[m] -= (32.0f * d) * (float)terms;
+                        } else {
+                            for (int j = 0; j < 8; j++) terms += (int32_t)blk[192 + 16 * j + n] * x->sum32[j];
+                            sb[m] -= vsk_fp16_to_fp32(rd16(blk + 32 + 2 * n)) * (float)terms;
+                        }
+                        acc[m][n] += sb[m] * x->d;
                     }
                 }
             }

@@ -15,11 +15,6 @@ vsk_kernel vsk_tile_kernel_avx2(int type) {
 #include "vsk_blocks.h"
 
 
-static inline __m256 bytes_to_floats(const uint8_t *p, int is_signed) {
-    const __m128i raw = _mm_loadl_epi64((const __m128i *)p);
-    return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(raw) : _mm256_cvtepu8_epi32(raw));
-}
-
 /* rows' sums of tile t into y (the lanes of weight rows below n1) */
 static inline void store_tile(__m256 (*acc)[2], int rows, float *y, int ldy, int t, int n1) {
     const int lanes = n1 - 16 * t < 16 ? n1 - 16 * t : 16;
@@ -31,16 +26,38 @@ static inline void store_tile(__m256 (*acc)[2], int rows, float *y, int ldy, int
     }
 }
 
-static inline __m256i broadcast_group(const vsk_act32 *x, int g) {
+static inline __m256i broadcast4(const int8_t *p) {
     int32_t v;
-    memcpy(&v, x->q + (g < 4 ? 4 * g : 16 + 4 * (g - 4)), 4);
+    memcpy(&v, p, 4);
     return _mm256_set1_epi32(v);
+}
+
+static inline __m256i broadcast_group(const vsk_act32 *x, int g) {
+    return broadcast4(x->q + (g < 4 ? 4 * g : 16 + 4 * (g - 4)));
 }
 
 static inline __m256i dot(__m256i acc, __m256i u, __m256i s) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 }
 
+/* acc + scale x (u . s) per 32-bit lane: the pair sums of maddubs meet the lane's scale (int16, in both halves)
+ * in madd, so a sub-block's scale costs nothing beyond the dot product */
+static inline __m256i scaled_dot(__m256i acc, __m256i u, __m256i s, __m256i scale) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scale));
+}
+
+/* 8 lanes' bytes p[0..7] as int16 pairs (p[i], q[i]) per 32-bit lane, sign-extended or not */
+static inline __m256i byte_pairs(const uint8_t *p, const uint8_t *q, int is_signed) {
+    const __m128i a = _mm_loadl_epi64((const __m128i *)p), b = _mm_loadl_epi64((const __m128i *)q);
+    const __m256i lo = is_signed ? _mm256_cvtepi8_epi32(a) : _mm256_cvtepu8_epi32(a);
+    const __m256i hi = is_signed ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
+    return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(hi, 16));
+}
+
+/* The K-quant tiles with activations in 256-blocks: per row, superblock and half, the whole superblock is one
+ * integer sum (each sub-block's products scaled by its integer scale inside madd; Q4_K's minimums and Q6_K's
+ * offset of 32 as sums over the activations' sub-block sums), then one float step with d and the activations'
+ * scale. Exact integers: |sum| < 2^31 (Q4_K: 256 x 63 x 15 x 127; Q6_K: 256 x 128 x 63 x 127 plus its offset). */
 static void tile_kernel(int six, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride, int M,
                         float *y, int ldy) {
     const int blocks = K / 256;
@@ -54,6 +71,8 @@ static void tile_kernel(int six, const uint8_t *W, int n0, int n1, int K, const 
             for (int b = 0; b < blocks; b++) {
                 const uint8_t *blk = W + (size_t)t * strip_bytes + (size_t)b * block_bytes;
                 const uint8_t *nibbles = blk + (six ? 288 : 320);
+                __m256i sums[MAX_ROWS][2];
+                for (int m = 0; m < rows; m++) sums[m][0] = sums[m][1] = _mm256_setzero_si256();
                 for (int j = 0; j < 8; j++) {
                     /* keep memory busy while the rows are computed: ask for the data four superblocks ahead,
                      * into L2 (L1's few fill buffers held too few reads in flight: 25 % slower, session 13) */
@@ -61,13 +80,13 @@ static void tile_kernel(int six, const uint8_t *W, int n0, int n1, int K, const 
                         _mm_prefetch((const char *)blk + 4 * block_bytes + (size_t)j * (six ? 420 : 296) + 64 * l,
                                      _MM_HINT_T1);
                     for (int v = 0; v < 2; v++) { /* rows 8v .. 8v + 7 of the tile */
-                        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * v)));
                         __m256i w[8];
                         for (int i = 0; i < 4; i++) {
                             const __m256i p = _mm256_loadu_si256((const __m256i *)(nibbles + 256 * j + 64 * i + 32 * v));
                             w[i] = _mm256_and_si256(p, low);
                             w[4 + i] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
                         }
+                        __m256i scale[2]; /* per group: the scale of its sub-block, as int16 pairs */
                         if (six) {
                             const uint8_t *high = blk + 2336 + 128 * j;
                             for (int k = 0; k < 2; k++) {
@@ -76,30 +95,42 @@ static void tile_kernel(int six, const uint8_t *W, int n0, int n1, int K, const 
                                 w[4 * k + 1] = _mm256_or_si256(w[4 * k + 1], _mm256_and_si256(_mm256_slli_epi16(h, 2), two));
                                 w[4 * k + 2] = _mm256_or_si256(w[4 * k + 2], _mm256_and_si256(h, two));
                                 w[4 * k + 3] = _mm256_or_si256(w[4 * k + 3], _mm256_and_si256(_mm256_srli_epi16(h, 2), two));
-                            }
-                            const __m256 s0 = _mm256_mul_ps(d, bytes_to_floats(blk + 32 + 16 * (2 * j) + 8 * v, 1));
-                            const __m256 s1 = _mm256_mul_ps(d, bytes_to_floats(blk + 32 + 16 * (2 * j + 1) + 8 * v, 1));
-                            for (int m = 0; m < rows; m++) {
-                                const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)(r0 + m) * x_stride) + 8 * b + j;
-                                __m256i lo = _mm256_set1_epi32(-32 * x->half[0]), hi = _mm256_set1_epi32(-32 * x->half[1]);
-                                for (int g = 0; g < 4; g++) lo = dot(lo, w[g], broadcast_group(x, g));
-                                for (int g = 4; g < 8; g++) hi = dot(hi, w[g], broadcast_group(x, g));
-                                const __m256 dx = _mm256_set1_ps(x->d);
-                                acc[m][v] = _mm256_fmadd_ps(_mm256_mul_ps(s0, dx), _mm256_cvtepi32_ps(lo), acc[m][v]);
-                                acc[m][v] = _mm256_fmadd_ps(_mm256_mul_ps(s1, dx), _mm256_cvtepi32_ps(hi), acc[m][v]);
+                                const uint8_t *sc = blk + 32 + 16 * (2 * j + k) + 8 * v;
+                                scale[k] = byte_pairs(sc, sc, 1);
                             }
                         } else {
-                            const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * v)));
-                            const __m256 scale = _mm256_mul_ps(d, bytes_to_floats(blk + 64 + 16 * j + 8 * v, 0));
-                            const __m256 minimum = _mm256_mul_ps(dmin, bytes_to_floats(blk + 192 + 16 * j + 8 * v, 0));
-                            for (int m = 0; m < rows; m++) {
-                                const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)(r0 + m) * x_stride) + 8 * b + j;
-                                __m256i s = _mm256_setzero_si256();
-                                for (int g = 0; g < 8; g++) s = dot(s, w[g], broadcast_group(x, g));
-                                const float xsum = x->d * (float)(x->half[0] + x->half[1]);
-                                acc[m][v] = _mm256_fmadd_ps(_mm256_mul_ps(scale, _mm256_set1_ps(x->d)), _mm256_cvtepi32_ps(s), acc[m][v]);
-                                acc[m][v] = _mm256_fnmadd_ps(minimum, _mm256_set1_ps(xsum), acc[m][v]);
-                            }
+                            const uint8_t *sc = blk + 64 + 16 * j + 8 * v;
+                            scale[0] = scale[1] = byte_pairs(sc, sc, 0);
+                        }
+                        for (int m = 0; m < rows; m++) {
+                            const int8_t *q = ((const vsk_act256 *)(xq + (size_t)(r0 + m) * x_stride) + b)->q + 32 * j;
+                            __m256i s = sums[m][v];
+                            for (int g = 0; g < 8; g++)
+                                s = scaled_dot(s, w[g], broadcast4(q + (g < 4 ? 4 * g : 16 + 4 * (g - 4))), scale[g / 4]);
+                            sums[m][v] = s;
+                        }
+                    }
+                }
+                for (int v = 0; v < 2; v++) {
+                    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * v)));
+                    __m256i pairs[8]; /* Q4_K: (min_2i, min_2i+1); Q6_K: (scale_2i, scale_2i+1) */
+                    for (int i = 0; i < (six ? 8 : 4); i++)
+                        pairs[i] = six ? byte_pairs(blk + 32 + 32 * i + 8 * v, blk + 48 + 32 * i + 8 * v, 1)
+                                       : byte_pairs(blk + 192 + 32 * i + 8 * v, blk + 208 + 32 * i + 8 * v, 0);
+                    const __m256 dmin = six ? d : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * v)));
+                    for (int m = 0; m < rows; m++) {
+                        const vsk_act256 *x = (const vsk_act256 *)(xq + (size_t)(r0 + m) * x_stride) + b;
+                        const int16_t *sub = six ? x->bsum : x->sum32;
+                        __m256i terms = _mm256_setzero_si256();
+                        for (int i = 0; i < (six ? 8 : 4); i++)
+                            terms = _mm256_add_epi32(terms, _mm256_madd_epi16(pairs[i], broadcast4((const int8_t *)(sub + 2 * i))));
+                        const __m256 dx = _mm256_set1_ps(x->d);
+                        if (six) { /* the values are offset by 32: the superblock's sum less 32 sum_j scale_j bsum_j */
+                            const __m256i total = _mm256_sub_epi32(sums[m][v], _mm256_slli_epi32(terms, 5));
+                            acc[m][v] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(total), acc[m][v]);
+                        } else {
+                            acc[m][v] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(sums[m][v]), acc[m][v]);
+                            acc[m][v] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(terms), acc[m][v]);
                         }
                     }
                 }

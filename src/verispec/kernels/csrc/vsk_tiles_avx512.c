@@ -36,68 +36,117 @@ static inline __m512i broadcast_group(const vsk_act32 *x, int g) {
     return _mm512_set1_epi32(v);
 }
 
+/* the 16 rows' Q4_K minimums (six = 0) or Q6_K scales (six = 1) of sub-blocks 2i and 2i + 1 as int16 pairs */
+static inline __m512i sub_block_pairs(const uint8_t *blk, int six, int i) {
+    const uint8_t *a = blk + (six ? 32 : 192) + 32 * i;
+    const __m128i lo = _mm_loadu_si128((const __m128i *)a), hi = _mm_loadu_si128((const __m128i *)(a + 16));
+    const __m512i first = six ? _mm512_cvtepi8_epi32(lo) : _mm512_cvtepu8_epi32(lo);
+    const __m512i second = six ? _mm512_cvtepi8_epi32(hi) : _mm512_cvtepu8_epi32(hi);
+    return _mm512_or_si512(_mm512_and_si512(first, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(second, 16));
+}
+
+static inline __m512i broadcast4(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* `rows` (1..8, a constant in each instance, so that each row's sums stay in registers) activation rows of 256-
+ * blocks against the K-quant tile strip at `strip`. Per row and superblock: each sub-block's integer sum meets
+ * its scale (times the superblock's d) in one multiply-add, Q4_K's minimums and Q6_K's offset of 32 are one
+ * integer dot product over the activations' sub-block sums (vpdpwssd), and the superblock meets the
+ * activations' scale once. vpdpbusd, multiply-adds and vpdpwssd share the multiply units, so each of these
+ * steps saved is time saved at every row. */
+static inline __attribute__((always_inline)) void tile_rows(const int six, const int rows, const uint8_t *strip,
+                                                            int blocks, const uint8_t *xq, size_t x_stride,
+                                                            float *y, int ldy, int t, int n1) {
+    const size_t block_bytes = six ? T6K_BYTES : T4K_BYTES;
+    const __m512i low = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi8(0x30);
+    __m512 acc[8], sb[8];
+    for (int m = 0; m < rows; m++) acc[m] = _mm512_setzero_ps();
+    for (int b = 0; b < blocks; b++) {
+        const uint8_t *blk = strip + (size_t)b * block_bytes, *nibbles = blk + (six ? 288 : 320);
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        for (int m = 0; m < rows; m++) sb[m] = _mm512_setzero_ps();
+        for (int j = 0; j < 8; j++) {
+            /* keep memory busy while the rows are computed: ask for the data four superblocks ahead, into L2
+             * (L1's few fill buffers held too few reads in flight: 25 % slower, session 13) */
+            for (int l = 0; l < (six ? 7 : 5); l++)
+                _mm_prefetch((const char *)blk + 4 * block_bytes + (size_t)j * (six ? 420 : 296) + 64 * l, _MM_HINT_T1);
+            __m512i w[8];
+            for (int i = 0; i < 4; i++) {
+                const __m512i p = _mm512_loadu_si512((const void *)(nibbles + 256 * j + 64 * i));
+                w[i] = _mm512_and_si512(p, low);
+                w[4 + i] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
+            }
+            __m512 scale[2]; /* d x the sub-block scale of groups 0..3 and 4..7 */
+            if (six) {
+                const uint8_t *high = blk + 2336 + 128 * j;
+                for (int k = 0; k < 2; k++) {
+                    const __m512i h = _mm512_loadu_si512((const void *)(high + 64 * k));
+                    w[4 * k + 0] = or_masked(w[4 * k + 0], _mm512_slli_epi16(h, 4), two);
+                    w[4 * k + 1] = or_masked(w[4 * k + 1], _mm512_slli_epi16(h, 2), two);
+                    w[4 * k + 2] = or_masked(w[4 * k + 2], h, two);
+                    w[4 * k + 3] = or_masked(w[4 * k + 3], _mm512_srli_epi16(h, 2), two);
+                    scale[k] = _mm512_mul_ps(d, bytes_to_floats(blk + 32 + 16 * (2 * j + k), 1));
+                }
+            } else {
+                scale[0] = _mm512_mul_ps(d, bytes_to_floats(blk + 64 + 16 * j, 0));
+            }
+            for (int m = 0; m < rows; m++) {
+                const int8_t *q = ((const vsk_act256 *)(xq + (size_t)m * x_stride) + b)->q + 32 * j;
+                if (six) {
+                    __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+                    for (int g = 0; g < 4; g++) lo = _mm512_dpbusd_epi32(lo, w[g], broadcast4(q + 4 * g));
+                    for (int g = 4; g < 8; g++) hi = _mm512_dpbusd_epi32(hi, w[g], broadcast4(q + 16 + 4 * (g - 4)));
+                    sb[m] = _mm512_fmadd_ps(scale[0], _mm512_cvtepi32_ps(lo), sb[m]);
+                    sb[m] = _mm512_fmadd_ps(scale[1], _mm512_cvtepi32_ps(hi), sb[m]);
+                } else {
+                    __m512i s = _mm512_setzero_si512();
+                    for (int g = 0; g < 8; g++)
+                        s = _mm512_dpbusd_epi32(s, w[g], broadcast4(q + (g < 4 ? 4 * g : 16 + 4 * (g - 4))));
+                    sb[m] = _mm512_fmadd_ps(scale[0], _mm512_cvtepi32_ps(s), sb[m]);
+                }
+            }
+        }
+        /* Q4_K: dmin sum_j min_j sum32_j; Q6_K: 32 d sum_j scale_j bsum_j; both taken off */
+        __m512i pairs[8];
+        for (int i = 0; i < (six ? 8 : 4); i++) pairs[i] = sub_block_pairs(blk, six, i);
+        const __m512 factor = six ? _mm512_mul_ps(d, _mm512_set1_ps(32.0f))
+                                  : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
+        for (int m = 0; m < rows; m++) {
+            const vsk_act256 *x = (const vsk_act256 *)(xq + (size_t)m * x_stride) + b;
+            const int16_t *sub = six ? x->bsum : x->sum32;
+            __m512i terms = _mm512_setzero_si512();
+            for (int i = 0; i < (six ? 8 : 4); i++) terms = _mm512_dpwssd_epi32(terms, pairs[i], broadcast4(sub + 2 * i));
+            sb[m] = _mm512_fnmadd_ps(factor, _mm512_cvtepi32_ps(terms), sb[m]);
+            acc[m] = _mm512_fmadd_ps(sb[m], _mm512_set1_ps(x->d), acc[m]);
+        }
+    }
+    store_tile(acc, rows, y, ldy, t, n1);
+}
+
+/* rows in groups of up to 8 (an instance of tile_rows per count): a strip is unpacked once per group */
 static void tile_kernel(int six, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride, int M,
                         float *y, int ldy) {
     const int blocks = K / 256;
-    const size_t block_bytes = six ? T6K_BYTES : T4K_BYTES, strip_bytes = (size_t)blocks * block_bytes;
-    const __m512i low = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi8(0x30);
+    const size_t strip_bytes = (size_t)blocks * (six ? T6K_BYTES : T4K_BYTES);
     for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
-        for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
-            const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
-            __m512 acc[MAX_ROWS];
-            for (int m = 0; m < rows; m++) acc[m] = _mm512_setzero_ps();
-            for (int b = 0; b < blocks; b++) {
-                const uint8_t *blk = W + (size_t)t * strip_bytes + (size_t)b * block_bytes;
-                const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
-                const __m512 dmin = six ? d : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
-                const uint8_t *nibbles = blk + (six ? 288 : 320);
-                for (int j = 0; j < 8; j++) {
-                    /* keep memory busy while the rows are computed: ask for the data four superblocks ahead,
-                     * into L2 (L1's few fill buffers held too few reads in flight: 25 % slower, session 13) */
-                    for (int l = 0; l < (six ? 7 : 5); l++)
-                        _mm_prefetch((const char *)blk + 4 * block_bytes + (size_t)j * (six ? 420 : 296) + 64 * l,
-                                     _MM_HINT_T1);
-                    __m512i w[8];
-                    for (int i = 0; i < 4; i++) {
-                        const __m512i p = _mm512_loadu_si512((const void *)(nibbles + 256 * j + 64 * i));
-                        w[i] = _mm512_and_si512(p, low);
-                        w[4 + i] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
-                    }
-                    if (six) {
-                        const uint8_t *high = blk + 2336 + 128 * j;
-                        for (int k = 0; k < 2; k++) {
-                            const __m512i h = _mm512_loadu_si512((const void *)(high + 64 * k));
-                            w[4 * k + 0] = or_masked(w[4 * k + 0], _mm512_slli_epi16(h, 4), two);
-                            w[4 * k + 1] = or_masked(w[4 * k + 1], _mm512_slli_epi16(h, 2), two);
-                            w[4 * k + 2] = or_masked(w[4 * k + 2], h, two);
-                            w[4 * k + 3] = or_masked(w[4 * k + 3], _mm512_srli_epi16(h, 2), two);
-                        }
-                        const __m512 s0 = _mm512_mul_ps(d, bytes_to_floats(blk + 32 + 16 * (2 * j), 1));
-                        const __m512 s1 = _mm512_mul_ps(d, bytes_to_floats(blk + 32 + 16 * (2 * j + 1), 1));
-                        for (int m = 0; m < rows; m++) {
-                            const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)(r0 + m) * x_stride) + 8 * b + j;
-                            __m512i lo = _mm512_set1_epi32(-32 * x->half[0]), hi = _mm512_set1_epi32(-32 * x->half[1]);
-                            for (int g = 0; g < 4; g++) lo = _mm512_dpbusd_epi32(lo, w[g], broadcast_group(x, g));
-                            for (int g = 4; g < 8; g++) hi = _mm512_dpbusd_epi32(hi, w[g], broadcast_group(x, g));
-                            const __m512 dx = _mm512_set1_ps(x->d);
-                            acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(s0, dx), _mm512_cvtepi32_ps(lo), acc[m]);
-                            acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(s1, dx), _mm512_cvtepi32_ps(hi), acc[m]);
-                        }
-                    } else {
-                        const __m512 scale = _mm512_mul_ps(d, bytes_to_floats(blk + 64 + 16 * j, 0));
-                        const __m512 minimum = _mm512_mul_ps(dmin, bytes_to_floats(blk + 192 + 16 * j, 0));
-                        for (int m = 0; m < rows; m++) {
-                            const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)(r0 + m) * x_stride) + 8 * b + j;
-                            __m512i s = _mm512_setzero_si512();
-                            for (int g = 0; g < 8; g++) s = _mm512_dpbusd_epi32(s, w[g], broadcast_group(x, g));
-                            const float xsum = x->d * (float)(x->half[0] + x->half[1]);
-                            acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(scale, _mm512_set1_ps(x->d)), _mm512_cvtepi32_ps(s), acc[m]);
-                            acc[m] = _mm512_fnmadd_ps(minimum, _mm512_set1_ps(xsum), acc[m]);
-                        }
-                    }
-                }
+        const uint8_t *strip = W + (size_t)t * strip_bytes;
+        for (int r0 = 0; r0 < M; r0 += 8) {
+            const uint8_t *x = xq + (size_t)r0 * x_stride;
+            float *out = y + (size_t)r0 * ldy;
+#define ROWS(r)                                                                                                   \
+    case r:                                                                                                       \
+        if (six)                                                                                                  \
+            tile_rows(1, r, strip, blocks, x, x_stride, out, ldy, t, n1);                                         \
+        else                                                                                                      \
+            tile_rows(0, r, strip, blocks, x, x_stride, out, ldy, t, n1);                                         \
+        break;
+            switch (M - r0 < 8 ? M - r0 : 8) {
+                ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
             }
-            store_tile(acc, rows, y + (size_t)r0 * ldy, ldy, t, n1);
+#undef ROWS
         }
     }
 }
