@@ -155,3 +155,22 @@ def test_logprobs_and_penalties_under_speculation_equal_plain_decoding(gguf_pair
     penalised = spec.generate(prompt, max_tokens=TOKENS, **adjust)
     assert penalised.token_ids == plain.generate(prompt, max_tokens=TOKENS, **adjust).token_ids
     assert penalised.token_ids != on.token_ids and penalised.stats.accepted > 0
+
+
+@pytest.mark.parametrize(("name", "tiled"), [("target", False), ("smollm2", True)])
+def test_token_embeddings_get_a_tile_form_only_where_they_are_the_head(name, tiled, tmp_path, monkeypatch):
+    """The target has its own output head, so its embeddings are only looked up (from the GGUF rows): no tile
+    form of them is written. SmolLM2 ties its head to the embeddings, which then need one."""
+    require_bundled()
+    from verispec import bundled, gguf_native
+    from verispec.gguf_source import GGUFSource
+
+    current, repacked = [], []  # the tensor being indexed (named by its finiteness check), those repacked
+    check = gguf_native._check_finite
+    monkeypatch.setattr(gguf_native, "_check_finite", lambda p, t, e: current.append(t) or check(p, t, e))
+    monkeypatch.setattr(gguf_native.native, "repack", lambda *_: repacked.append(current[-1]))
+    path = bundled.bundled_path("target", progress=False) if name == "target" else smollm2_path()
+    tensors = gguf_native._write_tiles(path, GGUFSource(path), tmp_path / "tiles.bin", progress=False)
+    assert ("token_embd.weight" in repacked) == tiled
+    assert ("output.weight" in tensors) != tiled
+    assert "blk.0.ffn_down.weight" in repacked

@@ -142,15 +142,18 @@ def _write_index(path: Path, folder: Path, progress: bool) -> None:
 
 
 def _write_tiles(path: Path, source, out: Path, progress: bool) -> dict:
-    """The index of every tensor, checking each; matrices with a tile form are repacked into `out`."""
+    """The index of every tensor, checking each; matrices with a tile form are repacked into `out` (not the
+    token embeddings when the file has its own output head: only the lookup reads them, from the GGUF rows)."""
     tensors = {}
+    untied = any(tensor.name == "output.weight" for tensor in source.reader.tensors)
     bar = tqdm(source.reader.tensors, desc=f"indexing {path.name}", unit="tensor", disable=not progress)
     with open(out, "wb") as tiles, bar:
         for tensor in bar:
             entry = {"type": int(tensor.tensor_type), "shape": [int(d) for d in tensor.shape],
                      "offset": int(tensor.data_offset), "bytes": int(tensor.n_bytes)}  # fmt: skip
             _check_finite(path, tensor.name, entry)
-            if len(entry["shape"]) == 2 and not _rope_permuted(source.arch, tensor.name):
+            lookup_only = untied and tensor.name == "token_embd.weight"
+            if len(entry["shape"]) == 2 and not lookup_only and not _rope_permuted(source.arch, tensor.name):
                 rows = torch.from_numpy(np.array(tensor.data).reshape(entry["shape"][1], -1))  # a writable copy
                 tiled = native.repack(entry["type"], rows, entry["shape"][0])
                 if tiled is not None:

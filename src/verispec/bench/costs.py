@@ -154,14 +154,15 @@ def _native(
         weights += sum(p.nbytes for p in head.buffers()) if isinstance(head, NativeLinear) else 0
         NativeStack.timing()  # restart the counters
         with _timed(head) as head_times:  # the head inside the step: read cold, after the blocks
-            for _ in range(repeats):
-                timers[name]()
+            steps = [timers[name]() for _ in range(repeats)]
         stack_s, products_s = (t / repeats for t in NativeStack.timing())
-        head_s = statistics.median(head_times)
-        step = median[name]
+        # the shares are means over these same steps (products and head lie inside each step, so they cannot
+        # exceed it); a median step beside a mean split would not add up on a machine that drifts
+        head_s, step_s = statistics.mean(head_times), statistics.mean(steps)
+        share = (products_s + head_s) / step_s
         out[name] = {
-            "weight_bytes": weights, "gb_per_s": weights / step / 1e9,
-            "products_share": (products_s + head_s) / step, "other_share": 1 - (products_s + head_s) / step,
+            "weight_bytes": weights, "gb_per_s": weights / median[name] / 1e9,
+            "products_share": share, "other_share": 1 - share,
             "stack_s": stack_s, "stack_products_s": products_s, "head_s": head_s,
         }  # fmt: skip
     return out
