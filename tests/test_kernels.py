@@ -16,7 +16,9 @@ pytestmark = pytest.mark.skipif(not native.available(), reason="native kernels n
 TYPES = {
     "Q4_0": GGMLQuantizationType.Q4_0, "Q4_1": GGMLQuantizationType.Q4_1, "Q5_0": GGMLQuantizationType.Q5_0,
     "Q8_0": GGMLQuantizationType.Q8_0, "Q4_K": GGMLQuantizationType.Q4_K, "Q6_K": GGMLQuantizationType.Q6_K,
+    "F32": GGMLQuantizationType.F32, "F16": GGMLQuantizationType.F16, "BF16": GGMLQuantizationType.BF16,
 }  # fmt: skip
+DENSE = ["F32", "F16", "BF16"]
 _HALF_OFFSETS = {2: (0,), 3: (0, 2), 6: (0,), 8: (0,), 12: (0, 2), 14: (208,)}  # float16 fields per block
 
 
@@ -37,6 +39,15 @@ def random_blocks(qtype: int, rows: int, k: int, seed: int, scale: float = 0.02)
     [-scale, scale]."""
     block, size = native.QUANT_TYPES[qtype]
     rng = np.random.default_rng(seed)
+    if qtype in native.DENSE_TYPES:  # normal values, some tiny (float16's subnormals) and some exact zeros
+        values = (rng.standard_normal((rows, k)) * scale).astype(np.float32)
+        values[:, ::7] *= 1e-4
+        values[:, ::11] = 0.0
+        if qtype == GGMLQuantizationType.F16:
+            return values.astype(np.float16).view(np.uint8).reshape(rows, -1)
+        if qtype == GGMLQuantizationType.BF16:  # the upper half of each float32
+            return (values.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(rows, -1)
+        return values.view(np.uint8).reshape(rows, -1)
     data = rng.integers(0, 256, size=(rows, k // block, size), dtype=np.uint8)
     for offset in _HALF_OFFSETS[qtype]:
         scales = rng.uniform(-scale, scale, size=(rows, k // block)).astype(np.float16)
@@ -51,6 +62,8 @@ def dequantized(qtype: int, data: np.ndarray, k: int) -> np.ndarray:
 def activations_as_floats(qtype: int, xq: torch.Tensor, k: int) -> np.ndarray:
     """What the kernel multiplies by: each quantized activation block as q * d, in float64."""
     block = native.activation_block(qtype)
+    if block == 1:  # the dense types' activations: the float32 rows themselves
+        return xq.numpy().view(np.float32).astype(np.float64).reshape(xq.shape[0], k)
     if block == 32:
         layout = np.dtype([("d", "<f4"), ("half", "<i2", 2), ("q", "i1", 32)])
     else:
@@ -77,6 +90,25 @@ def test_products_match_the_float64_reference(path, name, m, n, k):
     scale = np.abs(x_used) @ np.abs(w).T
     assert np.all(np.abs(got - expected) <= 2e-5 * scale + 1e-6), (name, path, np.abs(got - expected).max())
     assert torch.equal(native.linear(qtype, torch.from_numpy(weight), x), torch.from_numpy(got))
+
+
+@pytest.mark.parametrize("name", DENSE)
+@pytest.mark.parametrize(("m", "k"), [(1, 512), (5, 100), (11, 896)])
+def test_dense_products_are_the_same_bits_on_every_path(name, m, k):
+    """The dense rule (16 lanes, a fixed tree, then the tail; every product rounded before it is added) is one
+    definition: each vector path computes the portable path's bits, tails (k not a multiple of 16) included."""
+    qtype = int(TYPES[name])
+    weight = torch.from_numpy(random_blocks(qtype, 37, k, seed=k))
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    before = native.isa()
+    try:
+        results = []
+        for each in paths():
+            native.set_isa(each)
+            results.append(native.linear(qtype, weight, x))
+    finally:
+        native.set_isa(before)
+    assert all(torch.equal(r, results[0]) for r in results[1:])
 
 
 def test_a_wrong_rule_fails_the_reference_check():
@@ -231,17 +263,12 @@ def test_attention_matches_the_reference_and_each_query_only_its_own_prefix(path
     assert torch.equal(native.attention(q[:1], poisoned_keys, poisoned_values, start, d**-0.5)[0], got[0])
 
 
-@pytest.mark.parametrize("name", [*TYPES, "F16", "F32"])
+@pytest.mark.parametrize("name", list(TYPES))
 def test_embedding_rows_are_the_gguf_packages_bits(name):
     from verispec.kernels.linear import GGUFEmbedding
 
     k, rows = 512, 40
-    if name in TYPES:
-        qtype, data = int(TYPES[name]), random_blocks(int(TYPES[name]), rows, k, seed=7)
-    else:
-        qtype = int(GGMLQuantizationType[name])
-        values = np.random.default_rng(7).standard_normal((rows, k)).astype(np.float16 if name == "F16" else np.float32)
-        data = values.view(np.uint8).reshape(rows, -1)
+    qtype, data = int(TYPES[name]), random_blocks(int(TYPES[name]), rows, k, seed=7)
     assert native.has_rows_to_floats(qtype)
     ids = torch.tensor([[3, 0, 39], [39, 17, 3]])
     got = GGUFEmbedding(qtype, torch.from_numpy(data), k)(ids)

@@ -9,7 +9,7 @@ import torch
 from verispec import SpeculativeGenerator, TokenizerMismatchError, load_model
 from verispec.generator import DEFAULT_DRAFT_VOCAB
 
-from real_models import humaneval_prompts, require_bundled, smollm2_path
+from real_models import dense_copy, humaneval_prompts, require_bundled, smollm2_path
 
 pytestmark = pytest.mark.real
 TOKENS = 64
@@ -174,3 +174,25 @@ def test_token_embeddings_get_a_tile_form_only_where_they_are_the_head(name, til
     assert ("token_embd.weight" in repacked) == tiled
     assert ("output.weight" in tensors) != tiled
     assert "blk.0.ffn_down.weight" in repacked
+
+
+@pytest.mark.parametrize("kind", ["F16", "BF16"])
+def test_a_dense_gguf_runs_on_the_native_kernels(kind, tmp_path, monkeypatch):
+    """SmolLM2 with its matrices as F16 / BF16: the native dense kernels run it (not PyTorch's int4, which would
+    quantize it), its logits are the float32 model's within rounding, and greedy speculation is exact."""
+    from verispec.kernels import native
+    from verispec.kernels.stack import NativeStack
+
+    if not native.available():
+        pytest.skip("native kernels not compiled")
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))
+    path = dense_copy(smollm2_path(), tmp_path / f"smollm2-{kind}.gguf", kind)
+    loaded = load_model(path, quantization="gguf", progress=False)
+    assert isinstance(loaded.model.fused_blocks, NativeStack)
+    reference = load_model(path, "float32", progress=False).model
+    ids = torch.tensor([loaded.tokenizer.encode(humaneval_prompts(1)[0])])
+    logits = [m(ids, m.new_cache(1, ids.shape[1]), [0])[0] for m in (loaded.model, reference)]
+    assert (logits[0] - logits[1]).abs().max() < 1e-3 * logits[1].abs().max()
+    plain = SpeculativeGenerator(loaded, None).generate(humaneval_prompts(1)[0], max_tokens=32)
+    spec = SpeculativeGenerator(loaded, loaded, num_speculative_tokens=4, adaptive=False)
+    assert spec.generate(humaneval_prompts(1)[0], max_tokens=32).token_ids == plain.token_ids

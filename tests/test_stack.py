@@ -25,14 +25,16 @@ def _linear(k: int, parts: list[tuple[str, int]], seed: int, bias: bool = False)
 
 @pytest.fixture(scope="module")
 def model():
-    """A 2-block model whose products are GGUF blocks of several types (tiled and not), with q/k/v bias."""
+    """A 2-block model whose products are GGUF blocks of several types (tiled and not, dense too: all three
+    activation formats, mixed within one product), with q/k/v bias."""
     config = tiny_config(hidden_size=256, num_layers=2, intermediate_size=512)  # 4 heads of 64, 2 kv heads
     model = tiny_model(config, seed=0)
     for i, block in enumerate(model.layers):
-        block.attn.wqkv = _linear(256, [("Q4_K", 256), ("Q5_0", 128), ("Q6_K", 128)], 10 * i, bias=True)
-        block.attn.wo = _linear(256, [("Q8_0", 256)], 10 * i + 3)
+        v = ("Q6_K", "F16")[i]
+        block.attn.wqkv = _linear(256, [("Q4_K", 256), ("Q5_0", 128), (v, 128)], 10 * i, bias=True)
+        block.attn.wo = _linear(256, [(("Q8_0", "BF16")[i], 256)], 10 * i + 3)
         block.mlp.w_gate_up = _linear(256, [("Q4_K", 512), ("Q5_0", 512)], 10 * i + 4)
-        block.mlp.w_down = _linear(512, [("Q6_K", 256)], 10 * i + 6)
+        block.mlp.w_down = _linear(512, [(("Q6_K", "F32")[i], 256)], 10 * i + 6)
         block.attn.batch_invariant = True
         block.attn.attend_per_query = native.attention
     stack = native_stack(config, model)

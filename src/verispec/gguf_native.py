@@ -27,7 +27,7 @@ from .model import Transformer
 from .tokenizer import Tokenizer
 
 FORM = "gguf-tiles5"  # the cache form (converted.converted_folder); change when the tile formats change (5: T4_1)
-_FLOAT_TYPES = {0: np.float32, 1: np.float16}  # F32, F16: 1-D tensors (norms, biases) and their element type
+_FLOAT_TYPES = {0: np.float32, 1: np.float16, 30: np.uint16}  # F32, F16, BF16 (bits): their element types
 _HALF_FIELDS = {2: (18, (0,)), 3: (20, (0, 2)), 6: (22, (0,)), 8: (34, (0,)), 12: (144, (0, 2)), 14: (210, (208,))}
 
 
@@ -73,8 +73,7 @@ def _build(config: ModelConfig, index: dict, data: np.memmap, tiles: np.memmap |
 
     def floats(name: str, permute_heads: int | None = None) -> torch.Tensor:
         entry = index["tensors"][name]
-        raw = data[entry["offset"] : entry["offset"] + entry["bytes"]].view(_FLOAT_TYPES[entry["type"]])
-        values = torch.from_numpy(raw.astype(np.float32))
+        values = torch.from_numpy(_as_float32(data[entry["offset"] : entry["offset"] + entry["bytes"]], entry["type"]))
         return values if permute_heads is None else undo_rope_permutation(values, permute_heads).contiguous()
 
     rope = arch in {"llama", "mistral"}  # llama.cpp permuted these architectures' q and k rows
@@ -174,7 +173,7 @@ def _check_finite(path: Path, name: str, entry: dict) -> None:
     """A quantized block's integers are always finite: only its float16 scales can be NaN or infinite."""
     data = np.memmap(path, mode="r", offset=entry["offset"], shape=(entry["bytes"],))
     if entry["type"] in _FLOAT_TYPES:
-        values = data.view(_FLOAT_TYPES[entry["type"]])
+        values = _as_float32(data, entry["type"])
     elif entry["type"] in _HALF_FIELDS:
         size, offsets = _HALF_FIELDS[entry["type"]]
         blocks = data.reshape(-1, size)
@@ -183,3 +182,11 @@ def _check_finite(path: Path, name: str, entry: dict) -> None:
         return
     if not np.isfinite(values).all():
         raise ModelLoadError(f"{path}: weight '{name}' holds NaN or infinite values: the model file is damaged")
+
+
+def _as_float32(raw: np.ndarray, qtype: int) -> np.ndarray:
+    """The values of a float tensor's bytes (F32, F16, or BF16: the upper half of a float32)."""
+    values = raw.view(_FLOAT_TYPES[qtype])
+    if qtype == 30:
+        return (values.astype(np.uint32) << 16).view(np.float32)
+    return values.astype(np.float32)

@@ -20,9 +20,15 @@ from ..errors import InvalidParameterError
 
 ISAS = ("scalar", "avx2", "avx512")
 CHOICES = ("auto", *ISAS, "torch")
-# GGML type ids with a native product: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K
-QUANT_TYPES = {2: (32, 18), 3: (32, 20), 6: (32, 22), 8: (32, 34), 12: (256, 144), 14: (256, 210)}
-_ACT_BLOCK = {32: 40, 256: 308}  # bytes of one quantized activation block (vsk.h: vsk_act32, vsk_act256)
+# GGML type ids with a native product, as (values, bytes) per block: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, and the
+# dense F32, F16 and BF16 (whose activations are float32 rows: "blocks" of one value)
+QUANT_TYPES = {
+    2: (32, 18), 3: (32, 20), 6: (32, 22), 8: (32, 34), 12: (256, 144), 14: (256, 210),
+    0: (1, 4), 1: (1, 2), 30: (1, 2),
+}  # fmt: skip
+DENSE_TYPES = (0, 1, 30)
+# bytes of one activation block (vsk.h: vsk_act32, vsk_act256; a float for the dense types)
+_ACT_BLOCK = {1: 4, 32: 40, 256: 308}
 # tile forms (csrc/vsk_tiles.c): 16 rows interleaved, lossless; their activations are blocks of 32 values, or of
 # 256 for the K-quants' forms (as the K-quants themselves)
 TILE_OF = {2: 102, 3: 103, 6: 106, 8: 108, 12: 112, 14: 114}
@@ -152,7 +158,8 @@ def read_bandwidth(megabytes: int = 512, repeats: int = 3) -> float:
 
 
 def activation_block(qtype: int) -> int:
-    """Values per quantized activation block for weights of `qtype` (a GGML type or a tile form): 32 or 256."""
+    """Values per quantized activation block for weights of `qtype` (a GGML type or a tile form): 32 or 256, or 1
+    for the dense types (their activations are float32 rows)."""
     return _ACT_OF_TILE[qtype] if qtype in _ACT_OF_TILE else QUANT_TYPES[qtype][0]
 
 

@@ -18,7 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* GGML tensor type ids (ggml.h) of the types with a native kernel */
+/* GGML tensor type ids (ggml.h) of the types with a native kernel (the dense ones, F32, F16 and BF16, meet
+ * float32 activations as they are: see vsk_dense.h) */
 enum {
     VSK_F32 = 0, VSK_F16 = 1, VSK_Q4_0 = 2, VSK_Q4_1 = 3, VSK_Q5_0 = 6, VSK_Q8_0 = 8,
     VSK_Q4_K = 12, VSK_Q6_K = 14, VSK_BF16 = 30,
@@ -85,7 +86,9 @@ void vsk_parallel_for(void (*task)(const void *ctx, int begin, int end), const v
 
 void vsk_quantize(int type, const float *x, int M, int K, uint8_t *out);
 size_t vsk_act_row_bytes(int type, int K);
-int vsk_act_block(int type); /* values per activation block for weights of `type` (GGUF or tile form): 32 or 256 */
+/* values per activation block for weights of `type` (GGUF or tile form): 32 or 256, or 1 for the dense types
+ * (F32, F16, BF16), whose activations are the float32 rows themselves */
+int vsk_act_block(int type);
 
 /* per query row: the attention of a decode or verify pass (vsk_attention.c) */
 typedef struct {

@@ -26,6 +26,7 @@ vsk_kernel NAME(vsk_kernel)(int type) {
 #include <immintrin.h>
 
 #include "vsk_blocks.h"
+#include "vsk_rows.h"
 
 
 static inline float hsum(__m256 v) {
@@ -232,6 +233,64 @@ static void NAME(kernel_q6_k)(const uint8_t *W, size_t row_bytes, int n0, int n1
     }
 }
 
+/* ---- dense types (F32, F16, BF16): the rule of vsk_scalar.c, lanes 0..7 and 8..15 in two vectors ------- */
+
+/* weights k .. k + 15 of a dense row as float32 */
+static inline void dense16(int type, const uint8_t *row, int k, __m256 *w) {
+    for (int h = 0; h < 2; h++) {
+        if (type == VSK_F32) {
+            w[h] = _mm256_loadu_ps((const float *)row + k + 8 * h);
+            continue;
+        }
+        const __m128i raw = _mm_loadu_si128((const __m128i *)(row + 2 * ((size_t)k + 8 * h)));
+        w[h] = type == VSK_F16 ? _mm256_cvtph_ps(raw)
+                               : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+    }
+}
+
+#define DENSE_ROWS 4 /* activation rows per sweep over a weight row (their lanes stay in registers) */
+
+static void dense_kernel(int type, const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
+                         size_t x_stride, int M, float *y, int ldy) {
+    const int body = K / VSK_DENSE_LANES * VSK_DENSE_LANES;
+    for (int n = n0; n < n1; n++) {
+        const uint8_t *row = W + (size_t)n * row_bytes;
+        for (int r0 = 0; r0 < M; r0 += DENSE_ROWS) {
+            const int rows = M - r0 < DENSE_ROWS ? M - r0 : DENSE_ROWS;
+            __m256 acc[DENSE_ROWS][2];
+            for (int m = 0; m < rows; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+            for (int k = 0; k < body; k += VSK_DENSE_LANES) {
+                __m256 w[2];
+                dense16(type, row, k, w);
+                for (int m = 0; m < rows; m++) {
+                    const float *x = (const float *)(xq + (size_t)(r0 + m) * x_stride) + k;
+                    for (int h = 0; h < 2; h++) /* product rounded, then added: no fused multiply-add */
+                        acc[m][h] = _mm256_add_ps(acc[m][h], _mm256_mul_ps(_mm256_loadu_ps(x + 8 * h), w[h]));
+                }
+            }
+            for (int m = 0; m < rows; m++) {
+                const float *x = (const float *)(xq + (size_t)(r0 + m) * x_stride);
+                float lanes[VSK_DENSE_LANES];
+                _mm256_storeu_ps(lanes, acc[m][0]);
+                _mm256_storeu_ps(lanes + 8, acc[m][1]);
+                float sum = vsk_lane_tree(lanes);
+                for (int k = body; k < K; k++) sum += x[k] * vsk_dense_value(type, row, k);
+                y[(size_t)(r0 + m) * ldy + n] = sum;
+            }
+        }
+    }
+}
+
+#define DENSE_ENTRY(name, type)                                                                                \
+    static void name(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,              \
+                     size_t x_stride, int M, float *y, int ldy) {                                              \
+        dense_kernel(type, W, row_bytes, n0, n1, K, xq, x_stride, M, y, ldy);                                  \
+    }
+
+DENSE_ENTRY(NAME(kernel_f32), VSK_F32)
+DENSE_ENTRY(NAME(kernel_f16), VSK_F16)
+DENSE_ENTRY(NAME(kernel_bf16), VSK_BF16)
+
 vsk_kernel NAME(vsk_kernel)(int type) {
     switch (type) {
     case VSK_Q4_0: return NAME(kernel_q4_0);
@@ -240,6 +299,9 @@ vsk_kernel NAME(vsk_kernel)(int type) {
     case VSK_Q8_0: return NAME(kernel_q8_0);
     case VSK_Q4_K: return NAME(kernel_q4_k);
     case VSK_Q6_K: return NAME(kernel_q6_k);
+    case VSK_F32: return NAME(kernel_f32);
+    case VSK_F16: return NAME(kernel_f16);
+    case VSK_BF16: return NAME(kernel_bf16);
     default: return NULL;
     }
 }

@@ -5,6 +5,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "vsk.h"
+
 #define Q4_K_BYTES 144 /* f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles */
 #define Q6_K_BYTES 210 /* 128 bytes low nibbles, 64 bytes high 2 bits, 16 int8 scales, f16 d */
 
@@ -27,6 +29,20 @@ static inline uint16_t rd16(const uint8_t *p) {
 static inline uint32_t rd32(const uint8_t *p) {
     uint32_t v;
     memcpy(&v, p, 4);
+    return v;
+}
+
+/* weight k of a dense row (F32, F16, BF16) as float32: float16 and bfloat16 convert exactly */
+static inline float vsk_dense_value(int type, const uint8_t *row, int k) {
+    float v;
+    if (type == VSK_F32) {
+        memcpy(&v, row + 4 * (size_t)k, 4);
+        return v;
+    }
+    const uint16_t h = rd16(row + 2 * (size_t)k);
+    if (type == VSK_F16) return vsk_fp16_to_fp32(h);
+    const uint32_t bits = (uint32_t)h << 16;
+    memcpy(&v, &bits, 4);
     return v;
 }
 

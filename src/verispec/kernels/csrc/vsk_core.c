@@ -96,22 +96,32 @@ VSK_API int vsk_repack(int type, const uint8_t *src, size_t row_bytes, int N, in
 
 /* ---- activations ---------------------------------------------------------------------------------------- */
 
-/* the K-quants and their tile forms take one scale per 256 values; every other type one per 32 */
+/* the K-quants and their tile forms take one scale per 256 values, the dense types float rows, every other
+ * type one scale per 32 values */
 VSK_API int vsk_act_block(int type) {
+    if (type == VSK_F32 || type == VSK_F16 || type == VSK_BF16) return 1;
     return (type == VSK_Q4_K || type == VSK_Q6_K || type == VSK_T4_K || type == VSK_T6_K) ? 256 : 32;
 }
 
 VSK_API size_t vsk_act_row_bytes(int type, int K) {
-    return vsk_act_block(type) == 256 ? (size_t)(K / 256) * sizeof(vsk_act256) : (size_t)(K / 32) * sizeof(vsk_act32);
+    switch (vsk_act_block(type)) {
+    case 1: return (size_t)K * sizeof(float);
+    case 256: return (size_t)(K / 256) * sizeof(vsk_act256);
+    default: return (size_t)(K / 32) * sizeof(vsk_act32);
+    }
 }
 
-/* symmetric 8-bit per block: d = max|x| / 127, q = round(x / d); every row on its own (vsk_rows.c) */
+/* symmetric 8-bit per block: d = max|x| / 127, q = round(x / d); every row on its own (vsk_rows.c); the dense
+ * types' activations are the rows as they are */
 VSK_API void vsk_quantize(int type, const float *x, int M, int K, uint8_t *out) {
     const size_t row_bytes = vsk_act_row_bytes(type, K);
     const vsk_row_ops *rows = vsk_rows();
     for (int m = 0; m < M; m++) {
         uint8_t *row = out + (size_t)m * row_bytes;
-        if (vsk_act_block(type) == 256)
+        const int block = vsk_act_block(type);
+        if (block == 1)
+            memcpy(row, x + (size_t)m * K, sizeof(float) * (size_t)K);
+        else if (block == 256)
             rows->quantize256(x + (size_t)m * K, K, (vsk_act256 *)row);
         else
             rows->quantize32(x + (size_t)m * K, K, (vsk_act32 *)row);

@@ -12,9 +12,8 @@ static float half(const uint8_t *p) { return vsk_fp16_to_fp32(rd16(p)); }
 /* one row of K values; 0, or -1 for a type without a definition here */
 static int row_to_floats(int type, const uint8_t *row, int K, float *out) {
     switch (type) {
-    case VSK_F32: memcpy(out, row, sizeof(float) * (size_t)K); return 0;
-    case VSK_F16:
-        for (int i = 0; i < K; i++) out[i] = half(row + 2 * i);
+    case VSK_F32: case VSK_F16: case VSK_BF16:
+        for (int i = 0; i < K; i++) out[i] = vsk_dense_value(type, row, i);
         return 0;
     case VSK_Q4_0: case VSK_Q4_1: case VSK_Q5_0: case VSK_Q8_0: {
         const int bytes = type == VSK_Q4_0 ? 18 : type == VSK_Q4_1 ? 20 : type == VSK_Q5_0 ? 22 : 34;
@@ -65,7 +64,7 @@ static int row_to_floats(int type, const uint8_t *row, int K, float *out) {
 }
 
 VSK_API int vsk_has_rows_to_floats(int type) {
-    return type == VSK_F32 || type == VSK_F16 || type == VSK_Q4_0 || type == VSK_Q4_1 || type == VSK_Q5_0 ||
+    return type == VSK_F32 || type == VSK_F16 || type == VSK_BF16 || type == VSK_Q4_0 || type == VSK_Q4_1 || type == VSK_Q5_0 ||
            type == VSK_Q8_0 || type == VSK_Q4_K || type == VSK_Q6_K;
 }
 

@@ -23,6 +23,9 @@ const vsk_row_ops *vsk_rows(void);
 const vsk_row_ops *vsk_rows_portable(void);
 const vsk_row_ops *vsk_rows_avx2(void); /* NULL off x86-64 */
 
+/* the dense products' lanes (vsk_scalar.c: the rule), added by the same tree */
+#define VSK_DENSE_LANES 16
+
 /* the pairwise tree over the 16 lanes, shared by every path */
 static inline float vsk_lane_tree(const float *l) {
     return (((l[0] + l[8]) + (l[4] + l[12])) + ((l[2] + l[10]) + (l[6] + l[14]))) +

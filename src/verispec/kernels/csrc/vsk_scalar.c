@@ -3,6 +3,7 @@
 
 #include "vsk.h"
 #include "vsk_blocks.h"
+#include "vsk_rows.h"
 
 
 /* ---- 32-weight block types: unpack a block to signed values, then one integer dot per row ----------- */
@@ -142,6 +143,38 @@ static void kernel_q6_k(const uint8_t *W, size_t row_bytes, int n0, int n1, int 
     }
 }
 
+/* ---- dense types (F32, F16, BF16) against float32 activations ------------------------------------------- */
+
+/* The dense rule (every path computes these bits): y[m][n] sums x[m][k] w[n][k] in VSK_DENSE_LANES lanes, lane
+ * l over k = l mod 16 ascending (k below K rounded down to 16), each product rounded and then added (no fused
+ * multiply-add); the lanes are added by vsk_lane_tree, then the tail in index order. */
+static void dense_kernel(int type, const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
+                         size_t x_stride, int M, float *y, int ldy) {
+    const int body = K / VSK_DENSE_LANES * VSK_DENSE_LANES;
+    for (int n = n0; n < n1; n++) {
+        const uint8_t *row = W + (size_t)n * row_bytes;
+        for (int m = 0; m < M; m++) {
+            const float *x = (const float *)(xq + (size_t)m * x_stride);
+            float lanes[VSK_DENSE_LANES] = {0};
+            for (int k = 0; k < body; k += VSK_DENSE_LANES)
+                for (int l = 0; l < VSK_DENSE_LANES; l++) lanes[l] += x[k + l] * vsk_dense_value(type, row, k + l);
+            float sum = vsk_lane_tree(lanes);
+            for (int k = body; k < K; k++) sum += x[k] * vsk_dense_value(type, row, k);
+            y[(size_t)m * ldy + n] = sum;
+        }
+    }
+}
+
+#define DENSE_ENTRY(name, type)                                                                                \
+    static void name(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,              \
+                     size_t x_stride, int M, float *y, int ldy) {                                              \
+        dense_kernel(type, W, row_bytes, n0, n1, K, xq, x_stride, M, y, ldy);                                  \
+    }
+
+DENSE_ENTRY(kernel_f32, VSK_F32)
+DENSE_ENTRY(kernel_f16, VSK_F16)
+DENSE_ENTRY(kernel_bf16, VSK_BF16)
+
 vsk_kernel vsk_kernel_scalar(int type) {
     switch (type) {
     case VSK_Q4_0: return kernel_q4_0;
@@ -150,6 +183,9 @@ vsk_kernel vsk_kernel_scalar(int type) {
     case VSK_Q8_0: return kernel_q8_0;
     case VSK_Q4_K: return kernel_q4_k;
     case VSK_Q6_K: return kernel_q6_k;
+    case VSK_F32: return kernel_f32;
+    case VSK_F16: return kernel_f16;
+    case VSK_BF16: return kernel_bf16;
     default: return NULL;
     }
 }

@@ -40,11 +40,16 @@ typedef struct {
     const float *cos, *sin;
 } vsk_cache;
 
-/* bytes of one row's activations in either format (the larger) */
-static size_t act_bytes(int K) {
-    const size_t a32 = (size_t)(K / 32) * sizeof(vsk_act32), a256 = (size_t)(K / 256) * sizeof(vsk_act256);
-    return a32 > a256 ? a32 : a256;
+/* the activation formats a product's parts may take: 32-blocks, 256-blocks, float rows (dense types) */
+#define FORMATS 3
+
+static int format_of(int type) {
+    const int block = vsk_act_block(type);
+    return block == 32 ? 0 : block == 256 ? 1 : 2;
 }
+
+/* bytes of one row's activations in any format (the largest: float rows) */
+static size_t act_bytes(int K) { return (size_t)K * sizeof(float); }
 
 /* seconds spent in the stack and in its products since the last vsk_stack_timing (the bench's split) */
 static double stack_seconds, product_seconds;
@@ -62,7 +67,7 @@ VSK_API void vsk_stack_timing(double *out) {
     stack_seconds = product_seconds = 0.0;
 }
 
-/* where one row's activations in format f (0: 32-blocks, 1: 256-blocks) start in xq (room for M rows of each) */
+/* where one row's activations in format f (format_of) start in xq (room for M rows of each format) */
 static uint8_t *act_row(uint8_t *xq, int format, int M, int K, int m) {
     return xq + (size_t)format * M * act_bytes(K) + (size_t)m * act_bytes(K);
 }
@@ -99,9 +104,9 @@ static void prepare_rows(const void *ctx, int begin, int end) {
             rms_norm(row, p->norm, p->K, p->eps, p->normed + (size_t)m * p->K);
             in = p->normed + (size_t)m * p->K;
         }
-        int done[2] = {0, 0}; /* per format (32, 256): quantized already */
+        int done[FORMATS] = {0}; /* per format: quantized already */
         for (int q = 0; q < p->count; q++) {
-            const int format = vsk_act_block(p->parts[q].type) == 256;
+            const int format = format_of(p->parts[q].type);
             if (!done[format]) {
                 done[format] = 1;
                 vsk_quantize(p->parts[q].type, in, 1, p->K, act_row(p->xq, format, p->M, p->K, m));
@@ -116,7 +121,7 @@ static int products(const prepare_t *prepare, float *y, int ldy) {
     const uint8_t *each[4];
     size_t strides[4];
     for (int q = 0; q < prepare->count; q++) {
-        const int format = vsk_act_block(prepare->parts[q].type) == 256;
+        const int format = format_of(prepare->parts[q].type);
         each[q] = act_row(prepare->xq, format, prepare->M, prepare->K, 0);
         strides[q] = act_bytes(prepare->K);
     }
@@ -134,7 +139,7 @@ VSK_API size_t vsk_stack_scratch_bytes(const vsk_model *md, int M) {
     int widest = md->hidden > (int)att ? md->hidden : (int)att;
     widest = md->inter > widest ? md->inter : widest;
     return floats_bytes((size_t)M * md->hidden) * 2 + floats_bytes((size_t)M * qkv) + floats_bytes((size_t)M * att) +
-           floats_bytes((size_t)M * 2 * md->inter) + floats_bytes((size_t)M * md->inter) + 2 * act_bytes(widest) * M + 64;
+           floats_bytes((size_t)M * 2 * md->inter) + floats_bytes((size_t)M * md->inter) + FORMATS * act_bytes(widest) * M + 64;
 }
 
 /* out [M][n] = each row of x [M][n] normalized as in the stack (a model's final norm) */
