@@ -181,35 +181,53 @@ static inline void unpack32(int type, const uint8_t *blk, __m512i *w) {
     w[7] = or_masked(w[7], _mm512_srli_epi16(h, 3), five);
 }
 
-static void tile32_kernel(int type, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride,
-                          int M, float *y, int ldy) {
-    const int blocks = K / 32, one = type == VSK_T4_1;
+/* `rows` activation rows (at most MAX_ROWS) against the strip of tile t; a constant `rows` (1..8) keeps each
+ * row's sums in registers */
+static inline __attribute__((always_inline)) void tile32_rows(const int type, const int rows, const uint8_t *strip,
+                                                              int blocks, const uint8_t *xq, size_t x_stride,
+                                                              float *y, int ldy, int t, int n1) {
+    const int one = type == VSK_T4_1;
     const int offset = type == VSK_T8_0 ? 128 : type == VSK_T5_0 ? 16 : type == VSK_T4_0 ? 8 : 0;
     const size_t block_bytes = vsk_tile_strip_bytes(type, 32);
     const int lines = (int)(block_bytes / 64) + 1, ahead = type == VSK_T8_0 ? 6 : 8; /* about 3 KiB ahead */
+    __m512 acc[MAX_ROWS];
+    for (int m = 0; m < rows; m++) acc[m] = _mm512_setzero_ps();
+    for (int b = 0; b < blocks; b++) {
+        const uint8_t *blk = strip + (size_t)b * block_bytes;
+        for (int l = 0; l < lines; l++) _mm_prefetch((const char *)blk + ahead * block_bytes + 64 * l, _MM_HINT_T1);
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        const __m512 mins = one ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 288))) : d;
+        __m512i w[8];
+        unpack32(type, blk, w);
+        for (int m = 0; m < rows; m++) {
+            const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)m * x_stride) + b;
+            __m512i s = _mm512_set1_epi32(-offset * (x->half[0] + x->half[1]));
+            for (int g = 0; g < 8; g++) s = _mm512_dpbusd_epi32(s, w[g], broadcast_group(x, g));
+            acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x->d)), _mm512_cvtepi32_ps(s), acc[m]);
+            if (one) /* T4_1's minimums times the activations' sum */
+                acc[m] = _mm512_fmadd_ps(mins, _mm512_set1_ps(x->d * (float)(x->half[0] + x->half[1])), acc[m]);
+        }
+    }
+    store_tile(acc, rows, y, ldy, t, n1);
+}
+
+/* up to 8 rows: an instance per count (the decode steps and verify passes); more: sweeps of MAX_ROWS rows (each
+ * row's operations are the same either way, so its bits are too) */
+static void tile32_kernel(int type, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride,
+                          int M, float *y, int ldy) {
+    const int blocks = K / 32;
+    const size_t strip_bytes = (size_t)blocks * vsk_tile_strip_bytes(type, 32);
     for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
-        for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
-            const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
-            __m512 acc[MAX_ROWS];
-            for (int m = 0; m < rows; m++) acc[m] = _mm512_setzero_ps();
-            for (int b = 0; b < blocks; b++) {
-                const uint8_t *blk = W + ((size_t)t * blocks + b) * block_bytes;
-                for (int l = 0; l < lines; l++)
-                    _mm_prefetch((const char *)blk + ahead * block_bytes + 64 * l, _MM_HINT_T1);
-                const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
-                const __m512 mins = one ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 288))) : d;
-                __m512i w[8];
-                unpack32(type, blk, w);
-                for (int m = 0; m < rows; m++) {
-                    const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)(r0 + m) * x_stride) + b;
-                    __m512i s = _mm512_set1_epi32(-offset * (x->half[0] + x->half[1]));
-                    for (int g = 0; g < 8; g++) s = _mm512_dpbusd_epi32(s, w[g], broadcast_group(x, g));
-                    acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x->d)), _mm512_cvtepi32_ps(s), acc[m]);
-                    if (one) /* T4_1's minimums times the activations' sum */
-                        acc[m] = _mm512_fmadd_ps(mins, _mm512_set1_ps(x->d * (float)(x->half[0] + x->half[1])), acc[m]);
-                }
-            }
-            store_tile(acc, rows, y + (size_t)r0 * ldy, ldy, t, n1);
+        const uint8_t *strip = W + (size_t)t * strip_bytes;
+        switch (M) {
+#define ROWS(r)                                                                                                   \
+    case r: tile32_rows(type, r, strip, blocks, xq, x_stride, y, ldy, t, n1); break;
+            ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
+#undef ROWS
+        default:
+            for (int r0 = 0; r0 < M; r0 += MAX_ROWS)
+                tile32_rows(type, M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS, strip, blocks, xq + (size_t)r0 * x_stride,
+                            x_stride, y + (size_t)r0 * ldy, ldy, t, n1);
         }
     }
 }
