@@ -36,13 +36,12 @@ static inline __m512i broadcast_group(const vsk_act32 *x, int g) {
     return _mm512_set1_epi32(v);
 }
 
-/* the 16 rows' Q4_K minimums (six = 0) or Q6_K scales (six = 1) of sub-blocks 2i and 2i + 1 as int16 pairs */
-static inline __m512i sub_block_pairs(const uint8_t *blk, int six, int i) {
-    const uint8_t *a = blk + (six ? 32 : 192) + 32 * i;
-    const __m128i lo = _mm_loadu_si128((const __m128i *)a), hi = _mm_loadu_si128((const __m128i *)(a + 16));
-    const __m512i first = six ? _mm512_cvtepi8_epi32(lo) : _mm512_cvtepu8_epi32(lo);
-    const __m512i second = six ? _mm512_cvtepi8_epi32(hi) : _mm512_cvtepu8_epi32(hi);
-    return _mm512_or_si512(_mm512_and_si512(first, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(second, 16));
+/* the 16 rows' Q4_K minimums of sub-blocks 2i and 2i + 1 as int16 pairs */
+static inline __m512i min_pairs(const uint8_t *blk, int i) {
+    const uint8_t *a = blk + 192 + 32 * i;
+    const __m512i first = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)a));
+    const __m512i second = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(a + 16)));
+    return _mm512_or_si512(first, _mm512_slli_epi32(second, 16));
 }
 
 static inline __m512i broadcast4(const void *p) {
@@ -53,10 +52,11 @@ static inline __m512i broadcast4(const void *p) {
 
 /* `rows` (1..8, a constant in each instance, so that each row's sums stay in registers) activation rows of 256-
  * blocks against the K-quant tile strip at `strip`. Per row and superblock: each sub-block's integer sum meets
- * its scale (times the superblock's d) in one multiply-add, Q4_K's minimums and Q6_K's offset of 32 are one
- * integer dot product over the activations' sub-block sums (vpdpwssd), and the superblock meets the
- * activations' scale once. vpdpbusd, multiply-adds and vpdpwssd share the multiply units, so each of these
- * steps saved is time saved at every row. */
+ * its scale (times the superblock's d) in one multiply-add (Q6_K's offset of 32 starts each sum, from the
+ * activations' sums of 16), Q4_K's minimums are one integer dot product over the activations' sums of 32
+ * (vpdpwssd), and the superblock meets the activations' scale once. vpdpbusd, multiply-adds and vpdpwssd share
+ * the multiply units (AMD Zen 4: one 512-bit operation per cycle between them; broadcasts, conversions and
+ * integer adds are beside them), so each of these steps saved is time saved at every row. */
 static inline __attribute__((always_inline)) void tile_rows(const int six, const int rows, const uint8_t *strip,
                                                             int blocks, const uint8_t *xq, size_t x_stride,
                                                             float *y, int ldy, int t, int n1) {
@@ -95,8 +95,9 @@ static inline __attribute__((always_inline)) void tile_rows(const int six, const
             }
             for (int m = 0; m < rows; m++) {
                 const int8_t *q = ((const vsk_act256 *)(xq + (size_t)m * x_stride) + b)->q + 32 * j;
-                if (six) {
-                    __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+                if (six) { /* the values' offset of 32 starts each half's sum: -32 x the activations' sum */
+                    const int16_t *bsum = ((const vsk_act256 *)(xq + (size_t)m * x_stride) + b)->bsum + 2 * j;
+                    __m512i lo = _mm512_set1_epi32(-32 * bsum[0]), hi = _mm512_set1_epi32(-32 * bsum[1]);
                     for (int g = 0; g < 4; g++) lo = _mm512_dpbusd_epi32(lo, w[g], broadcast4(q + 4 * g));
                     for (int g = 4; g < 8; g++) hi = _mm512_dpbusd_epi32(hi, w[g], broadcast4(q + 16 + 4 * (g - 4)));
                     sb[m] = _mm512_fmadd_ps(scale[0], _mm512_cvtepi32_ps(lo), sb[m]);
@@ -109,17 +110,17 @@ static inline __attribute__((always_inline)) void tile_rows(const int six, const
                 }
             }
         }
-        /* Q4_K: dmin sum_j min_j sum32_j; Q6_K: 32 d sum_j scale_j bsum_j; both taken off */
-        __m512i pairs[8];
-        for (int i = 0; i < (six ? 8 : 4); i++) pairs[i] = sub_block_pairs(blk, six, i);
-        const __m512 factor = six ? _mm512_mul_ps(d, _mm512_set1_ps(32.0f))
-                                  : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
+        /* Q4_K: dmin sum_j min_j sum32_j taken off, an integer dot product over the activations' sums */
+        __m512i pairs[4];
+        for (int i = 0; i < 4 && !six; i++) pairs[i] = min_pairs(blk, i);
+        const __m512 dmin = six ? d : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
         for (int m = 0; m < rows; m++) {
             const vsk_act256 *x = (const vsk_act256 *)(xq + (size_t)m * x_stride) + b;
-            const int16_t *sub = six ? x->bsum : x->sum32;
-            __m512i terms = _mm512_setzero_si512();
-            for (int i = 0; i < (six ? 8 : 4); i++) terms = _mm512_dpwssd_epi32(terms, pairs[i], broadcast4(sub + 2 * i));
-            sb[m] = _mm512_fnmadd_ps(factor, _mm512_cvtepi32_ps(terms), sb[m]);
+            if (!six) {
+                __m512i terms = _mm512_setzero_si512();
+                for (int i = 0; i < 4; i++) terms = _mm512_dpwssd_epi32(terms, pairs[i], broadcast4(x->sum32 + 2 * i));
+                sb[m] = _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(terms), sb[m]);
+            }
             acc[m] = _mm512_fmadd_ps(sb[m], _mm512_set1_ps(x->d), acc[m]);
         }
     }
