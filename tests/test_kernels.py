@@ -197,6 +197,43 @@ def test_a_native_linear_of_mixed_parts_equals_its_dequantized_matrix():
     assert torch.equal(head(x), NativeLinear(k, parts[:1], bias[:48])(x)[..., rows])
 
 
+@pytest.mark.parametrize("name", ["Q8_0", "Q6_K", "F16", "BF16", "Q4_0"])
+def test_rows_requantized_to_q4_0_are_ggmls_reference_rounding(name):
+    """A draft head's rows made coarser (select_rows(at_most_q4_0=True)): ggml's Q4_0 reference rounding of the
+    dequantized rows, bit for bit as the `gguf` package writes it, and only for rows stored wider than Q4_0."""
+    from gguf.quants import quantize
+
+    from verispec.kernels.linear import NativeLinear
+
+    qtype, k = int(TYPES[name]), 512
+    weight = torch.from_numpy(random_blocks(qtype, 40, k, seed=3))
+    rows = torch.tensor([39, 0, 7, 7])
+    expected = quantize(dequantized(qtype, weight.numpy()[rows.numpy()], k).astype(np.float32), TYPES["Q4_0"])
+    assert np.array_equal(native.requantize_q4_0(qtype, weight, rows, k).numpy(), expected)
+    head = NativeLinear(k, [(qtype, weight)]).select_rows(rows, at_most_q4_0=True)
+    assert head.source[0][0] == (qtype if name == "Q4_0" else int(TYPES["Q4_0"]))
+    assert torch.equal(head.source[0][1], weight[rows] if name == "Q4_0" else torch.from_numpy(expected))
+
+
+def test_half_precision_rounds_to_nearest_even_as_numpy():
+    """The float16 scales the requantization writes: every float32 near the float16 grid (halfway cases, the
+    subnormals, overflow) converts as numpy converts."""
+    from gguf.quants import quantize
+
+    grid = np.arange(0, 0x7C00, 7, dtype=np.uint16).view(np.float16).astype(np.float32)
+    halfway = (grid[:-1] + grid[1:]) / 2  # ties round to even
+    values = np.concatenate([grid, halfway, np.nextafter(halfway, 0), np.nextafter(halfway, 1), [65520.0, 1e-8]])
+    values = np.concatenate([values, -values, np.zeros(-2 * len(values) % 16)]).astype(np.float32)
+    blocks = np.zeros((len(values), 32), dtype=np.float32)  # 16 blocks to a row of 512
+    blocks[:, 0] = values * -8  # each block's d is its largest value / -8: the value itself
+    rows = torch.from_numpy(blocks.reshape(-1, 512))  # F32 rows of 512
+    ids = torch.arange(rows.shape[0])
+    got = native.requantize_q4_0(0, rows.view(torch.uint8).reshape(rows.shape[0], -1), ids, 512).numpy()
+    with np.errstate(over="ignore"):  # 65520 rounds to infinity, as it should
+        expected = quantize(blocks.reshape(-1, 512), GGMLQuantizationType.Q4_0)
+    assert np.array_equal(got.reshape(-1, 18)[:, :2], expected.reshape(-1, 18)[:, :2])
+
+
 # ---- choosing the path, and the fallback without a compiled library -------------------------------------
 @pytest.fixture
 def fresh_library(monkeypatch):

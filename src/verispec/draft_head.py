@@ -9,6 +9,10 @@ Which tokens: a byte-level BPE vocabulary is numbered in merge order, and merges
 frequent first, so low ids are the frequent tokens. We keep the first `size` ids plus the tokenizer's stop
 tokens, with no frequency table to ship. On HumanEval's reference solutions (Qwen2.5 tokenizer) ids below
 32,768 cover 96.3% of tokens and ids below 65,536 cover 99.2%.
+
+On the native kernels the restricted head is also requantized to Q4_0 when it is stored wider (the bundled
+draft's Q8_0 head: 62 -> 33 MB read per draft step): the draft only proposes, so a coarser head can only
+change which tokens it proposes, and on HumanEval it proposes as well (see docs/kernels.md, session 14).
 """
 
 from __future__ import annotations
@@ -75,7 +79,7 @@ def restricted_head(model: Transformer, ids: torch.Tensor) -> nn.Module:
     if isinstance(head, QuantizedLinear):
         return select_rows(head, ids)
     if isinstance(head, NativeLinear):
-        return head.select_rows(ids)
+        return head.select_rows(ids, at_most_q4_0=True)
     weight = model.embed.weight if head is None else head.weight
     small = nn.Linear(weight.shape[1], len(ids), bias=head is not None and head.bias is not None)
     small.weight = nn.Parameter(weight.detach()[ids])

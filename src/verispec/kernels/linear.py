@@ -60,12 +60,19 @@ class NativeLinear(nn.Module):
             out.append((kernel_type, data, 0 if kernel_type in native.TILE_OF.values() else int(data.shape[1]), rows))
         return out
 
-    def select_rows(self, rows: torch.Tensor) -> NativeLinear:
-        """The same layer computing only output rows `rows` (a restricted draft head); one part only."""
+    def select_rows(self, rows: torch.Tensor, at_most_q4_0: bool = False) -> NativeLinear:
+        """The same layer computing only output rows `rows` (a restricted draft head); one part only.
+        `at_most_q4_0`: rows stored in more bytes per weight than Q4_0 are requantized to Q4_0 (a coarser copy:
+        fewer bytes to read, slightly other values)."""
         if len(self.source) != 1:
             raise ValueError("select_rows needs a single-part layer")
         qtype, weight = self.source[0]
         bias = None if self.bias is None else self.bias.detach()[rows]
+        values, size = native.QUANT_TYPES[qtype]
+        q4_values, q4_size = native.QUANT_TYPES[native.Q4_0]
+        if at_most_q4_0 and size * q4_values > q4_size * values and self.in_features % q4_values == 0:
+            coarse = native.requantize_q4_0(qtype, weight, rows, self.in_features)
+            return NativeLinear(self.in_features, [(native.Q4_0, coarse)], bias)
         return NativeLinear(self.in_features, [(qtype, weight[rows].contiguous())], bias)
 
 

@@ -53,6 +53,7 @@ _SIGNATURES = {
     "vsk_read": ([_c_p, _c_size], ctypes.c_uint64),
     "vsk_has_rows_to_floats": ([_c_int], _c_int),
     "vsk_rows_to_floats": ([_c_int, _c_p, _c_size, _c_p, _c_int, _c_int, _c_p], _c_int),
+    "vsk_requantize_q4_0": ([_c_int, _c_p, _c_size, _c_p, _c_int, _c_int, _c_p], _c_int),
     "vsk_rms_norm": ([_c_p, _c_p, _c_int, _c_int, ctypes.c_float, _c_p], None),
     "vsk_sum_squares": ([_c_p, _c_int], ctypes.c_float),
     "vsk_swiglu": ([_c_p, _c_p, _c_p, _c_int], None),
@@ -232,6 +233,20 @@ def rows_to_floats(qtype: int, weight: torch.Tensor, ids: torch.Tensor, k: int) 
     if _lib().vsk_rows_to_floats(qtype, weight.data_ptr(), weight.shape[1], ids.data_ptr(), ids.numel(), k,
                                  out.data_ptr()):  # fmt: skip
         raise ValueError(f"no native dequantization for GGML type {qtype}")
+    return out
+
+
+Q4_0 = 2
+
+
+def requantize_q4_0(qtype: int, weight: torch.Tensor, ids: torch.Tensor, k: int) -> torch.Tensor:
+    """Rows `ids` of a GGUF matrix [N, row bytes] (uint8) requantized to Q4_0 (ggml's reference rounding), as
+    [len(ids), k / 32 * 18] uint8: a coarser copy (a draft's head, draft_head.py)."""
+    ids = ids.reshape(-1).to(torch.int64).contiguous()
+    out = torch.empty(ids.numel(), k // 32 * QUANT_TYPES[Q4_0][1], dtype=torch.uint8)
+    if _lib().vsk_requantize_q4_0(qtype, weight.data_ptr(), weight.shape[1], ids.data_ptr(), ids.numel(), k,
+                                  out.data_ptr()):  # fmt: skip
+        raise ValueError(f"no native requantization from GGML type {qtype} (or {k} is not a multiple of 32)")
     return out
 
 

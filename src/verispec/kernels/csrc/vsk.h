@@ -61,6 +61,11 @@ vsk_kernel vsk_kernel_avx2(int type);
 vsk_kernel vsk_kernel_avx512(int type);
 
 float vsk_fp16_to_fp32(uint16_t h);
+uint16_t vsk_fp32_to_fp16(float f);
+
+/* one row of K values of a GGUF matrix of `type` as float32 (the `gguf` package's bits; vsk_embed.c): 0, or -1
+ * for a type without a definition */
+int vsk_row_to_floats(int type, const uint8_t *row, int K, float *out);
 
 /* ---- inside the library: the thread pool and what runs on it -------------------------------------------- */
 

@@ -9,8 +9,7 @@
 
 static float half(const uint8_t *p) { return vsk_fp16_to_fp32(rd16(p)); }
 
-/* one row of K values; 0, or -1 for a type without a definition here */
-static int row_to_floats(int type, const uint8_t *row, int K, float *out) {
+int vsk_row_to_floats(int type, const uint8_t *row, int K, float *out) {
     switch (type) {
     case VSK_F32: case VSK_F16: case VSK_BF16:
         for (int i = 0; i < K; i++) out[i] = vsk_dense_value(type, row, i);
@@ -72,6 +71,6 @@ VSK_API int vsk_has_rows_to_floats(int type) {
 VSK_API int vsk_rows_to_floats(int type, const uint8_t *W, size_t row_bytes, const int64_t *ids, int count, int K,
                                float *out) {
     for (int i = 0; i < count; i++)
-        if (row_to_floats(type, W + (size_t)ids[i] * row_bytes, K, out + (size_t)i * K)) return -1;
+        if (vsk_row_to_floats(type, W + (size_t)ids[i] * row_bytes, K, out + (size_t)i * K)) return -1;
     return 0;
 }
