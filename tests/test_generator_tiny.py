@@ -74,6 +74,7 @@ class AlwaysWrongDrafter:
     """A proposer (engine/proposers.py) that drafts, at every position, a token the target's greedy choice is not."""
 
     catch_up_seconds, catch_up_tokens = 0.0, 0
+    modelled = True  # it runs a model (the target) to pick its wrong tokens
 
     def __init__(self, target):
         self.target = target

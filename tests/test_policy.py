@@ -235,3 +235,24 @@ def test_draft_policy_learns_acceptance_from_rounds():
         policy.record_round(4, 1)  # one accepted, then a rejection: a = 0.5
     assert policy.acceptance(0, 0) == pytest.approx(0.5, abs=0.01)
     assert policy.acceptance(96, 4) > 0.9  # a sequence's own record outweighs the server-wide rate
+
+
+def test_a_hybrid_proposers_lookups_and_model_steps_are_priced_apart():
+    """A hybrid proposer drafts by free lookups on some steps and by the draft model on others. Each k's drafting
+    is priced as the share of model steps times the model's cost: when the few steps that measured k = 2 happen
+    to be lookups, k = 2 must not look free (one window mixing both kinds priced it so, and chose it over
+    k = 3 for good)."""
+    policy = DraftPolicy(k_max=3, probe_every=1000)
+    verify, model, lookup = 0.032, 0.0105, 0.0001  # seconds: a memory-bound verify pass; per drafted token
+    chosen = []
+    for step in range(80):
+        k = policy.choose_k(1, [0.85], [3])
+        modelled = step not in (6, 7) and step % 10 not in (0, 3, 6)  # k = 2's first steps look up; 30% do
+        policy.record(1, 1 if k else 0, k, (model * k if modelled else lookup) if k else 0.0, verify,
+                      modelled=modelled)  # fmt: skip
+        chosen.append(k)
+    share = policy.model_share
+    assert 0.6 < share < 0.8
+    assert policy.draft_seconds(1, 2) == pytest.approx(share * 2 * model + (1 - share) * lookup, rel=0.01)
+    # rates: k = 3 yields 3.19 tokens per 0.032 + 0.7 x 0.0315 s, k = 2 2.57 per 0.032 + 0.7 x 0.021 s
+    assert chosen[-20:] == [3] * 20

@@ -49,14 +49,10 @@ POLICIES = ("auto", "always", "never")
 @dataclass
 class _StepTime:
     """A step time from its last samples: the median of up to 9, the smaller of the first two (so that one
-    step slowed by other load, which only ever makes a step slower, cannot flip a decision). `mean`: the
-    mean of the samples instead of their median, for drafting, whose cost a hybrid proposer mixes from free
-    lookups and draft-model passes: the mean is what drafting costs on average, where the median is
-    whichever kind was the more frequent."""
+    step slowed by other load, which only ever makes a step slower, cannot flip a decision)."""
 
     window: int = 9
     samples: deque[float] = field(default_factory=deque)
-    mean: bool = False
 
     @property
     def measured(self) -> bool:
@@ -66,12 +62,37 @@ class _StepTime:
     def value(self) -> float:
         if len(self.samples) < 3:
             return min(self.samples)
-        return statistics.fmean(self.samples) if self.mean else statistics.median(self.samples)
+        return statistics.median(self.samples)
 
     def add(self, sample: float) -> None:
         self.samples.append(sample)
         if len(self.samples) > self.window:
             self.samples.popleft()
+
+
+@dataclass
+class _DraftTime:
+    """Drafting seconds of a (drafting rows, k) cell, the steps that ran the draft model kept apart from those
+    that only looked tokens up (a hybrid proposer), mixed by the share of steps that ran the model
+    (DraftPolicy.model_share). That share depends on the texts, not on k; one window of mixed samples made a
+    cell's cost whatever kind its few samples happened to be (a k = 2 cell of 3 lookups and 3 model steps
+    priced its drafting at half a k = 1 step's and was chosen over k = 3 for good)."""
+
+    model: _StepTime = field(default_factory=_StepTime)
+    lookup: _StepTime = field(default_factory=_StepTime)
+
+    def value(self, model_share: float) -> float | None:
+        """The expected drafting seconds, None while a kind the share still expects is unmeasured (lookups,
+        nearly free, count as 0 until measured)."""
+        lookup = self.lookup.value if self.lookup.samples else 0.0
+        if model_share < 0.01:
+            return lookup
+        if not self.model.measured:
+            return None
+        return model_share * self.model.value + (1 - model_share) * lookup
+
+    def add(self, sample: float, modelled: bool) -> None:
+        (self.model if modelled else self.lookup).add(sample)
 
 
 @dataclass
@@ -93,7 +114,10 @@ class DraftPolicy:
     prior_weight: float = 4.0  # a new sequence's acceptance counts as this many drafts at the server-wide rate
     decay: float = 0.99  # per round, for the server-wide acceptance counts
     verify: dict[tuple[int, int], _StepTime] = field(default_factory=dict)  # (rows, k) -> target pass seconds
-    draft: dict[tuple[int, int], _StepTime] = field(default_factory=dict)  # (drafting rows, k) -> drafting seconds
+    draft: dict[tuple[int, int], _DraftTime] = field(default_factory=dict)  # (drafting rows, k) -> drafting seconds
+    # decayed counts of drafting steps that ran the draft model and of those that only looked tokens up
+    model_steps: float = 0.0
+    lookup_steps: float = 0.0
     accepted: float = 3.0  # server-wide decayed counts of accepted drafts and of rejections (prior: a = 0.6)
     rejected: float = 2.0
     catch_up: _StepTime = field(default_factory=_StepTime)  # draft seconds per caught-up token
@@ -160,10 +184,24 @@ class DraftPolicy:
 
     def seconds(self, batch: int, drafting: int, k: int) -> float | None:
         """Measured seconds of a step, None if not yet measured twice."""
-        verify, draft = self.verify.get((batch, k)), self.draft.get((drafting, k))
-        if verify is None or not verify.measured or (k and (draft is None or not draft.measured)):
+        verify = self.verify.get((batch, k))
+        if verify is None or not verify.measured:
             return None
-        return verify.value + (draft.value if k else 0.0)
+        if not k:
+            return verify.value
+        draft = self.draft_seconds(drafting, k)
+        return None if draft is None else verify.value + draft
+
+    @property
+    def model_share(self) -> float:
+        """The share of drafting steps that ran the draft model (1 before any)."""
+        total = self.model_steps + self.lookup_steps
+        return self.model_steps / total if total else 1.0
+
+    def draft_seconds(self, drafting: int, k: int) -> float | None:
+        """Expected drafting seconds of k tokens for `drafting` sequences, None if not yet measured."""
+        draft = self.draft.get((drafting, k))
+        return None if draft is None else draft.value(self.model_share)
 
     def _tokens(self, batch: int, k: int, acceptance: list[float], limits: list[int]) -> float:
         drafted = sum(expected_tokens_per_round(a, min(k, n)) for a, n in zip(acceptance, limits, strict=True))
@@ -191,8 +229,8 @@ class DraftPolicy:
         )
         if not k:
             return verify
-        drafts = (m.value for (s, j), m in self.draft.items() if s <= drafting and j <= k and m.measured)
-        return verify + max(drafts, default=0.0)
+        drafts = (self.draft_seconds(s, j) for s, j in self.draft if s <= drafting and j <= k)
+        return verify + max((d for d in drafts if d is not None), default=0.0)
 
     def _maybe_probe(
         self, batch: int, choice: int, rates: dict[int, float], seconds: dict[int, float], lag_tokens: int
@@ -239,23 +277,27 @@ class DraftPolicy:
 
     def record(
         self, batch: int, drafting: int, k: int, draft_seconds: float, verify_seconds: float,
-        catch_up_seconds: float = 0.0, catch_up_tokens: int = 0,
+        catch_up_seconds: float = 0.0, catch_up_tokens: int = 0, modelled: bool = True,
     ) -> None:  # fmt: skip
-        """Times of one step over `batch` rows, `drafting` of which drafted up to k tokens (k = 0: plain)."""
+        """Times of one step over `batch` rows, `drafting` of which drafted up to k tokens (k = 0: plain);
+        `modelled`: the draft model ran (else every drafting sequence looked its tokens up)."""
         cell = (batch, k)
         verify = self.verify.setdefault(cell, _StepTime())
         others = [r for c, r in self.recent if c != cell]
         paired = len(others) >= self.paired_steps
+        draft = self.draft.setdefault((drafting, k), _DraftTime()) if k else None
+        if k:
+            self.model_steps = self.decay * self.model_steps + modelled
+            self.lookup_steps = self.decay * self.lookup_steps + (not modelled)
         if paired or not verify.measured:  # measured beside other cells' steps, or still calibrating
             slowdown = statistics.median(others) if paired else self.slowdown
             verify.add(verify_seconds / slowdown)
-            if k:
-                draft = self.draft.setdefault((drafting, k), _StepTime(mean=True))
-                draft.add(draft_seconds / slowdown)
+            if draft is not None:
+                draft.add(draft_seconds / slowdown, modelled)
                 if catch_up_tokens:
                     self.catch_up.add(catch_up_seconds / catch_up_tokens / slowdown)
-        elif k and not (draft := self.draft.setdefault((drafting, k), _StepTime(mean=True))).measured:
-            draft.add(draft_seconds / self.slowdown)
+        elif draft is not None and not (draft.model if modelled else draft.lookup).measured:
+            draft.add(draft_seconds / self.slowdown, modelled)
         if verify.measured:
             self.recent.append((cell, verify_seconds / verify.value))
 

@@ -6,7 +6,8 @@ case). The target decides; any proposer keeps decoding lossless.
     BatchedHybridDrafter   prompt lookup where a sequence's context repeats itself, the draft model elsewhere
 
 Each has `propose(jobs) -> [Proposal]`, `lag(slot, tokens)` (tokens the draft model must catch up on before
-drafting for that sequence) and `catch_up_seconds` / `catch_up_tokens` (what the last propose spent on it).
+drafting for that sequence), `catch_up_seconds` / `catch_up_tokens` (what the last propose spent on it) and
+`modelled` (whether the last propose ran the draft model: the draft policy prices the two kinds apart).
 A proposal without distributions (a lookup) is a point mass, q = 1, and the acceptance rule stays exact.
 
 The draft model's forwards run over rows of different lengths, right-padded to a common width. Padding
@@ -110,6 +111,8 @@ class BatchedDrafter:
     too long to batch run alone first; their time is kept in `catch_up_seconds` so the draft policy can
     tell steady-state drafting cost from catching up.
     """
+
+    modelled = True
 
     def __init__(
         self, model: Transformer, target_vocab_size: int, num_slots: int, max_len: int, head_ids: torch.Tensor | None
@@ -222,6 +225,7 @@ class BatchedNgramDrafter:
     """Prompt lookup for many sequences: no model, so nothing to batch or catch up."""
 
     catch_up_seconds, catch_up_tokens = 0.0, 0
+    modelled = False
 
     def lag(self, slot: int, tokens: list[int]) -> int:
         return 0
@@ -239,6 +243,7 @@ class BatchedHybridDrafter:
     def __init__(self, model: BatchedDrafter):
         self.model = model
         self.catch_up_seconds, self.catch_up_tokens = 0.0, 0
+        self.modelled = False
 
     @property
     def cache(self) -> KVCache:
@@ -251,6 +256,7 @@ class BatchedHybridDrafter:
     def propose(self, jobs: list[DraftJob]) -> list[Proposal]:
         found = [self._lookup(job.tokens, job.k) for job in jobs]
         rest = [job for job, tokens in zip(jobs, found, strict=True) if not tokens]
+        self.modelled = bool(rest)
         modelled = iter(self.model.propose(rest) if rest else [])
         self.catch_up_seconds, self.catch_up_tokens = (
             (self.model.catch_up_seconds, self.model.catch_up_tokens) if rest else (0.0, 0)

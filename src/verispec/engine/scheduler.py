@@ -310,7 +310,8 @@ class Scheduler:
         verified = time.perf_counter()
         caught_up = (self.drafter.catch_up_seconds, self.drafter.catch_up_tokens) if any(ks) else (0.0, 0)
         drafting = sum(1 for k in ks if k)
-        self._record_costs(len(seqs), drafting, max(ks), drafted - begin, verified - drafted, *caught_up)
+        modelled = any(ks) and self.drafter.modelled
+        self._record_costs(len(seqs), drafting, max(ks), drafted - begin, verified - drafted, *caught_up, modelled)
         log.debug(
             "step: %d sequences, k = %d for %d (lag %d), draft %.3f s (catch-up %.3f s, %d tokens), verify %.3f s",
             len(seqs), max(ks), drafting, lag, drafted - begin, *caught_up, verified - drafted,
@@ -325,16 +326,17 @@ class Scheduler:
 
     def _record_costs(
         self, batch: int, drafting: int, k: int, draft_seconds: float, verify_seconds: float,
-        catch_up_seconds: float, catch_up_tokens: int,
+        catch_up_seconds: float, catch_up_tokens: int, modelled: bool,
     ) -> None:  # fmt: skip
         policy, metrics = self.policy, self.metrics
         policy.record(
-            batch, drafting, k, draft_seconds - catch_up_seconds, verify_seconds, catch_up_seconds, catch_up_tokens
-        )
+            batch, drafting, k, draft_seconds - catch_up_seconds, verify_seconds, catch_up_seconds, catch_up_tokens,
+            modelled,
+        )  # fmt: skip
         metrics.steps.labels(mode="draft" if k else "plain", k=str(k)).inc()
         metrics.record_policy("verify", batch, k, policy.verify[batch, k].value)
-        if k:
-            metrics.record_policy("draft", drafting, k, policy.draft[drafting, k].value)
+        if k and (draft := policy.draft_seconds(drafting, k)) is not None:
+            metrics.record_policy("draft", drafting, k, draft)
         metrics.policy_slowdown.set(policy.slowdown)
 
     def _admit(self) -> None:
