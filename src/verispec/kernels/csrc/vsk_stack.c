@@ -48,8 +48,25 @@ static int format_of(int type) {
     return block == 32 ? 0 : block == 256 ? 1 : 2;
 }
 
-/* bytes of one row's activations in any format (the largest: float rows) */
-static size_t act_bytes(int K) { return (size_t)K * sizeof(float); }
+/* bytes of one row's activations in a format */
+static size_t format_row_bytes(int format, int K) {
+    return format == 0 ? (size_t)(K / 32) * sizeof(vsk_act32)
+           : format == 1 ? (size_t)(K / 256) * sizeof(vsk_act256)
+                         : (size_t)K * sizeof(float);
+}
+
+/* whether any product of the model takes float rows (a dense part): only then is room made for them */
+static int has_dense_parts(const vsk_model *md) {
+    for (int l = 0; l < md->layers; l++) {
+        const vsk_block *b = &md->blocks[l];
+        for (int p = 0; p < b->qkv_parts; p++)
+            if (format_of(b->qkv[p].type) == 2) return 1;
+        for (int p = 0; p < b->gate_up_parts; p++)
+            if (format_of(b->gate_up[p].type) == 2) return 1;
+        if (format_of(b->o.type) == 2 || format_of(b->down.type) == 2) return 1;
+    }
+    return 0;
+}
 
 /* seconds spent in the stack and in its products since the last vsk_stack_timing (the bench's split) */
 static double stack_seconds, product_seconds;
@@ -67,9 +84,12 @@ VSK_API void vsk_stack_timing(double *out) {
     stack_seconds = product_seconds = 0.0;
 }
 
-/* where one row's activations in format f (format_of) start in xq (room for M rows of each format) */
+/* where one row's activations in format f (format_of) start in xq: M rows of each format in turn (the float rows,
+ * last, only where the model has dense parts) */
 static uint8_t *act_row(uint8_t *xq, int format, int M, int K, int m) {
-    return xq + (size_t)format * M * act_bytes(K) + (size_t)m * act_bytes(K);
+    size_t offset = 0;
+    for (int f = 0; f < format; f++) offset += (size_t)M * format_row_bytes(f, K);
+    return xq + offset + (size_t)m * format_row_bytes(format, K);
 }
 
 /* what the rows of a product need before it: the pending residual added (x += tmp), the rows normalized (when
@@ -123,7 +143,7 @@ static int products(const prepare_t *prepare, float *y, int ldy) {
     for (int q = 0; q < prepare->count; q++) {
         const int format = format_of(prepare->parts[q].type);
         each[q] = act_row(prepare->xq, format, prepare->M, prepare->K, 0);
-        strides[q] = act_bytes(prepare->K);
+        strides[q] = format_row_bytes(format, prepare->K);
     }
     const double begin = now();
     const int status = vsk_products_each(prepare->parts, prepare->count, prepare->K, each, strides, prepare->M, y, ldy);
@@ -139,7 +159,9 @@ VSK_API size_t vsk_stack_scratch_bytes(const vsk_model *md, int M) {
     int widest = md->hidden > (int)att ? md->hidden : (int)att;
     widest = md->inter > widest ? md->inter : widest;
     return floats_bytes((size_t)M * md->hidden) * 2 + floats_bytes((size_t)M * qkv) + floats_bytes((size_t)M * att) +
-           floats_bytes((size_t)M * 2 * md->inter) + floats_bytes((size_t)M * md->inter) + FORMATS * act_bytes(widest) * M + 64;
+           floats_bytes((size_t)M * 2 * md->inter) + floats_bytes((size_t)M * md->inter) +
+           (size_t)M * (format_row_bytes(0, widest) + format_row_bytes(1, widest) +
+                        (has_dense_parts(md) ? format_row_bytes(2, widest) : 0)) + 64;
 }
 
 /* out [M][n] = each row of x [M][n] normalized as in the stack (a model's final norm) */
