@@ -30,11 +30,15 @@ static inline void store_tile(const __m512 *acc, int rows, float *y, int ldy, in
     for (int m = 0; m < rows; m++) _mm512_mask_storeu_ps(y + (size_t)m * ldy + 16 * t, keep, acc[m]);
 }
 
-static inline __m512i broadcast_group(const vsk_act32 *x, int g) {
+/* 4 activation bytes broadcast to the 16 lanes */
+static inline __m512i broadcast4(const void *p) {
     int32_t v;
-    memcpy(&v, x->q + (g < 4 ? 4 * g : 16 + 4 * (g - 4)), 4);
+    memcpy(&v, p, 4);
     return _mm512_set1_epi32(v);
 }
+
+/* group g (0..7) of a 32-block: weights 4g.. of the first 16 for g < 4, of the second 16 after */
+static inline __m512i broadcast_group(const int8_t *q, int g) { return broadcast4(q + (g < 4 ? 4 * g : 16 + 4 * (g - 4))); }
 
 /* the 16 rows' Q4_K minimums of sub-blocks 2i and 2i + 1 as int16 pairs */
 static inline __m512i min_pairs(const uint8_t *blk, int i) {
@@ -42,12 +46,6 @@ static inline __m512i min_pairs(const uint8_t *blk, int i) {
     const __m512i first = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)a));
     const __m512i second = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(a + 16)));
     return _mm512_or_si512(first, _mm512_slli_epi32(second, 16));
-}
-
-static inline __m512i broadcast4(const void *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
 }
 
 /* `rows` (1..8, a constant in each instance, so that each row's sums stay in registers) activation rows of 256-
@@ -94,18 +92,17 @@ static inline __attribute__((always_inline)) void tile_rows(const int six, const
                 scale[0] = _mm512_mul_ps(d, bytes_to_floats(blk + 64 + 16 * j, 0));
             }
             for (int m = 0; m < rows; m++) {
-                const int8_t *q = ((const vsk_act256 *)(xq + (size_t)m * x_stride) + b)->q + 32 * j;
+                const vsk_act256 *x = (const vsk_act256 *)(xq + (size_t)m * x_stride) + b;
+                const int8_t *q = x->q + 32 * j;
                 if (six) { /* the values' offset of 32 starts each half's sum: -32 x the activations' sum */
-                    const int16_t *bsum = ((const vsk_act256 *)(xq + (size_t)m * x_stride) + b)->bsum + 2 * j;
-                    __m512i lo = _mm512_set1_epi32(-32 * bsum[0]), hi = _mm512_set1_epi32(-32 * bsum[1]);
-                    for (int g = 0; g < 4; g++) lo = _mm512_dpbusd_epi32(lo, w[g], broadcast4(q + 4 * g));
-                    for (int g = 4; g < 8; g++) hi = _mm512_dpbusd_epi32(hi, w[g], broadcast4(q + 16 + 4 * (g - 4)));
+                    __m512i lo = _mm512_set1_epi32(-32 * x->bsum[2 * j]), hi = _mm512_set1_epi32(-32 * x->bsum[2 * j + 1]);
+                    for (int g = 0; g < 4; g++) lo = _mm512_dpbusd_epi32(lo, w[g], broadcast_group(q, g));
+                    for (int g = 4; g < 8; g++) hi = _mm512_dpbusd_epi32(hi, w[g], broadcast_group(q, g));
                     sb[m] = _mm512_fmadd_ps(scale[0], _mm512_cvtepi32_ps(lo), sb[m]);
                     sb[m] = _mm512_fmadd_ps(scale[1], _mm512_cvtepi32_ps(hi), sb[m]);
                 } else {
                     __m512i s = _mm512_setzero_si512();
-                    for (int g = 0; g < 8; g++)
-                        s = _mm512_dpbusd_epi32(s, w[g], broadcast4(q + (g < 4 ? 4 * g : 16 + 4 * (g - 4))));
+                    for (int g = 0; g < 8; g++) s = _mm512_dpbusd_epi32(s, w[g], broadcast_group(q, g));
                     sb[m] = _mm512_fmadd_ps(scale[0], _mm512_cvtepi32_ps(s), sb[m]);
                 }
             }
@@ -203,7 +200,7 @@ static inline __attribute__((always_inline)) void tile32_rows(const int type, co
         for (int m = 0; m < rows; m++) {
             const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)m * x_stride) + b;
             __m512i s = _mm512_set1_epi32(-offset * (x->half[0] + x->half[1]));
-            for (int g = 0; g < 8; g++) s = _mm512_dpbusd_epi32(s, w[g], broadcast_group(x, g));
+            for (int g = 0; g < 8; g++) s = _mm512_dpbusd_epi32(s, w[g], broadcast_group(x->q, g));
             acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x->d)), _mm512_cvtepi32_ps(s), acc[m]);
             if (one) /* T4_1's minimums times the activations' sum */
                 acc[m] = _mm512_fmadd_ps(mins, _mm512_set1_ps(x->d * (float)(x->half[0] + x->half[1])), acc[m]);
