@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -188,3 +189,31 @@ def test_the_saved_tokenizer_encodes_decodes_and_renders_chats_as_transformers_d
         assert ours.render_chat(messages) == rendered
     assert ours.eos_token_id == reference.eos_token_id
     assert ours.vocab == reference.get_vocab()
+
+
+@pytest.mark.parametrize("kind", ["F32", "F16", "BF16"])
+def test_a_dense_tensor_holding_nan_or_infinity_is_refused(kind, tmp_path):
+    """Dense matrices are checked in place (no float32 copy of a large tensor): BF16 by its exponent bits."""
+    from verispec.errors import ModelLoadError
+    from verispec.gguf_native import _check_finite
+
+    qtype = {"F32": 0, "F16": 1, "BF16": 30}[kind]
+    values = np.linspace(-3.0, 3.0, 64, dtype=np.float32)
+    for bad in (None, np.nan, np.inf, -np.inf):
+        row = values.copy()
+        if bad is not None:
+            row[17] = bad
+        if kind == "F32":
+            raw = row
+        elif kind == "F16":
+            raw = row.astype(np.float16)
+        else:  # the upper half of each float32
+            raw = (row.view(np.uint32) >> 16).astype(np.uint16)
+        path = tmp_path / f"{kind}.bin"
+        path.write_bytes(raw.tobytes())
+        entry = {"type": qtype, "offset": 0, "bytes": raw.nbytes}
+        if bad is None:
+            _check_finite(path, "w", entry)
+        else:
+            with pytest.raises(ModelLoadError, match="NaN or infinite"):
+                _check_finite(path, "w", entry)

@@ -172,15 +172,18 @@ def _rope_permuted(arch: str, name: str) -> bool:
 def _check_finite(path: Path, name: str, entry: dict) -> None:
     """A quantized block's integers are always finite: only its float16 scales can be NaN or infinite."""
     data = np.memmap(path, mode="r", offset=entry["offset"], shape=(entry["bytes"],))
-    if entry["type"] in _FLOAT_TYPES:
-        values = _as_float32(data, entry["type"])
+    if entry["type"] == 30:  # BF16: NaN or infinite where all 8 exponent bits are set
+        finite = not ((data.view(np.uint16) & 0x7F80) == 0x7F80).any()
+    elif entry["type"] in _FLOAT_TYPES:  # F32, F16: checked in place, no float32 copy
+        finite = np.isfinite(data.view(_FLOAT_TYPES[entry["type"]])).all()
     elif entry["type"] in _HALF_FIELDS:
         size, offsets = _HALF_FIELDS[entry["type"]]
         blocks = data.reshape(-1, size)
-        values = np.concatenate([blocks[:, o : o + 2].copy().view(np.float16).reshape(-1) for o in offsets])
+        scales = [blocks[:, o : o + 2].copy().view(np.float16) for o in offsets]
+        finite = all(np.isfinite(half).all() for half in scales)
     else:
         return
-    if not np.isfinite(values).all():
+    if not finite:
         raise ModelLoadError(f"{path}: weight '{name}' holds NaN or infinite values: the model file is damaged")
 
 
