@@ -281,15 +281,9 @@ static void dense_kernel(int type, const uint8_t *W, size_t row_bytes, int n0, i
     }
 }
 
-#define DENSE_ENTRY(name, type)                                                                                \
-    static void name(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,              \
-                     size_t x_stride, int M, float *y, int ldy) {                                              \
-        dense_kernel(type, W, row_bytes, n0, n1, K, xq, x_stride, M, y, ldy);                                  \
-    }
-
-DENSE_ENTRY(NAME(kernel_f32), VSK_F32)
-DENSE_ENTRY(NAME(kernel_f16), VSK_F16)
-DENSE_ENTRY(NAME(kernel_bf16), VSK_BF16)
+VSK_ROW_ENTRY(NAME(kernel_f32), dense_kernel, VSK_F32)
+VSK_ROW_ENTRY(NAME(kernel_f16), dense_kernel, VSK_F16)
+VSK_ROW_ENTRY(NAME(kernel_bf16), dense_kernel, VSK_BF16)
 
 vsk_kernel NAME(vsk_kernel)(int type) {
     switch (type) {

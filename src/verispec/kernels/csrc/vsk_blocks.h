@@ -90,4 +90,11 @@ static inline void q6_k_values(const uint8_t *blk, uint8_t *q) {
         body(variant, W, n0, n1, K, xq, x_stride, M, y, ldy);                                                  \
     }
 
+/* a vsk_kernel running `body(variant, ...)` with the rows' byte stride (the row layouts' kernels) */
+#define VSK_ROW_ENTRY(name, body, variant)                                                                      \
+    static void name(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,              \
+                     size_t x_stride, int M, float *y, int ldy) {                                              \
+        body(variant, W, row_bytes, n0, n1, K, xq, x_stride, M, y, ldy);                                       \
+    }
+
 #endif
