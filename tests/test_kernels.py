@@ -175,6 +175,26 @@ def test_tile_rows_are_the_same_bits_whatever_shares_their_call(path, name):
     assert torch.equal(native.linear(tile, tiles, others, n)[9], alone[9])
 
 
+def test_a_product_shared_among_threads_computes_every_chunk_once_whoever_takes_it():
+    """Threads take grains of each other's shares when they finish early (vsk_core.c): whichever thread takes a
+    chunk, every output is written with the bits of a single-threaded product. Repeated, since who takes what
+    depends on timing; two inputs in turn, so that a chunk left unwritten cannot hold the right values by chance."""
+    qtype = int(TYPES["Q4_K"])
+    n, k = 16 * 150 + 5, 512
+    tile, tiles = native.repack(qtype, torch.from_numpy(random_blocks(qtype, n, k, seed=11)), k)
+    inputs = [torch.randn(3, k, generator=torch.Generator().manual_seed(seed)) for seed in (6, 7)]
+    threads = torch.get_num_threads()
+    try:
+        native.set_threads(1)
+        alone = [native.linear(tile, tiles, rows, n) for rows in inputs]
+        for count in (2, 3, 5):
+            native.set_threads(count)
+            for i in range(40):
+                assert torch.equal(native.linear(tile, tiles, inputs[i % 2], n), alone[i % 2]), count
+    finally:
+        native.set_threads(threads)
+
+
 def test_a_native_linear_of_mixed_parts_equals_its_dequantized_matrix():
     """Fused layers (q/k/v, gate/up) stack parts of different block types, plus a bias."""
     from verispec.kernels.linear import NativeLinear

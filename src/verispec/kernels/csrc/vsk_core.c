@@ -175,15 +175,8 @@ static inline void relax(void) {
 #endif
 }
 
-/* thread t's equal share of the items, or of the 16-row chunks of all parts (a chunk is a tile) */
-static void run_slice(const job_t *job, int t, int threads) {
-    if (job->task) {
-        const int begin = (int)((long)job->count * t / threads), end = (int)((long)job->count * (t + 1) / threads);
-        if (begin < end) job->task(job->ctx, begin, end);
-        return;
-    }
-    const int total = job->chunks[job->parts];
-    const int c0 = (int)((long)total * t / threads), c1 = (int)((long)total * (t + 1) / threads);
+/* the chunks [c0, c1) of a product job: 16-row chunks numbered across all its parts (a chunk is a tile) */
+static void run_chunks(const job_t *job, int c0, int c1) {
     for (int p = 0; p < job->parts; p++) {
         const int a = c0 > job->chunks[p] ? c0 : job->chunks[p], b = c1 < job->chunks[p + 1] ? c1 : job->chunks[p + 1];
         if (a >= b) continue;
@@ -192,6 +185,55 @@ static void run_slice(const job_t *job, int t, int threads) {
         job->kernel[p](w->W, w->row_bytes, n0, n1, job->K, job->xq[p], job->x_stride[p], job->M,
                        job->y + job->column[p], job->ldy);
     }
+}
+
+/* per thread: its share of a product job's chunks not yet claimed, packed front << 32 | back */
+static struct {
+    _Alignas(64) _Atomic unsigned long long range;
+} shares[MAX_THREADS];
+
+static unsigned long long pack(int front, int back) { return (unsigned long long)front << 32 | (unsigned)back; }
+
+/* claims a grain of thread v's share into [c0, c1): a quarter of what is left from its front (v's own claims), or
+ * half from its back (another thread's), at least `least` chunks; 0 when the share is empty */
+static int take(int v, int from_back, int least, int *c0, int *c1) {
+    unsigned long long range = atomic_load_explicit(&shares[v].range, memory_order_relaxed);
+    for (;;) {
+        const int front = (int)(range >> 32), back = (int)(range & 0xffffffffu), left = back - front;
+        if (left <= 0) return 0;
+        int grain = from_back ? left / 2 : left / 4;
+        grain = grain < least ? least : grain;
+        grain = grain < left ? grain : left;
+        const unsigned long long after = from_back ? pack(front, back - grain) : pack(front + grain, back);
+        if (atomic_compare_exchange_weak_explicit(&shares[v].range, &range, after, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+            *c0 = from_back ? back - grain : front;
+            *c1 = from_back ? back : front + grain;
+            return 1;
+        }
+    }
+}
+
+/* Thread t's part of a job. Items of a task: an equal share each. Chunks of products: an equal contiguous
+ * share each, claimed from its front in shrinking grains; a thread done with its own takes grains from the back
+ * of the others', so threads finish together when one runs slower (another tenant, a page walk). Which thread
+ * computes a chunk never changes its values (threads split the output columns, never a sum). */
+static void run_slice(const job_t *job, int t, int threads) {
+    if (job->task) {
+        const int begin = (int)((long)job->count * t / threads), end = (int)((long)job->count * (t + 1) / threads);
+        if (begin < end) job->task(job->ctx, begin, end);
+        return;
+    }
+    const int total = job->chunks[job->parts];
+    if (threads == 1) {
+        run_chunks(job, 0, total);
+        return;
+    }
+    const int least = total / 64 > 1 ? total / 64 : 1;
+    int c0, c1;
+    while (take(t, 0, least, &c0, &c1)) run_chunks(job, c0, c1);
+    for (int v = (t + 1) % threads; v != t; v = (v + 1) % threads)
+        while (take(v, 1, least, &c0, &c1)) run_chunks(job, c0, c1);
 }
 
 static void *worker_main(void *arg) {
@@ -252,6 +294,12 @@ static void run(const job_t *job) {
     }
     pthread_mutex_lock(&one_caller);
     pool.job = *job;
+    if (!job->task)
+        for (int t = 0; t < threads; t++) {
+            const long total = job->chunks[job->parts];
+            atomic_store_explicit(&shares[t].range, pack((int)(total * t / threads), (int)(total * (t + 1) / threads)),
+                                  memory_order_relaxed);
+        }
     atomic_store_explicit(&pool.pending, threads - 1, memory_order_relaxed);
     pthread_mutex_lock(&pool.lock);
     atomic_fetch_add_explicit(&pool.generation, 1, memory_order_release);
