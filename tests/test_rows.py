@@ -1,4 +1,4 @@
-"""The stack's per-row steps (csrc/vsk_rows.c): activation quantization, RMSNorm's sum of squares and SwiGLU.
+"""The stack's per-row steps (csrc/vsk_rows.c): activation quantization, RMSNorm's sum of squares, SwiGLU and argmax.
 Every vector path computes the portable definition's bits exactly (so a row's result does not depend on the
 path), and the definitions match float64 references."""
 
@@ -80,3 +80,21 @@ def test_the_sum_of_squares_order_is_its_own_and_an_index_order_sum_differs():
             ordered = ordered + value * value
         differs += float(ordered) != native.sum_squares(x)
     assert differs > 0
+
+
+@pytest.mark.parametrize("path", paths())
+def test_argmax_is_torchs_first_maximum_and_first_nan(path):
+    g = torch.Generator().manual_seed(3)
+    cases = [torch.randn(n, generator=g) for n in (1, 7, 8, 9, 65536 + 5)]
+    ties = torch.randn(1000, generator=g)
+    ties[[17, 400, 999]] = 50.0  # the first of equal maxima
+    lows = torch.full((37,), float("-inf"))  # nothing but -inf: index 0
+    zeros = torch.tensor([-0.0, 0.0, -1.0])  # -0 and 0 are equal: the first
+    nans = torch.randn(300, generator=g)
+    nans[[5, 250]] = float("nan")  # torch takes the first NaN as the largest
+    tail_nan = torch.randn(13, generator=g)
+    tail_nan[12] = float("nan")  # past the last full vector
+    late_max = torch.randn(1003, generator=g)
+    late_max[1001] = 99.0  # in the tail
+    for x in (*cases, ties, lows, zeros, nans, tail_nan, late_max):
+        assert _on(path, native.argmax, x) == int(torch.argmax(x)), (path, x.numel())

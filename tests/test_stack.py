@@ -70,7 +70,7 @@ def test_the_stack_computes_what_the_blocks_compute(model, path):
 
 def _run(model, stack, cache, rows: list[tuple[int, int, int]]) -> torch.Tensor:
     """rows (slot, position, token) through the stack alone: the hidden states, bit for bit."""
-    cos, sin = model._rope(cache.max_len)
+    cos, sin = model.rope_tables(cache.max_len)
     x = model.embed(torch.tensor([t for _, _, t in rows])).float().contiguous()
     stack(x, cache, cos, sin, [s for s, _, _ in rows], [p for _, p, _ in rows])
     return x

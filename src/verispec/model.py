@@ -187,7 +187,8 @@ class Transformer(nn.Module):
         dtype = torch.float32 if self.device.type == "cpu" else self.dtype
         return KVCache(self.config, num_slots, max_len, dtype, self.device)
 
-    def _rope(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope_tables(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary cos and sin tables [at least `length` positions, head size], made once and kept."""
         if self._rope_cache is None or self._rope_cache[0].shape[0] < length:
             dim = self.config.head_size
             inv_freq = 1.0 / (self.config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
@@ -217,7 +218,7 @@ class Transformer(nn.Module):
         starts = [cache.lengths[s] for s in slots]
         if max(starts) + seq > cache.max_len:
             raise ValueError(f"sequence of {max(starts) + seq} tokens exceeds the cache's {cache.max_len}")
-        cos_full, sin_full = self._rope(cache.max_len)
+        cos_full, sin_full = self.rope_tables(cache.max_len)
         x = self.embed(tokens)
         if self.fused_blocks is not None:
             x = x.reshape(batch * seq, -1).float().contiguous()

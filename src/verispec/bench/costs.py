@@ -3,7 +3,8 @@
 Each time is the median of several direct forward calls on a fresh cache that holds a real prompt,
 so it is the model's cost alone, without the loop around it. Repetitions are interleaved across
 the measurements so that machine drift hits all of them alike. The draft step uses the head the draft
-drafts with (a restricted head when --draft-vocab keeps one).
+drafts with (a restricted head when --draft-vocab keeps one), and runs as drafting runs it (one native call
+per greedy step where the draft runs natively end to end).
 
 On the native kernels the costs also say where a step goes: the weight bytes a step reads against the
 machine's read bandwidth, and the share of the step spent in the matrix products.
@@ -74,7 +75,7 @@ def measure_costs(
 ) -> Costs:
     timers: dict[str, Callable[[], float]] = {"target": _step_timer(target, context, 1)}
     if draft is not None:
-        timers["draft"] = _step_timer(draft, context, 1, draft_head)
+        timers["draft"] = _draft_step_timer(draft, context, draft_head)
     for k in ks:
         timers[f"verify{k}"] = _step_timer(target, context, k + 1)
     for n in PASS_WIDTHS:
@@ -112,6 +113,29 @@ def _step_timer(model: Transformer, context: list[int], n: int, head: nn.Module 
         return time.perf_counter() - begin
 
     once()  # warm-up: first calls allocate
+    return once
+
+
+def _draft_step_timer(model: Transformer, context: list[int], head: nn.Module | None) -> Callable[[], float]:
+    """One draft step as drafting takes it: a native greedy step (kernels/greedy.py: embedding to argmax in one
+    call) where the draft runs natively end to end, else a forward with its head. A draft of k tokens takes its k
+    steps in one call, so this one-step call is an upper bound on a step inside it."""
+    from ..kernels.greedy import GreedySteps
+
+    head_module = head or model.lm_head
+    if not GreedySteps.supports(model, head_module):
+        return _step_timer(model, context, 1, head)
+    steps = GreedySteps(model, head_module, None, head_module.out_features)
+    cache = model.new_cache(num_slots=1, max_len=len(context) + 1)
+    model(_ids(context, model), cache, [0], num_logits=1)
+
+    def once() -> float:
+        cache.set_length(0, len(context))
+        begin = time.perf_counter()
+        steps(cache, [0], [context[:1]], 1)
+        return time.perf_counter() - begin
+
+    once()
     return once
 
 
@@ -155,10 +179,12 @@ def _native(
         NativeStack.timing()  # restart the counters
         with _timed(head) as head_times:  # the head inside the step: read cold, after the blocks
             steps = [timers[name]() for _ in range(repeats)]
-        stack_s, products_s = (t / repeats for t in NativeStack.timing())
+        stack_s, products_s, native_head_s = (t / repeats for t in NativeStack.timing())
         # the shares are means over these same steps (products and head lie inside each step, so they cannot
-        # exceed it); a median step beside a mean split would not add up on a machine that drifts
-        head_s, step_s = statistics.mean(head_times), statistics.mean(steps)
+        # exceed it); a median step beside a mean split would not add up on a machine that drifts. A native
+        # greedy step runs its head inside the library, which times it.
+        head_s = statistics.mean(head_times) if head_times else native_head_s
+        step_s = statistics.mean(steps)
         share = (products_s + head_s) / step_s
         out[name] = {
             "weight_bytes": weights, "gb_per_s": weights / median[name] / 1e9,

@@ -26,6 +26,8 @@ import torch
 from ..adjustments import LogitAdjustments
 from ..draft_head import DraftHead
 from ..grammar import GrammarMatcher
+from ..kernels.greedy import MAX_ROWS as GREEDY_MAX_ROWS
+from ..kernels.greedy import GreedySteps
 from ..model import KVCache, Transformer
 from ..sampling import SamplingParams, probs_from_logits, sample
 
@@ -120,6 +122,7 @@ class BatchedDrafter:
         """head_ids: draft only these token ids (a restricted head, see draft_head.py); None: all."""
         self.model = model
         self.head = DraftHead(model, target_vocab_size, head_ids)
+        self.greedy_steps = self._greedy_steps(model, target_vocab_size)
         self.cache = model.new_cache(num_slots=num_slots, max_len=max_len)
         self.fed: list[list[int]] = [[] for _ in range(num_slots)]  # tokens held in each slot, in order
         self.catch_up_seconds = 0.0  # time of the last propose's long feeds ...
@@ -142,9 +145,20 @@ class BatchedDrafter:
                     best = (other, held)
         return best
 
+    def _greedy_steps(self, model: Transformer, target_vocab_size: int) -> GreedySteps | None:
+        """Greedy drafting in one native call per propose, where the model runs natively end to end."""
+        head = model.lm_head if self.head.module is None else self.head.module
+        if not GreedySteps.supports(model, head):
+            return None
+        rows = head.out_features if self.head.ids is not None else min(head.out_features, target_vocab_size)
+        return GreedySteps(model, head, self.head.ids, rows)
+
     def propose(self, jobs: list[DraftJob]) -> list[Proposal]:
         self.catch_up_seconds, self.catch_up_tokens = 0.0, 0
-        logits = self._catch_up(jobs)
+        todo = self._prepare(jobs)
+        if self._greedy_in_one_call(jobs, todo):
+            return self._propose_greedy(jobs, todo)
+        logits = self._catch_up(jobs, todo)
         drafted: list[list[int]] = [[] for _ in jobs]
         probs: list[list[torch.Tensor]] = [[] for _ in jobs]
         ended: set[int] = set()  # jobs whose grammar leaves the draft nothing to propose
@@ -170,8 +184,26 @@ class BatchedDrafter:
             for d, p in zip(drafted, probs, strict=True)
         ]
 
-    def _catch_up(self, jobs: list[DraftJob]) -> list[torch.Tensor]:
-        """Feed each slot the tokens it lacks (at least the last one); returns the logits after each."""
+    def _greedy_in_one_call(self, jobs: list[DraftJob], todo: list[list[int]]) -> bool:
+        return (
+            self.greedy_steps is not None
+            and all(_plain_greedy(job) for job in jobs)
+            and sum(len(missing) for missing in todo) <= GREEDY_MAX_ROWS
+        )
+
+    def _propose_greedy(self, jobs: list[DraftJob], todo: list[list[int]]) -> list[Proposal]:
+        """The whole greedy draft in one native call: the catch-up pass, then the longest draft's steps (a
+        shorter draft keeps its first k tokens; the tokens fed past them stay in its slot, recorded as held)."""
+        drafted = self.greedy_steps(self.cache, [job.slot for job in jobs], todo, max(job.k for job in jobs))
+        proposals = []
+        for job, missing, tokens in zip(jobs, todo, drafted, strict=True):
+            self.fed[job.slot] += missing + tokens[:-1]
+            proposals.append(Proposal(torch.tensor(tokens[: job.k], dtype=torch.long), None))
+        return proposals
+
+    def _prepare(self, jobs: list[DraftJob]) -> list[list[int]]:
+        """Ready each job's slot: keep the prefix it holds (or copy a longer one another slot holds), feed a long
+        lag alone; returns the tokens each slot still lacks (at least the last one, at most CATCH_UP_WIDTH)."""
         todo = []
         for job in jobs:
             fed = self.fed[job.slot]
@@ -191,6 +223,10 @@ class BatchedDrafter:
                 self.catch_up_tokens += len(missing) - CATCH_UP_WIDTH
                 missing = missing[-CATCH_UP_WIDTH:]
             todo.append(missing)
+        return todo
+
+    def _catch_up(self, jobs: list[DraftJob], todo: list[list[int]]) -> list[torch.Tensor]:
+        """Feed each slot the tokens it lacks (`todo`); returns the logits after each."""
         outputs = padded_forward(self.model, self.cache, todo, [job.slot for job in jobs], self.head)
         for job, missing in zip(jobs, todo, strict=True):
             self.fed[job.slot] += missing
@@ -206,7 +242,7 @@ class BatchedDrafter:
     ) -> tuple[int, torch.Tensor | None] | None:
         """(token, q) for the next draft position from the head's logits; None when the grammar allows none of
         the draft's tokens."""
-        if job.params.greedy and job.adjustments is None and job.grammar is None:
+        if _plain_greedy(job):
             return self.head.argmax(logits), None
         logits = self.head.over_vocab(logits)
         if job.adjustments is not None:
@@ -219,6 +255,11 @@ class BatchedDrafter:
             return int(logits.argmax()), None
         q = probs_from_logits(logits, job.params)
         return int(sample(q, job.rng)), q
+
+
+def _plain_greedy(job: DraftJob) -> bool:
+    """Greedy with nothing that changes the draft's logits (no logit adjustments, no grammar)."""
+    return job.params.greedy and job.adjustments is None and job.grammar is None
 
 
 class BatchedNgramDrafter:

@@ -50,6 +50,8 @@ _SIGNATURES = {
     "vsk_stack_scratch_bytes": ([_c_p, _c_int], _c_size),
     "vsk_stack_forward": ([_c_p, _c_p, _c_p, _c_int, _c_p, _c_p, _c_p], _c_int),
     "vsk_stack_timing": ([_c_p], None),
+    "vsk_greedy_scratch_bytes": ([_c_p, _c_p, _c_int], _c_size),
+    "vsk_greedy_steps": ([_c_p, _c_p, _c_p, _c_int, _c_p, _c_p, _c_p, _c_p, _c_int, _c_p, _c_p], _c_int),
     "vsk_read": ([_c_p, _c_size], ctypes.c_uint64),
     "vsk_has_rows_to_floats": ([_c_int], _c_int),
     "vsk_rows_to_floats": ([_c_int, _c_p, _c_size, _c_p, _c_int, _c_int, _c_p], _c_int),
@@ -57,6 +59,7 @@ _SIGNATURES = {
     "vsk_rms_norm": ([_c_p, _c_p, _c_int, _c_int, ctypes.c_float, _c_p], None),
     "vsk_sum_squares": ([_c_p, _c_int], ctypes.c_float),
     "vsk_swiglu": ([_c_p, _c_p, _c_p, _c_int], None),
+    "vsk_argmax": ([_c_p, _c_int], _c_int),
     "vsk_attention": (
         [_c_p, _c_int, _c_int, _c_int, _c_int, _c_p, _c_p, _c_size, _c_int, ctypes.c_float, _c_p],
         None,
@@ -271,6 +274,14 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(gate)
     _lib().vsk_swiglu(gate.data_ptr(), up.data_ptr(), out.data_ptr(), gate.numel())
     return out
+
+
+def argmax(x: torch.Tensor) -> int:
+    """The first index of the largest of a float32 vector (a NaN counts as largest), as greedy steps take it."""
+    x = x.contiguous().float()
+    if x.numel() < 1:
+        raise ValueError("argmax of an empty vector")
+    return int(_lib().vsk_argmax(x.data_ptr(), x.numel()))
 
 
 def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scale: float) -> torch.Tensor:

@@ -89,7 +89,12 @@ class NativeStack:
         return _Block(b.attn_norm.data_ptr(), b.mlp_norm.data_ptr(), bias, parts(b.qkv, 3), parts(b.o, 1)[0],
                       parts(b.gate_up, 2), parts(b.down, 1)[0], len(b.qkv), len(b.gate_up))  # fmt: skip
 
-    def _cache(self, cache, cos: torch.Tensor, sin: torch.Tensor) -> _Cache:
+    @property
+    def model_view(self) -> _Model:
+        """The library's view of the blocks (for what drives the stack from native code, greedy.py)."""
+        return self._model
+
+    def cache_view(self, cache, cos: torch.Tensor, sin: torch.Tensor) -> _Cache:
         """The library's view of a KV cache, made once per cache (its tensors never move)."""
         made = self._caches.get(cache)
         if made is None:
@@ -108,11 +113,12 @@ class NativeStack:
         return made[0]
 
     @staticmethod
-    def timing() -> tuple[float, float]:
-        """(seconds in the stack, of which in products) since the last call: the bench's split."""
-        out = (ctypes.c_double * 2)()
+    def timing() -> tuple[float, float, float]:
+        """(seconds in the stack, of which in products; in the heads of native greedy steps) since the last call:
+        the bench's split."""
+        out = (ctypes.c_double * 3)()
         native.library().vsk_stack_timing(out)
-        return out[0], out[1]
+        return out[0], out[1], out[2]
 
     def __call__(self, x: torch.Tensor, cache, cos: torch.Tensor, sin: torch.Tensor, slots: list[int],
                  positions: list[int]) -> None:  # fmt: skip
@@ -125,7 +131,7 @@ class NativeStack:
         lib = native.library()
         rows = (_c_int * (2 * m))(*slots, *positions)
         with self._lock:
-            cache = self._cache(cache, cos, sin)
+            cache = self.cache_view(cache, cos, sin)
             need = lib.vsk_stack_scratch_bytes(ctypes.byref(self._model), m) + 64
             if self._scratch.numel() < need:
                 self._scratch = torch.empty(need, dtype=torch.uint8)

@@ -133,6 +133,8 @@ VSK_API float vsk_sum_squares(const float *x, int n) { return vsk_rows()->sum_sq
 
 VSK_API void vsk_swiglu(const float *gate, const float *up, float *out, int n) { vsk_rows()->swiglu(gate, up, out, n); }
 
+VSK_API int vsk_argmax(const float *x, int n) { return vsk_rows()->argmax(x, n); }
+
 /* ---- thread pool ---------------------------------------------------------------------------------------- */
 
 #define MAX_PARTS 4

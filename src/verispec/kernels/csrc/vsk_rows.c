@@ -46,6 +46,16 @@ static void swiglu(const float *gate, const float *up, float *out, int n) {
     for (int i = 0; i < n; i++) out[i] = gate[i] / (1.0f + vsk_exp(-gate[i])) * up[i];
 }
 
-static const vsk_row_ops portable = {quantize32, quantize256, sum_squares, swiglu};
+/* as torch.argmax: the first maximum, or the first NaN */
+static int argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 0; i < n; i++) {
+        if (isnan(x[i])) return i;
+        if (x[i] > x[best]) best = i;
+    }
+    return best;
+}
+
+static const vsk_row_ops portable = {quantize32, quantize256, sum_squares, swiglu, argmax};
 
 const vsk_row_ops *vsk_rows_portable(void) { return &portable; }

@@ -1,4 +1,4 @@
-/* Per-row elementwise steps of a pass (activation quantization, RMSNorm's sum of squares, SwiGLU), with one
+/* Per-row elementwise steps of a pass (activation quantization, RMSNorm's sum of squares, SwiGLU, argmax), with one
  * portable definition each and vector paths that compute the very same bits: the same operations in the same
  * order per element (no fused multiply-adds, integer sums exact, maxima order-free). So a row's result does
  * not depend on the path, and never on the other rows. */
@@ -16,6 +16,7 @@ typedef struct {
     void (*quantize256)(const float *x, int K, vsk_act256 *out); /* K a multiple of 256 */
     float (*sum_squares)(const float *x, int n);
     void (*swiglu)(const float *gate, const float *up, float *out, int n); /* silu(gate) * up */
+    int (*argmax)(const float *x, int n); /* the first index of the largest (a NaN counts as largest), n >= 1 */
 } vsk_row_ops;
 
 /* the ops of the current path (vsk_get_isa; chosen in vsk_core.c), and of each path */

@@ -1,5 +1,7 @@
 /* The per-row steps (vsk_rows.h) on 256-bit vectors: the portable definitions' operations, element by element,
  * so the same bits (explicit multiplies and adds: no fused multiply-add may change a rounding). */
+#include <math.h>
+
 #include "vsk_math.h"
 #include "vsk_rows.h"
 
@@ -90,7 +92,37 @@ static void swiglu(const float *gate, const float *up, float *out, int n) {
     for (; i < n; i++) out[i] = gate[i] / (1.0f + vsk_exp(-gate[i])) * up[i];
 }
 
-static const vsk_row_ops ops = {quantize32, quantize256, sum_squares, swiglu};
+/* the largest value by vector maxima (exact in any order), then its first index; a NaN anywhere: the portable
+ * scan, which finds the first one */
+static int argmax(const float *x, int n) {
+    __m256 top = _mm256_set1_ps(-INFINITY), unordered = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        top = _mm256_max_ps(top, v);
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    float best = _mm_cvtss_f32(h);
+    int nan = _mm256_movemask_ps(unordered);
+    for (int j = i; j < n; j++) {
+        nan |= isnan(x[j]);
+        best = x[j] > best ? x[j] : best;
+    }
+    if (nan) return vsk_rows_portable()->argmax(x, n);
+    const __m256 wanted = _mm256_set1_ps(best);
+    for (i = 0; i + 8 <= n; i += 8) {
+        const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), wanted, _CMP_EQ_OQ));
+        if (hit) return i + __builtin_ctz((unsigned)hit);
+    }
+    for (; i < n; i++)
+        if (x[i] == best) return i;
+    return 0;
+}
+
+static const vsk_row_ops ops = {quantize32, quantize256, sum_squares, swiglu, argmax};
 
 const vsk_row_ops *vsk_rows_avx2(void) { return &ops; }
 

@@ -15,30 +15,7 @@
 #include "vsk.h"
 #include "vsk_math.h"
 #include "vsk_rows.h"
-
-#define VSK_API __attribute__((visibility("default")))
-
-/* one block's weights (any types with a kernel; each product's activations are quantized in the formats its
- * parts take, vsk_act_block) */
-typedef struct {
-    const float *attn_norm, *mlp_norm; /* [hidden] */
-    const float *qkv_bias;             /* [(H + 2 kvH) D], or NULL */
-    vsk_part qkv[3], o, gate_up[2], down;
-    int qkv_parts, gate_up_parts;
-} vsk_block;
-
-typedef struct {
-    int hidden, heads, kv_heads, head_dim, inter, layers;
-    float eps;
-    const vsk_block *blocks;
-} vsk_model;
-
-/* a KV cache: per layer [slots][kvH][length][D] keys and values, and the rotary tables [length][D] */
-typedef struct {
-    float *const *keys, *const *values;
-    size_t slot_stride, head_stride;
-    const float *cos, *sin;
-} vsk_cache;
+#include "vsk_stack.h"
 
 /* the activation formats a product's parts may take: 32-blocks, 256-blocks, float rows (dense types) */
 #define FORMATS 3
@@ -68,20 +45,25 @@ static int has_dense_parts(const vsk_model *md) {
     return 0;
 }
 
-/* seconds spent in the stack and in its products since the last vsk_stack_timing (the bench's split) */
-static double stack_seconds, product_seconds;
+/* seconds spent in the stack, in its products, and in the output heads of greedy steps (vsk_greedy.c) since the
+ * last vsk_stack_timing (the bench's split) */
+static double stack_seconds, product_seconds, head_seconds;
 
-static double now(void) {
+double vsk_seconds(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* out[0] = seconds in vsk_stack_forward, out[1] = of which in products; both restart from zero */
+void vsk_count_head_seconds(double seconds) { head_seconds += seconds; }
+
+/* out[0] = seconds in vsk_stack_forward, out[1] = of which in products, out[2] = in greedy steps' heads; all
+ * restart from zero */
 VSK_API void vsk_stack_timing(double *out) {
     out[0] = stack_seconds;
     out[1] = product_seconds;
-    stack_seconds = product_seconds = 0.0;
+    out[2] = head_seconds;
+    stack_seconds = product_seconds = head_seconds = 0.0;
 }
 
 /* where one row's activations in format f (format_of) start in xq: M rows of each format in turn (the float rows,
@@ -145,9 +127,9 @@ static int products(const prepare_t *prepare, float *y, int ldy) {
         each[q] = act_row(prepare->xq, format, prepare->M, prepare->K, 0);
         strides[q] = format_row_bytes(format, prepare->K);
     }
-    const double begin = now();
+    const double begin = vsk_seconds();
     const int status = vsk_products_each(prepare->parts, prepare->count, prepare->K, each, strides, prepare->M, y, ldy);
-    product_seconds += now() - begin;
+    product_seconds += vsk_seconds() - begin;
     return status;
 }
 
@@ -270,12 +252,12 @@ static int block_forward(const vsk_model *md, const vsk_block *b, float *keys, f
  * 0, or -1 when a weight type has no kernel. */
 VSK_API int vsk_stack_forward(const vsk_model *md, const vsk_cache *c, float *x, int M, const int *slot,
                               const int *pos, uint8_t *scratch) {
-    const double begin = now();
+    const double begin = vsk_seconds();
     int status = 0;
     for (int l = 0; l < md->layers && !status; l++)
         status = block_forward(md, &md->blocks[l], c->keys[l], c->values[l], c, x, M, slot, pos, scratch, l > 0);
     const float *tmp = (const float *)(scratch + floats_bytes((size_t)M * md->hidden)); /* the last residual */
     for (size_t i = 0; !status && md->layers && i < (size_t)M * md->hidden; i++) x[i] += tmp[i];
-    stack_seconds += now() - begin;
+    stack_seconds += vsk_seconds() - begin;
     return status ? -1 : 0;
 }

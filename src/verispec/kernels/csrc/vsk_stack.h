@@ -1,0 +1,44 @@
+/* The decoder stack's view of a model and its KV cache (vsk_stack.c), shared with what drives the stack
+ * (vsk_greedy.c). */
+#ifndef VSK_STACK_H
+#define VSK_STACK_H
+
+#include <stddef.h>
+
+#include "vsk.h"
+
+#ifndef VSK_API
+#define VSK_API __attribute__((visibility("default")))
+#endif
+
+/* one block's weights (any types with a kernel; each product's activations are quantized in the formats its
+ * parts take, vsk_act_block) */
+typedef struct {
+    const float *attn_norm, *mlp_norm; /* [hidden] */
+    const float *qkv_bias;             /* [(H + 2 kvH) D], or NULL */
+    vsk_part qkv[3], o, gate_up[2], down;
+    int qkv_parts, gate_up_parts;
+} vsk_block;
+
+typedef struct {
+    int hidden, heads, kv_heads, head_dim, inter, layers;
+    float eps;
+    const vsk_block *blocks;
+} vsk_model;
+
+/* a KV cache: per layer [slots][kvH][length][D] keys and values, and the rotary tables [length][D] */
+typedef struct {
+    float *const *keys, *const *values;
+    size_t slot_stride, head_stride;
+    const float *cos, *sin;
+} vsk_cache;
+
+VSK_API size_t vsk_stack_scratch_bytes(const vsk_model *md, int M);
+VSK_API int vsk_stack_forward(const vsk_model *md, const vsk_cache *c, float *x, int M, const int *slot, const int *pos,
+                              uint8_t *scratch);
+/* a monotonic clock in seconds; greedy steps add their heads' product time to the stack's timing */
+double vsk_seconds(void);
+void vsk_count_head_seconds(double seconds);
+VSK_API void vsk_rms_norm(const float *x, const float *weight, int M, int n, float eps, float *out);
+
+#endif

@@ -1,0 +1,111 @@
+"""Greedy draft steps in one native call (kernels/greedy.py, csrc/vsk_greedy.c): the tokens that the same steps
+driven from Python choose, for each sequence of a call, and the drafter's proposals unchanged by taking them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_kernels import TYPES, random_blocks
+from test_kernels import path as path  # a fixture: each test runs on every path
+from test_stack import _linear
+
+from verispec.engine.proposers import BatchedDrafter, DraftJob
+from verispec.gguf_native import native_stack
+from verispec.kernels import native
+from verispec.kernels.greedy import GreedySteps
+from verispec.kernels.linear import GGUFEmbedding, NativeLinear, NativeRMSNorm
+from verispec.sampling import SamplingParams
+from verispec.testing import tiny_config, tiny_model
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="native kernels not compiled")
+
+VOCAB, HIDDEN = 300, 256
+
+
+@pytest.fixture(scope="module")
+def model():
+    """A 2-block model native end to end: Q8_0 embeddings, the stack, the native final norm, a Q4_0 head."""
+    config = tiny_config(vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=2, intermediate_size=512)
+    model = tiny_model(config, seed=0)
+    for i, block in enumerate(model.layers):
+        block.attn.wqkv = _linear(HIDDEN, [("Q4_K", 256), ("Q5_0", 128), ("Q8_0", 128)], 10 * i, bias=True)
+        block.attn.wo = _linear(HIDDEN, [("Q8_0", 256)], 10 * i + 3)
+        block.mlp.w_gate_up = _linear(HIDDEN, [("Q4_K", 1024)], 10 * i + 4)
+        block.mlp.w_down = _linear(512, [("Q6_K", 256)], 10 * i + 6)
+        block.attn.batch_invariant = True
+        block.attn.attend_per_query = native.attention
+    q8_0, q4_0 = int(TYPES["Q8_0"]), int(TYPES["Q4_0"])
+    model.embed = GGUFEmbedding(q8_0, torch.from_numpy(random_blocks(q8_0, VOCAB, HIDDEN, seed=1, scale=0.5)), HIDDEN)
+    head = torch.from_numpy(random_blocks(q4_0, VOCAB, HIDDEN, seed=2, scale=0.5))
+    model.lm_head = NativeLinear(HIDDEN, [(q4_0, head)])
+    model.norm = NativeRMSNorm(model.norm.weight.data, config.rms_norm_eps)
+    model.fused_blocks = native_stack(config, model)
+    return model
+
+
+IDS = torch.cat([torch.arange(0, 200, 2), torch.tensor([299])])  # a restricted head's tokens, not its row indices
+
+
+def _prefilled(model, prompts: list[list[int]]):
+    cache = model.new_cache(len(prompts), 64)
+    for slot, prompt in enumerate(prompts):
+        model(torch.tensor([prompt]), cache, [slot], num_logits=1, invariant=False)
+    return cache
+
+
+def _step_by_step(model, head, cache, slot: int, feed: list[int], steps: int) -> list[int]:
+    """Greedy steps as Python drives them: a forward with the head, its argmax, that token fed next."""
+    chosen = []
+    for _ in range(steps):
+        logits = model(torch.tensor([feed]), cache, [slot], num_logits=1, invariant=False, head=head)[0, -1]
+        chosen.append(int(IDS[int(logits.argmax())]))
+        feed = chosen[-1:]
+    return chosen
+
+
+def test_one_call_chooses_what_steps_driven_from_python_choose(model, path):
+    head = model.lm_head.select_rows(IDS)
+    greedy = GreedySteps(model, head, IDS, len(IDS))
+    prompts = [list(range(30, 42)), list(range(200, 209)), list(range(5, 25))]
+    feeds = [[17], [4, 250, 9], [33, 71]]  # catch-ups of different lengths share the first pass
+    cache = _prefilled(model, prompts)
+    expected = [_step_by_step(model, head, cache, slot, feed, 5) for slot, feed in enumerate(feeds)]
+    assert len({token for tokens in expected for token in tokens}) > 3  # the steps do not just repeat a token
+    for slot, prompt in enumerate(prompts):
+        cache.set_length(slot, len(prompt))
+    assert greedy(cache, [0, 1, 2], feeds, 5) == expected
+    assert cache.lengths[:3] == [len(p) + len(f) + 4 for p, f in zip(prompts, feeds, strict=True)]
+    for slot, prompt in enumerate(prompts):  # each sequence alone: the same tokens (its rows are its own)
+        cache.set_length(slot, len(prompt))
+        assert greedy(cache, [slot], [feeds[slot]], 5) == [expected[slot]]
+
+
+def test_bad_tokens_and_overlong_sequences_are_refused_before_anything_runs(model):
+    greedy = GreedySteps(model, model.lm_head, None, VOCAB)
+    cache = _prefilled(model, [list(range(10))])
+    with pytest.raises(IndexError):
+        greedy(cache, [0], [[VOCAB]], 2)
+    with pytest.raises(ValueError):
+        greedy(cache, [0], [[1]], 64 - 10 + 1)
+    assert cache.lengths[0] == 10
+    assert len(greedy(cache, [0], [[1]], 64 - 10)[0]) == 54  # the cache's last position is usable
+
+
+def test_the_drafter_proposes_the_same_drafts_in_one_call(model):
+    """Two drafters on one model, one taking its greedy drafts in one native call: the same proposals over
+    rounds of acceptances and rejections (its record of what each slot holds stays right)."""
+    fast = BatchedDrafter(model, VOCAB, num_slots=2, max_len=128, head_ids=IDS)
+    slow = BatchedDrafter(model, VOCAB, num_slots=2, max_len=128, head_ids=IDS)
+    assert fast.greedy_steps is not None
+    slow.greedy_steps = None
+    greedy = SamplingParams(temperature=0.0)
+    histories = [list(range(40, 52)), list(range(90, 97))]
+    for round_ in range(10):
+        ks = [3, 1 + round_ % 4]
+        jobs = [DraftJob(slot, histories[slot], ks[slot], greedy, torch.Generator()) for slot in range(2)]
+        got, want = fast.propose(jobs), slow.propose(jobs)
+        for a, b, k in zip(got, want, ks, strict=True):
+            assert a.tokens.tolist() == b.tokens.tolist() and len(a.tokens) == k and a.probs is None
+        for i, proposal in enumerate(got):  # accept a prefix, then a token of the "target's" own
+            kept = proposal.tokens.tolist()[: round_ % 5]  # none, some, or all of the draft
+            histories[i] = histories[i] + kept + [(7 * round_ + i) % VOCAB]
