@@ -109,3 +109,22 @@ def test_the_drafter_proposes_the_same_drafts_in_one_call(model):
         for i, proposal in enumerate(got):  # accept a prefix, then a token of the "target's" own
             kept = proposal.tokens.tolist()[: round_ % 5]  # none, some, or all of the draft
             histories[i] = histories[i] + kept + [(7 * round_ + i) % VOCAB]
+
+
+def test_inactive_adjustments_take_the_one_call_and_active_ones_do_not(model):
+    """The engine gives every sequence a LogitAdjustments; only one that changes logits (logit_bias, penalties)
+    needs the draft's logits in Python."""
+    from verispec.adjustments import LogitAdjustments
+
+    drafter = BatchedDrafter(model, VOCAB, num_slots=1, max_len=128, head_ids=None)
+    calls = []
+    one_call = drafter.greedy_steps
+    drafter.greedy_steps = lambda *args: calls.append(args) or one_call(*args)
+    history = list(range(40, 52))
+    for bias, one_call_used in ((None, True), ({123: 100.0}, False)):
+        params = SamplingParams(temperature=0.0, logit_bias=bias or {})
+        job = DraftJob(0, history, 3, params, torch.Generator(), LogitAdjustments(params, VOCAB))
+        calls.clear()
+        tokens = drafter.propose([job])[0].tokens.tolist()
+        assert bool(calls) == one_call_used
+        assert (123 in tokens) == (bias is not None)  # the bias reached the draft

@@ -258,8 +258,8 @@ class BatchedDrafter:
 
 
 def _plain_greedy(job: DraftJob) -> bool:
-    """Greedy with nothing that changes the draft's logits (no logit adjustments, no grammar)."""
-    return job.params.greedy and job.adjustments is None and job.grammar is None
+    """Greedy with nothing that changes the draft's logits (no active logit adjustments, no grammar)."""
+    return job.params.greedy and (job.adjustments is None or not job.adjustments.active) and job.grammar is None
 
 
 class BatchedNgramDrafter:
