@@ -98,3 +98,14 @@ def test_argmax_is_torchs_first_maximum_and_first_nan(path):
     late_max[1001] = 99.0  # in the tail
     for x in (*cases, ties, lows, zeros, nans, tail_nan, late_max):
         assert _on(path, native.argmax, x) == int(torch.argmax(x)), (path, x.numel())
+
+
+def test_argmax_rows_is_torchs_argmax_over_the_last_dimension():
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 3, 1001, generator=g)
+    x[0, 1, [10, 900]] = 9.0  # ties: the first
+    x[1, 2, 77] = float("nan")
+    assert torch.equal(native.argmax_rows(x), x.argmax(-1))
+    wide = torch.randn(5, 2000, generator=g)[:, ::2]  # not contiguous
+    assert torch.equal(native.argmax_rows(wide), wide.argmax(-1))
+    assert torch.equal(native.argmax_rows(x.double()), x.double().argmax(-1))  # other dtypes: torch's own

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import torch
 
+from .kernels.native import argmax_rows
 from .sampling import sample
 
 
 def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int]:
     """(number accepted, next token) for greedy decoding; target_logits has k+1 rows."""
-    choices = target_logits.argmax(-1)
+    choices = argmax_rows(target_logits)
     k = draft_tokens.shape[0]
     mismatches = (choices[:k] != draft_tokens).nonzero()
     n = int(mismatches[0]) if mismatches.numel() else k

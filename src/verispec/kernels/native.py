@@ -284,6 +284,19 @@ def argmax(x: torch.Tensor) -> int:
     return int(_lib().vsk_argmax(x.data_ptr(), x.numel()))
 
 
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """x.argmax(-1) (torch's rule: first maximum, first NaN), by the library's vector scan for float32 CPU
+    tensors: PyTorch's, on the one thread its ops keep beside the pool, takes 0.5 ms for the four rows of a verify
+    pass over a 152k vocabulary, against 0.05 ms. Other tensors, or without the library: torch's own."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or x.shape[-1] < 1 or not available():
+        return x.argmax(-1)
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    lib, width, stride = _lib(), rows.shape[1], rows.stride(0) * rows.element_size()
+    base = rows.data_ptr()
+    chosen = [lib.vsk_argmax(base + i * stride, width) for i in range(rows.shape[0])]
+    return torch.tensor(chosen, dtype=torch.long).reshape(x.shape[:-1])
+
+
 def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scale: float) -> torch.Tensor:
     """Causal attention of one sequence's new queries q [S, H, D] (positions start .. start + S - 1) over its
     cached keys and values [kv heads, length, D] (float32, written up to start + S): [S, H, D]. Each query
