@@ -11,15 +11,21 @@ Greedy decoding is the one-hot case: accept while d_i equals argmax p_i, then em
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from .kernels.native import argmax_rows
 from .sampling import sample
 
 
-def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int]:
-    """(number accepted, next token) for greedy decoding; target_logits has k+1 rows."""
-    choices = argmax_rows(target_logits)
+def verify_greedy(
+    draft_tokens: torch.Tensor,
+    target_logits: torch.Tensor,
+    argmax: Callable[[torch.Tensor], torch.Tensor] = lambda x: x.argmax(-1),
+) -> tuple[int, int]:
+    """(number accepted, next token) for greedy decoding; target_logits has k+1 rows. `argmax` takes each row's
+    argmax with torch's rule (first maximum, first NaN): the engine passes the native library's faster scan."""
+    choices = argmax(target_logits)
     k = draft_tokens.shape[0]
     mismatches = (choices[:k] != draft_tokens).nonzero()
     n = int(mismatches[0]) if mismatches.numel() else k

@@ -33,6 +33,7 @@ from ..adjustments import LogitAdjustments
 from ..draft_head import draft_ids
 from ..errors import InvalidParameterError, PromptTooLongError, VerispecError
 from ..grammar import GrammarCompiler, GrammarMatcher
+from ..kernels.native import argmax_rows
 from ..loading import LoadedModel
 from ..logprobs import MAX_TOP_LOGPROBS, TokenLogprob, token_logprobs
 from ..sampling import probs_from_logits
@@ -460,7 +461,7 @@ class Scheduler:
             if mask is not None:
                 logits = logits.masked_fill(~mask, float("-inf"))
             if params.greedy:
-                accepted, next_token = verify_greedy(proposal.tokens, logits)
+                accepted, next_token = verify_greedy(proposal.tokens, logits, argmax_rows)
             else:
                 probs = probs_from_logits(logits, params)
                 accepted, next_token = verify_sampled(proposal.tokens, proposal.probs, probs, seq.rng)
