@@ -128,3 +128,20 @@ def test_inactive_adjustments_take_the_one_call_and_active_ones_do_not(model):
         tokens = drafter.propose([job])[0].tokens.tolist()
         assert bool(calls) == one_call_used
         assert (123 in tokens) == (bias is not None)  # the bias reached the draft
+
+
+def test_a_short_draft_at_the_end_of_its_cache_beside_a_long_one(model):
+    """One call feeds every sequence as far as the longest draft; a sequence with no room for that (the end of
+    its context) must not overflow its cache: the propose falls back to steps driven from Python."""
+    fast = BatchedDrafter(model, VOCAB, num_slots=2, max_len=32, head_ids=None)
+    slow = BatchedDrafter(model, VOCAB, num_slots=2, max_len=32, head_ids=None)
+    slow.greedy_steps = None
+    greedy = SamplingParams(temperature=0.0)
+    histories = [list(range(40, 71)), list(range(90, 97))]  # the first: 31 of 32 positions, room for one draft
+    jobs = [
+        DraftJob(0, histories[0], 1, greedy, torch.Generator()),
+        DraftJob(1, histories[1], 3, greedy, torch.Generator()),
+    ]
+    got, want = fast.propose(jobs), slow.propose(jobs)
+    assert [p.tokens.tolist() for p in got] == [p.tokens.tolist() for p in want]
+    assert [len(p.tokens) for p in got] == [1, 3]

@@ -185,11 +185,16 @@ class BatchedDrafter:
         ]
 
     def _greedy_in_one_call(self, jobs: list[DraftJob], todo: list[list[int]]) -> bool:
-        return (
-            self.greedy_steps is not None
-            and all(_plain_greedy(job) for job in jobs)
-            and sum(len(missing) for missing in todo) <= GREEDY_MAX_ROWS
+        """Whether this propose can run as one native call: greedy jobs only, and room in every slot for the
+        longest draft's steps (a shorter draft is fed as far; near the end of its context it may have no room)."""
+        if self.greedy_steps is None or not all(_plain_greedy(job) for job in jobs):
+            return False
+        steps = max(job.k for job in jobs)
+        room = all(
+            self.cache.lengths[job.slot] + len(missing) + steps - 1 <= self.cache.max_len
+            for job, missing in zip(jobs, todo, strict=True)
         )
+        return room and sum(len(missing) for missing in todo) <= GREEDY_MAX_ROWS
 
     def _propose_greedy(self, jobs: list[DraftJob], todo: list[list[int]]) -> list[Proposal]:
         """The whole greedy draft in one native call: the catch-up pass, then the longest draft's steps (a
