@@ -139,6 +139,54 @@ def test_a_request_that_cannot_start_fails_alone(tiny):
     assert sorted(scheduler.free_slots) == [0, 1] and not scheduler.active
 
 
+class _FailsAt:
+    """Wraps a per-sequence function so it raises for one request from its `at`-th call on: a bad row in a step."""
+
+    def __init__(self, function, is_bad, at: int):
+        self.function, self.is_bad, self.at, self.calls = function, is_bad, at, 0
+
+    def __call__(self, *args):
+        if self.is_bad(*args):
+            self.calls += 1
+            if self.calls >= self.at:
+                raise RuntimeError("a bad row")
+        return self.function(*args)
+
+
+@pytest.mark.parametrize("where", ["verdict", "draft", "advance"])
+def test_a_row_that_fails_mid_generation_fails_only_its_request(where, tiny, monkeypatch):
+    """Three greedy requests decode together; one of them raises in its verification row, its draft, or while its
+    tokens are emitted, a few steps in. That request alone ends with an error event; the others finish with
+    their plain greedy outputs (the failure once reached every request of the step)."""
+    target, draft = tiny
+    plain = SpeculativeGenerator(target, None, max_seq_len=256, progress=False)
+    scheduler = Scheduler(target, draft, SchedulerConfig(max_num_seqs=3, max_model_len=256, draft_policy="always"))
+    bad = lambda request_id: request_id == "1"  # noqa: E731
+    if where == "verdict":
+        wrapped = _FailsAt(scheduler._verdict, lambda seq, *_: bad(seq.request.request_id), 3)
+        monkeypatch.setattr(scheduler, "_verdict", wrapped)
+    elif where == "advance":
+        wrapped = _FailsAt(scheduler._advance, lambda seq, *_: bad(seq.request.request_id), 3)
+        monkeypatch.setattr(scheduler, "_advance", wrapped)
+    else:
+        slot_of = {}
+        wrapped = _FailsAt(scheduler.drafter.propose, lambda jobs: any(slot_of.get(j.slot) for j in jobs), 3)
+        monkeypatch.setattr(scheduler.drafter, "propose", wrapped)
+    events: dict[str, list] = {}
+    for i, prompt in enumerate(["hello world", "The quick brown fox", "1234"]):
+        sink = events.setdefault(str(i), []).append
+        scheduler.submit(EngineRequest(str(i), target.tokenizer.encode(prompt), SamplingParams(), 30, sink))
+    if where == "draft":
+        scheduler.step()  # admitted: the bad request's slot is known
+        slot_of.update({seq.slot: bad(seq.request.request_id) for seq in scheduler.running.values()})
+    scheduler.run_until_idle(max_steps=2000)
+    assert wrapped.calls >= 3
+    assert isinstance(events["1"][-1], ErrorEvent) and events["1"][-1].error is None  # verispec's fault: a 500
+    for i, prompt in (("0", "hello world"), ("2", "1234")):
+        assert events[i][-1].output.token_ids == plain.generate(prompt, max_tokens=30).token_ids
+    assert sorted(scheduler.free_slots) == [0, 1, 2] and not scheduler.active
+
+
 def test_long_prompts_are_prefilled_in_chunks_between_decode_steps(tiny):
     """Running requests keep decoding while a long prompt is prefilled, and chunking does not change its output."""
     target, draft = tiny

@@ -1,6 +1,7 @@
 """A bounded schemathesis run over the server's published OpenAPI schema, in process on the tiny pair: requests
 generated from the request models of /v1/completions and /v1/chat/completions (a few hundred), answered with
-no 5xx, and every refusal of a request's content naming the field at fault.
+no 5xx, every answer as the schema documents it (its status, content type, headers and body), and every
+refusal of a request's content naming the field at fault.
 
 The context is 64 tokens, so no generated max_tokens or n makes a request long."""
 
@@ -12,6 +13,11 @@ schemathesis = pytest.importorskip("schemathesis")
 hypothesis = pytest.importorskip("hypothesis")
 
 EXAMPLES = 150  # per route
+RESPONSE_CHECKS = [
+    getattr(schemathesis.checks, name)
+    for name in ("not_a_server_error", "status_code_conformance", "content_type_conformance",
+                 "response_headers_conformance", "response_schema_conformance")
+]  # fmt: skip
 UNNAMED = {"queue_full", "invalid_json", "unsupported_media_type", "shutting_down"}  # not about one field
 
 
@@ -43,8 +49,39 @@ def _fuzz(client, operation, statuses: dict[int, int]) -> None:
         reply = client.post(operation.path, json=case.body)
         statuses[reply.status_code] = statuses.get(reply.status_code, 0) + 1
         assert reply.status_code < 500, (case.body, reply.text)
+        case.validate_response(reply, checks=RESPONSE_CHECKS)
         if reply.status_code >= 400:
             error = reply.json()["error"]
             assert error["param"] or error["code"] in UNNAMED, (case.body, error)
 
     check()
+
+
+def test_the_schema_says_what_the_server_does(tiny):
+    """Each disagreement a schema-driven probe found: `n: null` was accepted though the schema typed it integer;
+    `{"prompt": ""}` was valid by the schema but refused; no 4xx was documented; /metrics was declared JSON but
+    served as text; a 405 lost its Allow header."""
+    from fastapi.testclient import TestClient
+
+    from verispec.engine.scheduler import Scheduler, SchedulerConfig
+    from verispec.server.app import ServerState, create_app
+
+    target, draft = tiny
+    app = create_app(ServerState(Scheduler(target, draft, SchedulerConfig(max_model_len=64)), "tiny"))
+    with TestClient(app) as client:
+        schema = client.get("/openapi.json").json()
+        request = schema["components"]["schemas"]["CompletionRequest"]["properties"]
+        assert {"type": "null"} in request["n"]["anyOf"] and client.post("/v1/completions", json={
+            "prompt": "hi", "n": None, "max_tokens": 2}).status_code == 200  # fmt: skip
+        assert all(option["minLength" if option["type"] == "string" else "minItems"] == 1
+                   for option in request["prompt"]["anyOf"])  # fmt: skip
+        assert client.post("/v1/completions", json={"prompt": ""}).status_code == 422
+        post = schema["paths"]["/v1/completions"]["post"]["responses"]
+        assert {"400", "401", "413", "415", "422", "429", "503"} <= set(post)
+        assert post["429"]["headers"]["Retry-After"]
+        metrics = schema["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+        assert list(metrics) == ["text/plain"] and client.get("/metrics").headers["content-type"].startswith(
+            "text/plain"
+        )
+        refused = client.delete("/v1/completions")
+        assert refused.status_code == 405 and refused.headers["allow"] == "POST"

@@ -7,6 +7,7 @@ computes the masked distribution by hand, from allowed sets written down in the 
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 
@@ -16,7 +17,15 @@ from speculation import METHODS, speculative_generator
 
 from verispec import GrammarSpec, SpeculativeGenerator
 from verispec.errors import InvalidParameterError
-from verispec.grammar import GrammarMatcher
+from verispec.grammar import (
+    MAX_CHOICES,
+    MAX_GRAMMAR_BYTES,
+    MAX_GRAMMAR_RULES,
+    MAX_SCHEMA_DEFINITIONS,
+    MAX_SCHEMA_DEPTH,
+    GrammarError,
+    GrammarMatcher,
+)
 from verispec.sampling import SamplingParams, probs_from_logits
 from verispec.testing import tiny_config, tiny_loaded, tiny_model, tiny_pair, word_tokenizer
 
@@ -169,3 +178,67 @@ def test_bad_grammars_are_refused_with_the_librarys_reason(pair, spec, message):
 def test_bad_grammar_specs_are_refused_at_once(kind, value):
     with pytest.raises(InvalidParameterError, match="unknown grammar kind|invalid choice"):
         GrammarSpec(kind, value)
+
+
+def _schema_chain(n: int) -> str:
+    defs = {f"d{i}": {"type": "object", "properties": {"a": {"$ref": f"#/$defs/d{i + 1}"}}} for i in range(n)}
+    defs[f"d{n}"] = {"type": "string"}
+    return json.dumps({"$defs": defs, "type": "object", "properties": {"a": {"$ref": "#/$defs/d0"}}})
+
+
+def _nested(depth: int) -> str:
+    """A schema nested `depth` levels deep: itself, then lists in its enum."""
+    return '{"enum": ' + "[" * (depth - 1) + "]" * (depth - 1) + "}"
+
+
+def _lark_chain(rules: int) -> str:
+    """start and `rules` - 1 rules, each referring to the next."""
+    return "start: r0\n" + "".join(f"r{i}: r{i + 1}\n" for i in range(rules - 2)) + f'r{rules - 2}: "x"\n'
+
+
+@pytest.mark.parametrize(
+    ("kind", "over", "under", "message"),
+    [
+        ("json_schema", _schema_chain(MAX_SCHEMA_DEFINITIONS), _schema_chain(MAX_SCHEMA_DEFINITIONS - 1),
+         "definitions; the limit is 256"),
+        ("json_schema", _nested(MAX_SCHEMA_DEPTH + 1), _nested(MAX_SCHEMA_DEPTH), "nests deeper than 64"),
+        ("grammar", _lark_chain(MAX_GRAMMAR_RULES + 1), _lark_chain(MAX_GRAMMAR_RULES), "rules; the limit is 1000"),
+        ("choice", json.dumps(["a"] * (MAX_CHOICES + 1)), json.dumps(["a"] * MAX_CHOICES), "the limit is 1000"),
+        ("regex", "a" * (MAX_GRAMMAR_BYTES + 1), "a" * MAX_GRAMMAR_BYTES, "the limit is 262144"),
+    ],
+    ids=["definitions", "depth", "rules", "choices", "bytes"],
+)  # fmt: skip
+def test_what_reaches_the_grammar_library_is_bounded(kind, over, under, message):
+    """A chain of ~1,000 schema definitions or ~2,500 Lark rules overflowed the library's native stack (a segfault
+    of the whole server); bounds come first, with the limit in the message. Just under each bound is accepted."""
+    with pytest.raises(GrammarError, match=message):
+        GrammarSpec(kind, over)
+    GrammarSpec(kind, under)
+
+
+def test_a_grammar_whose_start_admits_nothing_is_refused_not_answered_empty(pair):
+    """{"$ref": "#"} and a $ref cycle compile, but the matcher fails at its first mask: once an empty answer with
+    finish_reason "stop", now an error naming why."""
+    target, _ = pair
+    generator = SpeculativeGenerator(target, None)
+    for schema in (
+        '{"$ref": "#"}',
+        '{"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}',
+    ):
+        with pytest.raises(GrammarError, match="admits no output"):
+            generator.generate("x", max_tokens=3, grammar=GrammarSpec("json_schema", schema))
+
+
+@pytest.mark.parametrize("method", ["draft", "hybrid"])
+def test_a_grammar_that_fails_while_generating_raises_rather_than_ending_the_answer(pair, method):
+    """A Lark rule of 2,500 alternatives is allowed at its start; after the first character the library's parser
+    exceeds its 2,000 items in a row. The request fails with the library's reason (it once finished "stop" with
+    a one-character answer that is not in the language)."""
+    target, draft = pair
+    alternatives = " | ".join(f'"o{i}"' for i in range(2500))
+    spec = GrammarSpec("grammar", f"start: {alternatives}\n")
+    with pytest.raises(GrammarError, match="structured output failed"):
+        speculative_generator(target, draft, method, 3).generate("x", max_tokens=5, grammar=spec)
+    narrow = GrammarSpec("grammar", "start: " + " | ".join(f'"o{i}"' for i in range(1500)) + "\n")
+    text = speculative_generator(target, draft, method, 3).generate("x", max_tokens=6, grammar=narrow).text
+    assert re.fullmatch(r"o\d+", text)

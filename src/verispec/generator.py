@@ -158,7 +158,7 @@ class SpeculativeGenerator:
                         yield StreamChunk("", None, event.output)
                     elif isinstance(event, ErrorEvent):
                         finished = True
-                        raise VerispecError(event.message)
+                        raise event.error if isinstance(event.error, VerispecError) else VerispecError(event.message)
                 events.clear()
         finally:
             if not finished:  # the caller stopped reading (or a step raised): free the slot

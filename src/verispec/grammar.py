@@ -6,13 +6,22 @@ library: docs/structured-output.md).
     Grammar           compiled, immutable, shared by every request that asks for it
     GrammarMatcher    one sequence's state: the tokens it has emitted
 
-A mask is a bool tensor over the model's logits (True = allowed). Once the grammar is complete, or the
-matcher has failed, only the stop tokens are allowed, so the sequence ends.
+A mask is a bool tensor over the model's logits (True = allowed). Once the grammar is complete only the stop
+tokens are allowed, so the sequence ends. A matcher that fails (the grammar exceeds the library's limits at
+some state: a choice among too many strings, a cycle of $refs) raises GrammarError: its request fails with
+the library's message, never ends as if the grammar were complete.
+
+What reaches the library is bounded first (GrammarSpec.check: size, nesting, definitions, rules, choices):
+the library compiles grammars by recursion on a native stack, so a long enough chain of rules crashes the
+process. Grammars are compiled on a thread of GRAMMAR_STACK_BYTES; the server also checks each new grammar
+in a worker process with the default 8 MiB stack first (server/grammar_worker.py), so a grammar that would
+crash, or runs past the time limit, costs that worker, not the server.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -25,6 +34,94 @@ from .errors import InvalidParameterError
 from .tokenizer import Tokenizer
 
 KINDS = ("json_object", "json_schema", "regex", "grammar", "choice")
+
+# What a grammar may be (the limits are published in docs/structured-output.md and answered in each 400).
+MAX_GRAMMAR_BYTES = 256 * 1024  # a schema, regex, grammar or choice list as text
+MAX_SCHEMA_DEPTH = 64  # nesting of a JSON schema's objects and arrays
+MAX_SCHEMA_DEFINITIONS = 256  # entries of its $defs / definitions (a chain of ~900 crashed an 8 MiB stack)
+MAX_GRAMMAR_RULES = 1000  # rules of a Lark or GBNF grammar (a chain of ~2,500 crashed an 8 MiB stack)
+MAX_CHOICES = 1000  # strings of a choice (the library's parser allows 2,000 items in a row)
+GRAMMAR_STACK_BYTES = 64 * 2**20  # the threads that compile grammars: 8x the stack the server's worker checks with
+_RULE = re.compile(r"^[ \t]*[?!]?[A-Za-z_][\w.-]*(?:\.-?\d+)?[ \t]*(?::|::=)", re.MULTILINE)
+
+
+class GrammarError(InvalidParameterError):
+    """The grammar cannot be built, exceeds a limit, or made the library fail while generating."""
+
+
+def check_limits(kind: str, value: str) -> None:
+    """Raises InvalidParameterError when a constraint exceeds what verispec hands the grammar library."""
+    size = len(value.encode())
+    if size > MAX_GRAMMAR_BYTES:
+        raise GrammarError(f"the {kind.replace('_', ' ')} has {size} bytes; the limit is {MAX_GRAMMAR_BYTES}")
+    if kind == "json_schema":
+        _check_schema(value)
+    elif kind == "grammar" and (rules := len(_RULE.findall(value))) > MAX_GRAMMAR_RULES:
+        raise GrammarError(f"the grammar defines {rules} rules; the limit is {MAX_GRAMMAR_RULES}")
+    elif kind == "choice" and (count := len(json.loads(value))) > MAX_CHOICES:
+        raise GrammarError(f"the choice has {count} strings; the limit is {MAX_CHOICES}")
+
+
+def _check_schema(text: str) -> None:
+    try:
+        schema = json.loads(text)
+    except RecursionError:
+        raise GrammarError(f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels") from None
+    except ValueError:
+        return  # not JSON: the library says so when it compiles
+    stack, definitions = [(schema, 1)], 0
+    while stack:  # depth first, without recursion
+        node, depth = stack.pop()
+        if depth > MAX_SCHEMA_DEPTH:
+            raise GrammarError(f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels")
+        if isinstance(node, dict):
+            for key in ("$defs", "definitions"):
+                definitions += len(node[key]) if isinstance(node.get(key), dict) else 0
+            stack += [(child, depth + 1) for child in node.values()]
+        elif isinstance(node, list):
+            stack += [(child, depth + 1) for child in node]
+    if definitions > MAX_SCHEMA_DEFINITIONS:
+        raise GrammarError(f"the JSON schema has {definitions} definitions; the limit is {MAX_SCHEMA_DEFINITIONS}")
+
+
+def parser_limits():
+    """llguidance's limits, with short error messages (its verbose ones print the parser's state)."""
+    from llguidance import LLParserLimits
+
+    return LLParserLimits(verbose_errors=False)
+
+
+def run_with_stack(function, *args):
+    """`function(*args)` on a new thread of GRAMMAR_STACK_BYTES (the library's recursion needs room, whichever
+    thread asks); its exception is raised here."""
+    result: list = []
+
+    def target() -> None:
+        try:
+            result.append((True, function(*args)))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            result.append((False, exc))
+
+    thread = threading.Thread(target=target, name="verispec-grammar", daemon=True)
+    start_with_grammar_stack(thread)
+    thread.join()
+    ok, value = result[0]
+    if not ok:
+        raise value
+    return value
+
+
+def start_with_grammar_stack(thread: threading.Thread) -> None:
+    """Start `thread` with a stack of GRAMMAR_STACK_BYTES (a thread that compiles grammars or steps matchers)."""
+    with _STACK_LOCK:  # the stack size is process-wide: set it only for this thread's creation
+        previous = threading.stack_size(GRAMMAR_STACK_BYTES)
+        try:
+            thread.start()
+        finally:
+            threading.stack_size(previous)
+
+
+_STACK_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -45,6 +142,7 @@ class GrammarSpec:
                 choices = None
             if not isinstance(choices, list) or not choices or not all(isinstance(c, str) for c in choices):
                 raise InvalidParameterError("invalid choice: it needs a non-empty JSON list of strings")
+        check_limits(self.kind, self.value)
 
     def source(self) -> str:
         """The grammar in llguidance's input format (its `grammar_from` reads GBNF as well as Lark)."""
@@ -55,23 +153,32 @@ class GrammarSpec:
         try:
             return grammar_from(self.kind, self.value)
         except Exception as exc:  # noqa: BLE001 - its parsers raise several types for a bad grammar text
-            raise InvalidParameterError(f"invalid {self.kind.replace('_', ' ')}: {_one_line(str(exc))}") from None
+            raise GrammarError(f"invalid {self.kind.replace('_', ' ')}: {short_message(str(exc))}") from None
 
 
-def _one_line(message: str) -> str:
-    """llguidance's message in one line: its first line and its `error:` lines (without the source diagram)."""
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    return " ".join(lines[:1] + [line for line in lines[1:] if line.startswith("error")])
+def short_message(message: str) -> str:
+    """llguidance's message in one line: its first line and its `error:` lines (without the source diagram or
+    the parser's state)."""
+    lines = [line.strip() for line in message.split("<state>")[0].splitlines() if line.strip()]
+    text = " ".join(lines[:1] + [line for line in lines[1:] if line.startswith("error")])
+    return _PLAIN_WORDS.get(text, text)
+
+
+# The library's terse errors, said plainly.
+_PLAIN_WORDS = {
+    "NoExtensionBias": "it admits no output at all (a $ref cycle, or a rule that only refers to itself)",
+}
 
 
 class Grammar:
-    def __init__(self, compiler: GrammarCompiler, source: str):
-        self.compiler, self.source = compiler, source
+    """A compiled grammar: `prototype` is a matcher at its start, which each sequence's matcher copies (a copy
+    costs microseconds; compiling again could cost a second of the scheduler's thread)."""
+
+    def __init__(self, compiler: GrammarCompiler, source: str, prototype):
+        self.compiler, self.source, self.prototype = compiler, source, prototype
 
     def matcher(self) -> GrammarMatcher:
-        from llguidance import LLMatcher
-
-        return GrammarMatcher(LLMatcher(self.compiler.ll_tokenizer, self.source, log_level=0), self.compiler)
+        return GrammarMatcher(self.prototype.deep_copy(), self.compiler)
 
 
 class GrammarCompiler:
@@ -99,24 +206,42 @@ class GrammarCompiler:
         mask[self.stop_ids] = True
         return mask
 
-    def compile(self, spec: GrammarSpec) -> Grammar:
-        """Raises InvalidParameterError, with llguidance's message, for a grammar it cannot build."""
-        from llguidance import LLMatcher
+    def cached(self, spec: GrammarSpec) -> Grammar | None:
+        with self._lock:
+            return self._compiled.get(spec)
 
+    def compile(self, spec: GrammarSpec, source: str | None = None) -> Grammar:
+        """Raises GrammarError, with llguidance's message, for a grammar it cannot build or that fails at its
+        start. `source`: the spec's grammar text as a worker process built and checked it (else built here)."""
         with self._lock:
             if spec in self._compiled:
                 self._compiled.move_to_end(spec)
                 return self._compiled[spec]
             tokenizer = self.ll_tokenizer
-        source = spec.source()
-        failed, messages = LLMatcher.validate_grammar_with_warnings(source, tokenizer)
-        if failed:
-            raise InvalidParameterError(f"invalid {spec.kind.replace('_', ' ')}: {_one_line(messages[0])}")
+        if source is None:
+            source = run_with_stack(spec.source)
+        prototype = run_with_stack(_start_matcher, tokenizer, source, spec.kind)
         with self._lock:
-            grammar = self._compiled[spec] = Grammar(self, source)
+            grammar = self._compiled[spec] = Grammar(self, source, prototype)
             while len(self._compiled) > self.CACHED:
                 self._compiled.popitem(last=False)
         return grammar
+
+
+def _start_matcher(tokenizer, source: str, kind: str):
+    """A matcher at the grammar's start, its first mask computed: a grammar that fails there ($ref cycles,
+    limits) raises GrammarError now, not an empty answer later."""
+    from llguidance import LLMatcher
+
+    failed, messages = LLMatcher.validate_grammar_with_warnings(source, tokenizer, limits=parser_limits())
+    if failed:
+        raise GrammarError(f"invalid {kind.replace('_', ' ')}: {short_message(messages[0])}")
+    matcher = LLMatcher(tokenizer, source, log_level=0, limits=parser_limits())
+    if not matcher.is_error():
+        matcher.compute_logit_bias()
+    if matcher.is_error():
+        raise GrammarError(f"invalid {kind.replace('_', ' ')}: {short_message(matcher.get_error())}")
+    return matcher
 
 
 class GrammarMatcher:
@@ -149,6 +274,7 @@ class GrammarMatcher:
                 break
             valid += 1
             if token in self.compiler.stop_ids or not self.matcher.consume_token(token):
+                self._raise_if_failed()
                 rows.append(self.compiler.stop_mask)  # the sequence ends at this token: the row is never used
                 break
             consumed += 1
@@ -161,12 +287,20 @@ class GrammarMatcher:
         consumed = 0
         for token in tokens:
             if token in self.compiler.stop_ids or self.matcher.is_stopped() or not self.matcher.consume_token(token):
+                self._raise_if_failed()
                 break
             consumed += 1
         return consumed
 
+    def _raise_if_failed(self) -> None:
+        """The library failed at this state (a limit: its error state is final): the request fails with it."""
+        if self.matcher.is_error():
+            raise GrammarError(f"structured output failed: {short_message(self.matcher.get_error())}")
+
     def _mask(self) -> torch.Tensor:
-        if self.matcher.is_stopped() or self.matcher.is_error():
+        if self.matcher.is_stopped():
             return self.compiler.stop_mask
+        self._raise_if_failed()
         allowed = torch.frombuffer(bytearray(self.matcher.compute_logit_bias()), dtype=torch.uint8)
+        self._raise_if_failed()
         return allowed[: self.compiler.vocab_size] > 0

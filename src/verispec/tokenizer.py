@@ -129,7 +129,13 @@ class Tokenizer:
 
     # ---- text <-> ids ------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
-        return self.raw.encode(text, add_special_tokens=True).ids
+        return _encode(self.raw, text, add_special_tokens=True)
+
+    @cached_property
+    def longest_token_bytes(self) -> int:
+        """An upper bound on the UTF-8 bytes one token stands for: a text of more than n times this many
+        characters has more than n tokens (the server refuses it without tokenizing it)."""
+        return max(len(piece.encode()) for piece in self.vocab)
 
     def decode(self, ids: list[int]) -> str:
         text = self.raw.decode(list(ids), skip_special_tokens=True)
@@ -150,8 +156,48 @@ class Tokenizer:
         except TemplateError as exc:  # the template refuses these messages (roles out of order, ...)
             raise InvalidParameterError(f"the model's chat template refuses these messages: {exc}") from None
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
-        return self.raw.encode(self.render_chat(messages), add_special_tokens=False).ids
+    def encode_chat(self, messages: list[dict], parse_special: bool = False) -> list[int]:
+        """The chat template's rendering of `messages`, encoded. Message contents are text: a content that spells
+        a control token ('<|im_end|>') is encoded as those characters, so a user cannot write a turn of another
+        role; only the template's own markers are control tokens. `parse_special`: contents may spell control
+        tokens too (llama.cpp's parse_special; what transformers and vLLM do by default)."""
+        text = self.render_chat(messages)
+        if parse_special or not any(self._spells_control_token(str(m.get("content") or "")) for m in messages):
+            return _encode(self.raw, text, add_special_tokens=False)
+        return self._encode_contents_as_text(messages)
+
+    @cached_property
+    def _control_tokens(self) -> tuple[str, ...]:
+        return tuple(t.content for t in self.raw.get_added_tokens_decoder().values() if t.special and t.content)
+
+    def _spells_control_token(self, content: str) -> bool:
+        return any(token in content for token in self._control_tokens)
+
+    @cached_property
+    def _text_only(self):
+        """A copy of the tokenizer that reads control tokens' texts as plain text."""
+        copy = type(self.raw).from_str(self.raw.to_str())
+        copy.encode_special_tokens = True
+        return copy
+
+    def _encode_contents_as_text(self, messages: list[dict]) -> list[int]:
+        """The template rendered around placeholders, its pieces encoded with control tokens and each content
+        without them. Raises InvalidParameterError when the template changes contents (so their places in its
+        rendering cannot be told)."""
+        marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
+        contents = [str(m.get("content") or "") for m in messages]
+        pieces = self.render_chat([{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)])
+        ids: list[int] = []
+        for mark, content in zip(marks, contents, strict=True):
+            before, found, pieces = pieces.partition(mark)
+            if not found or mark in pieces:
+                raise InvalidParameterError(
+                    "a message spells a control token of this model (such as its turn markers), and its chat "
+                    "template rewrites messages, so it cannot be kept as text: remove it"
+                )
+            ids += _encode(self.raw, before, add_special_tokens=False)
+            ids += _encode(self._text_only, content, add_special_tokens=False)
+        return ids + _encode(self.raw, pieces, add_special_tokens=False)
 
     def check_compatible(self, draft: Tokenizer) -> None:
         """Draft tokens must mean the same to the target: one token table must extend the other.
@@ -167,6 +213,12 @@ class Tokenizer:
                 f"draft and target tokenizers differ ({len(differing)} of {len(small)} tokens map to other "
                 f"ids, e.g. {differing[0]!r}); use a draft model from the target's family"
             )
+
+
+def _encode(raw, text: str, add_special_tokens: bool) -> list[int]:
+    """`raw.encode(text)` through the batch call, which releases the GIL while it runs (the single call holds it:
+    a 5 MB prompt stalled every other thread of a server for seconds); the same ids."""
+    return raw.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
 
 def _byte_alphabet() -> dict[str, int]:

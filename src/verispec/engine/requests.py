@@ -41,7 +41,11 @@ class FinishEvent:
 
 @dataclass
 class ErrorEvent:
+    """The request failed. `error`: the request's own fault (an InvalidParameterError, such as a grammar that hit
+    the grammar library's limits while generating), reported to its client as such; None: a fault of verispec's."""
+
     message: str
+    error: Exception | None = None
 
 
 Event = StreamChunk | FinishEvent | ErrorEvent

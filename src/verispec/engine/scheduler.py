@@ -32,7 +32,7 @@ from ..acceptance import verify_greedy, verify_sampled
 from ..adjustments import LogitAdjustments
 from ..draft_head import draft_ids
 from ..errors import InvalidParameterError, PromptTooLongError, VerispecError
-from ..grammar import GrammarCompiler, GrammarMatcher
+from ..grammar import GrammarCompiler, GrammarMatcher, start_with_grammar_stack
 from ..kernels.native import argmax_rows
 from ..loading import LoadedModel
 from ..logprobs import MAX_TOP_LOGPROBS, TokenLogprob, token_logprobs
@@ -246,7 +246,7 @@ class Scheduler:
 
     def start(self) -> None:
         self.thread = threading.Thread(target=self._loop, name="verispec-scheduler", daemon=True)
-        self.thread.start()
+        start_with_grammar_stack(self.thread)  # it steps grammar matchers, whose library recurses
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the loop; requests still waiting or running get an error event."""
@@ -318,12 +318,36 @@ class Scheduler:
             len(seqs), max(ks), drafting, lag, drafted - begin, *caught_up, verified - drafted,
         )  # fmt: skip
         for seq, proposal, verdict in zip(seqs, proposals, verdicts, strict=True):
+            if verdict is None:  # the sequence failed this step (and has left)
+                continue
             seq.stats.time_draft += drafted - begin
             seq.stats.time_target += verified - drafted
-            self._advance(seq, proposal, verdict)
+            self._guarded(seq, self._advance, seq, proposal, verdict)
         with self.cond:
             self._update_gauges()
         return True
+
+    def _guarded(self, seq: Sequence, work, *args):
+        """`work(*args)` for one sequence; if it raises, that sequence alone fails (its client gets the error) and
+        None is returned: one request's bad row (a grammar past the library's limits, a NaN) never fails the
+        requests beside it."""
+        try:
+            return work(*args)
+        except Exception as exc:
+            self._fail_sequence(seq, exc)
+            return None
+
+    def _fail_sequence(self, seq: Sequence, exc: Exception) -> None:
+        if seq.slot not in self.running or self.running[seq.slot] is not seq:
+            return  # already gone
+        if isinstance(exc, InvalidParameterError):
+            log.info("request %s failed: %s", seq.request.request_id, exc)
+            event = ErrorEvent(str(exc), exc)
+        else:
+            log.exception("request %s failed in the scheduler; the others go on", seq.request.request_id)
+            event = ErrorEvent("internal error in the scheduler (see the server log)")
+        self._release(seq, "error")
+        seq.request.sink(event)
 
     def _record_costs(
         self, batch: int, drafting: int, k: int, draft_seconds: float, verify_seconds: float,
@@ -386,7 +410,7 @@ class Scheduler:
             self.metrics.prefill_reused_tokens.inc(end - seq.prefilled)
             seq.prefilled = end
             if seq.prefilling and not computed:
-                self._compute_chunk(seq)
+                self._guarded(seq, self._compute_chunk, seq)
                 computed = True
 
     def _compute_chunk(self, seq: Sequence) -> None:
@@ -414,28 +438,43 @@ class Scheduler:
         """The most tokens the sequence may still generate (max_tokens, or the context, whichever ends first)."""
         return min(self.max_model_len - len(seq.tokens) + 1, seq.request.max_tokens - len(seq.stopper.token_ids))
 
-    def _propose(self, seqs: list[Sequence], ks: list[int]) -> list[Proposal]:
+    def _propose(self, seqs: list[Sequence], ks: list[int]) -> list[Proposal | None]:
+        """Each sequence's proposal (empty where k = 0; None where the sequence failed). A batched propose that
+        raises is run again job by job, so only the job that raises fails (the drafter's slots stay
+        consistent: what each holds is recorded only after its forward)."""
         empty = Proposal(torch.empty(0, dtype=torch.long), None)
-        proposals = [empty] * len(seqs)
+        proposals: list[Proposal | None] = [empty] * len(seqs)
         jobs = [
             (i, DraftJob(seq.slot, seq.tokens, k, seq.request.params, seq.rng, seq.adjustments, seq.grammar))
             for i, (seq, k) in enumerate(zip(seqs, ks, strict=True))
             if k
         ]
-        if jobs:
+        if not jobs:
+            return proposals
+        try:
             for (i, _), proposal in zip(jobs, self.drafter.propose([job for _, job in jobs]), strict=True):
                 proposals[i] = proposal
+        except Exception:
+            log.debug("a batched propose raised; proposing job by job", exc_info=True)
+            for i, job in jobs:
+                result = self._guarded(seqs[i], self.drafter.propose, [job])
+                proposals[i] = result[0] if result is not None else None
         return proposals
 
-    def _constrain(self, seqs: list[Sequence], proposals: list[Proposal]) -> list[torch.Tensor | None]:
+    def _constrain(self, seqs: list[Sequence], proposals: list[Proposal | None]) -> list[torch.Tensor | None]:
         """Per sequence with a grammar: cut its proposal at the first token the grammar rejects (a lookup's
         tokens are not masked), and the masks [k + 1, V] of the states the verification rows stand at."""
         masks: list[torch.Tensor | None] = []
         for i, (seq, proposal) in enumerate(zip(seqs, proposals, strict=True)):
-            if seq.grammar is None:
+            if seq.grammar is None or proposal is None:
                 masks.append(None)
                 continue
-            allowed, valid = seq.grammar.masks(proposal.tokens.tolist())
+            found = self._guarded(seq, seq.grammar.masks, proposal.tokens.tolist())
+            if found is None:
+                proposals[i] = None
+                masks.append(None)
+                continue
+            allowed, valid = found
             if valid < proposal.tokens.shape[0]:
                 probs = proposal.probs[:valid] if proposal.probs is not None else None
                 proposals[i] = Proposal(proposal.tokens[:valid], probs)
@@ -443,35 +482,40 @@ class Scheduler:
         return masks
 
     def _verify(
-        self, seqs: list[Sequence], proposals: list[Proposal], masks: list[torch.Tensor | None]
-    ) -> list[Verdict]:
-        """One target pass over [pending, drafts] of every sequence, then each one's verdict: rows adjusted by
-        the request's logit_bias and penalties, then masked by its grammar."""
-        rows = [
-            seq.tokens[self.cache.lengths[seq.slot] :] + p.tokens.tolist()
-            for seq, p in zip(seqs, proposals, strict=True)
-        ]
-        all_logits = padded_forward(self.target.model, self.cache, rows, [seq.slot for seq in seqs])
-        verdicts = []
-        for seq, proposal, raw, mask in zip(seqs, proposals, all_logits, masks, strict=True):
-            k = proposal.tokens.shape[0]
-            raw = raw[-(k + 1) :]
-            params = seq.request.params
-            logits = seq.adjustments.apply(raw, proposal.tokens.tolist())
-            if mask is not None:
-                logits = logits.masked_fill(~mask, float("-inf"))
-            if params.greedy:
-                accepted, next_token = verify_greedy(proposal.tokens, logits, argmax_rows)
-            else:
-                probs = probs_from_logits(logits, params)
-                accepted, next_token = verify_sampled(proposal.tokens, proposal.probs, probs, seq.rng)
-            self.cache.set_length(seq.slot, len(seq.tokens) + accepted)
-            logprobs = None
-            if seq.request.logprobs is not None:
-                emitted = [*proposal.tokens[:accepted].tolist(), next_token]
-                logprobs = token_logprobs(raw[: accepted + 1], emitted, seq.request.logprobs)
-            verdicts.append(Verdict(accepted, next_token, logprobs))
+        self, seqs: list[Sequence], proposals: list[Proposal | None], masks: list[torch.Tensor | None]
+    ) -> list[Verdict | None]:
+        """One target pass over [pending, drafts] of every sequence still running, then each one's verdict (None
+        for a sequence that failed)."""
+        live = [i for i, proposal in enumerate(proposals) if proposal is not None]
+        verdicts: list[Verdict | None] = [None] * len(seqs)
+        if not live:
+            return verdicts
+        rows = [seqs[i].tokens[self.cache.lengths[seqs[i].slot] :] + proposals[i].tokens.tolist() for i in live]
+        all_logits = padded_forward(self.target.model, self.cache, rows, [seqs[i].slot for i in live])
+        for i, raw in zip(live, all_logits, strict=True):
+            verdicts[i] = self._guarded(seqs[i], self._verdict, seqs[i], proposals[i], raw, masks[i])
         return verdicts
+
+    def _verdict(self, seq: Sequence, proposal: Proposal, raw: torch.Tensor, mask: torch.Tensor | None) -> Verdict:
+        """The sequence's rows adjusted by the request's logit_bias and penalties, then masked by its grammar;
+        acceptance; its cache rolled back to the accepted length."""
+        k = proposal.tokens.shape[0]
+        raw = raw[-(k + 1) :]
+        params = seq.request.params
+        logits = seq.adjustments.apply(raw, proposal.tokens.tolist())
+        if mask is not None:
+            logits = logits.masked_fill(~mask, float("-inf"))
+        if params.greedy:
+            accepted, next_token = verify_greedy(proposal.tokens, logits, argmax_rows)
+        else:
+            probs = probs_from_logits(logits, params)
+            accepted, next_token = verify_sampled(proposal.tokens, proposal.probs, probs, seq.rng)
+        self.cache.set_length(seq.slot, len(seq.tokens) + accepted)
+        logprobs = None
+        if seq.request.logprobs is not None:
+            emitted = [*proposal.tokens[:accepted].tolist(), next_token]
+            logprobs = token_logprobs(raw[: accepted + 1], emitted, seq.request.logprobs)
+        return Verdict(accepted, next_token, logprobs)
 
     def _advance(self, seq: Sequence, proposal: Proposal, verdict: Verdict) -> None:
         k, accepted = proposal.tokens.shape[0], verdict.accepted

@@ -15,14 +15,15 @@ import dataclasses
 import hmac
 import json
 import logging
+import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -32,11 +33,15 @@ from ..errors import InvalidParameterError, ModelLoadError, PromptTooLongError
 from ..grammar import Grammar, GrammarSpec
 from ..sampling import SamplingParams
 from .events import AsyncSink
+from .grammars import ClientGoneError, GrammarWorkers
+from .limits import DEFAULT_GRAMMAR_TIMEOUT, DEFAULT_MAX_BODY_BYTES, MAX_JSON_DEPTH, PARSE_ON_LOOP_BYTES
+from .openapi import openapi_schema
 from .protocol import ApiError, ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, new_id
-from .responses import Job, chat_chunks, chat_completion_body, completion_body, completion_chunks
+from .responses import Job, chat_chunks, chat_completion_body, completion_body, completion_chunks, event_error
 
 log = logging.getLogger("verispec.server")
 RequestT = TypeVar("RequestT", CompletionRequest, ChatCompletionRequest)
+T = TypeVar("T")
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DISCONNECT_POLL_SECONDS = 0.5
 RETRY_AFTER_SECONDS = 1  # a full queue: a slot frees as soon as any running request ends
@@ -50,6 +55,17 @@ class ServerState:
     api_key: str | None = None  # when set, /v1/ routes need it as a bearer token
     allowed_hosts: frozenset[str] | None = None  # names the Host (and any Origin) header may carry; None: any
     started: int = field(default_factory=lambda: int(time.time()))
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger request bodies get 413
+    grammar_timeout: float = DEFAULT_GRAMMAR_TIMEOUT  # seconds a new grammar may take to compile (--grammar-timeout)
+    grammar_processes: int = 1  # worker processes checking new grammars (--grammar-workers)
+    parse_special: bool = False  # message contents may spell control tokens (--parse-special: the old behaviour)
+    _grammar_workers: GrammarWorkers | None = None
+
+    def grammar_workers(self) -> GrammarWorkers:
+        if self._grammar_workers is None:
+            compiler = self.scheduler.grammars
+            self._grammar_workers = GrammarWorkers(compiler, self.grammar_processes, self.grammar_timeout)
+        return self._grammar_workers
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -59,37 +75,17 @@ def create_app(state: ServerState) -> FastAPI:
             state.scheduler.start()
         yield
         state.scheduler.stop()
+        if state._grammar_workers is not None:
+            state._grammar_workers.close()
 
     app = FastAPI(title="verispec", lifespan=lifespan)
     app.state.verispec = state
     _add_error_handlers(app, state)
     app.add_middleware(_Guard, state=state)
-    app.openapi = lambda: _openapi(app)
+    app.openapi = lambda: openapi_schema(app)
     _add_info_routes(app, state)
     _add_generation_routes(app, state)
     return app
-
-
-# ---- the published schema -----------------------------------------------------------------------------------
-REQUEST_MODELS = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest}
-
-
-def _openapi(app: FastAPI) -> dict:
-    """FastAPI's schema, plus the request bodies: the POST handlers read the raw body themselves (to answer
-    every mistake in OpenAI's error shape), so FastAPI would otherwise describe no body for them."""
-    if app.openapi_schema is None:
-        from fastapi.openapi.utils import get_openapi
-        from pydantic.json_schema import models_json_schema
-
-        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
-        models = [(model, "validation") for model in REQUEST_MODELS.values()]
-        refs, definitions = models_json_schema(models, ref_template="#/components/schemas/{model}")
-        schema.setdefault("components", {}).setdefault("schemas", {}).update(definitions["$defs"])
-        for path, model in REQUEST_MODELS.items():
-            body = {"application/json": {"schema": refs[(model, "validation")]}}
-            schema["paths"][path]["post"]["requestBody"] = {"required": True, "content": body}
-        app.openapi_schema = schema
-    return app.openapi_schema
 
 
 # ---- errors -----------------------------------------------------------------------------------------------
@@ -103,7 +99,8 @@ def _add_error_handlers(app: FastAPI, state: ServerState) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = "not_found" if exc.status_code == 404 else f"http_{exc.status_code}"
-        return JSONResponse(ApiError(exc.status_code, str(exc.detail), code=code).body(), status_code=exc.status_code)
+        body = ApiError(exc.status_code, str(exc.detail), code=code).body()
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)  # 405 keeps its Allow
 
     @app.exception_handler(Exception)
     async def server_error(_: Request, exc: Exception) -> JSONResponse:
@@ -114,6 +111,9 @@ def _add_error_handlers(app: FastAPI, state: ServerState) -> None:
 
 def _validation_error(exc: ValidationError) -> ApiError:
     errors = exc.errors(include_url=False)
+    if errors and errors[0]["type"] == "json_invalid" and "recursion limit" in errors[0]["msg"]:
+        message = f"the JSON body nests deeper than the server reads ({MAX_JSON_DEPTH} levels)"
+        return ApiError(400, message, code="json_too_deep")
     if errors and errors[0]["type"] == "json_invalid":
         return ApiError(400, f"malformed JSON body: {errors[0]['msg']}", code="invalid_json")
     parts = [f"{_location(e['loc']) or 'body'}: {e['msg']}" for e in errors[:3]]
@@ -122,8 +122,12 @@ def _validation_error(exc: ValidationError) -> ApiError:
 
 
 def _location(loc: tuple) -> str:
-    """'messages.0.content' from pydantic's location, without the union-member tags ('list[int]')."""
-    return ".".join(str(p) for p in loc if isinstance(p, int) or "[" not in str(p) and p not in {"str", "int"})
+    """'messages.0.content' from pydantic's location, without the union-member tags ('list[int]',
+    'constrained-str')."""
+    return ".".join(str(p) for p in loc if isinstance(p, int) or not _UNION_TAG.search(str(p)))
+
+
+_UNION_TAG = re.compile(r"\[|^(str|int|constrained-.*)$")
 
 
 # ---- who may ask: Host, Origin, the API key -----------------------------------------------------------------
@@ -206,7 +210,7 @@ def _add_info_routes(app: FastAPI, state: ServerState) -> None:
         card = ModelCard(id=state.model_name, created=state.started, max_model_len=state.scheduler.max_model_len)
         return ModelList(data=[card])
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -219,8 +223,8 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
     async def completions(request: Request) -> Response:
         body = await _parse(request, CompletionRequest)
         _check_request(state, body)  # before any work: encoding, compiling a grammar
-        prompt_ids = _encode_completion_prompt(state, body)
-        grammar = await _grammar(state, body)
+        prompt_ids = await _off_loop(_encode_completion_prompt, state, body)
+        grammar = await _grammar(state, body, request)
         job = _submit(state, body, prompt_ids, COMPLETION_DEFAULT_MAX_TOKENS, body.max_tokens, "prompt", grammar)
         if job.stream:
             return _sse(state, job, completion_chunks(job))
@@ -231,10 +235,10 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
     async def chat_completions(request: Request) -> Response:
         body = await _parse(request, ChatCompletionRequest)
         _check_request(state, body)
-        prompt_ids = _encode_chat(state, body)
+        prompt_ids = await _off_loop(_encode_chat, state, body)
         room = state.scheduler.max_model_len - len(prompt_ids)
         requested = body.max_completion_tokens or body.max_tokens
-        grammar = await _grammar(state, body)
+        grammar = await _grammar(state, body, request)
         job = _submit(state, body, prompt_ids, room, requested, "messages", grammar)
         if job.stream:
             return _sse(state, job, chat_chunks(job))
@@ -249,10 +253,37 @@ async def _parse(request: Request, model: type[RequestT]) -> RequestT:
         # preflight); a JSON body it cannot, so refusing the others keeps pages from driving the server
         message = f"the body must be JSON sent as Content-Type: application/json (got {media_type or 'none'})"
         raise ApiError(415, message, code="unsupported_media_type")
+    raw = await _body(request, request.app.state.verispec.max_body_bytes)
     try:
-        return model.model_validate_json(await request.body())
+        if len(raw) > PARSE_ON_LOOP_BYTES:  # megabytes of JSON take tens of milliseconds: not on the event loop
+            return await asyncio.to_thread(model.model_validate_json, raw)
+        return model.model_validate_json(raw)
     except ValidationError as exc:
         raise _validation_error(exc) from None
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    """The request's body, or 413 as soon as it is known to exceed `limit` bytes (by its Content-Length, or
+    while it streams in)."""
+    too_large = ApiError(
+        413, f"the request body exceeds {limit} bytes (the server's --max-body-bytes)", code="body_too_large"
+    )
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _off_loop(function: Callable[..., T], *args) -> T:
+    """Tokenizing a long prompt takes a long time for a server (a 5 MB prompt: seconds): a worker thread runs it
+    while the event loop keeps answering /health and streaming."""
+    return await asyncio.to_thread(function, *args)
 
 
 def _encode_completion_prompt(state: ServerState, body: CompletionRequest) -> list[int]:
@@ -263,14 +294,27 @@ def _encode_completion_prompt(state: ServerState, body: CompletionRequest) -> li
         prompt = prompt[0]
     if not prompt:
         raise ApiError(400, "prompt is empty", param="prompt", code="invalid_value")
-    return state.scheduler.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    if isinstance(prompt, list):
+        return list(prompt)
+    _refuse_untokenizable(state, len(prompt), "prompt")
+    return state.scheduler.tokenizer.encode(prompt)
+
+
+def _refuse_untokenizable(state: ServerState, characters: int, param: str) -> None:
+    """A text longer than the context times the longest token cannot fit: refused without spending seconds on
+    tokenizing it (a 5 MB prompt took 6 s)."""
+    context = state.scheduler.max_model_len
+    if characters > context * state.scheduler.tokenizer.longest_token_bytes:
+        message = f"the prompt has {characters} characters: more tokens than this model's context of {context} holds"
+        raise ApiError(400, message, param=param, code="context_length_exceeded")
 
 
 def _encode_chat(state: ServerState, body: ChatCompletionRequest) -> list[int]:
     # OpenAI's "developer" role is the newer name of "system", which is what chat templates know
     messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
+    _refuse_untokenizable(state, sum(len(m["content"]) for m in messages), "messages")
     try:
-        return state.scheduler.tokenizer.encode_chat(messages)
+        return state.scheduler.tokenizer.encode_chat(messages, parse_special=state.parse_special)
     except ModelLoadError:
         message = "this model has no chat template; send a raw prompt to /v1/completions"
         raise ApiError(400, message, param="messages", code="no_chat_template") from None
@@ -278,9 +322,12 @@ def _encode_chat(state: ServerState, body: ChatCompletionRequest) -> list[int]:
         raise ApiError(400, str(exc), param="messages", code="invalid_value") from None
 
 
-async def _grammar(state: ServerState, body: CompletionRequest | ChatCompletionRequest) -> Grammar | None:
-    """The request's structured-output grammar, compiled in a worker thread (a large schema takes milliseconds,
-    the first one also builds the tokenizer's index: about a second); 400 naming the field for a bad one."""
+async def _grammar(
+    state: ServerState, body: CompletionRequest | ChatCompletionRequest, request: Request
+) -> Grammar | None:
+    """The request's structured-output grammar, checked in a worker process and compiled off the event loop
+    (server/grammars.py); 400 naming the field for a bad one, or one over the limits; 499 when the client
+    leaves meanwhile."""
     constraints = body.constraints()
     if not constraints:
         return None
@@ -289,10 +336,12 @@ async def _grammar(state: ServerState, body: CompletionRequest | ChatCompletionR
         message = "ask for one structured-output constraint (response_format, structured_outputs or guided_*)"
         raise ApiError(400, message, param=param, code="invalid_value")
     try:
-        spec = GrammarSpec(*constraints[0][1:])
-        return await asyncio.to_thread(state.scheduler.grammars.compile, spec)
+        spec = GrammarSpec(*constraints[0][1:])  # the limits on what reaches the library are checked here
+        return await state.grammar_workers().compile(spec, request.is_disconnected)
     except InvalidParameterError as exc:
         raise ApiError(400, str(exc), param=param, code="invalid_value") from None
+    except ClientGoneError:
+        raise ApiError(499, "client closed the request", code="client_closed") from None
 
 
 def _submit(
@@ -340,6 +389,7 @@ def _submit(
     return Job(
         job_id, state.model_name, requests, sink, body.stream, include_usage, state.scheduler.tokenizer,
         choices=body.n, logprobs=logprobs is not None,
+        grammar_param=constraints[0][0] if (constraints := body.constraints()) else None,
     )  # fmt: skip
 
 
@@ -414,7 +464,7 @@ async def _result(http_request: Request, state: ServerState, job: Job) -> tuple[
                     outputs[index] = event.output
                     queue_seconds = max(queue_seconds, event.queue_seconds)
                 if isinstance(event, ErrorEvent):
-                    raise ApiError(500, event.message, type="server_error", code="internal")
+                    raise event_error(event, job)
             if loop.time() >= next_check:
                 if await http_request.is_disconnected():
                     raise ApiError(499, "client closed the request", code="client_closed")

@@ -13,6 +13,7 @@ from ..arguments import add_draft_vocab_argument, add_model_arguments
 from ..engine.policy import POLICIES
 from ..errors import VerispecError
 from ..loading import LoadedModel
+from .limits import DEFAULT_GRAMMAR_TIMEOUT, DEFAULT_MAX_BODY_BYTES
 
 TINY = "tiny"  # --model tiny / --speculative-model tiny: the random test pair of verispec.testing
 
@@ -43,6 +44,22 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
         "loopback names, or any when --host is 0.0.0.0 or ::)",
     )
     parser.add_argument("--drain-timeout", type=float, default=120.0, help="seconds SIGTERM waits for requests")
+    parser.add_argument(
+        "--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+        help=f"largest request body read (413 beyond; default {DEFAULT_MAX_BODY_BYTES})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--grammar-timeout", type=float, default=DEFAULT_GRAMMAR_TIMEOUT,
+        help=f"seconds a new structured-output grammar may take to compile (400 beyond; {DEFAULT_GRAMMAR_TIMEOUT:g})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--grammar-workers", type=int, default=1, help="processes that check new grammars, so none can crash the server"
+    )
+    parser.add_argument(
+        "--parse-special", action="store_true",
+        help="let chat message contents spell control tokens such as <|im_start|> (off: they are text, so a user "
+        "cannot write a system turn)",
+    )  # fmt: skip
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -52,9 +69,14 @@ def _serve(args: argparse.Namespace) -> int:
     from .app import ServerState, allowed_hosts_for, create_app
 
     hosts = _access_arguments(args)  # before the models load: a mistake here costs no wait
+    _check_limits(args)
     scheduler = build_scheduler(args)
     name = args.served_model_name or model_id(args.model)
-    state = ServerState(scheduler, name, api_key=args.api_key, allowed_hosts=allowed_hosts_for(args.host, hosts))
+    state = ServerState(
+        scheduler, name, api_key=args.api_key, allowed_hosts=allowed_hosts_for(args.host, hosts),
+        max_body_bytes=args.max_body_bytes, grammar_timeout=args.grammar_timeout,
+        grammar_processes=args.grammar_workers, parse_special=args.parse_special,
+    )  # fmt: skip
     target_bytes, draft_bytes = scheduler.kv_cache_bytes()
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
     logging.getLogger("verispec.server").info(
@@ -88,6 +110,15 @@ def _access_arguments(args: argparse.Namespace) -> list[str] | None:
     if not hosts:
         raise VerispecError("--allowed-hosts names no host: give names (comma-separated), or '*' for any")
     return hosts
+
+
+def _check_limits(args: argparse.Namespace) -> None:
+    if args.max_body_bytes < 1024:
+        raise VerispecError(f"--max-body-bytes must be >= 1024, got {args.max_body_bytes}")
+    if not args.grammar_timeout > 0:
+        raise VerispecError(f"--grammar-timeout must be > 0, got {args.grammar_timeout}")
+    if args.grammar_workers < 1:
+        raise VerispecError(f"--grammar-workers must be >= 1, got {args.grammar_workers}")
 
 
 def _draining_server(config, state):

@@ -8,6 +8,7 @@ default, as in OpenAI's API); unknown fields are ignored, but known features ver
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from typing import Annotated, Any, Literal
@@ -39,6 +40,19 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """Every error's body (OpenAI's shape); a stream that fails sends it as its last event."""
+
+    error: ErrorDetail
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)  # NaN: "finite number", not "<= 2"
 
@@ -56,6 +70,7 @@ def _text(value: Any) -> str:
     return "" if value is True else value if isinstance(value, str) else json.dumps(value)
 
 
+TOKEN_ID_KEY = re.compile(r"^[0-9]{1,18}$")  # a logit_bias key
 MAX_STOP_STRINGS = 16  # each is checked after every token, in the scheduler's thread (OpenAI allows 4)
 
 
@@ -120,7 +135,9 @@ class _GenerationRequest(_Strict):
     presence_penalty: float = Field(default=0.0, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
     frequency_penalty: float = Field(default=0.0, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
     # token id (as a JSON key: a string of digits) -> added logit
-    logit_bias: dict[str, Annotated[float, Field(ge=BIAS_RANGE[0], le=BIAS_RANGE[1])]] | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=BIAS_RANGE[0], le=BIAS_RANGE[1])]] | None = Field(
+        default=None, json_schema_extra={"propertyNames": {"pattern": TOKEN_ID_KEY.pattern}}
+    )
     user: str | None = None
     # structured output: OpenAI's response_format, vLLM's structured_outputs, and vLLM's older guided_* names
     response_format: ResponseFormat | None = None
@@ -161,8 +178,8 @@ class _GenerationRequest(_Strict):
     @classmethod
     def _token_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         for key in value or {}:
-            if not key.isdigit():
-                raise ValueError(f"keys must be token ids (strings of digits), got {key!r}")
+            if not TOKEN_ID_KEY.fullmatch(key):  # "²" is a digit to str.isdigit, and int() refuses 4,300 digits
+                raise ValueError(f"keys must be token ids (1 to 18 ASCII digits), got {key[:40]!r}")
         return value
 
     def bias(self) -> dict[int, float]:
@@ -182,8 +199,17 @@ class _GenerationRequest(_Strict):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
 
+NonEmptyText = Annotated[str, Field(min_length=1)]
+TokenIds = Annotated[list[int], Field(min_length=1)]
+
+
 class CompletionRequest(_GenerationRequest):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: (
+        NonEmptyText
+        | TokenIds
+        | Annotated[list[NonEmptyText], Field(min_length=1)]
+        | Annotated[list[TokenIds], Field(min_length=1)]
+    )
     echo: bool = False
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     best_of: int | None = Field(default=None, ge=1)  # sequences generated; the n of highest mean logprob returned

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from ..engine.requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput, StreamChunk
+from ..errors import InvalidParameterError
+from ..grammar import GrammarError
 from ..logprobs import TokenLogprob
 from ..stats import GenerationStats
 from ..tokenizer import Tokenizer
@@ -47,6 +49,7 @@ class Job:
     tokenizer: Tokenizer
     choices: int = 1  # n: how many of the requests' outputs are answered
     logprobs: bool = False  # whether the client asked for them (best_of ranks by them either way)
+    grammar_param: str | None = None  # the field that asked for structured output, if any
 
     @property
     def wants_logprobs(self) -> bool:
@@ -148,8 +151,18 @@ def chat_completion_body(job: Job, outputs: list[GenerationOutput], queue_second
     return ChatCompletion(id=job.id, model=job.model, choices=choices, usage=usage(outputs), verispec=stats)
 
 
-def _error_chunk(event: ErrorEvent) -> dict:
-    return ApiError(500, event.message, type="server_error", code="internal").body()
+def event_error(event: ErrorEvent, job: Job) -> ApiError:
+    """A failed request's answer: 400 when it was the request's own fault (a grammar that hit the grammar
+    library's limits while generating names the constraint's field), else 500."""
+    if isinstance(event.error, GrammarError):
+        return ApiError(400, event.message, param=job.grammar_param, code="invalid_value")
+    if isinstance(event.error, InvalidParameterError):
+        return ApiError(400, event.message, code="invalid_value")
+    return ApiError(500, event.message, type="server_error", code="internal")
+
+
+def _error_chunk(event: ErrorEvent, job: Job) -> dict:
+    return event_error(event, job).body()
 
 
 async def completion_chunks(job: Job) -> AsyncIterator[BaseModel | dict]:
@@ -159,7 +172,7 @@ async def completion_chunks(job: Job) -> AsyncIterator[BaseModel | dict]:
     outputs: list[GenerationOutput] = []
     async for index, event in job.sink.events():
         if isinstance(event, ErrorEvent):
-            yield _error_chunk(event)
+            yield _error_chunk(event, job)
         elif isinstance(event, FinishEvent):
             outputs.append(event.output)
             stats = VerispecStats.from_stats(event.output.stats, event.queue_seconds)
@@ -190,7 +203,7 @@ async def chat_chunks(job: Job) -> AsyncIterator[BaseModel | dict]:
     outputs: list[GenerationOutput] = []
     async for index, event in job.sink.events():
         if isinstance(event, ErrorEvent):
-            yield _error_chunk(event)
+            yield _error_chunk(event, job)
         elif isinstance(event, FinishEvent):
             outputs.append(event.output)
             stats = VerispecStats.from_stats(event.output.stats, event.queue_seconds)
