@@ -31,7 +31,7 @@ from serving import ServerProcess  # noqa: E402
 PROBE = {"prompt": "def fibonacci(n):", "max_tokens": 16, "temperature": 0, "ignore_eos": True}
 
 
-def generated_bodies(url: str, count: int, seed: int) -> list[tuple[str, dict]]:
+def generated_bodies(url: str, count: int, seed: int) -> list[tuple[str, object]]:
     """`count` bodies drawn from the schema of the POST routes, half valid and half not (schemathesis)."""
     import hypothesis
     import schemathesis
@@ -40,18 +40,28 @@ def generated_bodies(url: str, count: int, seed: int) -> list[tuple[str, dict]]:
     warnings.simplefilter("ignore")
     schema = schemathesis.openapi.from_url(url + "/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
-    posts = [op for op in operations if op.method.upper() == "POST"]
-    bodies = []
-    for i in range(count):
-        operation = posts[i % len(posts)]
-        mode = GenerationMode.POSITIVE if i % 2 == 0 else GenerationMode.NEGATIVE
-        with hypothesis.settings(database=None):
-            case = operation.as_strategy(generation_mode=mode).example()
-        route = "chat" if "chat" in operation.path else "completion"
-        if isinstance(case.body, dict):  # keep generated answers short: the run is about refusals and survival
-            case.body["max_tokens"] = min(case.body.get("max_tokens") or 8, 8) if mode == GenerationMode.POSITIVE \
-                else case.body.get("max_tokens")  # fmt: skip
-        bodies.append((route, case.body))
+    bodies: list[tuple[str, object]] = []
+    share = count // 4  # per route and mode
+    for operation in [op for op in operations if op.method.upper() == "POST"]:
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+
+            @hypothesis.settings(
+                max_examples=share,
+                database=None,
+                deadline=None,
+                derandomize=True,
+                suppress_health_check=list(hypothesis.HealthCheck),
+                phases=[hypothesis.Phase.generate],
+            )
+            @hypothesis.given(case=operation.as_strategy(generation_mode=mode))
+            def collect(case) -> None:
+                body = case.body
+                valid = case.meta.generation.mode == GenerationMode.POSITIVE
+                if isinstance(body, dict) and valid:  # short answers: the run is about refusals and survival
+                    body = {**body, "max_tokens": min(body.get("max_tokens") or 8, 8)}
+                bodies.append(("chat" if "chat" in case.operation.path else "completion", body))
+
+            collect()
     random.Random(seed).shuffle(bodies)
     return bodies
 

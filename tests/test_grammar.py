@@ -174,7 +174,9 @@ def test_bad_grammars_are_refused_with_the_librarys_reason(pair, spec, message):
         SpeculativeGenerator(target, None).generate("x", max_tokens=3, grammar=spec)
 
 
-@pytest.mark.parametrize(("kind", "value"), [("yaml", "x"), ("choice", "[]"), ("choice", "[1]"), ("choice", "{")])
+@pytest.mark.parametrize(
+    ("kind", "value"), [("yaml", "x"), ("choice", "[]"), ("choice", "[1]"), ("choice", "{"), ("choice", '["a", ""]')]
+)
 def test_bad_grammar_specs_are_refused_at_once(kind, value):
     with pytest.raises(InvalidParameterError, match="unknown grammar kind|invalid choice"):
         GrammarSpec(kind, value)

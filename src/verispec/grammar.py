@@ -140,8 +140,9 @@ class GrammarSpec:
                 choices = json.loads(self.value)
             except ValueError:
                 choices = None
-            if not isinstance(choices, list) or not choices or not all(isinstance(c, str) for c in choices):
-                raise InvalidParameterError("invalid choice: it needs a non-empty JSON list of strings")
+            if not isinstance(choices, list) or not choices or not all(isinstance(c, str) and c for c in choices):
+                # an empty choice would make an empty answer a right one, indistinguishable from a failure
+                raise InvalidParameterError("invalid choice: it needs a non-empty JSON list of non-empty strings")
         check_limits(self.kind, self.value)
 
     def source(self) -> str:
