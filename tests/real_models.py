@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from verispec import bundled
 from verispec.errors import BundledModelError
+from verispec.models import bundled
 
 
 def require_bundled() -> None:

@@ -11,8 +11,8 @@ from collections import Counter
 import pytest
 import torch
 
-from verispec.acceptance import verify_greedy, verify_sampled
-from verispec.sampling import SamplingParams, probs_from_logits, sample
+from verispec.decoding.acceptance import verify_greedy, verify_sampled
+from verispec.decoding.sampling import SamplingParams, probs_from_logits, sample
 
 from distributions import random_distribution, total_variation
 

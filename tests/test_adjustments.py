@@ -13,9 +13,9 @@ import torch
 from speculation import METHODS, speculative_generator
 
 from verispec import SpeculativeGenerator
-from verispec.adjustments import LogitAdjustments
+from verispec.decoding.adjustments import LogitAdjustments
+from verispec.decoding.sampling import SamplingParams, probs_from_logits
 from verispec.errors import InvalidParameterError
-from verispec.sampling import SamplingParams, probs_from_logits
 from verispec.testing import tiny_config, tiny_loaded, tiny_model, tiny_pair, word_tokenizer
 
 from distributions import total_variation

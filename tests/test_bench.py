@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from verispec.acceptance import expected_tokens_per_round
 from verispec.bench import BenchConfig, Models, run_bench, write_outputs
 from verispec.bench import methods as bench_methods
 from verispec.bench.cli import config_from_args
@@ -20,6 +19,7 @@ from verispec.bench.runner import reference_method
 from verispec.bench.summary import ideal_speedup
 from verispec.bench.tiny import hf_twin, tiny_models
 from verispec.cli import main
+from verispec.decoding.acceptance import expected_tokens_per_round
 from verispec.testing import prefer_the_end_token
 
 PROMPTS = [

@@ -8,9 +8,9 @@ import torch
 from test_generator_tiny import PROMPTS, RUNS, TOLERANCE, VOCAB, _exact_first_two, reference_greedy
 
 from verispec import SpeculativeGenerator
+from verispec.decoding.sampling import SamplingParams
 from verispec.engine.requests import EngineRequest, FinishEvent
 from verispec.engine.scheduler import Scheduler, SchedulerConfig
-from verispec.sampling import SamplingParams
 from verispec.testing import tiny_config, tiny_loaded, tiny_model, tiny_pair, word_tokenizer
 
 from distributions import total_variation

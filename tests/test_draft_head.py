@@ -5,8 +5,8 @@ import torch
 from test_generator_tiny import PROMPTS, reference_greedy
 
 from verispec import SpeculativeGenerator
-from verispec.draft_head import DraftHead, frequent_ids, restricted_head
-from verispec.quantize import quantize_model
+from verispec.models.draft_head import DraftHead, frequent_ids, restricted_head
+from verispec.models.quantize import quantize_model
 from verispec.testing import tiny_pair
 
 

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from verispec import SpeculativeGenerator
+from verispec.decoding.sampling import SamplingParams
 from verispec.engine.prefixes import reusable_prefill
 from verispec.engine.proposers import CATCH_UP_WIDTH, BatchedDrafter, DraftJob, padded_forward
 from verispec.engine.requests import EngineRequest, ErrorEvent, FinishEvent, StreamChunk
 from verispec.engine.scheduler import Scheduler, SchedulerConfig
 from verispec.errors import InvalidParameterError
-from verispec.sampling import SamplingParams
 from verispec.testing import prefer_the_end_token, tiny_pair
 
 from real_models import smollm2_path
@@ -77,7 +77,7 @@ def _run_scheduler(
 
 POLICY_METHODS = [
     ("always", "draft", None), ("auto", "draft", None), ("never", "draft", None), ("always", "ngram", None),
-    ("always", "draft", 100),  # a restricted draft head (draft_head.py)
+    ("always", "draft", 100),  # a restricted draft head (models/draft_head.py)
     ("always", "hybrid", None), ("auto", "hybrid", None),
 ]  # fmt: skip
 

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from verispec import bundled, cli
-from verispec.quantize import (
+from verispec import cli
+from verispec.models import bundled
+from verispec.models.quantize import (
     QuantizedLinear,
     _int4_layout,
     _unpack_int4,
@@ -170,7 +171,7 @@ CHATS = [
 def test_the_saved_tokenizer_encodes_decodes_and_renders_chats_as_transformers_does(which, tmp_path):
     from transformers import AutoTokenizer
 
-    from verispec.tokenizer import Tokenizer
+    from verispec.models.tokenizer import Tokenizer
 
     if which == "target":
         require_bundled()
@@ -195,7 +196,7 @@ def test_the_saved_tokenizer_encodes_decodes_and_renders_chats_as_transformers_d
 def test_a_dense_tensor_holding_nan_or_infinity_is_refused(kind, tmp_path):
     """Dense matrices are checked in place (no float32 copy of a large tensor): BF16 by its exponent bits."""
     from verispec.errors import ModelLoadError
-    from verispec.gguf_native import _check_finite
+    from verispec.models.gguf_native import _check_finite
 
     qtype = {"F32": 0, "F16": 1, "BF16": 30}[kind]
     values = np.linspace(-3.0, 3.0, 64, dtype=np.float32)

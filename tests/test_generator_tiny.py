@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from verispec import SpeculativeGenerator
+from verispec.decoding.sampling import SamplingParams, probs_from_logits
 from verispec.engine.proposers import BatchedDrafter, Proposal, ngram_lookup
-from verispec.sampling import SamplingParams, probs_from_logits
+from verispec.models.tokenizer import Tokenizer
 from verispec.testing import EOS_TEXT, tiny_config, tiny_loaded, tiny_model, tiny_pair, truncated_copy, word_tokenizer
-from verispec.tokenizer import Tokenizer
 
 from distributions import total_variation
 

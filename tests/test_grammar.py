@@ -1,4 +1,4 @@
-"""Structured output through the engine (grammar.py, llguidance), against plain constrained decoding.
+"""Structured output through the engine (decoding/grammar.py, llguidance), against plain constrained decoding.
 
 The greedy reference steps llguidance's own matcher one token at a time over a cache-free recomputation of the
 model, so it shares neither the engine's masks-along-a-draft, its rollbacks nor its loop. The sampled test
@@ -16,8 +16,7 @@ import torch
 from speculation import METHODS, speculative_generator
 
 from verispec import GrammarSpec, SpeculativeGenerator
-from verispec.errors import InvalidParameterError
-from verispec.grammar import (
+from verispec.decoding.grammar import (
     MAX_CHOICES,
     MAX_GRAMMAR_BYTES,
     MAX_GRAMMAR_RULES,
@@ -26,7 +25,8 @@ from verispec.grammar import (
     GrammarError,
     GrammarMatcher,
 )
-from verispec.sampling import SamplingParams, probs_from_logits
+from verispec.decoding.sampling import SamplingParams, probs_from_logits
+from verispec.errors import InvalidParameterError
 from verispec.testing import tiny_config, tiny_loaded, tiny_model, tiny_pair, word_tokenizer
 
 from distributions import total_variation

@@ -9,12 +9,12 @@ from test_kernels import TYPES, random_blocks
 from test_kernels import path as path  # a fixture: each test runs on every path
 from test_stack import _linear
 
+from verispec.decoding.sampling import SamplingParams
 from verispec.engine.proposers import BatchedDrafter, DraftJob
-from verispec.gguf_native import native_stack
 from verispec.kernels import native
 from verispec.kernels.greedy import GreedySteps
 from verispec.kernels.linear import GGUFEmbedding, NativeLinear, NativeRMSNorm
-from verispec.sampling import SamplingParams
+from verispec.models.gguf_native import native_stack
 from verispec.testing import tiny_config, tiny_model
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="native kernels not compiled")
@@ -114,7 +114,7 @@ def test_the_drafter_proposes_the_same_drafts_in_one_call(model):
 def test_inactive_adjustments_take_the_one_call_and_active_ones_do_not(model):
     """The engine gives every sequence a LogitAdjustments; only one that changes logits (logit_bias, penalties)
     needs the draft's logits in Python."""
-    from verispec.adjustments import LogitAdjustments
+    from verispec.decoding.adjustments import LogitAdjustments
 
     drafter = BatchedDrafter(model, VOCAB, num_slots=1, max_len=128, head_ids=None)
     calls = []

@@ -244,7 +244,7 @@ def test_health_answers_while_maximal_bodies_arrive(server):
 # ---- the grammar checker on its own --------------------------------------------------------------------------
 @pytest.fixture
 def compiler(one_thread):
-    from verispec.grammar import GrammarCompiler
+    from verispec.decoding.grammar import GrammarCompiler
     from verispec.testing import byte_tokenizer
 
     return GrammarCompiler(byte_tokenizer(), 257)
@@ -257,7 +257,7 @@ async def _never_gone() -> bool:
 def test_a_grammar_that_crashes_the_library_costs_only_its_checking_process(compiler):
     """With a stack small enough, a real schema chain overflows the library's native stack: the worker dies (a
     segfault), the request gets GrammarError, and the next grammar is checked by a fresh worker."""
-    from verispec.grammar import GrammarError, GrammarSpec
+    from verispec.decoding.grammar import GrammarError, GrammarSpec
     from verispec.server.grammars import GrammarWorkers
 
     workers = GrammarWorkers(compiler, stack_bytes=256 * 1024)
@@ -285,7 +285,7 @@ for line in sys.stdin:
 
 
 def test_a_grammar_past_the_time_limit_or_left_by_its_client_stops_its_worker(compiler, tmp_path, monkeypatch):
-    from verispec.grammar import GrammarError, GrammarSpec
+    from verispec.decoding.grammar import GrammarError, GrammarSpec
     from verispec.server import grammars
 
     script = tmp_path / "stalling_worker.py"

@@ -12,7 +12,7 @@ from gguf.quants import dequantize, quantize
 from test_generator_tiny import PROMPTS
 
 from verispec import SpeculativeGenerator
-from verispec.quantize import QuantizedLinear, int4_from_gguf, quantize_model, quantized_entries
+from verispec.models.quantize import QuantizedLinear, int4_from_gguf, quantize_model, quantized_entries
 from verispec.testing import tiny_loaded, tiny_pair
 
 
@@ -58,7 +58,7 @@ def test_quantized_greedy_speculative_equals_plain_bit_for_bit(mode, k):
 
 @pytest.mark.parametrize("rows", [16, 48, 64, 80, 144, 208])
 def test_int4_unpacking_inverts_pytorchs_packing(rows):
-    from verispec.quantize import _unpack_int4
+    from verispec.models.quantize import _unpack_int4
 
     q = torch.randint(0, 16, (rows, 96), dtype=torch.int32, generator=torch.Generator().manual_seed(rows))
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
@@ -69,7 +69,7 @@ def test_int4_unpacking_inverts_pytorchs_packing(rows):
 def test_int4_unpacking_follows_the_packer_of_each_cpu_capability(capability):
     # PyTorch packs int4 differently per CPU capability; a lower one can be forced through the environment.
     script = (
-        "import torch; from verispec.quantize import _unpack_int4\n"
+        "import torch; from verispec.models.quantize import _unpack_int4\n"
         "q = torch.randint(0, 16, (208, 96), dtype=torch.int32, generator=torch.Generator().manual_seed(1))\n"
         "packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)\n"
         "assert torch.equal(_unpack_int4(packed, 96).to(torch.int32), q)\n"

@@ -162,8 +162,8 @@ def test_token_embeddings_get_a_tile_form_only_where_they_are_the_head(name, til
     """The target has its own output head, so its embeddings are only looked up (from the GGUF rows): no tile
     form of them is written. SmolLM2 ties its head to the embeddings, which then need one."""
     require_bundled()
-    from verispec import bundled, gguf_native
-    from verispec.gguf_source import GGUFSource
+    from verispec.models import bundled, gguf_native
+    from verispec.models.gguf_source import GGUFSource
 
     current, repacked = [], []  # the tensor being indexed (named by its finiteness check), those repacked
     check = gguf_native._check_finite

@@ -8,7 +8,8 @@ matmul order), and the argmax agrees at every position.
 import pytest
 import torch
 
-from verispec import bundled, load_model
+from verispec import load_model
+from verispec.models import bundled
 
 from real_models import humaneval_prompts, require_bundled, smollm2_path
 

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
+from verispec.decoding.sampling import SamplingParams, probs_from_logits
 from verispec.errors import InvalidParameterError
-from verispec.sampling import SamplingParams, probs_from_logits
 
 
 def test_top_k_keeps_exactly_the_k_largest():

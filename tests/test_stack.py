@@ -8,9 +8,9 @@ import torch
 from test_kernels import TYPES, random_blocks
 from test_kernels import path as path  # a fixture: each test runs on every path
 
-from verispec.gguf_native import native_stack
 from verispec.kernels import native
 from verispec.kernels.linear import NativeLinear
+from verispec.models.gguf_native import native_stack
 from verispec.testing import tiny_config, tiny_model
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="native kernels not compiled")
@@ -98,14 +98,14 @@ def test_each_row_is_the_same_bits_alone_in_a_verify_pass_and_beside_other_seque
 def test_a_prefill_cut_into_calls_is_the_same_bits_as_one_call(model, monkeypatch):
     """Long passes go to the stack in chunks of rows (bounded scratch); each row sees the keys and values the
     chunks before it wrote, so where the cuts fall changes nothing."""
-    import verispec.model
+    import verispec.models.model
 
     model, stack = model
     model.fused_blocks = stack
     prompts = [list(range(50, 90)), list(range(120, 151))]
     try:
         whole = model(torch.tensor([prompts[0][:31], prompts[1]]), model.new_cache(2, 64), [0, 1])
-        monkeypatch.setattr(verispec.model, "FUSED_CHUNK_ROWS", 7)
+        monkeypatch.setattr(verispec.models.model, "FUSED_CHUNK_ROWS", 7)
         cut = model(torch.tensor([prompts[0][:31], prompts[1]]), model.new_cache(2, 64), [0, 1])
     finally:
         model.fused_blocks = None

@@ -1,5 +1,8 @@
 """verispec: lossless speculative decoding. Faster, and provably the same text."""
 
+from .decoding.grammar import GrammarSpec
+from .decoding.sampling import SamplingParams
+from .decoding.stats import GenerationStats
 from .errors import (
     BundledModelError,
     InvalidParameterError,
@@ -9,10 +12,7 @@ from .errors import (
     VerispecError,
 )
 from .generator import GenerationOutput, SpeculativeGenerator, StreamChunk
-from .grammar import GrammarSpec
-from .loading import LoadedModel, load_model
-from .sampling import SamplingParams
-from .stats import GenerationStats
+from .models.loading import LoadedModel, load_model
 
 __all__ = [
     "BundledModelError",

@@ -6,7 +6,7 @@ import argparse
 
 from .errors import InvalidParameterError
 from .generator import DEFAULT_DRAFT_VOCAB, SPECULATIVE_METHODS
-from .quantize import QUANTIZATIONS
+from .models.quantize import QUANTIZATIONS
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,7 +74,7 @@ def add_draft_vocab_argument(parser: argparse.ArgumentParser) -> None:
 
 def validate_sampling_arguments(args: argparse.Namespace) -> None:
     """Fail on bad sampling flags before spending seconds on loading models."""
-    from .sampling import SamplingParams
+    from .decoding.sampling import SamplingParams
 
     SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     if args.max_tokens < 1:

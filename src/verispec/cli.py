@@ -22,10 +22,10 @@ from .arguments import (
     validate_sampling_arguments,
 )
 from .errors import InvalidParameterError, VerispecError
-from .quantize import resolve_quantization
+from .models.quantize import resolve_quantization
 
 if TYPE_CHECKING:
-    from .grammar import GrammarSpec
+    from .decoding.grammar import GrammarSpec
 
 # name -> (add_arguments, run); run(args) returns an exit status
 Command = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
@@ -85,8 +85,8 @@ def _generate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _generate(args: argparse.Namespace) -> int:
+    from .decoding.sampling import SamplingParams
     from .generator import SpeculativeGenerator
-    from .sampling import SamplingParams
 
     validate_sampling_arguments(args)
     SamplingParams(presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty)
@@ -124,7 +124,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _grammar_spec(args: argparse.Namespace) -> GrammarSpec | None:
     """--json-schema, --regex or --grammar as a GrammarSpec (a file's contents where the value names a file)."""
-    from .grammar import GrammarSpec
+    from .decoding.grammar import GrammarSpec
 
     for kind, value in (("json_schema", args.json_schema), ("regex", args.regex), ("grammar", args.grammar)):
         if value is None:

@@ -13,15 +13,15 @@ from collections.abc import Iterator
 
 import torch
 
+from .decoding.grammar import GrammarSpec
+from .decoding.sampling import SamplingParams
 from .engine.requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput, StreamChunk
 from .engine.scheduler import METHODS, Scheduler, SchedulerConfig
 from .errors import InvalidParameterError, VerispecError
-from .grammar import GrammarSpec
-from .loading import LoadedModel, load_pair
-from .sampling import SamplingParams
+from .models.loading import LoadedModel, load_pair
 
 DEFAULT_MAX_SEQ_LEN = 4096
-DEFAULT_DRAFT_VOCAB = 65536  # a restricted draft head (draft_head.py); the CLI default, off in the API
+DEFAULT_DRAFT_VOCAB = 65536  # a restricted draft head (models/draft_head.py); the CLI default, off in the API
 SPECULATIVE_METHODS = METHODS
 
 __all__ = ["GenerationOutput", "SpeculativeGenerator", "StreamChunk"]
@@ -108,9 +108,9 @@ class SpeculativeGenerator:
         max_tokens or a stop string (llama.cpp's --ignore-eos, vLLM's ignore_eos), for benchmarks.
         Generation stops at max_tokens or when the context is full (finish reason "length").
         `presence_penalty`, `frequency_penalty` and `logit_bias` adjust the logits as OpenAI's API does
-        (adjustments.py); `logprobs=N` gives every token its logprob and its N most likely alternatives
-        (logprobs.py), in each chunk and in the output. `grammar` (a GrammarSpec: a JSON schema, any JSON
-        object, a regex, a Lark/GBNF grammar or a choice) keeps every token within it (grammar.py).
+        (decoding/adjustments.py); `logprobs=N` gives every token its logprob and its N most likely alternatives
+        (decoding/logprobs.py), in each chunk and in the output. `grammar` (a GrammarSpec: a JSON schema, any JSON
+        object, a regex, a Lark/GBNF grammar or a choice) keeps every token within it (decoding/grammar.py).
         """
         params = SamplingParams(
             temperature, top_k, top_p, seed, presence_penalty, frequency_penalty, dict(logit_bias or {})

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import torch
 
-from .config import ModelConfig
-from .loading import LoadedModel
-from .model import Transformer
-from .tokenizer import Tokenizer
+from .models.config import ModelConfig
+from .models.loading import LoadedModel
+from .models.model import Transformer
+from .models.tokenizer import Tokenizer
 
 EOS_TEXT = "<eos>"
 

@@ -6,9 +6,9 @@ import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..decoding.sampling import GREEDY_BELOW
 from ..errors import InvalidParameterError
 from ..generator import DEFAULT_DRAFT_VOCAB
-from ..sampling import GREEDY_BELOW
 
 # ngram: prompt lookup, no draft model; hybrid: prompt lookup where it matches, the draft model elsewhere;
 # auto-X: method X with k chosen each step from measured costs (engine/policy.py), k from --k as the most

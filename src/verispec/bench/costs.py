@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..model import Transformer
+from ..models.model import Transformer
 
 PASS_WIDTHS = (4, 8)  # passes over this many tokens are timed whatever k the bench runs (the T(4), T(8))
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from ..decoding.grammar import GrammarSpec
 from ..errors import VerispecError
-from ..grammar import GrammarSpec
 from .schemas import LONG_SCHEMAS, SCHEMAS
 
 HUMANEVAL = "humaneval"

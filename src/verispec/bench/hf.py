@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from .. import bundled
 from ..errors import ModelLoadError
+from ..models import bundled
 from .config import BenchConfig
 from .methods import Outcome
 from .peer_tools import PeerUnavailableError, cut_at_stop, installed
@@ -27,7 +27,7 @@ HFLoader = Callable[[str], torch.nn.Module]  # "target" | "draft" -> a transform
 
 def hf_loader(config: BenchConfig) -> HFLoader:
     """Loads the bench's target or draft model files with transformers (GGUF file, bundled name or HF folder)."""
-    from ..loading import resolve_device, resolve_dtype
+    from ..models.loading import resolve_device, resolve_dtype
 
     dtype, device = resolve_dtype(config.dtype), resolve_device(config.device)
     sources = {"target": config.model, "draft": config.draft_model}

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import bundled
 from ..errors import ModelLoadError
+from ..models import bundled
 from .config import BenchConfig
 from .methods import Outcome
 from .peer_tools import PeerUnavailableError, cut_at_stop, installed

@@ -25,7 +25,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from ..tokenizer import Tokenizer
+from ..models.tokenizer import Tokenizer
 from .config import BenchConfig
 from .llamacpp import gguf_file
 from .methods import Outcome

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..decoding.grammar import GrammarSpec
+from ..decoding.stats import GenerationStats
 from ..generator import GenerationOutput, SpeculativeGenerator
-from ..grammar import GrammarSpec
-from ..loading import LoadedModel
-from ..stats import GenerationStats
+from ..models.loading import LoadedModel
 from .config import BenchConfig
 
 

@@ -18,12 +18,12 @@ from typing import Protocol
 import torch
 from tqdm import tqdm
 
-from ..draft_head import DraftHead, draft_ids
+from ..decoding.grammar import GrammarSpec
 from ..errors import InvalidParameterError
-from ..grammar import GrammarSpec
 from ..kernels.linear import GGUFEmbedding, NativeLinear
-from ..loading import LoadedModel, load_pair
-from ..quantize import QuantizedLinear, default_draft_quantization
+from ..models.draft_head import DraftHead, draft_ids
+from ..models.loading import LoadedModel, load_pair
+from ..models.quantize import QuantizedLinear, default_draft_quantization
 from .config import PEER_FAMILIES, BenchConfig, as_command
 from .costs import Costs, measure_costs
 from .datasets import Request, load_requests

@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from ..acceptance import expected_tokens_per_round
+from ..decoding.acceptance import expected_tokens_per_round
 from .config import BASELINE
 from .costs import Costs
 from .runner import BenchResult, Run

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from ..loading import LoadedModel, resolve_dtype
-from ..model import Transformer
+from ..models.loading import LoadedModel, resolve_dtype
+from ..models.model import Transformer
 from ..testing import tiny_pair
 
 

@@ -41,7 +41,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..acceptance import expected_tokens_per_round
+from ..decoding.acceptance import expected_tokens_per_round
 
 POLICIES = ("auto", "always", "never")
 

@@ -11,7 +11,7 @@ prefill starts overwriting it.
 
 from __future__ import annotations
 
-from ..model import KVCache
+from ..models.model import KVCache
 
 
 def reusable_prefill(record: list[int], target: list[int], start: int, chunk: int) -> int:

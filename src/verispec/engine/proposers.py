@@ -23,13 +23,13 @@ from dataclasses import dataclass
 
 import torch
 
-from ..adjustments import LogitAdjustments
-from ..draft_head import DraftHead
-from ..grammar import GrammarMatcher
+from ..decoding.adjustments import LogitAdjustments
+from ..decoding.grammar import GrammarMatcher
+from ..decoding.sampling import SamplingParams, probs_from_logits, sample
 from ..kernels.greedy import MAX_ROWS as GREEDY_MAX_ROWS
 from ..kernels.greedy import GreedySteps
-from ..model import KVCache, Transformer
-from ..sampling import SamplingParams, probs_from_logits, sample
+from ..models.draft_head import DraftHead
+from ..models.model import KVCache, Transformer
 
 PAD_TOKEN = 0  # any valid id: padded positions are computed and then forgotten
 CATCH_UP_WIDTH = 4  # longer draft catch-ups (after drafting was suspended) run alone first
@@ -103,8 +103,8 @@ class BatchedDrafter:
     """A draft model with one cache slot per sequence; `propose` drafts k tokens for many sequences together.
 
     Per sequence: argmax when greedy, else a sample from the filtered draft distribution q, drawn from the
-    sequence's own generator; both after the request's logit adjustments (adjustments.py) and within its
-    grammar (grammar.py: a sequence whose grammar allows none of the draft head's tokens drafts fewer).
+    sequence's own generator; both after the request's logit adjustments (decoding/adjustments.py) and within its
+    grammar (decoding/grammar.py: a sequence whose grammar allows none of the draft head's tokens drafts fewer).
 
     A slot needs no prefill: `propose` feeds whatever the slot lacks, keeping the longest prefix it already
     holds, or copying a longer one another slot holds (so a new request reuses a previous one's shared
@@ -119,7 +119,7 @@ class BatchedDrafter:
     def __init__(
         self, model: Transformer, target_vocab_size: int, num_slots: int, max_len: int, head_ids: torch.Tensor | None
     ):
-        """head_ids: draft only these token ids (a restricted head, see draft_head.py); None: all."""
+        """head_ids: draft only these token ids (a restricted head, see models/draft_head.py); None: all."""
         self.model = model
         self.head = DraftHead(model, target_vocab_size, head_ids)
         self.greedy_steps = self._greedy_steps(model, target_vocab_size)

@@ -7,10 +7,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..grammar import Grammar
-from ..logprobs import TokenLogprob
-from ..sampling import SamplingParams
-from ..stats import GenerationStats
+from ..decoding.grammar import Grammar
+from ..decoding.logprobs import TokenLogprob
+from ..decoding.sampling import SamplingParams
+from ..decoding.stats import GenerationStats
 
 
 @dataclass

@@ -8,9 +8,9 @@ calling thread for a batch of one. Each step, for all running sequences at once:
         catches up when it drafts)
     decide how many tokens this step drafts (policy.DraftPolicy: k = 0..k_max, what pays at this batch size)
     draft k tokens for every sequence that may draft         proposers.py: one draft pass per position
-    cut each draft at the first token its grammar rejects   grammar.py (structured output)
+    cut each draft at the first token its grammar rejects   decoding/grammar.py (structured output)
     run the target ONCE over [pending, d1..dk] for all rows  padded_forward, rows right-padded
-    per sequence: adjust each row (logit_bias, penalties: adjustments.py) and mask it (its grammar), accept
+    per sequence: adjust each row (logit_bias, penalties: decoding/adjustments.py) and mask it (its grammar), accept
         by acceptance.verify_*, roll its cache back to the accepted length, take logprobs if asked
     emit the accepted tokens one by one through its StopChecker; finished sequences leave
 
@@ -28,17 +28,17 @@ from dataclasses import dataclass
 
 import torch
 
-from ..acceptance import verify_greedy, verify_sampled
-from ..adjustments import LogitAdjustments
-from ..draft_head import draft_ids
+from ..decoding.acceptance import verify_greedy, verify_sampled
+from ..decoding.adjustments import LogitAdjustments
+from ..decoding.grammar import GrammarCompiler, GrammarMatcher, start_with_grammar_stack
+from ..decoding.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, token_logprobs
+from ..decoding.sampling import probs_from_logits
+from ..decoding.stats import GenerationStats
+from ..decoding.stopping import StopChecker
 from ..errors import InvalidParameterError, PromptTooLongError, VerispecError
-from ..grammar import GrammarCompiler, GrammarMatcher, start_with_grammar_stack
 from ..kernels.native import argmax_rows
-from ..loading import LoadedModel
-from ..logprobs import MAX_TOP_LOGPROBS, TokenLogprob, token_logprobs
-from ..sampling import probs_from_logits
-from ..stats import GenerationStats
-from ..stopping import StopChecker
+from ..models.draft_head import draft_ids
+from ..models.loading import LoadedModel
 from .metrics import Metrics
 from .policy import POLICIES, DraftPolicy
 from .prefixes import PrefilledPrompts
@@ -77,7 +77,7 @@ class SchedulerConfig:
     # draft: a draft model proposes; ngram: prompt lookup (no draft model); hybrid: prompt lookup where the
     # context repeats itself, the draft model elsewhere
     speculative_method: str = "draft"
-    draft_vocab: int | None = None  # the draft proposes only the first N ids and stop tokens (draft_head.py)
+    draft_vocab: int | None = None  # the draft proposes only the first N ids and stop tokens (models/draft_head.py)
     prefill_chunk: int = 128  # prompt tokens prefilled per step, so running requests wait one chunk, not a prompt
 
     def __post_init__(self) -> None:

@@ -244,7 +244,7 @@ Q4_0 = 2
 
 def requantize_q4_0(qtype: int, weight: torch.Tensor, ids: torch.Tensor, k: int) -> torch.Tensor:
     """Rows `ids` of a GGUF matrix [N, row bytes] (uint8) requantized to Q4_0 (ggml's reference rounding), as
-    [len(ids), k / 32 * 18] uint8: a coarser copy (a draft's head, draft_head.py)."""
+    [len(ids), k / 32 * 18] uint8: a coarser copy (a draft's head, models/draft_head.py)."""
     ids = ids.reshape(-1).to(torch.int64).contiguous()
     out = torch.empty(ids.numel(), k // 32 * QUANT_TYPES[Q4_0][1], dtype=torch.uint8)
     if _lib().vsk_requantize_q4_0(qtype, weight.data_ptr(), weight.shape[1], ids.data_ptr(), ids.numel(), k,

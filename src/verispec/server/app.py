@@ -27,11 +27,11 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..decoding.grammar import Grammar, GrammarSpec
+from ..decoding.sampling import SamplingParams
 from ..engine.requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput
 from ..engine.scheduler import QueueFullError, Scheduler, SchedulerStoppedError
 from ..errors import InvalidParameterError, ModelLoadError, PromptTooLongError
-from ..grammar import Grammar, GrammarSpec
-from ..sampling import SamplingParams
 from .events import AsyncSink
 from .grammars import ClientGoneError, GrammarWorkers
 from .limits import DEFAULT_GRAMMAR_TIMEOUT, DEFAULT_MAX_BODY_BYTES, MAX_JSON_DEPTH, PARSE_ON_LOOP_BYTES

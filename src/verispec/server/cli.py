@@ -8,11 +8,11 @@ import os
 import signal
 from pathlib import Path
 
-from .. import bundled
 from ..arguments import add_draft_vocab_argument, add_model_arguments
 from ..engine.policy import POLICIES
 from ..errors import VerispecError
-from ..loading import LoadedModel
+from ..models import bundled
+from ..models.loading import LoadedModel
 from .limits import DEFAULT_GRAMMAR_TIMEOUT, DEFAULT_MAX_BODY_BYTES
 
 TINY = "tiny"  # --model tiny / --speculative-model tiny: the random test pair of verispec.testing
@@ -159,7 +159,7 @@ def build_scheduler(args: argparse.Namespace):
 
 
 def load_models(args: argparse.Namespace) -> tuple[LoadedModel, LoadedModel | None]:
-    from ..loading import load_pair
+    from ..models.loading import load_pair
 
     if TINY in (args.model, args.speculative_model):
         from ..testing import tiny_pair

@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from ..grammar import Grammar, GrammarCompiler, GrammarError, GrammarSpec, short_message
+from ..decoding.grammar import Grammar, GrammarCompiler, GrammarError, GrammarSpec, short_message
 
 log = logging.getLogger("verispec.server")
 WORKER_SCRIPT = Path(__file__).with_name("grammar_worker.py")

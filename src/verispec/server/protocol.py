@@ -15,9 +15,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_serializer, model_validator
 
-from ..logprobs import MAX_TOP_LOGPROBS
-from ..sampling import BIAS_RANGE, PENALTY_RANGE
-from ..stats import GenerationStats
+from ..decoding.logprobs import MAX_TOP_LOGPROBS
+from ..decoding.sampling import BIAS_RANGE, PENALTY_RANGE
+from ..decoding.stats import GenerationStats
 
 
 class ApiError(Exception):

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from ..decoding.grammar import GrammarError
+from ..decoding.logprobs import TokenLogprob
+from ..decoding.stats import GenerationStats
 from ..engine.requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput, StreamChunk
 from ..errors import InvalidParameterError
-from ..grammar import GrammarError
-from ..logprobs import TokenLogprob
-from ..stats import GenerationStats
-from ..tokenizer import Tokenizer
+from ..models.tokenizer import Tokenizer
 from .events import AsyncSink
 from .protocol import (
     ApiError,

@@ -1,4 +1,4 @@
-/* Rows of a GGUF matrix requantized to Q4_0, for a cheaper draft head (draft_head.py): the draft only proposes
+/* Rows of a GGUF matrix requantized to Q4_0, for a cheaper draft head (models/draft_head.py): the draft only proposes
  * tokens, so a coarser head changes which tokens it proposes, never the output. ggml's reference rounding, as
  * the `gguf` package writes it: per 32 values d = (the first value of largest magnitude) / -8, q = min(15,
  * trunc(x / d + 8.5)) in float32, d stored as float16. */

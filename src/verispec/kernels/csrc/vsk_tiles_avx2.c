@@ -75,7 +75,8 @@ static void tile_kernel(int six, const uint8_t *W, int n0, int n1, int K, const 
                 for (int m = 0; m < rows; m++) sums[m][0] = sums[m][1] = _mm256_setzero_si256();
                 for (int j = 0; j < 8; j++) {
                     /* keep memory busy while the rows are computed: ask for the data four superblocks ahead,
-                     * into L2 (L1's few fill buffers held too few reads in flight: 25 % slower, session 13) */
+                     * into L2 (L1's few fill buffers held too few reads in flight: 25 % slower on Sapphire
+                     * Rapids, 0686372) */
                     for (int l = 0; l < (six ? 7 : 5); l++)
                         _mm_prefetch((const char *)blk + 4 * block_bytes + (size_t)j * (six ? 420 : 296) + 64 * l,
                                      _MM_HINT_T1);

@@ -42,7 +42,7 @@ static inline __m512i broadcast_group(const int8_t *q, int g) { return broadcast
 
 /* s + a row's dot products of the eight 4-weight groups w[g] of a 32-block with its activations q. `split` (a
  * constant: four rows or more, where the products are compute-bound) runs them as two chains of four, each half
- * the latency of eight, added once: integer sums, so the same bits (a Zen 4's 8-row pass 6% faster, session 16) */
+ * the latency of eight, added once: integer sums, so the same bits (an 8-row pass 6% faster on Zen 4, e599401) */
 static inline __attribute__((always_inline)) __m512i dot_groups(const int split, __m512i s, const __m512i *w,
                                                                 const int8_t *q) {
     __m512i s1 = _mm512_setzero_si512();
@@ -83,8 +83,9 @@ static inline __attribute__((always_inline)) void tile_rows(const int six, const
         for (int m = 0; m < rows; m++) sb[m] = _mm512_setzero_ps();
         for (int j = 0; j < 8; j++) {
             /* keep memory busy while the rows are computed: ask for the data about 7 KiB ahead (three Q4_K or two
-             * Q6_K superblocks), into L2 (L1's few fill buffers held too few reads in flight: 25 % slower, session
-             * 13). Four superblocks of either (sessions 13-15) left a Zen 4's T(1) 3-8% slower (session 16). */
+             * Q6_K superblocks), into L2 (L1's few fill buffers held too few reads in flight: 25 % slower on Sapphire
+             * Rapids, 0686372). Four superblocks of either (0686372 to 30c45c9) left a Zen 4's T(1) 3-8% slower
+             * (e599401). */
             for (int l = 0; l < (six ? 7 : 5); l++)
                 _mm_prefetch((const char *)blk + (six ? 2 : 3) * block_bytes + (size_t)j * (six ? 420 : 296) + 64 * l,
                              _MM_HINT_T1);
@@ -203,8 +204,8 @@ static inline __attribute__((always_inline)) void tile32_rows(const int type, co
     const int one = type == VSK_T4_1;
     const int offset = type == VSK_T8_0 ? 128 : type == VSK_T5_0 ? 16 : type == VSK_T4_0 ? 8 : 0;
     const size_t block_bytes = vsk_tile_strip_bytes(type, 32);
-    /* prefetch into L2 about 6 KiB ahead: 3 KiB (sessions 13-14) left a Zen 4's draft step 9-18% slower, 12 KiB
-     * gained nothing more (in-process alternation, session 15) */
+    /* prefetch into L2 about 6 KiB ahead: 3 KiB (0686372 to 61c27d6) left a Zen 4's draft step 9-18% slower,
+     * 12 KiB gained nothing more (in-process alternation, 9dc9d67) */
     const int lines = (int)(block_bytes / 64) + 1, ahead = type == VSK_T8_0 ? 12 : 16;
     __m512 acc[MAX_ROWS];
     for (int m = 0; m < rows; m++) acc[m] = _mm512_setzero_ps();

@@ -39,7 +39,7 @@ def resolve_quantization(name: str, device: str | None, dtype_chosen: bool) -> s
     on_cpu = device in (None, "cpu") or (device == "auto" and not torch.cuda.is_available())
     if not on_cpu or dtype_chosen:
         return "none"
-    from .kernels import native
+    from ..kernels import native
 
     return "gguf" if native.available() else "int4"
 

@@ -10,8 +10,8 @@ import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
+from ..errors import ModelLoadError
 from .config import ModelConfig
-from .errors import ModelLoadError
 from .quantize import Int4Weight, int4_from_gguf
 from .tokenizer import Tokenizer
 

@@ -13,7 +13,7 @@ from datetime import datetime
 from functools import cached_property, lru_cache
 from pathlib import Path
 
-from .errors import InvalidParameterError, ModelLoadError, TokenizerMismatchError
+from ..errors import InvalidParameterError, ModelLoadError, TokenizerMismatchError
 
 # End-of-generation tokens that chat checkpoints use besides their declared eos (llama.cpp treats the
 # same texts as end-of-generation).

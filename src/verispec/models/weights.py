@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from ..errors import ModelLoadError
 from .config import ModelConfig
-from .errors import ModelLoadError
 from .quantize import ACTIVATION_DTYPE, Int4Weight, concat_quantized, quantized_entries
 
 # canonical names: "embed", "norm", "lm_head", and per layer "{i}.attn_norm", "{i}.q", "{i}.k", "{i}.v",

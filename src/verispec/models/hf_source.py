@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from ..errors import ModelLoadError
 from .config import ModelConfig
-from .errors import ModelLoadError
 
 SUPPORTED_MODEL_TYPES = {"llama", "qwen2", "mistral"}
 _LAYER_NAMES = {

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .errors import BundledModelError
+from ..errors import BundledModelError
 
 INSTALL_HINT = 'pip install "verispec[bundled]"  (or: pip install -e ".[bundled]" in a checkout)'
 

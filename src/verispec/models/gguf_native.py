@@ -16,13 +16,13 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from ..errors import ModelLoadError
+from ..kernels import native
+from ..kernels.linear import GGUFEmbedding, NativeLinear, NativeRMSNorm
+from ..kernels.stack import BlockWeights, NativeStack
 from .config import ModelConfig
 from .converted import writing
-from .errors import ModelLoadError
 from .gguf_source import undo_rope_permutation
-from .kernels import native
-from .kernels.linear import GGUFEmbedding, NativeLinear, NativeRMSNorm
-from .kernels.stack import BlockWeights, NativeStack
 from .model import Transformer
 from .tokenizer import Tokenizer
 

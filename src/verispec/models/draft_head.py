@@ -12,7 +12,7 @@ tokens, with no frequency table to ship. On HumanEval's reference solutions (Qwe
 
 On the native kernels the restricted head is also requantized to Q4_0 when it is stored wider (the bundled
 draft's Q8_0 head: 62 -> 33 MB read per draft step): the draft only proposes, so a coarser head can only
-change which tokens it proposes, and on HumanEval it proposes as well (see docs/kernels.md, session 14).
+change which tokens it proposes, and on HumanEval it proposes as well (see docs/kernels.md, "A Q4_0 draft head").
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .kernels.linear import NativeLinear
+from ..kernels.linear import NativeLinear
 from .model import Transformer
 from .quantize import QuantizedLinear, select_rows
 

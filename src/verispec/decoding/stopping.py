@@ -6,7 +6,7 @@ max_tokens cut at exactly the same token whether or not it arrived inside a draf
 
 from __future__ import annotations
 
-from .tokenizer import Tokenizer
+from ..models.tokenizer import Tokenizer
 
 
 class StopChecker:

@@ -18,10 +18,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from ..errors import InvalidParameterError, ModelLoadError
 from . import bundled
 from .config import ModelConfig
 from .converted import converted_folder, writing
-from .errors import InvalidParameterError, ModelLoadError
 from .model import Transformer
 from .quantize import ACTIVATION_DTYPE, QUANTIZATIONS, default_draft_quantization, use_quantized_linears
 from .tokenizer import Tokenizer
@@ -89,8 +89,8 @@ def load_model(
         if not os.access(path, os.R_OK):
             raise ModelLoadError(f"model path is not readable: {path}")
     if quantization == "gguf":
+        from ..kernels import native
         from .gguf_native import FORM, load_native
-        from .kernels import native
 
         loaded = None
         if path.is_file() and native.available():

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .errors import InvalidParameterError
+from ..errors import InvalidParameterError
 
 GREEDY_BELOW = 1e-5  # temperatures under this decode greedily (vLLM's rule): logits / 1e-38 overflow float32
 SEED_RANGE = range(-(2**63), 2**64)  # what torch.Generator.manual_seed accepts

@@ -30,8 +30,8 @@ from functools import cached_property
 
 import torch
 
-from .errors import InvalidParameterError
-from .tokenizer import Tokenizer
+from ..errors import InvalidParameterError
+from ..models.tokenizer import Tokenizer
 
 KINDS = ("json_object", "json_schema", "regex", "grammar", "choice")
 
