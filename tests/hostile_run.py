@@ -3,8 +3,9 @@ hostile cases of test_hostile.py, bodies schemathesis generates from the publish
 invalid), cut-off streams, and greedy probes whose answers must equal the one the server gave before the run.
 Not a test (it runs for minutes): `python tests/hostile_run.py --requests 5000 -- [serve flags]`.
 
-Counts what a server must never do: a crash (the process gone), a 5xx, an empty 200 (a non-streamed answer
-with no tokens that was not cut by max_tokens), a probe whose answer changed, a stream that hangs.
+Counts what a server must never do: a crash (the process gone), a 5xx, an empty 200 standing in for a failed
+grammar (a non-streamed answer with structured output and no tokens), a probe whose answer changed, a stream
+that hangs. Answers that are empty because the model's first token was its end token are counted apart.
 """
 
 from __future__ import annotations
@@ -66,6 +67,13 @@ def generated_bodies(url: str, count: int, seed: int) -> list[tuple[str, object]
     return bodies
 
 
+def _constrained(body: dict) -> bool:
+    """Whether a request asks for structured output (the grammars a generated body may name)."""
+    fields = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
+    return any(body.get(name) is not None for name in fields) or isinstance(body.get("response_format"), dict) and \
+        body["response_format"].get("type") in ("json_object", "json_schema")  # fmt: skip
+
+
 class Run:
     def __init__(self, url: str, probe: str):
         self.url, self.probe = url, probe
@@ -91,8 +99,13 @@ class Run:
         if reply.status_code == 200 and isinstance(body, dict) and not body.get("stream"):
             answer = reply.json()
             choice = answer["choices"][0] if answer.get("choices") else None
-            if choice is not None and answer["usage"]["completion_tokens"] == 0 and choice["finish_reason"] != "length":
-                detail = "empty 200: " + json.dumps(body)[:200]
+            empty = (
+                choice is not None and answer["usage"]["completion_tokens"] == 0 and choice["finish_reason"] != "length"
+            )
+            if empty and _constrained(body):  # a grammar's failure once answered as an empty "stop"
+                detail = "empty 200 under a grammar: " + json.dumps(body)[:200]
+            elif empty:  # the model's own end token first: an answer, counted apart
+                kind = f"{kind} (empty: the model ended at once)"
             if kind == "probe" and choice["text"] != self.probe:
                 detail = f"probe changed: {choice['text']!r}"
         self.note(kind, reply.status_code, detail)

@@ -9,7 +9,14 @@ import torch
 from verispec import SpeculativeGenerator
 from verispec.decoding.sampling import SamplingParams
 from verispec.engine.prefixes import reusable_prefill
-from verispec.engine.proposers import CATCH_UP_WIDTH, BatchedDrafter, DraftJob, padded_forward
+from verispec.engine.proposers import (
+    CATCH_UP_WIDTH,
+    BatchedDrafter,
+    DraftJob,
+    draft_cut_for,
+    draft_view,
+    padded_forward,
+)
 from verispec.engine.requests import EngineRequest, ErrorEvent, FinishEvent, StreamChunk
 from verispec.engine.scheduler import Scheduler, SchedulerConfig
 from verispec.errors import InvalidParameterError
@@ -54,6 +61,36 @@ def test_draft_lag_is_what_propose_then_feeds_alone(tiny):
     assert drafter.lag(0, old) == len(old) - 10 - CATCH_UP_WIDTH
 
 
+def test_a_bounded_draft_context_keeps_the_sink_and_the_last_window():
+    """StreamingLLM's layout: the first DRAFT_SINK tokens, then the prompt's last `window` and what follows; fixed
+    at the start, so the view only grows as the sequence generates."""
+    prompt = list(range(100, 130))
+    cut = draft_cut_for(len(prompt), 8)
+    assert draft_view(prompt + [1, 2], cut) == [100, 101, 102, 103, *range(122, 130), 1, 2]
+    assert draft_cut_for(len(prompt), 0) == 0 and draft_cut_for(12, 8) == 0  # off; a prompt the window holds
+    assert draft_view(prompt, 0) is prompt
+
+
+def test_the_draft_catches_up_on_the_window_only(tiny):
+    """A 200-token prompt and a window of 16: the draft model reads 20 tokens, whatever the prompt's length, and
+    its proposals come from that view (the same as drafting from the view alone); without a window it reads all."""
+    target, draft = tiny
+    prompt = [(7 * i) % 250 for i in range(200)]
+    for window, read in ((16, 20), (0, 200)):
+        config = SchedulerConfig(max_num_seqs=1, max_model_len=256, draft_window=window, draft_policy="always")
+        scheduler, events = Scheduler(target, draft, config), []
+        scheduler.submit(EngineRequest("0", prompt, SamplingParams(), 8, events.append))
+        scheduler._admit()
+        scheduler._prefill_chunk()
+        seq = next(iter(scheduler.running.values()))
+        assert scheduler.drafter.lag(seq.slot, seq.tokens, seq.draft_tokens) == read - CATCH_UP_WIDTH
+        scheduler.step()  # drafts: the draft model reads the view
+        view = seq.draft_tokens if window else seq.tokens
+        fed = scheduler.drafter.fed[seq.slot]
+        assert len(view) == read + len(seq.tokens) - len(prompt)
+        assert fed[:read] == view[:read] and read <= len(fed) <= len(view) + config.num_speculative_tokens
+
+
 def _run_scheduler(
     target,
     draft,
@@ -61,10 +98,12 @@ def _run_scheduler(
     policy: str,
     method: str = "draft",
     draft_vocab: int | None = None,
+    draft_window: int = 0,
 ) -> list[list]:
     config = SchedulerConfig(
-        max_num_seqs=3, max_model_len=256, draft_policy=policy, speculative_method=method, draft_vocab=draft_vocab
-    )
+        max_num_seqs=3, max_model_len=256, draft_policy=policy, speculative_method=method, draft_vocab=draft_vocab,
+        draft_window=draft_window,
+    )  # fmt: skip
     scheduler = Scheduler(target, draft, config)
     events: list[list] = []
     for i, (prompt, params, speculative) in enumerate(requests):
@@ -76,20 +115,21 @@ def _run_scheduler(
 
 
 POLICY_METHODS = [
-    ("always", "draft", None), ("auto", "draft", None), ("never", "draft", None), ("always", "ngram", None),
-    ("always", "draft", 100),  # a restricted draft head (models/draft_head.py)
-    ("always", "hybrid", None), ("auto", "hybrid", None),
+    ("always", "draft", None, 0), ("auto", "draft", None, 0), ("never", "draft", None, 0), ("always", "ngram", None, 0),
+    ("always", "draft", 100, 0),  # a restricted draft head (models/draft_head.py)
+    ("always", "hybrid", None, 0), ("auto", "hybrid", None, 0),
+    ("always", "draft", None, 3), ("always", "hybrid", None, 3),  # the draft reads 4 + 3 tokens of a long prompt
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("policy", "method", "draft_vocab"), POLICY_METHODS)
-def test_scheduler_greedy_outputs_equal_plain_decoding(policy, method, draft_vocab, tiny):
+@pytest.mark.parametrize(("policy", "method", "draft_vocab", "window"), POLICY_METHODS)
+def test_scheduler_greedy_outputs_equal_plain_decoding(policy, method, draft_vocab, window, tiny):
     target, draft = tiny
     plain = SpeculativeGenerator(target, None, max_seq_len=256, progress=False)
     prompts = ["hello world", "a", "The quick brown fox", "xyz" * 8, "1234", "ok"]
     requests = [(p, SamplingParams(), i % 3 != 0) for i, p in enumerate(prompts)]
     draft = None if method == "ngram" else draft
-    events = _run_scheduler(target, draft, requests, policy, method, draft_vocab)  # 6 requests, 3 slots: some wait
+    events = _run_scheduler(target, draft, requests, policy, method, draft_vocab, window)  # 6 requests, 3 slots
     for prompt, request_events in zip(prompts, events, strict=True):
         expected = plain.generate(prompt, max_tokens=30)
         final = request_events[-1]

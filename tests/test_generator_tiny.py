@@ -79,7 +79,7 @@ class AlwaysWrongDrafter:
     def __init__(self, target):
         self.target = target
 
-    def lag(self, slot, tokens):
+    def lag(self, slot, tokens, model_tokens=None):
         return 0
 
     def propose(self, jobs):
@@ -174,10 +174,14 @@ def _exact_first_two(model, prompt_ids, params) -> dict:
     "params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=3, top_p=0.9)]
 )
 @pytest.mark.parametrize(
-    "method, adaptive, prompt_ids",
-    [("draft", False, [0, 1, 2]), ("hybrid", True, [0, 1, 2, 0, 1, 2, 0, 1])],  # hybrid: the prompt repeats
+    "method, adaptive, prompt_ids, window",
+    [
+        ("draft", False, [0, 1, 2], 0),
+        ("hybrid", True, [0, 1, 2, 0, 1, 2, 0, 1], 0),  # hybrid: the prompt repeats
+        ("draft", False, [5, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3], 2),  # the draft reads 4 + 2 of the 11 prompt tokens
+    ],
 )
-def test_sampled_speculative_decoding_follows_the_target_distribution(params, method, adaptive, prompt_ids):
+def test_sampled_speculative_decoding_follows_the_target_distribution(params, method, adaptive, prompt_ids, window):
     tokenizer = word_tokenizer(VOCAB)
     config = tiny_config(vocab_size=VOCAB)
     target_model = tiny_model(config, seed=3, scale=1.0, residual_gain=0.5)
@@ -187,7 +191,7 @@ def test_sampled_speculative_decoding_follows_the_target_distribution(params, me
     exact = _exact_first_two(target_model, prompt_ids, params)
     generator = SpeculativeGenerator(
         target, tiny_loaded(draft_model, tokenizer), num_speculative_tokens=3, speculative_method=method,
-        adaptive=adaptive,
+        adaptive=adaptive, draft_window=window,
     )  # fmt: skip
     counts, accepted, drafted = Counter(), 0, 0
     for seed in range(RUNS):

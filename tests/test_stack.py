@@ -76,18 +76,27 @@ def _run(model, stack, cache, rows: list[tuple[int, int, int]]) -> torch.Tensor:
     return x
 
 
-def test_each_row_is_the_same_bits_alone_in_a_verify_pass_and_beside_other_sequences(model, path):
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.float32])
+def test_each_row_is_the_same_bits_alone_in_a_verify_pass_and_beside_other_sequences(model, path, kv_dtype):
+    """With the cache in halves (the native models' default) and in float32, and prompts long enough that the
+    attention's tiles of 32 positions and its blocks of 16 rows are crossed."""
     model, stack = model
-    prompts = [list(range(30, 42)), list(range(200, 209))]
-    drafted = [17, 4, 250, 9, 33, 71, 2, 140]
-    cache = _prefilled(model, prompts)
-    alone = [_run(model, stack, cache, [(0, 12 + i, t)])[0] for i, t in enumerate(drafted)]  # decode steps
+    prompts = [list(range(30, 72)), list(range(200, 209))]
+    drafted = [17, 4, 250, 9, 33, 71, 2, 140, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
+    model.kv_dtype = kv_dtype
+    try:
+        cache = _prefilled(model, prompts)
+    finally:
+        model.kv_dtype = None
+    assert cache.keys[0].dtype == kv_dtype
+    start = len(prompts[0])
+    alone = [_run(model, stack, cache, [(0, start + i, t)])[0] for i, t in enumerate(drafted)]  # decode steps
     for n in range(2, len(drafted) + 1):  # a verify pass of n rows
-        together = _run(model, stack, cache, [(0, 12 + i, t) for i, t in enumerate(drafted[:n])])
+        together = _run(model, stack, cache, [(0, start + i, t) for i, t in enumerate(drafted[:n])])
         for i in range(n):
             assert torch.equal(together[i], alone[i]), (n, i)
     others = [(1, 9 + i, t) for i, t in enumerate([5, 6, 7, 8, 9, 10, 11, 12])]
-    mixed = _run(model, stack, cache, others[:4] + [(0, 12 + i, t) for i, t in enumerate(drafted)] + others[4:])
+    mixed = _run(model, stack, cache, others[:4] + [(0, start + i, t) for i, t in enumerate(drafted)] + others[4:])
     for i in range(len(drafted)):
         assert torch.equal(mixed[4 + i], alone[i]), i
     # the rows of the other sequence are what they are alone too, and differ from the first's (a live check)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from .errors import InvalidParameterError
-from .generator import DEFAULT_DRAFT_VOCAB, SPECULATIVE_METHODS
+from .generator import DEFAULT_DRAFT_VOCAB, DEFAULT_DRAFT_WINDOW, SPECULATIVE_METHODS
 from .models.quantize import QUANTIZATIONS
 
 
@@ -61,14 +61,22 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
 
 
-def add_draft_vocab_argument(parser: argparse.ArgumentParser) -> None:
-    """--draft-vocab, for every command that drafts with a model (generate, bench, serve, bench-serve)."""
+def add_draft_arguments(parser: argparse.ArgumentParser) -> None:
+    """--draft-vocab and --draft-window, for every command that drafts with a model (generate, bench, serve,
+    bench-serve)."""
     parser.add_argument(
         "--draft-vocab",
         type=int,
         default=DEFAULT_DRAFT_VOCAB,
         help=f"the draft proposes only among the first N token ids and the stop tokens (default {DEFAULT_DRAFT_VOCAB}; "
         "0 = all)",
+    )
+    parser.add_argument(
+        "--draft-window",
+        type=int,
+        default=DEFAULT_DRAFT_WINDOW,
+        help="the draft model reads a long prompt's first 4 tokens and its last N only, so its catch-up never "
+        f"exceeds N tokens (default {DEFAULT_DRAFT_WINDOW}; 0 = the whole prompt). The target still reads all of it",
     )
 
 

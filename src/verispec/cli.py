@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .arguments import (
-    add_draft_vocab_argument,
+    add_draft_arguments,
     add_model_arguments,
     add_sampling_arguments,
     validate_sampling_arguments,
@@ -59,6 +59,7 @@ def build_generator(args: argparse.Namespace, with_draft: bool = True):
         speculative_method=method,
         adaptive=args.adaptive_k,
         draft_vocab=args.draft_vocab,
+        draft_window=args.draft_window,
     )
 
 
@@ -74,7 +75,7 @@ def _generate_arguments(parser: argparse.ArgumentParser) -> None:
     constraint.add_argument("--json-schema", help="the answer follows this JSON schema (a .json file, or JSON text)")
     constraint.add_argument("--regex", help="the answer matches this regular expression")
     constraint.add_argument("--grammar", help="the answer follows this Lark or GBNF grammar (a file, or its text)")
-    add_draft_vocab_argument(parser)
+    add_draft_arguments(parser)
     parser.add_argument(
         "--adaptive-k",
         action=argparse.BooleanOptionalAction,

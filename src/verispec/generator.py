@@ -22,6 +22,8 @@ from .models.loading import LoadedModel, load_pair
 
 DEFAULT_MAX_SEQ_LEN = 4096
 DEFAULT_DRAFT_VOCAB = 65536  # a restricted draft head (models/draft_head.py); the CLI default, off in the API
+# the draft model reads at most this many of a long prompt's last tokens (engine/proposers.py: draft_view); 0: all
+DEFAULT_DRAFT_WINDOW = 0
 SPECULATIVE_METHODS = METHODS
 
 __all__ = ["GenerationOutput", "SpeculativeGenerator", "StreamChunk"]
@@ -44,9 +46,11 @@ class SpeculativeGenerator:
         speculative_method: str = "draft",
         adaptive: bool = True,
         draft_vocab: int | None = None,
+        draft_window: int = DEFAULT_DRAFT_WINDOW,
     ):
         """`adaptive`: the engine's draft policy picks k = 0..num_speculative_tokens per step from measured
-        costs (engine/policy.py); False drafts num_speculative_tokens every step."""
+        costs (engine/policy.py); False drafts num_speculative_tokens every step. `draft_window`: the draft model
+        reads a long prompt's first tokens and its last `draft_window` only (0: all of it)."""
         if speculative_method not in SPECULATIVE_METHODS:
             raise InvalidParameterError(
                 f"unknown speculative method '{speculative_method}' (choose from {', '.join(SPECULATIVE_METHODS)})"
@@ -64,7 +68,7 @@ class SpeculativeGenerator:
             max_num_seqs=1, max_queue=0, max_model_len=max_seq_len,
             num_speculative_tokens=max(1, num_speculative_tokens),
             draft_policy=("auto" if adaptive else "always") if speculates else "never",
-            speculative_method=speculative_method, draft_vocab=draft_vocab,
+            speculative_method=speculative_method, draft_vocab=draft_vocab, draft_window=draft_window,
             prefill_chunk=max_seq_len,  # one request: its whole prompt in one pass
         )  # fmt: skip
         self.target, self.draft = load_pair(target, draft, dtype, device, progress, quantization, draft_quantization)

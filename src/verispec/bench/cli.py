@@ -8,7 +8,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from ..arguments import add_draft_vocab_argument, add_model_arguments, add_sampling_arguments
+from ..arguments import add_draft_arguments, add_model_arguments, add_sampling_arguments
 from .config import QUICK, BenchConfig, as_command, parse_ks, parse_list
 
 DEFAULT_ROOT = Path("bench-results")
@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = "Measure speculative decoding against plain decoding on the same prompts, in one run."
     add_model_arguments(parser)
     add_sampling_arguments(parser)
-    add_draft_vocab_argument(parser)
+    add_draft_arguments(parser)
     parser.set_defaults(num_speculative_tokens=None, max_tokens=None)  # None: bench or --quick default
     parser.add_argument(
         "--dataset", default="humaneval", help="humaneval, humaneval-long (800-2,700-token prompts), or a .jsonl file"
@@ -68,6 +68,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         model=args.model, draft_model=draft, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         threads=args.threads, output=args.output, plots=not args.no_plots,
         quantization=args.quantization, draft_quantization=args.speculative_quantization, draft_vocab=args.draft_vocab,
+        draft_window=args.draft_window,
     )  # fmt: skip
     config = config.checked()
     return replace(config, command=as_command(config, tiny=args.tiny))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..decoding.sampling import GREEDY_BELOW
 from ..errors import InvalidParameterError
-from ..generator import DEFAULT_DRAFT_VOCAB
+from ..generator import DEFAULT_DRAFT_VOCAB, DEFAULT_DRAFT_WINDOW
 
 # ngram: prompt lookup, no draft model; hybrid: prompt lookup where it matches, the draft model elsewhere;
 # auto-X: method X with k chosen each step from measured costs (engine/policy.py), k from --k as the most
@@ -46,6 +46,7 @@ class BenchConfig:
     quantization: str = "none"
     draft_quantization: str | None = None
     draft_vocab: int = DEFAULT_DRAFT_VOCAB
+    draft_window: int = DEFAULT_DRAFT_WINDOW
     warmup_tokens: int = 16
     cost_repeats: int = 10
     output: Path | None = None
@@ -119,6 +120,8 @@ def _check_ranges(config: BenchConfig) -> None:
         raise InvalidParameterError("speculative methods need at least one k")
     if config.draft_vocab < 0:
         raise InvalidParameterError(f"--draft-vocab must be >= 0 (0 = the whole vocabulary), got {config.draft_vocab}")
+    if config.draft_window < 0:
+        raise InvalidParameterError(f"--draft-window must be >= 0 (0 = the whole prompt), got {config.draft_window}")
     for name in ("num_prompts", "max_tokens", "cost_repeats"):
         if getattr(config, name) < 1:
             raise InvalidParameterError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(config, name)}")
@@ -146,6 +149,7 @@ def as_command(config: BenchConfig, tiny: bool = False) -> str:
         "--quantization": (config.quantization, None),  # always written: its default depends on --dtype
         "--speculative-quantization": (config.draft_quantization, None),
         "--draft-vocab": (config.draft_vocab, DEFAULT_DRAFT_VOCAB),
+        "--draft-window": (config.draft_window, DEFAULT_DRAFT_WINDOW),
     }  # fmt: skip
     for flag, (value, default) in optional.items():
         if value != default:

@@ -162,7 +162,8 @@ def _native(
     repeats: int,
 ) -> dict | None:
     """For models on the native stack: weight bytes per step, GB/s against the machine's read bandwidth, and
-    the share of a step spent in products (the stack's products plus the output head) and elsewhere."""
+    the share of a step spent in products (the stack's products plus the output head), in attention, and
+    elsewhere."""
     from ..kernels import native
     from ..kernels.linear import NativeLinear
     from ..kernels.stack import NativeStack
@@ -179,7 +180,7 @@ def _native(
         NativeStack.timing()  # restart the counters
         with _timed(head) as head_times:  # the head inside the step: read cold, after the blocks
             steps = [timers[name]() for _ in range(repeats)]
-        stack_s, products_s, native_head_s = (t / repeats for t in NativeStack.timing())
+        stack_s, products_s, native_head_s, attention_s = (t / repeats for t in NativeStack.timing())
         # the shares are means over these same steps (products and head lie inside each step, so they cannot
         # exceed it); a median step beside a mean split would not add up on a machine that drifts. A native
         # greedy step runs its head inside the library, which times it.
@@ -189,7 +190,8 @@ def _native(
         out[name] = {
             "weight_bytes": weights, "gb_per_s": weights / median[name] / 1e9,
             "products_share": share, "other_share": 1 - share,
-            "stack_s": stack_s, "stack_products_s": products_s, "head_s": head_s,
+            "stack_s": stack_s, "stack_products_s": products_s, "head_s": head_s, "attention_s": attention_s,
+            "attention_share": attention_s / step_s,
         }  # fmt: skip
     return out
 

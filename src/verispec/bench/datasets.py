@@ -5,6 +5,9 @@ schemas (structured output, schemas.py), or a JSONL file of requests.
 reference solutions), 800-2,700 tokens of prompt (median 1,700) for a short answer: the workload where the draft's
 catch-up on the prompt costs the most and drafting must be shown never to lose.
 
+`long`, `long-summary`, `long-extract`, `long-rag`: chat requests with 1-4k tokens of context from the standard
+library's sources (long_context.py): summarise a module, list what raises ValueError, answer from passages.
+
 A JSONL line is one JSON object with one of:
     "prompt":   a string (sent raw, or as one user message with --chat)
     "messages": chat messages [{"role": ..., "content": ...}], rendered with the chat template
@@ -22,13 +25,16 @@ from pathlib import Path
 
 from ..decoding.grammar import GrammarSpec
 from ..errors import VerispecError
+from .long_context import KINDS as LONG_KINDS
+from .long_context import long_requests
 from .schemas import LONG_SCHEMAS, SCHEMAS
 
 HUMANEVAL = "humaneval"
 HUMANEVAL_LONG = "humaneval-long"
 JSON_SCHEMA = "json-schema"
 JSON_SCHEMA_LONG = "json-schema-long"
-DATASETS = (HUMANEVAL, HUMANEVAL_LONG, JSON_SCHEMA, JSON_SCHEMA_LONG)
+LONG = ("long", *LONG_KINDS)  # long-context chat requests from the standard library's sources (long_context.py)
+DATASETS = (HUMANEVAL, HUMANEVAL_LONG, JSON_SCHEMA, JSON_SCHEMA_LONG, *LONG)
 LONG_CONTEXT = 8  # earlier problems, with their solutions, before each problem of humaneval-long
 
 
@@ -62,6 +68,8 @@ def load_requests(dataset: str, chat: bool = False) -> list[Request]:
             Request(f"{dataset}-{i}", [{"role": "user", "content": f"{topic}, as JSON."}], _schema(schema, dataset))
             for i, (topic, schema) in enumerate(schemas)
         ]
+    elif dataset in LONG:
+        requests = [Request(request_id, messages) for request_id, messages in long_requests(dataset)]
     elif Path(dataset).expanduser().is_file():
         requests = _jsonl(Path(dataset).expanduser())
     else:

@@ -70,5 +70,6 @@ def _speculative_method(
     generator = SpeculativeGenerator(
         target, draft, num_speculative_tokens=k, max_seq_len=max_seq_len,
         progress=False, speculative_method=base, adaptive=base != method, draft_vocab=config.draft_vocab,
+        draft_window=config.draft_window,
     )  # fmt: skip
     return Method(method_name(method, k), k, generator)

@@ -30,7 +30,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-from ..arguments import add_draft_vocab_argument, add_model_arguments
+from ..arguments import add_draft_arguments, add_model_arguments
 from ..engine.policy import POLICIES
 from ..errors import VerispecError
 
@@ -64,7 +64,7 @@ class LevelResult:
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
-    add_draft_vocab_argument(parser)
+    add_draft_arguments(parser)
     parser.add_argument("--url", default=None, help="bench a running server instead of starting one")
     parser.add_argument("--concurrency", default="1,2,4,8", help="comma-separated concurrency levels")
     parser.add_argument("--requests", type=int, default=0, help="requests per run (default: C, one wave)")
@@ -113,7 +113,7 @@ def _server(args: argparse.Namespace, slots: int):
         "--device", args.device, "--max-model-len", str(args.max_model_len),
         "--max-num-seqs", str(slots), "--draft-policy", args.draft_policy, "--log-level", "warning",
         "--speculative-method", args.speculative_method, "--quantization", args.quantization,
-        "--draft-vocab", str(args.draft_vocab),
+        "--draft-vocab", str(args.draft_vocab), "--draft-window", str(args.draft_window),
     ]  # fmt: skip
     if args.dtype:
         command += ["--dtype", args.dtype]

@@ -97,6 +97,31 @@ class DraftJob:
     rng: torch.Generator
     adjustments: LogitAdjustments | None = None  # the request's logit_bias and penalties, if any
     grammar: GrammarMatcher | None = None  # the request's structured-output constraint, if any
+    # what the draft model reads instead of `tokens` (a bounded view of a long context: draft_view), or None
+    model_tokens: list[int] | None = None
+
+    @property
+    def model_view(self) -> list[int]:
+        return self.tokens if self.model_tokens is None else self.model_tokens
+
+
+DRAFT_SINK = 4  # the first tokens of a context, which a bounded draft context always keeps (attention sinks)
+
+
+def draft_cut_for(prompt_length: int, window: int) -> int:
+    """Where a sequence's bounded draft context resumes after its first DRAFT_SINK tokens: the last `window`
+    prompt tokens are kept (0: no cut, the draft reads the whole context; also for window 0 and short prompts).
+    Fixed when the sequence starts, so that its view only grows as it generates."""
+    if not window or prompt_length <= DRAFT_SINK + window:
+        return 0
+    return prompt_length - window
+
+
+def draft_view(tokens: list[int], cut: int) -> list[int]:
+    """What the draft model reads of a context (StreamingLLM's layout): the first DRAFT_SINK tokens, then
+    everything from `cut` on, at consecutive positions. The draft only proposes: what it reads can change which
+    tokens it proposes, never which are emitted."""
+    return tokens if not cut else tokens[:DRAFT_SINK] + tokens[cut:]
 
 
 class BatchedDrafter:
@@ -128,10 +153,12 @@ class BatchedDrafter:
         self.catch_up_seconds = 0.0  # time of the last propose's long feeds ...
         self.catch_up_tokens = 0  # ... and the tokens they fed
 
-    def lag(self, slot: int, tokens: list[int]) -> int:
-        """How many tokens `propose` would feed the slot alone, before drafting for `tokens`: what it lacks
-        beyond the CATCH_UP_WIDTH that ride in the batched pass (a slot may hold an earlier request's tokens,
-        or rejected drafts: only the common prefix counts; another slot's longer one is copied)."""
+    def lag(self, slot: int, tokens: list[int], model_tokens: list[int] | None = None) -> int:
+        """How many tokens `propose` would feed the slot alone, before drafting for `tokens` (read as
+        `model_tokens` when given, DraftJob.model_tokens): what it lacks beyond the CATCH_UP_WIDTH that ride in
+        the batched pass (a slot may hold an earlier request's tokens, or rejected drafts: only the common prefix
+        counts; another slot's longer one is copied)."""
+        tokens = tokens if model_tokens is None else model_tokens
         return max(0, len(tokens) - self._held(slot, tokens)[1] - CATCH_UP_WIDTH)
 
     def _held(self, slot: int, tokens: list[int]) -> tuple[int, int]:
@@ -211,16 +238,16 @@ class BatchedDrafter:
         lag alone; returns the tokens each slot still lacks (at least the last one, at most CATCH_UP_WIDTH)."""
         todo = []
         for job in jobs:
-            fed = self.fed[job.slot]
-            source, held = self._held(job.slot, job.tokens)
-            keep = held if source == job.slot else common_prefix(fed, job.tokens, limit=len(job.tokens) - 1)
+            fed, tokens = self.fed[job.slot], job.model_view
+            source, held = self._held(job.slot, tokens)
+            keep = held if source == job.slot else common_prefix(fed, tokens, limit=len(tokens) - 1)
             self.cache.set_length(job.slot, keep)
             del fed[keep:]
             if held > keep:  # another slot holds more of these tokens: copy its keys and values
                 self.cache.copy(source, job.slot, held)
-                fed += job.tokens[keep:held]
+                fed += tokens[keep:held]
                 keep = held
-            missing = job.tokens[keep:]
+            missing = tokens[keep:]
             if len(missing) > CATCH_UP_WIDTH:
                 begin = time.perf_counter()
                 self._feed_alone(job.slot, missing[:-CATCH_UP_WIDTH])
@@ -273,7 +300,7 @@ class BatchedNgramDrafter:
     catch_up_seconds, catch_up_tokens = 0.0, 0
     modelled = False
 
-    def lag(self, slot: int, tokens: list[int]) -> int:
+    def lag(self, slot: int, tokens: list[int], model_tokens: list[int] | None = None) -> int:
         return 0
 
     def propose(self, jobs: list[DraftJob]) -> list[Proposal]:
@@ -295,9 +322,10 @@ class BatchedHybridDrafter:
     def cache(self) -> KVCache:
         return self.model.cache
 
-    def lag(self, slot: int, tokens: list[int]) -> int:
-        """What the draft model must catch up on first; nothing when the lookup drafts for this sequence."""
-        return 0 if self._lookup(tokens, 1) else self.model.lag(slot, tokens)
+    def lag(self, slot: int, tokens: list[int], model_tokens: list[int] | None = None) -> int:
+        """What the draft model must catch up on first; nothing when the lookup drafts for this sequence (the
+        lookup reads the whole context, the model its view of it)."""
+        return 0 if self._lookup(tokens, 1) else self.model.lag(slot, tokens, model_tokens)
 
     def propose(self, jobs: list[DraftJob]) -> list[Proposal]:
         found = [self._lookup(job.tokens, job.k) for job in jobs]

@@ -49,6 +49,8 @@ from .proposers import (
     BatchedNgramDrafter,
     DraftJob,
     Proposal,
+    draft_cut_for,
+    draft_view,
     padded_forward,
 )
 from .requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput, StreamChunk
@@ -79,6 +81,8 @@ class SchedulerConfig:
     speculative_method: str = "draft"
     draft_vocab: int | None = None  # the draft proposes only the first N ids and stop tokens (models/draft_head.py)
     prefill_chunk: int = 128  # prompt tokens prefilled per step, so running requests wait one chunk, not a prompt
+    # the draft model reads at most this many of a prompt's last tokens (after its first DRAFT_SINK); 0: all of it
+    draft_window: int = 0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_queue < 0 or self.max_model_len < 2:
@@ -93,6 +97,8 @@ class SchedulerConfig:
             )
         if self.draft_policy not in POLICIES:
             raise InvalidParameterError(f"draft_policy must be one of {', '.join(POLICIES)}, got {self.draft_policy!r}")
+        if self.draft_window < 0:
+            raise InvalidParameterError(f"draft_window must be >= 0 (0 = the whole context), got {self.draft_window}")
         if self.draft_vocab is not None and self.draft_vocab < 0:
             raise InvalidParameterError(f"draft_vocab must be >= 0 (0 = the whole vocabulary), got {self.draft_vocab}")
 
@@ -112,6 +118,12 @@ class Sequence:
     queue_seconds: float = 0.0
     prefilled: int = 0  # prompt tokens (all but the last) in the target cache
     logprobs: list[TokenLogprob] | None = None  # the emitted tokens', when the request asks for them
+    draft_cut: int = 0  # where the draft model's view of the context resumes after its sink (proposers.draft_cut_for)
+
+    @property
+    def draft_tokens(self) -> list[int] | None:
+        """What the draft model reads of the context (None: all of it)."""
+        return draft_view(self.tokens, self.draft_cut) if self.draft_cut else None
 
     @property
     def prefilling(self) -> bool:
@@ -295,7 +307,7 @@ class Scheduler:
         limits = [self._draft_length(seq) for seq in seqs]
         eligible = [(seq, limit) for seq, limit in zip(seqs, limits, strict=True) if limit]
         acceptance = [self.policy.acceptance(seq.stats.accepted, seq.stats.rejected) for seq, _ in eligible]
-        lag = sum(self.drafter.lag(seq.slot, seq.tokens) for seq, _ in eligible) if eligible else 0
+        lag = sum(self.drafter.lag(seq.slot, seq.tokens, seq.draft_tokens) for seq, _ in eligible) if eligible else 0
         remaining = sum(self._tokens_left(seq) for seq, _ in eligible)
         # a burst is starting: a prompt still prefills, or waits for a free slot (over HTTP a burst's later
         # requests arrive while the first prefills, after this step's admission)
@@ -393,6 +405,7 @@ class Scheduler:
             admitted=now,
             queue_seconds=now - request.arrival,
             logprobs=[] if request.logprobs is not None else None,
+            draft_cut=draft_cut_for(len(prompt), self.config.draft_window),
         )
         self.running[slot] = seq
         self.metrics.prompt_tokens.inc(len(prompt))
@@ -445,7 +458,12 @@ class Scheduler:
         empty = Proposal(torch.empty(0, dtype=torch.long), None)
         proposals: list[Proposal | None] = [empty] * len(seqs)
         jobs = [
-            (i, DraftJob(seq.slot, seq.tokens, k, seq.request.params, seq.rng, seq.adjustments, seq.grammar))
+            (
+                i,
+                DraftJob(
+                    seq.slot, seq.tokens, k, seq.request.params, seq.rng, seq.adjustments, seq.grammar, seq.draft_tokens
+                ),
+            )  # fmt: skip
             for i, (seq, k) in enumerate(zip(seqs, ks, strict=True))
             if k
         ]

@@ -42,7 +42,7 @@ class _Model(ctypes.Structure):
 class _Cache(ctypes.Structure):
     _fields_ = [
         ("keys", ctypes.POINTER(_c_p)), ("values", ctypes.POINTER(_c_p)), ("slot_stride", _c_size),
-        ("head_stride", _c_size), ("cos", _c_p), ("sin", _c_p),
+        ("head_stride", _c_size), ("cos", _c_p), ("sin", _c_p), ("half", _c_int),
     ]  # fmt: skip
 
 
@@ -99,32 +99,33 @@ class NativeStack:
         made = self._caches.get(cache)
         if made is None:
             keys, values = cache.keys, cache.values
+            dtype = keys[0].dtype
             for t in (*keys, *values):
-                if t.dtype != torch.float32 or not t.is_contiguous():
-                    raise ValueError("the native stack needs contiguous float32 caches")
+                if t.dtype != dtype or dtype not in (torch.float32, torch.float16) or not t.is_contiguous():
+                    raise ValueError("the native stack needs contiguous float32 or float16 caches")
             tables = (cos.float().contiguous(), sin.float().contiguous())
             pointers = ((_c_p * len(keys))(*(k.data_ptr() for k in keys)),
                         (_c_p * len(values))(*(v.data_ptr() for v in values)))  # fmt: skip
             slots, kv_heads, length, dim = keys[0].shape
             view = _Cache(pointers[0], pointers[1], kv_heads * length * dim, length * dim,
-                          tables[0].data_ptr(), tables[1].data_ptr())  # fmt: skip
+                          tables[0].data_ptr(), tables[1].data_ptr(), int(dtype == torch.float16))  # fmt: skip
             made = (view, pointers, tables)
             self._caches[cache] = made
         return made[0]
 
     @staticmethod
-    def timing() -> tuple[float, float, float]:
-        """(seconds in the stack, of which in products; in the heads of native greedy steps) since the last call:
-        the bench's split."""
-        out = (ctypes.c_double * 3)()
+    def timing() -> tuple[float, float, float, float]:
+        """(seconds in the stack, of which in products; in the heads of native greedy steps; in the stack's
+        attention) since the last call: the bench's split."""
+        out = (ctypes.c_double * 4)()
         native.library().vsk_stack_timing(out)
-        return out[0], out[1], out[2]
+        return out[0], out[1], out[2], out[3]
 
     def __call__(self, x: torch.Tensor, cache, cos: torch.Tensor, sin: torch.Tensor, slots: list[int],
                  positions: list[int]) -> None:  # fmt: skip
         """x [M, hidden] float32 contiguous, in place; row m is at positions[m] of cache slot slots[m]. `cache`
-        holds per layer `keys` and `values` [slots, kv heads, length, head dim] (float32); cos/sin are the
-        rotary tables [length, head dim]."""
+        holds per layer `keys` and `values` [slots, kv heads, length, head dim] (float16, or float32); cos/sin are
+        the rotary tables [length, head dim]."""
         m = x.shape[0]
         if x.dtype != torch.float32 or not x.is_contiguous() or x.shape[1] != self.hidden:
             raise ValueError("the native stack takes contiguous float32 rows of the hidden size")

@@ -104,6 +104,8 @@ def _build(config: ModelConfig, index: dict, data: np.memmap, tiles: np.memmap |
     model.load_state_dict(state, assign=True, strict=True)
     model.norm = NativeRMSNorm(model.norm.weight.data, config.rms_norm_eps)
     model.fused_blocks = native_stack(config, model)
+    if model.fused_blocks is not None:  # its attention reads halves: half the bytes at a long context
+        model.kv_dtype = torch.float16
     return model.eval()
 
 

@@ -171,6 +171,9 @@ class Transformer(nn.Module):
         # Called as fused_blocks(x [rows, hidden], cache, cos, sin, slot per row, position per row), in place;
         # it runs every pass of the model, batch-invariant (each row's result depends on that row alone).
         self.fused_blocks = None
+        # what the KV cache holds (new_cache); None: float32 on a CPU, else the weights' dtype. The native stack
+        # reads and writes float16 (models/gguf_native.py): half the bytes a long context's attention reads.
+        self.kv_dtype: torch.dtype | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -181,10 +184,10 @@ class Transformer(nn.Module):
         return self.norm.weight.device
 
     def new_cache(self, num_slots: int = 1, max_len: int | None = None) -> KVCache:
-        """On the CPU the cache holds float32 whatever the weights: small bfloat16 matmuls are slow there
-        (one decode query's attention took 4x longer in bfloat16), and keys and values are exact in float32."""
+        """A cache of `kv_dtype`. By default on the CPU it holds float32 whatever the weights: PyTorch's small
+        bfloat16 matmuls are slow there (one decode query's attention took 4x longer in bfloat16)."""
         max_len = max_len or self.config.max_position_embeddings
-        dtype = torch.float32 if self.device.type == "cpu" else self.dtype
+        dtype = self.kv_dtype or (torch.float32 if self.device.type == "cpu" else self.dtype)
         return KVCache(self.config, num_slots, max_len, dtype, self.device)
 
     def rope_tables(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:

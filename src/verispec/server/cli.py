@@ -8,7 +8,7 @@ import os
 import signal
 from pathlib import Path
 
-from ..arguments import add_draft_vocab_argument, add_model_arguments
+from ..arguments import add_draft_arguments, add_model_arguments
 from ..engine.policy import POLICIES
 from ..errors import VerispecError
 from ..models import bundled
@@ -20,7 +20,7 @@ TINY = "tiny"  # --model tiny / --speculative-model tiny: the random test pair o
 
 def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
-    add_draft_vocab_argument(parser)
+    add_draft_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", default=None, help="model id clients use (default: from --model)")
@@ -149,7 +149,7 @@ def build_scheduler(args: argparse.Namespace):
     config = SchedulerConfig(
         max_num_seqs=args.max_num_seqs, max_queue=args.max_queue, max_model_len=args.max_model_len,
         num_speculative_tokens=args.num_speculative_tokens, draft_policy=args.draft_policy,
-        speculative_method=args.speculative_method, draft_vocab=args.draft_vocab,
+        speculative_method=args.speculative_method, draft_vocab=args.draft_vocab, draft_window=args.draft_window,
         prefill_chunk=args.prefill_chunk,
     )  # fmt: skip
     if args.speculative_method == "hybrid" and args.speculative_model.lower() == "none":

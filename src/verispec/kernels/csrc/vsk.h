@@ -98,18 +98,29 @@ int vsk_act_block(int type);
 /* per query row: the attention of a decode or verify pass (vsk_attention.c) */
 typedef struct {
     const float *q;             /* [M][H][D] */
-    const float *keys, *values; /* one layer's cache: [slots][kvH][length][D] */
+    const void *keys, *values;  /* one layer's cache: [slots][kvH][length][D], float32, or IEEE half when `half` */
     size_t slot_stride, head_stride;
     const int *slot, *pos;      /* per row: its sequence's cache slot, its position */
     int H, kvH, D;
     float scale;
     float *out;                 /* [M][H][D] */
+    int half;
 } vsk_attention_t;
 
 void vsk_attend(const vsk_attention_t *a, int M);
 
+/* the rows of a pass cut into blocks of consecutive positions of one sequence (at most VSK_ATTENTION_ROWS
+ * each); an item is one block and one key/value head: the group's query heads of the block's rows over the keys
+ * and values they share, read once (vsk_attention.c) */
+#define VSK_ATTENTION_ROWS 16
+typedef struct {
+    const vsk_attention_t *a;
+    const int *first; /* per block: its first row; first[blocks] = M */
+    int blocks;
+} vsk_attention_job;
+
 typedef void (*vsk_task)(const void *ctx, int begin, int end);
-vsk_task vsk_attention_task_avx2(void); /* NULL off x86-64 */
+vsk_task vsk_attention_task_avx2(void); /* NULL off x86-64; items of a vsk_attention_job */
 int vsk_get_isa(void);
 
 #endif

@@ -1,4 +1,13 @@
-/* Attention of decode and verify passes: each query row over exactly its own sequence's prefix. */
+/* Attention of the stack's passes: each query row over exactly its own sequence's prefix.
+ *
+ * The rows of a pass are cut into blocks of consecutive positions of one sequence (a decode step is a block of
+ * one row; a verify pass, or a prefill chunk, blocks of up to VSK_ATTENTION_ROWS), and an item is a block and a
+ * key/value head: the group's query heads of the block's rows attend together, so each key and value they share
+ * is read once for all of them (at a long context the cache, not the weights, is most of what a step reads).
+ * Each query's scores, softmax and weighted sum still run in one fixed order of their own (keys by position,
+ * dimensions by index), so a row's result is the same bits whatever block it shares.
+ *
+ * The cache holds float32, or IEEE half (the stack's cache: half the bytes to read); a half is widened exactly. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -7,51 +16,72 @@
 
 #define VSK_API __attribute__((visibility("default")))
 
-/* item = (row m, head h): the row's query over keys 0 .. pos[m] of its slot. Scores, softmax and the
- * weighted sum each run in one fixed order (keys by position, dimensions by index) whatever else shares the
- * call. The keys and values of every row of the call are written before any row attends. */
+static inline float cached(const void *base, size_t at, int half) {
+    return half ? vsk_fp16_to_fp32(((const uint16_t *)base)[at]) : ((const float *)base)[at];
+}
+
+/* one query (row m, head h) over keys 0 .. pos[m], portable C */
+static void attend_one(const vsk_attention_t *a, int m, int h, float *scores) {
+    const int group = a->H / a->kvH, span = a->pos[m] + 1, D = a->D;
+    const float *q = a->q + ((size_t)m * a->H + h) * D;
+    const size_t base = (size_t)a->slot[m] * a->slot_stride + (size_t)(h / group) * a->head_stride;
+    float top = -INFINITY;
+    for (int t = 0; t < span; t++) {
+        float lanes[8] = {0}; /* 8 partial sums, added in one fixed order (D is a multiple of 8) */
+        for (int i = 0; i < D; i += 8)
+            for (int l = 0; l < 8; l++) lanes[l] += q[i + l] * cached(a->keys, base + (size_t)t * D + i + l, a->half);
+        const float s = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+        scores[t] = s * a->scale;
+        top = scores[t] > top ? scores[t] : top;
+    }
+    float total = 0.0f;
+    for (int t = 0; t < span; t++) {
+        scores[t] = vsk_exp(scores[t] - top);
+        total += scores[t];
+    }
+    float *o = a->out + ((size_t)m * a->H + h) * D;
+    for (int i = 0; i < D; i++) o[i] = 0.0f;
+    for (int t = 0; t < span; t++) {
+        const float p = scores[t] / total;
+        for (int i = 0; i < D; i++) o[i] += p * cached(a->values, base + (size_t)t * D + i, a->half);
+    }
+}
+
+/* items of a vsk_attention_job: (block, key/value head) */
 static void attention_items(const void *ctx, int begin, int end) {
-    const vsk_attention_t *a = ctx;
+    const vsk_attention_job *job = ctx;
+    const vsk_attention_t *a = job->a;
     const int group = a->H / a->kvH;
     int longest = 0;
-    for (int item = begin; item < end; item++) longest = a->pos[item / a->H] + 1 > longest ? a->pos[item / a->H] + 1 : longest;
+    for (int item = begin; item < end; item++) {
+        const int last = job->first[item / a->kvH + 1] - 1;
+        longest = a->pos[last] + 1 > longest ? a->pos[last] + 1 : longest;
+    }
     float *scores = malloc(sizeof(float) * (size_t)longest);
     for (int item = begin; item < end; item++) {
-        const int m = item / a->H, h = item % a->H, span = a->pos[m] + 1;
-        const float *q = a->q + ((size_t)m * a->H + h) * a->D;
-        const size_t base = (size_t)a->slot[m] * a->slot_stride + (size_t)(h / group) * a->head_stride;
-        const float *k = a->keys + base, *v = a->values + base;
-        float top = -INFINITY;
-        for (int t = 0; t < span; t++) {
-            float lanes[8] = {0}; /* 8 partial sums, added in one fixed order (D is a multiple of 8) */
-            for (int i = 0; i < a->D; i += 8)
-                for (int l = 0; l < 8; l++) lanes[l] += q[i + l] * k[(size_t)t * a->D + i + l];
-            const float s = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-            scores[t] = s * a->scale;
-            top = scores[t] > top ? scores[t] : top;
-        }
-        float total = 0.0f;
-        for (int t = 0; t < span; t++) {
-            scores[t] = vsk_exp(scores[t] - top);
-            total += scores[t];
-        }
-        float *o = a->out + ((size_t)m * a->H + h) * a->D;
-        for (int i = 0; i < a->D; i++) o[i] = 0.0f;
-        for (int t = 0; t < span; t++) {
-            const float p = scores[t] / total;
-            for (int i = 0; i < a->D; i++) o[i] += p * v[(size_t)t * a->D + i];
-        }
+        const int block = item / a->kvH, g = item % a->kvH;
+        for (int m = job->first[block]; m < job->first[block + 1]; m++)
+            for (int h = g * group; h < (g + 1) * group; h++) attend_one(a, m, h, scores);
     }
     free(scores);
 }
 
 void vsk_attend(const vsk_attention_t *a, int M) {
+    int *first = malloc(sizeof(int) * (size_t)(M + 1)), blocks = 0;
+    for (int m = 0; m < M; m++) { /* a block: consecutive positions of one slot, at most VSK_ATTENTION_ROWS rows */
+        const int continues = m > 0 && a->slot[m] == a->slot[m - 1] && a->pos[m] == a->pos[m - 1] + 1 &&
+                              m - first[blocks - 1] < VSK_ATTENTION_ROWS;
+        if (!continues) first[blocks++] = m;
+    }
+    first[blocks] = M;
+    const vsk_attention_job job = {a, first, blocks};
     const vsk_task vector = vsk_get_isa() >= VSK_ISA_AVX2 ? vsk_attention_task_avx2() : NULL;
-    vsk_parallel_for(vector ? vector : attention_items, a, M * a->H);
+    vsk_parallel_for(vector ? vector : attention_items, &job, blocks * a->kvH);
+    free(first);
 }
 
 /* out [M][H][D] for queries q [M][H][D] at positions start .. start + M - 1 of one sequence, whose keys and
- * values (all positions up to start + M - 1 already written) are `keys`/`values` [kvH][length][D] */
+ * values (all positions up to start + M - 1 already written) are `keys`/`values` [kvH][length][D], float32 */
 VSK_API void vsk_attention(const float *q, int M, int H, int kvH, int D, const float *keys, const float *values,
                            size_t head_stride, int start, float scale, float *out) {
     int *rows = malloc(sizeof(int) * 2 * (size_t)M);
@@ -59,7 +89,7 @@ VSK_API void vsk_attention(const float *q, int M, int H, int kvH, int D, const f
         rows[m] = 0;
         rows[M + m] = start + m;
     }
-    const vsk_attention_t a = {q, keys, values, 0, head_stride, rows, rows + M, H, kvH, D, scale, out};
+    const vsk_attention_t a = {q, keys, values, 0, head_stride, rows, rows + M, H, kvH, D, scale, out, 0};
     vsk_attend(&a, M);
     free(rows);
 }

@@ -1,75 +1,217 @@
-/* The attention of decode and verify passes (see vsk_attention.c) on 256-bit vectors with FMA: the same
- * items, each in one fixed order of its own (8 lanes along the head dimension, added in a fixed tree). */
+/* The stack's attention (see vsk_attention.c) on 256-bit vectors with FMA.
+ *
+ * An item's queries (its rows' heads of one key/value group) share their keys and values: they are taken a tile
+ * of TILE positions at a time, widened to float32 once when the cache holds halves, and every query of the item
+ * runs over the tile while it is in L1: one load of a key serves two queries, one load of values up to QUERIES.
+ *
+ * Each query keeps one fixed order of its own, whatever shares its item: a score is the dot product in 8 lanes
+ * along the dimensions, each lane one chain of fused multiply-adds from 0, the lanes summed in one fixed tree,
+ * times the scale; the softmax's
+ * exponentials run 8 at a time from position 0 (the tail one at a time), their sum in 8 lanes and a fixed tree; a
+ * weighted sum adds the positions in order for each dimension, its accumulators passing through memory between
+ * tiles unchanged. So a row's result is the same bits alone or in a block, and does not depend on its tile
+ * neighbours; positions past a row's own are never read into its results. */
 #include "vsk.h"
 
 #if !defined(__x86_64__)
 vsk_task vsk_attention_task_avx2(void) { return NULL; }
 #else
 
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "vsk_exp8.h"
 #include "vsk_math.h"
 
-static inline float fixed_sum(__m256 v) {
-    float l[8];
-    _mm256_storeu_ps(l, v);
-    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+#define TILE 32    /* positions per tile: 32 x 128 float32 = 16 KiB */
+#define QUERIES 6  /* queries of one row sharing each load: 2 x 6 accumulators */
+
+/* keys or values [n][D] of a cache from element `at` as float32 rows: in place when the cache holds float32, else
+ * widened into `buffer` */
+static const float *tile_of(const void *cache, size_t at, int n, int D, int half, float *buffer) {
+    if (!half) return (const float *)cache + at;
+    const uint16_t *src = (const uint16_t *)cache + at;
+    for (int i = 0; i < n * D; i += 8)
+        _mm256_storeu_ps(buffer + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    return buffer;
+}
+
+/* the 8 lanes of each of v[0..7] summed, as one vector: lane j = ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))
+ * of v[j], the same tree for every j */
+static inline __m256 lane_sums(const __m256 *v) {
+    const __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
+    const __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* scores of `count` (<= QUERIES) queries q[c] (rows of D) against keys k [n][D]: s[c][t] for t in [0, n), each the
+ * dot product in 8 lanes along the dimensions (one chain of fused multiply-adds per lane) summed by lane_sums,
+ * times the scale. Two queries and four keys at a time; a missing query or key is a copy of one present, its sums
+ * computed and dropped. */
+static void tile_scores(const float *const *q, int count, const float *k, int n, int D, float scale, float *const *s) {
+    const __m256 scale8 = _mm256_set1_ps(scale);
+    for (int c = 0; c < count; c += 2) {
+        const float *qa = q[c], *qb = q[c + 1 < count ? c + 1 : c];
+        for (int t = 0; t < n; t += 4) {
+            const float *k0 = k + (size_t)t * D, *k1 = k + (size_t)(t + 1 < n ? t + 1 : n - 1) * D;
+            const float *k2 = k + (size_t)(t + 2 < n ? t + 2 : n - 1) * D, *k3 = k + (size_t)(t + 3 < n ? t + 3 : n - 1) * D;
+            __m256 acc[8];
+            for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+            for (int i = 0; i < D; i += 8) {
+                const __m256 a = _mm256_loadu_ps(qa + i), b = _mm256_loadu_ps(qb + i);
+                const __m256 x0 = _mm256_loadu_ps(k0 + i), x1 = _mm256_loadu_ps(k1 + i);
+                const __m256 x2 = _mm256_loadu_ps(k2 + i), x3 = _mm256_loadu_ps(k3 + i);
+                acc[0] = _mm256_fmadd_ps(a, x0, acc[0]);
+                acc[1] = _mm256_fmadd_ps(a, x1, acc[1]);
+                acc[2] = _mm256_fmadd_ps(a, x2, acc[2]);
+                acc[3] = _mm256_fmadd_ps(a, x3, acc[3]);
+                acc[4] = _mm256_fmadd_ps(b, x0, acc[4]);
+                acc[5] = _mm256_fmadd_ps(b, x1, acc[5]);
+                acc[6] = _mm256_fmadd_ps(b, x2, acc[6]);
+                acc[7] = _mm256_fmadd_ps(b, x3, acc[7]);
+            }
+            float out[8];
+            _mm256_storeu_ps(out, _mm256_mul_ps(lane_sums(acc), scale8));
+            const int keys = n - t < 4 ? n - t : 4;
+            memcpy(s[c] + t, out, sizeof(float) * keys);
+            if (c + 1 < count) memcpy(s[c + 1] + t, out + 4, sizeof(float) * keys);
+        }
+    }
+}
+
+/* a query's scores over its span -> its weights exp(score - max) / their sum, in place; the sum in 8 lanes (the
+ * first span / 8 * 8 positions) summed by a fixed tree, then the rest in order */
+static void softmax(float *scores, int span) {
+    __m256 top8 = _mm256_set1_ps(-INFINITY);
+    int t = 0;
+    for (; t + 8 <= span; t += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(scores + t));
+    float lanes[8], top = -INFINITY;
+    _mm256_storeu_ps(lanes, top8);
+    for (int l = 0; l < 8; l++) top = lanes[l] > top ? lanes[l] : top;
+    for (; t < span; t++) top = scores[t] > top ? scores[t] : top;
+    top8 = _mm256_set1_ps(top);
+    __m256 sum8 = _mm256_setzero_ps();
+    for (t = 0; t + 8 <= span; t += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + t), top8));
+        _mm256_storeu_ps(scores + t, e);
+        sum8 = _mm256_add_ps(sum8, e);
+    }
+    _mm256_storeu_ps(lanes, sum8);
+    float total = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+    for (; t < span; t++) {
+        scores[t] = vsk_exp(scores[t] - top);
+        total += scores[t];
+    }
+    const __m256 inverse8 = _mm256_set1_ps(1.0f / total);
+    for (t = 0; t + 8 <= span; t += 8) _mm256_storeu_ps(scores + t, _mm256_mul_ps(_mm256_loadu_ps(scores + t), inverse8));
+    for (; t < span; t++) scores[t] *= 1.0f / total;
+}
+
+/* o[c] (D values each) += sum over positions [0, n) of w[c][t] * v[t], positions in order, for COUNT queries
+ * (a constant where it is inlined, so that the accumulators stay in registers) */
+static inline __attribute__((always_inline)) void sums_of(const float *const *w, const int COUNT, const float *v, int n,
+                                                          int D, float *const *o) {
+    for (int i = 0; i < D; i += 16) {
+        __m256 acc[QUERIES][2];
+        for (int c = 0; c < COUNT; c++) {
+            acc[c][0] = _mm256_loadu_ps(o[c] + i);
+            acc[c][1] = _mm256_loadu_ps(o[c] + i + 8);
+        }
+        for (int t = 0; t < n; t++) {
+            const __m256 v0 = _mm256_loadu_ps(v + (size_t)t * D + i), v1 = _mm256_loadu_ps(v + (size_t)t * D + i + 8);
+            for (int c = 0; c < COUNT; c++) {
+                const __m256 p = _mm256_broadcast_ss(w[c] + t);
+                acc[c][0] = _mm256_fmadd_ps(p, v0, acc[c][0]);
+                acc[c][1] = _mm256_fmadd_ps(p, v1, acc[c][1]);
+            }
+        }
+        for (int c = 0; c < COUNT; c++) {
+            _mm256_storeu_ps(o[c] + i, acc[c][0]);
+            _mm256_storeu_ps(o[c] + i + 8, acc[c][1]);
+        }
+    }
+}
+
+static void tile_sums(const float *const *w, int count, const float *v, int n, int D, float *const *o) {
+    switch (count) {
+    case 6: sums_of(w, 6, v, n, D, o); break;
+    case 5: sums_of(w, 5, v, n, D, o); break;
+    case 4: sums_of(w, 4, v, n, D, o); break;
+    case 3: sums_of(w, 3, v, n, D, o); break;
+    case 2: sums_of(w, 2, v, n, D, o); break;
+    default: sums_of(w, 1, v, n, D, o); break;
+    }
+}
+
+/* one item: the rows m0 .. m1 - 1 (one sequence, consecutive positions) and key/value head g; `scores` holds
+ * (m1 - m0) x group rows of `stride` floats */
+static void attend_block(const vsk_attention_t *a, int m0, int m1, int g, float *scores, int stride, float *tile) {
+    const int group = a->H / a->kvH, D = a->D, longest = a->pos[m1 - 1] + 1;
+    const size_t base = (size_t)a->slot[m0] * a->slot_stride + (size_t)g * a->head_stride;
+    const float *q[QUERIES];
+    float *rows[QUERIES];
+    for (int t0 = 0; t0 < longest; t0 += TILE) { /* scores, a tile of keys at a time */
+        const int n = longest - t0 < TILE ? longest - t0 : TILE;
+        const float *k = tile_of(a->keys, base + (size_t)t0 * D, n, D, a->half, tile);
+        for (int m = m0; m < m1; m++) {
+            const int span = a->pos[m] + 1;
+            if (t0 >= span) continue;
+            for (int j0 = 0; j0 < group; j0 += QUERIES) {
+                const int count = group - j0 < QUERIES ? group - j0 : QUERIES;
+                for (int c = 0; c < count; c++) {
+                    q[c] = a->q + ((size_t)m * a->H + g * group + j0 + c) * D;
+                    rows[c] = scores + (size_t)((m - m0) * group + j0 + c) * stride + t0;
+                }
+                tile_scores(q, count, k, span - t0 < n ? span - t0 : n, D, a->scale, rows);
+            }
+        }
+    }
+    for (int m = m0; m < m1; m++)
+        for (int j = 0; j < group; j++) {
+            softmax(scores + (size_t)((m - m0) * group + j) * stride, a->pos[m] + 1);
+            memset(a->out + ((size_t)m * a->H + g * group + j) * D, 0, sizeof(float) * D);
+        }
+    for (int t0 = 0; t0 < longest; t0 += TILE) { /* weighted sums, a tile of values at a time */
+        const int n = longest - t0 < TILE ? longest - t0 : TILE;
+        const float *v = tile_of(a->values, base + (size_t)t0 * D, n, D, a->half, tile);
+        for (int m = m0; m < m1; m++) {
+            const int span = a->pos[m] + 1;
+            if (t0 >= span) continue;
+            for (int j0 = 0; j0 < group; j0 += QUERIES) {
+                const int count = group - j0 < QUERIES ? group - j0 : QUERIES;
+                const float *w[QUERIES];
+                for (int c = 0; c < count; c++) {
+                    w[c] = scores + (size_t)((m - m0) * group + j0 + c) * stride + t0;
+                    rows[c] = a->out + ((size_t)m * a->H + g * group + j0 + c) * D;
+                }
+                tile_sums(w, count, v, span - t0 < n ? span - t0 : n, D, rows);
+            }
+        }
+    }
 }
 
 static void attention_items(const void *ctx, int begin, int end) {
-    const vsk_attention_t *a = ctx;
-    const int group = a->H / a->kvH, D = a->D;
-    int longest = 0;
-    for (int item = begin; item < end; item++) longest = a->pos[item / a->H] + 1 > longest ? a->pos[item / a->H] + 1 : longest;
-    float *scores = malloc(sizeof(float) * (size_t)longest);
+    const vsk_attention_job *job = ctx;
+    const vsk_attention_t *a = job->a;
+    const int group = a->H / a->kvH;
+    size_t most = 0; /* the scores of the largest item */
     for (int item = begin; item < end; item++) {
-        const int m = item / a->H, h = item % a->H, span = a->pos[m] + 1;
-        const float *q = a->q + ((size_t)m * a->H + h) * D;
-        const size_t base = (size_t)a->slot[m] * a->slot_stride + (size_t)(h / group) * a->head_stride;
-        const float *k = a->keys + base, *v = a->values + base;
-        int t = 0;
-        for (; t + 4 <= span; t += 4) { /* four keys at once: independent chains, each summed as one key alone */
-            __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-            for (int i = 0; i < D; i += 8) {
-                const __m256 qi = _mm256_loadu_ps(q + i);
-                for (int j = 0; j < 4; j++)
-                    acc[j] = _mm256_fmadd_ps(qi, _mm256_loadu_ps(k + (size_t)(t + j) * D + i), acc[j]);
-            }
-            for (int j = 0; j < 4; j++) scores[t + j] = fixed_sum(acc[j]) * a->scale;
-        }
-        for (; t < span; t++) {
-            __m256 acc = _mm256_setzero_ps();
-            for (int i = 0; i < D; i += 8)
-                acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + (size_t)t * D + i), acc);
-            scores[t] = fixed_sum(acc) * a->scale;
-        }
-        float top = -INFINITY;
-        for (t = 0; t < span; t++) top = scores[t] > top ? scores[t] : top;
-        const __m256 top8 = _mm256_set1_ps(top);
-        for (t = 0; t + 8 <= span; t += 8)
-            _mm256_storeu_ps(scores + t, exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + t), top8)));
-        for (; t < span; t++) scores[t] = vsk_exp(scores[t] - top);
-        float total = 0.0f;
-        for (t = 0; t < span; t++) total += scores[t];
-        const float inverse = 1.0f / total;
-        float *o = a->out + ((size_t)m * a->H + h) * D;
-        for (int i0 = 0; i0 < D; i0 += 64) { /* 64 dimensions at a time in registers, keys in order */
-            const int lanes = (D - i0 < 64 ? D - i0 : 64) / 8;
-            __m256 acc[8];
-            for (int j = 0; j < lanes; j++) acc[j] = _mm256_setzero_ps();
-            for (int t = 0; t < span; t++) {
-                const __m256 p = _mm256_set1_ps(scores[t] * inverse);
-                const float *row = v + (size_t)t * D + i0;
-                for (int j = 0; j < lanes; j++) acc[j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(row + 8 * j), acc[j]);
-            }
-            for (int j = 0; j < lanes; j++) _mm256_storeu_ps(o + i0 + 8 * j, acc[j]);
-        }
+        const int block = item / a->kvH, rows = job->first[block + 1] - job->first[block];
+        const size_t size = (size_t)rows * group * (size_t)(a->pos[job->first[block + 1] - 1] + 1);
+        most = size > most ? size : most;
+    }
+    float *scores = malloc(sizeof(float) * most);
+    float *tile = aligned_alloc(64, (sizeof(float) * TILE * (size_t)a->D + 63) / 64 * 64);
+    for (int item = begin; item < end; item++) {
+        const int block = item / a->kvH, m0 = job->first[block], m1 = job->first[block + 1];
+        attend_block(a, m0, m1, item % a->kvH, scores, (a->pos[m1 - 1] + 1), tile);
     }
     free(scores);
+    free(tile);
 }
 
 vsk_task vsk_attention_task_avx2(void) { return attention_items; }

@@ -45,9 +45,9 @@ static int has_dense_parts(const vsk_model *md) {
     return 0;
 }
 
-/* seconds spent in the stack, in its products, and in the output heads of greedy steps (vsk_greedy.c) since the
- * last vsk_stack_timing (the bench's split) */
-static double stack_seconds, product_seconds, head_seconds;
+/* seconds spent in the stack, in its products, in its attention, and in the output heads of greedy steps
+ * (vsk_greedy.c) since the last vsk_stack_timing (the bench's split) */
+static double stack_seconds, product_seconds, attention_seconds, head_seconds;
 
 double vsk_seconds(void) {
     struct timespec t;
@@ -57,13 +57,14 @@ double vsk_seconds(void) {
 
 void vsk_count_head_seconds(double seconds) { head_seconds += seconds; }
 
-/* out[0] = seconds in vsk_stack_forward, out[1] = of which in products, out[2] = in greedy steps' heads; all
- * restart from zero */
+/* out[0] = seconds in vsk_stack_forward, out[1] = of which in products, out[2] = in greedy steps' heads,
+ * out[3] = in the stack's attention; all restart from zero */
 VSK_API void vsk_stack_timing(double *out) {
     out[0] = stack_seconds;
     out[1] = product_seconds;
     out[2] = head_seconds;
-    stack_seconds = product_seconds = head_seconds = 0.0;
+    out[3] = attention_seconds;
+    stack_seconds = product_seconds = head_seconds = attention_seconds = 0.0;
 }
 
 /* where one row's activations in format f (format_of) start in xq: M rows of each format in turn (the float rows,
@@ -186,9 +187,20 @@ typedef struct {
     const vsk_model *md;
     const vsk_block *b;
     const vsk_cache *c;
-    float *qkv, *keys, *values;
+    float *qkv;
+    void *keys, *values;
     const int *slot, *pos;
 } rotate_t;
+
+/* D values into the cache at element `at`: copied, or rounded to halves */
+static void store(void *cache, size_t at, const float *from, int D, int half) {
+    if (!half) {
+        memcpy((float *)cache + at, from, sizeof(float) * D);
+        return;
+    }
+    uint16_t *to = (uint16_t *)cache + at;
+    for (int i = 0; i < D; i++) to[i] = vsk_fp32_to_fp16(from[i]);
+}
 
 /* item = row: q/k/v bias, rotary embedding of q and k, the row's keys and values into its cache slot, and its
  * queries packed [H][D] at the row's start (the attention's layout) */
@@ -204,15 +216,15 @@ static void rotate_rows(const void *ctx, int begin, int end) {
         for (int head = 0; head < kvH; head++) {
             const size_t at = (size_t)r->slot[m] * r->c->slot_stride + (size_t)head * r->c->head_stride +
                               (size_t)r->pos[m] * D;
-            memcpy(r->keys + at, row + (size_t)(H + head) * D, sizeof(float) * D);
-            memcpy(r->values + at, row + (size_t)(H + kvH + head) * D, sizeof(float) * D);
+            store(r->keys, at, row + (size_t)(H + head) * D, D, r->c->half);
+            store(r->values, at, row + (size_t)(H + kvH + head) * D, D, r->c->half);
         }
     }
 }
 
 /* One block for M rows. Its output leaves the last product in `tmp`, to be added to x by the next block's
  * first step (or by the stack at the end): `pending` says whether tmp holds such a residual on entry. */
-static int block_forward(const vsk_model *md, const vsk_block *b, float *keys, float *values, const vsk_cache *c,
+static int block_forward(const vsk_model *md, const vsk_block *b, void *keys, void *values, const vsk_cache *c,
                          float *x, int M, const int *slot, const int *pos, uint8_t *scratch, int pending) {
     const int H = md->heads, kvH = md->kv_heads, D = md->head_dim, hidden = md->hidden, inter = md->inter;
     const int width = (H + 2 * kvH) * D;
@@ -232,8 +244,10 @@ static int block_forward(const vsk_model *md, const vsk_block *b, float *keys, f
     for (int m = 0; m < M; m++) /* the queries, packed [M][H][D] for the attention */
         memmove(qkv + (size_t)m * H * D, qkv + (size_t)m * width, sizeof(float) * H * D);
     const vsk_attention_t a = {qkv, keys, values, c->slot_stride, c->head_stride, slot, pos, H, kvH, D,
-                               1.0f / sqrtf((float)D), att};
+                               1.0f / sqrtf((float)D), att, c->half};
+    const double attention_begin = vsk_seconds();
     vsk_attend(&a, M);
+    attention_seconds += vsk_seconds() - attention_begin;
     const prepare_t o_in = {&b->o, 1, H * D, M, att, NULL, NULL, 0.0f, NULL, xq};
     if (products(&o_in, tmp, hidden)) return -1;
 

@@ -26,11 +26,13 @@ typedef struct {
     const vsk_block *blocks;
 } vsk_model;
 
-/* a KV cache: per layer [slots][kvH][length][D] keys and values, and the rotary tables [length][D] */
+/* a KV cache: per layer [slots][kvH][length][D] keys and values (float32, or IEEE half when `half`: what the
+ * stack writes is rounded to nearest even once, and read back exactly), and the rotary tables [length][D] */
 typedef struct {
-    float *const *keys, *const *values;
+    void *const *keys, *const *values;
     size_t slot_stride, head_stride;
     const float *cos, *sin;
+    int half;
 } vsk_cache;
 
 VSK_API size_t vsk_stack_scratch_bytes(const vsk_model *md, int M);
