@@ -26,7 +26,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         default="draft",
         choices=SPECULATIVE_METHODS,
         help="draft: the --speculative-model drafts; ngram: prompt lookup in the context (no draft model); "
-        "hybrid: prompt lookup where the context repeats itself, the draft model elsewhere",
+        "hybrid: prompt lookup where the context repeats itself, the draft model elsewhere; suffix: lookups in the "
+        "context and earlier requests' outputs, up to 15 tokens where the match is long, the draft model elsewhere "
+        "(with --speculative-model none: the lookups alone)",
     )
     parser.add_argument(
         "--dtype",

@@ -59,7 +59,7 @@ class SpeculativeGenerator:
             draft = None
         if speculative_method == "hybrid" and draft is None:
             raise InvalidParameterError("the hybrid speculative method needs a draft model")
-        speculates = draft is not None or speculative_method == "ngram"
+        speculates = draft is not None or speculative_method in ("ngram", "suffix")
         if speculates and num_speculative_tokens < 1:
             raise InvalidParameterError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
         if max_seq_len < 2:
@@ -83,6 +83,11 @@ class SpeculativeGenerator:
         return self.engine.drafter is not None
 
     # ---- public API -------------------------------------------------------------------------------
+    def forget_history(self) -> None:
+        """Forget earlier requests' outputs (suffix drafting drafts from them): the next request meets the
+        engine as a fresh one would, but for prompts it has prefilled."""
+        self.engine.forget_history()
+
     def generate(self, prompt: str | list[int] | list[dict], max_tokens: int = 128, **options) -> GenerationOutput:
         for chunk in self.stream(prompt, max_tokens, **options):
             if chunk.output is not None:

@@ -11,8 +11,10 @@ from ..errors import InvalidParameterError
 from ..generator import DEFAULT_DRAFT_VOCAB, DEFAULT_DRAFT_WINDOW
 
 # ngram: prompt lookup, no draft model; hybrid: prompt lookup where it matches, the draft model elsewhere;
-# auto-X: method X with k chosen each step from measured costs (engine/policy.py), k from --k as the most
-SPECULATIVE = ("draft", "ngram", "hybrid")
+# suffix: lookups in the context and earlier outputs (engine/suffix.py), the draft model elsewhere; suffix-only:
+# the lookups alone; auto-X: method X with k chosen each step from measured costs (engine/policy.py), k from --k
+# as the most (a lookup may draft more: engine/suffix.py)
+SPECULATIVE = ("draft", "ngram", "hybrid", "suffix", "suffix-only")
 METHODS = ("plain", *SPECULATIVE, *(f"auto-{m}" for m in SPECULATIVE))
 PEERS = ("hf", "llamacpp", "llamacpp-native")
 PEER_FAMILIES = ("hf", "llamacpp", "llama.cpp")  # contender names start with these (hf-plain, llama.cpp-draft, ...)
@@ -62,7 +64,7 @@ class BenchConfig:
 
     @property
     def uses_draft(self) -> bool:
-        return any(m.removeprefix("auto-") in ("draft", "hybrid") for m in self.methods)
+        return any(m.removeprefix("auto-") in ("draft", "hybrid", "suffix") for m in self.methods)
 
     @property
     def speculates(self) -> bool:
@@ -74,7 +76,10 @@ class BenchConfig:
         _check_names("peer", self.peers, PEERS)
         _check_ranges(self)
         if self.uses_draft and self.draft_model is None:
-            raise InvalidParameterError("methods draft and hybrid need a draft model; drop --speculative-model none")
+            raise InvalidParameterError(
+                "methods draft, hybrid and suffix need a draft model (suffix-only does not): drop "
+                "--speculative-model none"
+            )
         if self.peers and not self.greedy:
             raise InvalidParameterError("--peers compares greedy outputs; use --temperature 0")
         if self.ignore_eos and {"hf", "llamacpp"} & set(self.peers):

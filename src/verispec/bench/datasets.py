@@ -8,6 +8,9 @@ catch-up on the prompt costs the most and drafting must be shown never to lose.
 `long`, `long-summary`, `long-extract`, `long-rag`: chat requests with 1-4k tokens of context from the standard
 library's sources (long_context.py): summarise a module, list what raises ValueError, answer from passages.
 
+`code-edit`, `multi-turn`, `agent-loop`: answers that repeat text already seen (repetition.py): a function back
+with a small change, a revised second turn, a session of JSON tool calls (structured output).
+
 A JSONL line is one JSON object with one of:
     "prompt":   a string (sent raw, or as one user message with --chat)
     "messages": chat messages [{"role": ..., "content": ...}], rendered with the chat template
@@ -27,6 +30,7 @@ from ..decoding.grammar import GrammarSpec
 from ..errors import VerispecError
 from .long_context import KINDS as LONG_KINDS
 from .long_context import long_requests
+from .repetition import agent_loop, code_edits, multi_turn
 from .schemas import LONG_SCHEMAS, SCHEMAS
 
 HUMANEVAL = "humaneval"
@@ -34,7 +38,8 @@ HUMANEVAL_LONG = "humaneval-long"
 JSON_SCHEMA = "json-schema"
 JSON_SCHEMA_LONG = "json-schema-long"
 LONG = ("long", *LONG_KINDS)  # long-context chat requests from the standard library's sources (long_context.py)
-DATASETS = (HUMANEVAL, HUMANEVAL_LONG, JSON_SCHEMA, JSON_SCHEMA_LONG, *LONG)
+REPEATING = ("code-edit", "multi-turn", "agent-loop")  # answers that repeat text already seen (repetition.py)
+DATASETS = (HUMANEVAL, HUMANEVAL_LONG, JSON_SCHEMA, JSON_SCHEMA_LONG, *LONG, *REPEATING)
 LONG_CONTEXT = 8  # earlier problems, with their solutions, before each problem of humaneval-long
 
 
@@ -70,6 +75,8 @@ def load_requests(dataset: str, chat: bool = False) -> list[Request]:
         ]
     elif dataset in LONG:
         requests = [Request(request_id, messages) for request_id, messages in long_requests(dataset)]
+    elif dataset in REPEATING:
+        requests = _repeating(dataset)
     elif Path(dataset).expanduser().is_file():
         requests = _jsonl(Path(dataset).expanduser())
     else:
@@ -83,6 +90,17 @@ def _as_chat(request: Request) -> Request:
     if request.is_chat:
         return request
     return Request(request.id, [{"role": "user", "content": request.prompt}], request.grammar)
+
+
+def _repeating(dataset: str) -> list[Request]:
+    if dataset == "agent-loop":
+        made = agent_loop()
+    else:
+        made = (code_edits if dataset == "code-edit" else multi_turn)(_humaneval_rows())
+    return [
+        Request(request_id, messages, _schema(schema, dataset) if schema is not None else None)
+        for request_id, messages, schema in made
+    ]
 
 
 def _humaneval_long() -> list[Request]:

@@ -67,6 +67,8 @@ def _speculative_method(
     method: str, target: LoadedModel, draft: LoadedModel | None, k: int, max_seq_len: int, config: BenchConfig
 ) -> Method:
     base = method.removeprefix("auto-")
+    if base == "suffix-only":  # the suffix drafter without a draft model
+        base, draft = "suffix", None
     generator = SpeculativeGenerator(
         target, draft, num_speculative_tokens=k, max_seq_len=max_seq_len,
         progress=False, speculative_method=base, adaptive=base != method, draft_vocab=config.draft_vocab,

@@ -58,7 +58,10 @@ MAIN_COLUMNS = (
     "method", "k", "prompts", "new tokens", "tok/s median", "tok/s total", "speedup", "acceptance",
     "tokens/pass", "α", "c", "T(k+1)/T(1)", "ideal", "ideal, measured verify", "efficiency", "= plain",
 )  # fmt: skip
-TIME_COLUMNS = ("method", "prefill", "draft", "target", "other", "total", "grammar (within)", "peak RSS MiB")
+TIME_COLUMNS = (
+    "method", "prefill", "draft", "draft's catch-up (within)", "target", "other", "total", "grammar (within)",
+    "drafted by lookup", "peak RSS MiB",
+)  # fmt: skip
 
 
 def report_markdown(result: BenchResult, rows: list[MethodSummary], plots: list[tuple[str, str]], note: str) -> str:
@@ -148,9 +151,13 @@ def _time_rows(rows: list[MethodSummary]) -> list[list[str]]:
     table = []
     for row in rows:
         per_token = 1e3 / row.new_tokens if row.new_tokens else 0.0
-        parts = [row.time_prefill, row.time_draft, row.time_target, row.time_other, row.wall_s, row.time_grammar]
+        parts = [row.time_prefill, row.time_draft, row.time_catch_up, row.time_target, row.time_other, row.wall_s,
+                 row.time_grammar]  # fmt: skip
         cells = [_num(None if t is None else t * per_token, "{:.1f}") for t in parts]
-        table.append([row.method, *cells, f"{row.peak_rss_bytes / 2**20:.0f}"])
+        lookup = (
+            f"{row.drafted_by_lookup / row.drafted:.0%}" if row.drafted and row.drafted_by_lookup is not None else "—"
+        )
+        table.append([row.method, *cells, lookup, f"{row.peak_rss_bytes / 2**20:.0f}"])
     return table
 
 

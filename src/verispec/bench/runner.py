@@ -74,6 +74,8 @@ class Run:
     time_target: float | None = None
     time_other: float | None = None
     time_grammar: float | None = None  # computing grammar masks (structured output)
+    time_catch_up: float | None = None  # the draft model catching up on the context (inside time_draft)
+    drafted_by_lookup: int | None = None  # drafted tokens a lookup proposed (the rest: the draft model)
     peak_cuda_bytes: int | None = None
     identical_to_plain: bool | None = None
 
@@ -218,6 +220,8 @@ def _warm_up(config: BenchConfig, contenders: list[Contender], prompt: Prompt, l
     ids = prompt.token_ids[1:] or prompt.token_ids
     for contender in contenders:
         contender.generate(ids, config.warmup_tokens, config, config.seed, prompt.grammar)
+        if (forget := getattr(getattr(contender, "generator", None), "forget_history", None)) is not None:
+            forget()  # the warm-up's answer must not be there for suffix drafting to copy
 
 
 def _measure_costs(config: BenchConfig, models: Models, prompts: list[Prompt], log: Callable[[str], None]) -> Costs:
@@ -267,6 +271,7 @@ def _add_stats(run: Run, outcome: Outcome) -> None:
     run.time_prefill, run.time_draft, run.time_target = stats.time_prefill, stats.time_draft, stats.time_target
     run.time_other = max(0.0, run.wall_s - stats.time_prefill - stats.time_draft - stats.time_target)
     run.time_grammar = stats.time_grammar
+    run.time_catch_up, run.drafted_by_lookup = stats.time_catch_up, stats.drafted_by_lookup
 
 
 def _mark_identical(result: BenchResult, by_prefix: set[str] = frozenset()) -> None:

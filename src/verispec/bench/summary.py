@@ -54,6 +54,8 @@ class MethodSummary:
     time_target: float | None = None
     time_other: float | None = None
     time_grammar: float | None = None  # grammar masks (structured output), inside draft, target and other
+    time_catch_up: float | None = None  # the draft model catching up on the context, inside draft
+    drafted_by_lookup: int | None = None  # of drafted, what lookups in the context proposed
     peak_rss_bytes: int = 0
 
 
@@ -113,12 +115,14 @@ def _add_times(row: MethodSummary, runs: list[Run]) -> None:
         row.time_target = sum(r.time_target for r in runs)
         row.time_other = sum(r.time_other for r in runs)
         row.time_grammar = sum(r.time_grammar or 0.0 for r in runs)
+        row.time_catch_up = sum(r.time_catch_up or 0.0 for r in runs)
 
 
 def _add_acceptance(row: MethodSummary, runs: list[Run]) -> None:
     if row.k == 0 or any(r.drafted is None or r.rejected is None for r in runs):
         return
     row.drafted, row.accepted = sum(r.drafted for r in runs), sum(r.accepted for r in runs)
+    row.drafted_by_lookup = sum(r.drafted_by_lookup or 0 for r in runs)
     row.rejected = sum(r.rejected for r in runs)
     row.acceptance_rate = row.accepted / row.drafted if row.drafted else 0.0
     tested = row.accepted + row.rejected

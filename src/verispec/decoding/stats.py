@@ -13,6 +13,8 @@ class GenerationStats:
     drafted: int = 0
     accepted: int = 0
     rejected: int = 0  # rounds that ended on a rejected draft token; alpha = accepted / (accepted + rejected)
+    drafted_by_lookup: int = 0  # of `drafted`, the tokens a lookup in the context proposed (the rest: the model)
+    accepted_by_lookup: int = 0
     drafted_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
     time_prefill: float = 0.0
@@ -20,6 +22,7 @@ class GenerationStats:
     time_target: float = 0.0
     time_total: float = 0.0
     time_grammar: float = 0.0  # computing grammar masks (structured output), inside the times above
+    time_catch_up: float = 0.0  # the draft model catching up on the context before drafting, inside time_draft
 
     @property
     def acceptance_rate(self) -> float:
@@ -42,10 +45,13 @@ class GenerationStats:
     def acceptance_by_position(self) -> list[float]:
         return [a / d if d else 0.0 for a, d in zip(self.accepted_by_position, self.drafted_by_position, strict=True)]
 
-    def record_round(self, drafted: int, accepted: int) -> None:
+    def record_round(self, drafted: int, accepted: int, looked_up: bool = False) -> None:
         self.target_passes += 1
         self.drafted += drafted
         self.accepted += accepted
+        if looked_up:
+            self.drafted_by_lookup += drafted
+            self.accepted_by_lookup += accepted
         self.rejected += accepted < drafted
         missing = drafted - len(self.drafted_by_position)
         if missing > 0:
@@ -60,14 +66,23 @@ class GenerationStats:
         """One request's n choices as one: counts add up, times are the longest choice's."""
         total = cls()
         for part in parts:
-            for name in ("prompt_tokens", "new_tokens", "target_passes", "drafted", "accepted", "rejected"):
+            for name in (
+                "prompt_tokens",
+                "new_tokens",
+                "target_passes",
+                "drafted",
+                "accepted",
+                "rejected",
+                "drafted_by_lookup",
+                "accepted_by_lookup",
+            ):
                 setattr(total, name, getattr(total, name) + getattr(part, name))
             for name in ("drafted_by_position", "accepted_by_position"):
                 mine, theirs = getattr(total, name), getattr(part, name)
                 mine += [0] * (len(theirs) - len(mine))
                 for i, count in enumerate(theirs):
                     mine[i] += count
-            for name in ("time_prefill", "time_draft", "time_target", "time_total", "time_grammar"):
+            for name in ("time_prefill", "time_draft", "time_target", "time_total", "time_grammar", "time_catch_up"):
                 setattr(total, name, max(getattr(total, name), getattr(part, name)))
         total.prompt_tokens = max((part.prompt_tokens for part in parts), default=0)  # one prompt, shared
         return total

@@ -60,6 +60,8 @@ def padded_forward(
 class Proposal:
     tokens: torch.Tensor  # [k] int64
     probs: torch.Tensor | None  # [k, target vocab] float32, None for a point-mass proposer
+    looked_up: bool = False  # drafted by a lookup in the context, not by the draft model
+    catch_up_seconds: float = 0.0  # the draft model's catch-up on this sequence's context before drafting
 
 
 def common_prefix(a: list[int], b: list[int], limit: int) -> int:
@@ -99,6 +101,8 @@ class DraftJob:
     grammar: GrammarMatcher | None = None  # the request's structured-output constraint, if any
     # what the draft model reads instead of `tokens` (a bounded view of a long context: draft_view), or None
     model_tokens: list[int] | None = None
+    key: str | None = None  # the sequence's request id (a suffix drafter keeps a trie per sequence)
+    lookup_k: int = 0  # the most a lookup may draft (suffix drafting; 0: k)
 
     @property
     def model_view(self) -> list[int]:
@@ -182,7 +186,13 @@ class BatchedDrafter:
 
     def propose(self, jobs: list[DraftJob]) -> list[Proposal]:
         self.catch_up_seconds, self.catch_up_tokens = 0.0, 0
-        todo = self._prepare(jobs)
+        todo, caught_up = self._prepare(jobs)
+        proposals = self._propose(jobs, todo)
+        for proposal, seconds in zip(proposals, caught_up, strict=True):
+            proposal.catch_up_seconds = seconds
+        return proposals
+
+    def _propose(self, jobs: list[DraftJob], todo: list[list[int]]) -> list[Proposal]:
         if self._greedy_in_one_call(jobs, todo):
             return self._propose_greedy(jobs, todo)
         logits = self._catch_up(jobs, todo)
@@ -233,10 +243,11 @@ class BatchedDrafter:
             proposals.append(Proposal(torch.tensor(tokens[: job.k], dtype=torch.long), None))
         return proposals
 
-    def _prepare(self, jobs: list[DraftJob]) -> list[list[int]]:
+    def _prepare(self, jobs: list[DraftJob]) -> tuple[list[list[int]], list[float]]:
         """Ready each job's slot: keep the prefix it holds (or copy a longer one another slot holds), feed a long
-        lag alone; returns the tokens each slot still lacks (at least the last one, at most CATCH_UP_WIDTH)."""
-        todo = []
+        lag alone; returns the tokens each slot still lacks (at least the last one, at most CATCH_UP_WIDTH) and
+        the seconds each job's lag took."""
+        todo, seconds = [], []
         for job in jobs:
             fed, tokens = self.fed[job.slot], job.model_view
             source, held = self._held(job.slot, tokens)
@@ -247,15 +258,17 @@ class BatchedDrafter:
                 self.cache.copy(source, job.slot, held)
                 fed += tokens[keep:held]
                 keep = held
-            missing = tokens[keep:]
+            missing, took = tokens[keep:], 0.0
             if len(missing) > CATCH_UP_WIDTH:
                 begin = time.perf_counter()
                 self._feed_alone(job.slot, missing[:-CATCH_UP_WIDTH])
-                self.catch_up_seconds += time.perf_counter() - begin
+                took = time.perf_counter() - begin
+                self.catch_up_seconds += took
                 self.catch_up_tokens += len(missing) - CATCH_UP_WIDTH
                 missing = missing[-CATCH_UP_WIDTH:]
             todo.append(missing)
-        return todo
+            seconds.append(took)
+        return todo, seconds
 
     def _catch_up(self, jobs: list[DraftJob], todo: list[list[int]]) -> list[torch.Tensor]:
         """Feed each slot the tokens it lacks (`todo`); returns the logits after each."""
@@ -304,7 +317,7 @@ class BatchedNgramDrafter:
         return 0
 
     def propose(self, jobs: list[DraftJob]) -> list[Proposal]:
-        return [Proposal(torch.tensor(ngram_lookup(job.tokens, job.k), dtype=torch.long), None) for job in jobs]
+        return [Proposal(torch.tensor(ngram_lookup(job.tokens, job.k), dtype=torch.long), None, True) for job in jobs]
 
 
 class BatchedHybridDrafter:
@@ -336,7 +349,8 @@ class BatchedHybridDrafter:
             (self.model.catch_up_seconds, self.model.catch_up_tokens) if rest else (0.0, 0)
         )
         return [
-            Proposal(torch.tensor(tokens, dtype=torch.long), None) if tokens else next(modelled) for tokens in found
+            Proposal(torch.tensor(tokens, dtype=torch.long), None, True) if tokens else next(modelled)
+            for tokens in found
         ]
 
     def _lookup(self, tokens: list[int], k: int) -> list[int]:

@@ -54,6 +54,7 @@ from .proposers import (
     padded_forward,
 )
 from .requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput, StreamChunk
+from .suffix import DEFAULT_INDEX_TOKENS, LOOKUP_MAX, BatchedSuffixDrafter, SuffixIndex
 
 log = logging.getLogger("verispec.server")
 
@@ -66,7 +67,7 @@ class SchedulerStoppedError(VerispecError):
     """The scheduler no longer accepts requests (shutting down)."""
 
 
-METHODS = ("draft", "ngram", "hybrid")  # the proposers (proposers.py)
+METHODS = ("draft", "ngram", "hybrid", "suffix")  # the proposers (proposers.py, suffix.py)
 
 
 @dataclass
@@ -77,12 +78,14 @@ class SchedulerConfig:
     num_speculative_tokens: int = 4
     draft_policy: str = "auto"  # auto | always | never (see policy.py)
     # draft: a draft model proposes; ngram: prompt lookup (no draft model); hybrid: prompt lookup where the
-    # context repeats itself, the draft model elsewhere
+    # context repeats itself, the draft model elsewhere; suffix: lookups in the request's context and in earlier
+    # requests' outputs, as long as the match warrants (suffix.py), the draft model (if any) elsewhere
     speculative_method: str = "draft"
     draft_vocab: int | None = None  # the draft proposes only the first N ids and stop tokens (models/draft_head.py)
     prefill_chunk: int = 128  # prompt tokens prefilled per step, so running requests wait one chunk, not a prompt
     # the draft model reads at most this many of a prompt's last tokens (after its first DRAFT_SINK); 0: all of it
     draft_window: int = 0
+    suffix_cache_tokens: int = DEFAULT_INDEX_TOKENS  # earlier requests' tokens the suffix drafter keeps
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_queue < 0 or self.max_model_len < 2:
@@ -97,6 +100,8 @@ class SchedulerConfig:
             )
         if self.draft_policy not in POLICIES:
             raise InvalidParameterError(f"draft_policy must be one of {', '.join(POLICIES)}, got {self.draft_policy!r}")
+        if self.suffix_cache_tokens < 0:
+            raise InvalidParameterError(f"suffix_cache_tokens must be >= 0, got {self.suffix_cache_tokens}")
         if self.draft_window < 0:
             raise InvalidParameterError(f"draft_window must be >= 0 (0 = the whole context), got {self.draft_window}")
         if self.draft_vocab is not None and self.draft_vocab < 0:
@@ -174,12 +179,15 @@ class Scheduler:
         """One slot per sequence; padded rows may run past a sequence's last real position (verify rows are
         k+1 wide, draft catch-up rows up to CATCH_UP_WIDTH), hence the room beyond max_model_len."""
         k, slots = self.config.num_speculative_tokens, self.config.max_num_seqs
-        self.cache = target.model.new_cache(num_slots=slots, max_len=self.max_model_len + k + 1)
-        self.prefixes = PrefilledPrompts(self.cache, self.config.prefill_chunk)  # prefill reuse (prefixes.py)
-        self.drafter: BatchedDrafter | BatchedNgramDrafter | BatchedHybridDrafter | None = None
         method = self.config.speculative_method
+        widest = max(k, LOOKUP_MAX) if method == "suffix" else k  # the most tokens a verify row set drafts
+        self.cache = target.model.new_cache(num_slots=slots, max_len=self.max_model_len + widest + 1)
+        self.prefixes = PrefilledPrompts(self.cache, self.config.prefill_chunk)  # prefill reuse (prefixes.py)
+        self.drafter: BatchedDrafter | BatchedNgramDrafter | BatchedHybridDrafter | BatchedSuffixDrafter | None = None
         if method == "ngram":
             self.drafter = BatchedNgramDrafter()
+        elif method == "suffix" and draft is None:
+            self.drafter = BatchedSuffixDrafter(None, SuffixIndex(self.config.suffix_cache_tokens), slots)
         elif draft is not None:
             vocab = target.model.config.vocab_size
             draft_len = self.max_model_len + max(k, CATCH_UP_WIDTH) + 1
@@ -187,6 +195,8 @@ class Scheduler:
             self.drafter = BatchedDrafter(draft.model, vocab, slots, draft_len, ids)
             if method == "hybrid":
                 self.drafter = BatchedHybridDrafter(self.drafter)
+            if method == "suffix":
+                self.drafter = BatchedSuffixDrafter(self.drafter, SuffixIndex(self.config.suffix_cache_tokens), slots)
         elif method == "hybrid":
             raise InvalidParameterError("the hybrid speculative method needs a draft model")
 
@@ -287,6 +297,11 @@ class Scheduler:
                 log.exception("scheduler step failed; failing the running requests")
                 self._fail_all("internal error in the scheduler (see the server log)")
 
+    def forget_history(self) -> None:
+        """Forget what earlier requests wrote (the suffix drafter's index); prefilled prompts stay reusable."""
+        if isinstance(self.drafter, BatchedSuffixDrafter):
+            self.drafter.forget()
+
     def run_until_idle(self, max_steps: int = 100_000) -> None:
         """Run steps in the calling thread until nothing is waiting or running (for tests and tools)."""
         for _ in range(max_steps):
@@ -324,7 +339,9 @@ class Scheduler:
         caught_up = (self.drafter.catch_up_seconds, self.drafter.catch_up_tokens) if any(ks) else (0.0, 0)
         drafting = sum(1 for k in ks if k)
         modelled = any(ks) and self.drafter.modelled
-        self._record_costs(len(seqs), drafting, max(ks), drafted - begin, verified - drafted, *caught_up, modelled)
+        widest = max((p.tokens.shape[0] for p in proposals if p is not None), default=0)
+        if widest <= max(ks):  # a longer lookup's verify pass is not what the policy's k costs: not recorded
+            self._record_costs(len(seqs), drafting, max(ks), drafted - begin, verified - drafted, *caught_up, modelled)
         log.debug(
             "step: %d sequences, k = %d for %d (lag %d), draft %.3f s (catch-up %.3f s, %d tokens), verify %.3f s",
             len(seqs), max(ks), drafting, lag, drafted - begin, *caught_up, verified - drafted,
@@ -447,6 +464,10 @@ class Scheduler:
             return 0
         return max(0, min(self.config.num_speculative_tokens, self._tokens_left(seq) - 1))
 
+    def _lookup_length(self, seq: Sequence) -> int:
+        """The most a lookup may draft for the sequence this step (suffix drafting; the model drafts k)."""
+        return max(0, min(LOOKUP_MAX, self._tokens_left(seq) - 1))
+
     def _tokens_left(self, seq: Sequence) -> int:
         """The most tokens the sequence may still generate (max_tokens, or the context, whichever ends first)."""
         return min(self.max_model_len - len(seq.tokens) + 1, seq.request.max_tokens - len(seq.stopper.token_ids))
@@ -461,7 +482,16 @@ class Scheduler:
             (
                 i,
                 DraftJob(
-                    seq.slot, seq.tokens, k, seq.request.params, seq.rng, seq.adjustments, seq.grammar, seq.draft_tokens
+                    seq.slot,
+                    seq.tokens,
+                    k,
+                    seq.request.params,
+                    seq.rng,
+                    seq.adjustments,
+                    seq.grammar,
+                    seq.draft_tokens,
+                    seq.request.request_id,
+                    self._lookup_length(seq),
                 ),
             )  # fmt: skip
             for i, (seq, k) in enumerate(zip(seqs, ks, strict=True))
@@ -537,7 +567,8 @@ class Scheduler:
 
     def _advance(self, seq: Sequence, proposal: Proposal, verdict: Verdict) -> None:
         k, accepted = proposal.tokens.shape[0], verdict.accepted
-        seq.stats.record_round(k, accepted)
+        seq.stats.record_round(k, accepted, proposal.looked_up)
+        seq.stats.time_catch_up += proposal.catch_up_seconds
         self.metrics.record_round(k, accepted)
         self.policy.record_round(k, accepted)
         emitted = [*proposal.tokens[:accepted].tolist(), verdict.next_token]
@@ -579,6 +610,8 @@ class Scheduler:
         output = GenerationOutput(
             stopper.text, list(stopper.token_ids), reason, seq.stats, seq.request.prompt_ids, seq.logprobs
         )
+        if isinstance(self.drafter, BatchedSuffixDrafter):  # what it wrote, for the requests to come
+            self.drafter.finished(seq.request.prompt_ids, seq.tokens[len(seq.request.prompt_ids) :])
         seq.request.sink(FinishEvent(output, seq.queue_seconds))
         self._release(seq, reason)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..arguments import add_draft_arguments, add_model_arguments
 from ..engine.policy import POLICIES
+from ..engine.suffix import DEFAULT_INDEX_TOKENS
 from ..errors import VerispecError
 from ..models import bundled
 from ..models.loading import LoadedModel
@@ -28,6 +29,13 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot before 429")
     parser.add_argument(
         "--prefill-chunk", type=int, default=128, help="prompt tokens prefilled per scheduler step (chunked prefill)"
+    )
+    parser.add_argument(
+        "--suffix-cache-tokens",
+        type=int,
+        default=DEFAULT_INDEX_TOKENS,
+        help="--speculative-method suffix: tokens of earlier requests' outputs kept to draft from; the oldest leave "
+        f"first (default {DEFAULT_INDEX_TOKENS}, about {DEFAULT_INDEX_TOKENS * 1500 >> 20} MiB; 0 = none)",
     )
     parser.add_argument(
         "--draft-policy", default="auto", choices=POLICIES, help="auto: draft only while it pays (docs/server.md)"
@@ -150,7 +158,7 @@ def build_scheduler(args: argparse.Namespace):
         max_num_seqs=args.max_num_seqs, max_queue=args.max_queue, max_model_len=args.max_model_len,
         num_speculative_tokens=args.num_speculative_tokens, draft_policy=args.draft_policy,
         speculative_method=args.speculative_method, draft_vocab=args.draft_vocab, draft_window=args.draft_window,
-        prefill_chunk=args.prefill_chunk,
+        prefill_chunk=args.prefill_chunk, suffix_cache_tokens=args.suffix_cache_tokens,
     )  # fmt: skip
     if args.speculative_method == "hybrid" and args.speculative_model.lower() == "none":
         raise VerispecError("the hybrid speculative method needs a draft model (--speculative-model)")

@@ -1,0 +1,157 @@
+"""Suffix drafting (SuffixDecoding, Oliaro et al. 2025): drafts that cost nothing, looked up in text the engine
+has already seen — the request's own prompt and output so far, and the outputs of earlier requests.
+
+    SuffixIndex           earlier requests' outputs (and, optionally, prompts) in one suffix trie, bounded in
+                          tokens: the oldest sequences leave first
+    BatchedSuffixDrafter  per sequence: the longest suffix of its context found in its own trie or in the index;
+                          when found with enough confidence, the most frequent continuation, as long as the match
+                          warrants; else the draft model (when there is one), else nothing
+
+How long a lookup draft is follows the match: min(LOOKUP_MAX, FACTOR x match length) tokens, cut where the
+continuation's frequency (the product of each step's count over its parent's) falls below MIN_SCORE. A long match
+is text being copied (an edit returning a function, a quoted answer, a repeated tool call): drafting far ahead pays,
+since a target pass over 16 rows costs far less than 16 steps. A lookup draft is a point mass: exact under the
+acceptance rule whatever it proposes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from ..kernels.suffix import SuffixTrie
+from ..models.model import KVCache
+from .proposers import BatchedDrafter, DraftJob, Proposal
+
+LOOKUP_MAX = 15  # tokens a lookup drafts at most: a verify pass of 16 rows
+MATCH_MAX = 16  # the longest suffix a lookup matches: longer ones rarely predict better
+# the trie's depth: a match and the longest lookup after it; its nodes (and memory) grow with depth x tokens
+DEPTH = MATCH_MAX + LOOKUP_MAX + 1
+FACTOR = 2.0  # a lookup drafts up to FACTOR x the matched length
+MIN_SCORE = 0.1  # ... while the continuation's estimated chance stays above this
+MIN_MATCH = 2  # shorter matches are left to the draft model (when there is one)
+DEFAULT_INDEX_TOKENS = 1 << 16  # tokens of earlier requests kept (--suffix-cache-tokens): ~1.5 KB each in the trie
+
+
+class SuffixIndex:
+    """Earlier sequences in one trie; when they hold more than `max_tokens`, the oldest are removed (and the trie
+    rebuilt once most of its nodes are dead). Touched only by the engine's thread."""
+
+    def __init__(self, max_tokens: int = DEFAULT_INDEX_TOKENS, depth: int = DEPTH):
+        self.max_tokens, self.depth = max_tokens, depth
+        self.trie = SuffixTrie(depth)
+        self.sequences: deque[list[int]] = deque()
+        self.tokens = 0
+
+    def add(self, tokens: list[int]) -> None:
+        if not tokens or not self.max_tokens:
+            return
+        tokens = tokens[-self.max_tokens :]
+        self.trie.add(tokens)
+        self.sequences.append(tokens)
+        self.tokens += len(tokens)
+        while self.tokens > self.max_tokens:
+            oldest = self.sequences.popleft()
+            self.trie.add(oldest, -1)
+            self.tokens -= len(oldest)
+        if self.trie.nodes > 4 * max(self.trie.live, 1024):  # mostly dead nodes: start over from what is kept
+            self.trie = SuffixTrie(self.depth)
+            for sequence in self.sequences:
+                self.trie.add(sequence)
+
+
+@dataclass
+class _Followed:
+    """One sequence's own trie, fed with its tokens as they come."""
+
+    key: str
+    trie: SuffixTrie
+    fed: int = 0
+
+
+@dataclass(frozen=True)
+class Lookup:
+    tokens: list[int]
+    match: int  # the matched suffix's length
+
+
+def best_lookup(tries: list[SuffixTrie], context: list[int], most: int) -> Lookup | None:
+    """The draft of the longest match among `tries` (the first trie wins a tie), or None below MIN_MATCH."""
+    best: tuple[int, SuffixTrie, int] | None = None
+    for trie in tries:
+        node, length = trie.match(context, MATCH_MAX)
+        if length >= MIN_MATCH and (best is None or length > best[2]):
+            best = (node, trie, length)
+    if best is None or most < 1:
+        return None
+    node, trie, length = best
+    budget = min(most, LOOKUP_MAX, math.ceil(FACTOR * length))
+    found = trie.candidates(node, budget, MIN_SCORE, chain=True)
+    return Lookup(found.tokens, length) if found.tokens else None
+
+
+class BatchedSuffixDrafter:
+    """Lookups in each sequence's own context and in the index of earlier requests; the draft model (if any) for
+    the sequences no lookup drafts for. Jobs carry the most a lookup may draft in `lookup_k` (the model drafts
+    `k`)."""
+
+    def __init__(self, model: BatchedDrafter | None, index: SuffixIndex, num_slots: int):
+        self.model, self.index = model, index
+        self.followed: list[_Followed | None] = [None] * num_slots
+        self.catch_up_seconds, self.catch_up_tokens = 0.0, 0
+        self.modelled = False
+
+    @property
+    def cache(self) -> KVCache | None:
+        return self.model.cache if self.model is not None else None
+
+    def lag(self, slot: int, tokens: list[int], model_tokens: list[int] | None = None) -> int:
+        if self.model is None or self._lookup(slot, None, tokens, 1) is not None:
+            return 0
+        return self.model.lag(slot, tokens, model_tokens)
+
+    def propose(self, jobs: list[DraftJob]) -> list[Proposal]:
+        found = [self._lookup(job.slot, job.key, job.tokens, job.lookup_k or job.k) for job in jobs]
+        rest = [job for job, lookup in zip(jobs, found, strict=True) if lookup is None and self.model is not None]
+        self.modelled = bool(rest)
+        modelled = iter(self.model.propose(rest) if rest else [])
+        model = self.model
+        self.catch_up_seconds, self.catch_up_tokens = (
+            (model.catch_up_seconds, model.catch_up_tokens) if rest and model is not None else (0.0, 0)
+        )
+        empty = Proposal(torch.empty(0, dtype=torch.long), None, True)
+        proposals = []
+        for lookup in found:
+            if lookup is not None:
+                proposals.append(Proposal(torch.tensor(lookup.tokens, dtype=torch.long), None, True))
+            else:
+                proposals.append(next(modelled) if self.model is not None else empty)
+        return proposals
+
+    def forget(self) -> None:
+        """Drop the index of earlier requests (a bench's warm-up must not leave answers behind)."""
+        self.index = SuffixIndex(self.index.max_tokens, self.index.depth)
+
+    def finished(self, prompt: list[int], output: list[int]) -> None:
+        """A request ended: its output joins the index of earlier requests."""
+        self.index.add(output)
+
+    def _lookup(self, slot: int, key: str | None, tokens: list[int], most: int) -> Lookup | None:
+        own = self._followed(slot, key, tokens)
+        tries = [own.trie] if own is not None else []
+        return best_lookup([*tries, self.index.trie], tokens, most)
+
+    def _followed(self, slot: int, key: str | None, tokens: list[int]) -> _Followed | None:
+        """The slot's own trie, fed up to all but the last of `tokens` (the last has no continuation yet); a new
+        request in the slot starts a new one. Without a key (a cost estimate), the trie as it stands."""
+        followed = self.followed[slot]
+        if key is None:
+            return followed
+        if followed is None or followed.key != key or followed.fed > len(tokens):
+            followed = self.followed[slot] = _Followed(key, SuffixTrie(DEPTH))
+        followed.trie.extend(tokens[followed.fed :])
+        followed.fed = len(tokens)
+        return followed

@@ -1,0 +1,168 @@
+"""Suffix drafting: the native suffix trie against a brute-force reading of the same sequences, and the suffix
+drafter through the engine (greedy output equal to plain decoding, earlier requests' outputs used, lookups
+counted)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from verispec import SpeculativeGenerator
+from verispec.decoding.sampling import SamplingParams
+from verispec.engine.requests import EngineRequest, FinishEvent
+from verispec.engine.scheduler import Scheduler, SchedulerConfig
+from verispec.kernels import suffix
+
+pytestmark = pytest.mark.skipif(not suffix.available(), reason="native library not compiled")
+
+
+# ---- the trie against brute force ----------------------------------------------------------------------------
+def continuations(sequences: list[list[int]], pattern: list[int]) -> Counter:
+    """What followed each occurrence of `pattern` in `sequences`."""
+    found: Counter = Counter()
+    n = len(pattern)
+    for seq in sequences:
+        for i in range(len(seq) - n):
+            if seq[i : i + n] == pattern:
+                found[seq[i + n]] += 1
+    return found
+
+
+def brute_match(sequences: list[list[int]], context: list[int], depth: int) -> int:
+    """The length of the longest suffix of `context` (at most depth - 1) that occurred followed by a token."""
+    for length in range(min(depth - 1, len(context)), 0, -1):
+        if continuations(sequences, context[-length:]):
+            return length
+    return 0
+
+
+def brute_chain(sequences: list[list[int]], context: list[int], length: int, most: int, least: float):
+    """The most frequent continuation, token by token (ties: the lower id), scores the product of frequencies;
+    a pattern grows past the trie's depth only as far as the trie remembers (depth tokens)."""
+    tokens, scores, pattern, score = [], [], list(context[-length:]), 1.0
+    while len(tokens) < most:
+        found = continuations(sequences, pattern)
+        if not found:
+            break
+        total = sum(found.values())
+        token = min(found, key=lambda t: (-found[t], t))
+        score *= found[token] / total
+        if score <= least:
+            break
+        tokens.append(token)
+        scores.append(score)
+        pattern.append(token)
+    return tokens, scores
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_matches_and_chains_are_what_the_sequences_hold(seed):
+    rng = random.Random(seed)
+    depth = 6
+    sequences = [[rng.randrange(4) for _ in range(rng.randrange(5, 40))] for _ in range(5)]
+    trie = suffix.SuffixTrie(depth)
+    for seq in sequences:
+        trie.add(seq)
+    for _ in range(40):
+        context = [rng.randrange(4) for _ in range(rng.randrange(1, 12))]
+        node, length = trie.match(context)
+        assert length == brute_match(sequences, context, depth), context
+        if length:
+            most = depth - length  # the trie remembers continuations up to depth tokens from the match's start
+            got = trie.candidates(node, most, 0.05, chain=True)
+            tokens, scores = brute_chain(sequences, context, length, most, 0.05)
+            assert got.tokens == tokens and got.parents == list(range(-1, len(tokens) - 1))
+            assert got.scores == pytest.approx(scores)
+
+
+def test_a_capped_match_leaves_room_for_a_long_continuation():
+    """Text being copied matches as far back as the trie's depth allows; capped, the match leaves the continuation
+    room to draft the full lookup (uncapped, the trie would remember one token after it)."""
+    from verispec.engine.suffix import DEPTH, LOOKUP_MAX, MATCH_MAX, best_lookup
+
+    rng = random.Random(3)
+    text = [rng.randrange(1000) for _ in range(200)]
+    trie = suffix.SuffixTrie(DEPTH)
+    trie.add(text)
+    copying = text[:120]  # the answer so far copies the text's first 120 tokens
+    assert trie.match(copying)[1] == DEPTH - 1
+    node, length = trie.match(copying, MATCH_MAX)
+    assert length == MATCH_MAX
+    assert len(trie.candidates(node, LOOKUP_MAX, 0.0, chain=True).tokens) == LOOKUP_MAX
+    lookup = best_lookup([trie], copying, LOOKUP_MAX)
+    assert lookup is not None and lookup.tokens == text[120 : 120 + LOOKUP_MAX]
+
+
+def test_a_tree_of_candidates_is_best_first_by_the_product_of_frequencies():
+    trie = suffix.SuffixTrie(8)
+    for seq in ([1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 6, 7]):
+        trie.add(seq)
+    node, length = trie.match([9, 1, 2])
+    assert length == 2
+    got = trie.candidates(node, 5, 0.0)
+    # after [1, 2]: 3 (3/4), then 3 -> 4 (3/4 * 2/3), 6 (1/4), 3 -> 5 (1/4), 6 -> 7 (1/4 * 1): ties to the lower id
+    assert got.tokens == [3, 4, 5, 6, 7] and got.parents == [-1, 0, 0, -1, 3]
+    assert got.scores == pytest.approx([0.75, 0.5, 0.25, 0.25, 0.25])
+
+
+def test_growing_token_by_token_counts_what_adding_whole_counts():
+    rng = random.Random(7)
+    seq = [rng.randrange(5) for _ in range(60)]
+    whole, grown = suffix.SuffixTrie(5), suffix.SuffixTrie(5)
+    whole.add(seq)
+    for i in range(0, len(seq), 7):
+        grown.extend(seq[i : i + 7])
+    for _ in range(50):
+        context = [rng.randrange(5) for _ in range(rng.randrange(1, 8))]
+        a, b = whole.match(context), grown.match(context)
+        assert a[1] == b[1]
+        if a[1]:
+            assert whole.candidates(a[0], 4, 0.0).tokens == grown.candidates(b[0], 4, 0.0).tokens
+
+
+def test_a_removed_sequence_leaves_no_continuation_and_the_index_stays_bounded():
+    from verispec.engine.suffix import SuffixIndex
+
+    trie = suffix.SuffixTrie(6)
+    trie.add([1, 2, 3, 4])
+    trie.add([7, 8, 9])
+    trie.add([1, 2, 3, 4], -1)
+    assert trie.match([1, 2, 3])[1] == 0 and trie.match([7, 8])[1] == 2
+    index = SuffixIndex(max_tokens=10, depth=6)
+    for i in range(20):
+        index.add([i, i + 1, i + 2, i + 3])
+    assert index.tokens <= 10 and index.trie.match([19, 20, 21])[1] == 3 and index.trie.match([1, 2])[1] == 0
+
+
+# ---- the drafter through the engine ---------------------------------------------------------------------------
+REPEATING = ["abc abc abc abc abd abc ab", "def f(x):\n    return x\n\ndef g(x):\n    return", "1234 1234 1234 12"]
+
+
+@pytest.mark.parametrize("with_model", [True, False])
+def test_suffix_drafting_gives_plain_greedy_output_and_uses_earlier_outputs(tiny, with_model):
+    """Greedy outputs equal plain decoding's, for prompts that repeat themselves; a prompt sent again finds its
+    first answer in the index of earlier outputs and drafts long lookups from it."""
+    target, draft = tiny
+    plain = SpeculativeGenerator(target, None, max_seq_len=256, progress=False)
+    config = SchedulerConfig(max_num_seqs=2, max_model_len=256, speculative_method="suffix", draft_policy="always")
+    scheduler = Scheduler(target, draft if with_model else None, config)
+    outputs: dict[str, list] = {}
+    for round_ in range(2):
+        for i, prompt in enumerate(REPEATING):
+            events: list = []
+            ids = target.tokenizer.encode(prompt)
+            scheduler.submit(EngineRequest(f"{round_}-{i}", ids, SamplingParams(), 40, events.append, ignore_eos=True))
+            scheduler.run_until_idle()
+            assert isinstance(events[-1], FinishEvent)
+            outputs[f"{round_}-{i}"] = events[-1].output
+    for i, prompt in enumerate(REPEATING):
+        expected = plain.generate(prompt, max_tokens=40, ignore_eos=True).token_ids
+        assert outputs[f"0-{i}"].token_ids == expected and outputs[f"1-{i}"].token_ids == expected
+    first = sum(outputs[f"0-{i}"].stats.drafted_by_lookup for i in range(len(REPEATING)))
+    again = [outputs[f"1-{i}"].stats for i in range(len(REPEATING))]
+    assert first > 0
+    # the second time, the earlier output is there to copy: far fewer target passes than tokens
+    assert sum(s.target_passes for s in again) * 3 < sum(s.new_tokens for s in again)
+    assert all(s.accepted_by_lookup > 0 for s in again)
