@@ -374,3 +374,21 @@ def test_llamacpp_native_programs_run_beside_ours(tmp_path):
     assert all(run.identical_to_plain is not None for name, run in runs.items() if name != "plain")
     assert result.peer_passes is not None and set(result.peer_passes) >= {1, 4, 8}
     assert 0 < result.costs.native["target"]["head_s"] < result.costs.target_step_s  # the head, inside the step
+
+
+def test_lookups_longer_than_k_are_summarized_by_position(tmp_path):
+    """Suffix drafting drafts up to 15 tokens at any k: the summary counts every position it drafted at (a report
+    sized to k alone failed here, after a whole run)."""
+    path = tmp_path / "repeating.jsonl"
+    path.write_text(json.dumps({"prompt": "one two three four five six seven eight " * 6}) + "\n")
+    target, draft = tiny_models()
+    config = BenchConfig(
+        dataset=str(path), num_prompts=1, max_tokens=40, ks=(1,), methods=("plain", "suffix-only"), threads=1,
+        warmup_tokens=0, cost_repeats=1, progress=False, ignore_eos=True,
+    )  # fmt: skip
+    result = run_bench(config, Models(target, draft), log=lambda message: None)
+    write_outputs(result, tmp_path / "out")
+    rows = by_method(json.loads((tmp_path / "out" / "results.json").read_text()))
+    suffix = rows["suffix-only-k1"]
+    assert suffix["drafted_by_lookup"] == suffix["drafted"] > 0
+    assert len(suffix["acceptance_by_position"]) > 1

@@ -127,7 +127,8 @@ def _add_acceptance(row: MethodSummary, runs: list[Run]) -> None:
     row.acceptance_rate = row.accepted / row.drafted if row.drafted else 0.0
     tested = row.accepted + row.rejected
     row.alpha = row.accepted / tested if tested else None
-    drafted, accepted = [0] * row.k, [0] * row.k
+    widest = max([row.k, *(len(r.drafted_by_position or []) for r in runs)])  # a lookup may draft past k
+    drafted, accepted = [0] * widest, [0] * widest
     for r in runs:
         for i, (d, a) in enumerate(zip(r.drafted_by_position, r.accepted_by_position, strict=True)):
             drafted[i], accepted[i] = drafted[i] + d, accepted[i] + a
