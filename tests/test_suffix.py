@@ -166,3 +166,20 @@ def test_suffix_drafting_gives_plain_greedy_output_and_uses_earlier_outputs(tiny
     # the second time, the earlier output is there to copy: far fewer target passes than tokens
     assert sum(s.target_passes for s in again) * 3 < sum(s.new_tokens for s in again)
     assert all(s.accepted_by_lookup > 0 for s in again)
+
+
+def test_a_seeded_sample_is_the_same_whatever_the_server_answered_before(tiny):
+    """A sampled request with a seed gives the same text every time: earlier outputs in the index (which change
+    what is drafted, hence which random draws acceptance consumes) are not consulted for it."""
+    target, _ = tiny
+    config = SchedulerConfig(max_num_seqs=2, max_model_len=256, speculative_method="suffix", draft_policy="always")
+    scheduler = Scheduler(target, None, config)
+    ids = target.tokenizer.encode(REPEATING[0])
+    params = SamplingParams(temperature=1.0, seed=11)
+    texts = []
+    for round_ in range(3):
+        events: list = []
+        scheduler.submit(EngineRequest(f"r{round_}", ids, params, 40, events.append, ignore_eos=True))
+        scheduler.run_until_idle()
+        texts.append(events[-1].output.token_ids)
+    assert texts[0] == texts[1] == texts[2]

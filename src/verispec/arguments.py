@@ -23,9 +23,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--speculative-method",
-        default="draft",
+        default=None,
         choices=SPECULATIVE_METHODS,
-        help="draft: the --speculative-model drafts; ngram: prompt lookup in the context (no draft model); "
+        help="default: suffix, or plain decoding with --speculative-model none. draft: the --speculative-model "
+        "drafts; ngram: prompt lookup in the context (no draft model); "
         "hybrid: prompt lookup where the context repeats itself, the draft model elsewhere; suffix: lookups in the "
         "context and earlier requests' outputs, up to 15 tokens where the match is long, the draft model elsewhere "
         "(with --speculative-model none: the lookups alone)",
@@ -61,6 +62,14 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=0, help="0 = off")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+
+
+def resolve_speculative_method(args: argparse.Namespace) -> None:
+    """--speculative-method not given: suffix (lookups where the text repeats, the draft model elsewhere: the
+    fastest on every workload measured, docs/repetition.md), or plain decoding under --speculative-model none."""
+    if getattr(args, "speculative_method", "") is None:
+        no_draft = args.speculative_model.lower() == "none"
+        args.speculative_method = "draft" if no_draft else "suffix"
 
 
 def add_draft_arguments(parser: argparse.ArgumentParser) -> None:

@@ -19,6 +19,7 @@ from .arguments import (
     add_draft_arguments,
     add_model_arguments,
     add_sampling_arguments,
+    resolve_speculative_method,
     validate_sampling_arguments,
 )
 from .errors import InvalidParameterError, VerispecError
@@ -82,7 +83,6 @@ def _generate_arguments(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="choose 0..--num-speculative-tokens drafts per round from measured costs (default on)",
     )
-    parser.set_defaults(speculative_method="hybrid")
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -205,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown and args.command not in _STUBS:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    resolve_speculative_method(args)
     try:
         if hasattr(args, "quantization"):
             args.quantization = resolve_quantization(

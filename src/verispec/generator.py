@@ -23,7 +23,7 @@ from .models.loading import LoadedModel, load_pair
 DEFAULT_MAX_SEQ_LEN = 4096
 DEFAULT_DRAFT_VOCAB = 65536  # a restricted draft head (models/draft_head.py); the CLI default, off in the API
 # the draft model reads at most this many of a long prompt's last tokens (engine/proposers.py: draft_view); 0: all
-DEFAULT_DRAFT_WINDOW = 0
+DEFAULT_DRAFT_WINDOW = 256  # measured on the long datasets: docs/long-prompts.md
 SPECULATIVE_METHODS = METHODS
 
 __all__ = ["GenerationOutput", "SpeculativeGenerator", "StreamChunk"]

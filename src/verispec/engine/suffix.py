@@ -93,6 +93,13 @@ def best_lookup(tries: list[SuffixTrie], context: list[int], most: int) -> Looku
     return Lookup(found.tokens, length) if found.tokens else None
 
 
+def seeded_sampling(job: DraftJob) -> bool:
+    """A sampled request with a seed must give the same text every time it is sent. Which random draws its
+    acceptance consumes depends on what was drafted, so it looks up in its own context only: earlier requests'
+    outputs would make its text depend on what else the server has answered."""
+    return job.params.seed is not None and not job.params.greedy
+
+
 class BatchedSuffixDrafter:
     """Lookups in each sequence's own context and in the index of earlier requests; the draft model (if any) for
     the sequences no lookup drafts for. Jobs carry the most a lookup may draft in `lookup_k` (the model drafts
@@ -114,7 +121,10 @@ class BatchedSuffixDrafter:
         return self.model.lag(slot, tokens, model_tokens)
 
     def propose(self, jobs: list[DraftJob]) -> list[Proposal]:
-        found = [self._lookup(job.slot, job.key, job.tokens, job.lookup_k or job.k) for job in jobs]
+        found = [
+            self._lookup(job.slot, job.key, job.tokens, job.lookup_k or job.k, shared=not seeded_sampling(job))
+            for job in jobs
+        ]
         rest = [job for job, lookup in zip(jobs, found, strict=True) if lookup is None and self.model is not None]
         self.modelled = bool(rest)
         modelled = iter(self.model.propose(rest) if rest else [])
@@ -139,10 +149,10 @@ class BatchedSuffixDrafter:
         """A request ended: its output joins the index of earlier requests."""
         self.index.add(output)
 
-    def _lookup(self, slot: int, key: str | None, tokens: list[int], most: int) -> Lookup | None:
+    def _lookup(self, slot: int, key: str | None, tokens: list[int], most: int, shared: bool = True) -> Lookup | None:
         own = self._followed(slot, key, tokens)
         tries = [own.trie] if own is not None else []
-        return best_lookup([*tries, self.index.trie], tokens, most)
+        return best_lookup([*tries, self.index.trie] if shared else tries, tokens, most)
 
     def _followed(self, slot: int, key: str | None, tokens: list[int]) -> _Followed | None:
         """The slot's own trie, fed up to all but the last of `tokens` (the last has no continuation yet); a new
