@@ -95,6 +95,21 @@ def test_a_capped_match_leaves_room_for_a_long_continuation():
     assert lookup is not None and lookup.tokens == text[120 : 120 + LOOKUP_MAX]
 
 
+def test_a_sequence_whose_lookups_fail_drafts_shorter_ones():
+    """The j-th looked-up token is kept while its score times the sequence's lookup alpha^j stays >= MIN_SCORE:
+    a sequence whose lookups keep failing drafts short ones, then none (its draft model drafts instead)."""
+    from verispec.engine.suffix import DEPTH, LOOKUP_MAX, best_lookup, estimated_alpha
+
+    rng = random.Random(4)
+    text = [rng.randrange(1000) for _ in range(200)]
+    trie = suffix.SuffixTrie(DEPTH)
+    trie.add(text)
+    assert len(best_lookup([trie], text[:120], LOOKUP_MAX, alpha=0.9).tokens) == LOOKUP_MAX  # 0.9^15 > 0.1
+    assert len(best_lookup([trie], text[:120], LOOKUP_MAX, alpha=0.5).tokens) == 3  # 0.5^3 > 0.1 > 0.5^4
+    assert best_lookup([trie], text[:120], LOOKUP_MAX, alpha=0.05) is None
+    assert estimated_alpha(0, 0) == 0.8 and estimated_alpha(95, 0) == 0.99 and estimated_alpha(0, 35) == 0.1
+
+
 def test_a_tree_of_candidates_is_best_first_by_the_product_of_frequencies():
     trie = suffix.SuffixTrie(8)
     for seq in ([1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 6, 7]):
@@ -183,3 +198,24 @@ def test_a_seeded_sample_is_the_same_whatever_the_server_answered_before(tiny):
         scheduler.run_until_idle()
         texts.append(events[-1].output.token_ids)
     assert texts[0] == texts[1] == texts[2]
+
+
+@pytest.mark.parametrize("policy", ["auto", "never"])
+def test_lookups_go_on_when_the_policy_stops_the_draft_model(tiny, policy, monkeypatch):
+    """The policy's k governs the draft model only: a step it gives k = 0 still drafts by lookup (free), and
+    the output is still plain decoding's; `--draft-policy never` drafts nothing at all."""
+    target, draft = tiny
+    plain = SpeculativeGenerator(target, None, max_seq_len=256, progress=False)
+    config = SchedulerConfig(max_num_seqs=1, max_model_len=256, speculative_method="suffix", draft_policy=policy)
+    scheduler = Scheduler(target, draft, config)
+    monkeypatch.setattr(scheduler.policy, "choose_k", lambda *args, **kwargs: 0)
+    events: list = []
+    ids = target.tokenizer.encode(REPEATING[2])
+    scheduler.submit(EngineRequest("r", ids, SamplingParams(), 40, events.append, ignore_eos=True))
+    scheduler.run_until_idle()
+    output = events[-1].output
+    assert output.token_ids == plain.generate(REPEATING[2], max_tokens=40, ignore_eos=True).token_ids
+    if policy == "never":
+        assert output.stats.drafted == 0
+    else:
+        assert output.stats.drafted_by_lookup == output.stats.drafted > 0

@@ -15,6 +15,7 @@ class GenerationStats:
     rejected: int = 0  # rounds that ended on a rejected draft token; alpha = accepted / (accepted + rejected)
     drafted_by_lookup: int = 0  # of `drafted`, the tokens a lookup in the context proposed (the rest: the model)
     accepted_by_lookup: int = 0
+    rejected_by_lookup: int = 0  # lookup rounds that ended on a rejected token (a lookup's alpha, as `rejected`)
     drafted_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
     time_prefill: float = 0.0
@@ -52,6 +53,7 @@ class GenerationStats:
         if looked_up:
             self.drafted_by_lookup += drafted
             self.accepted_by_lookup += accepted
+            self.rejected_by_lookup += accepted < drafted
         self.rejected += accepted < drafted
         missing = drafted - len(self.drafted_by_position)
         if missing > 0:
@@ -75,6 +77,7 @@ class GenerationStats:
                 "rejected",
                 "drafted_by_lookup",
                 "accepted_by_lookup",
+                "rejected_by_lookup",
             ):
                 setattr(total, name, getattr(total, name) + getattr(part, name))
             for name in ("drafted_by_position", "accepted_by_position"):

@@ -103,6 +103,8 @@ class DraftJob:
     model_tokens: list[int] | None = None
     key: str | None = None  # the sequence's request id (a suffix drafter keeps a trie per sequence)
     lookup_k: int = 0  # the most a lookup may draft (suffix drafting; 0: k)
+    lookup_alpha: float = 1.0  # the sequence's own chance that a looked-up token is accepted (suffix drafting)
+    model_alpha: float = 0.0  # ... and that a token the draft model proposed is (suffix drafting)
 
     @property
     def model_view(self) -> list[int]:

@@ -54,7 +54,7 @@ from .proposers import (
     padded_forward,
 )
 from .requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput, StreamChunk
-from .suffix import DEFAULT_INDEX_TOKENS, LOOKUP_MAX, BatchedSuffixDrafter, SuffixIndex
+from .suffix import DEFAULT_INDEX_TOKENS, LOOKUP_MAX, BatchedSuffixDrafter, SuffixIndex, estimated_alpha
 
 log = logging.getLogger("verispec.server")
 
@@ -331,7 +331,7 @@ class Scheduler:
         k = self.policy.choose_k(len(seqs), acceptance, [limit for _, limit in eligible], lag, remaining, joining)
         ks = [min(k, limit) for limit in limits]
         begin = time.perf_counter()
-        proposals = self._propose(seqs, ks)
+        proposals = self._propose(seqs, ks, limits)
         masks = self._constrain(seqs, proposals)
         drafted = time.perf_counter()
         verdicts = self._verify(seqs, proposals, masks)
@@ -472,10 +472,12 @@ class Scheduler:
         """The most tokens the sequence may still generate (max_tokens, or the context, whichever ends first)."""
         return min(self.max_model_len - len(seq.tokens) + 1, seq.request.max_tokens - len(seq.stopper.token_ids))
 
-    def _propose(self, seqs: list[Sequence], ks: list[int]) -> list[Proposal | None]:
-        """Each sequence's proposal (empty where k = 0; None where the sequence failed). A batched propose that
+    def _propose(self, seqs: list[Sequence], ks: list[int], limits: list[int]) -> list[Proposal | None]:
+        """Each sequence's proposal (empty where k = 0, but for a suffix drafter's lookups, which cost nothing:
+        the policy's k governs the draft model only; None where the sequence failed). A batched propose that
         raises is run again job by job, so only the job that raises fails (the drafter's slots stay
         consistent: what each holds is recorded only after its forward)."""
+        looks_up = isinstance(self.drafter, BatchedSuffixDrafter) and self.policy.mode != "never"
         empty = Proposal(torch.empty(0, dtype=torch.long), None)
         proposals: list[Proposal | None] = [empty] * len(seqs)
         jobs = [
@@ -492,10 +494,15 @@ class Scheduler:
                     seq.draft_tokens,
                     seq.request.request_id,
                     self._lookup_length(seq),
+                    estimated_alpha(seq.stats.accepted_by_lookup, seq.stats.rejected_by_lookup),
+                    estimated_alpha(
+                        seq.stats.accepted - seq.stats.accepted_by_lookup,
+                        seq.stats.rejected - seq.stats.rejected_by_lookup,
+                    ),
                 ),
             )  # fmt: skip
-            for i, (seq, k) in enumerate(zip(seqs, ks, strict=True))
-            if k
+            for i, (seq, k, limit) in enumerate(zip(seqs, ks, limits, strict=True))
+            if k or (looks_up and limit)
         ]
         if not jobs:
             return proposals

@@ -33,6 +33,8 @@ DEPTH = MATCH_MAX + LOOKUP_MAX + 1
 FACTOR = 2.0  # a lookup drafts up to FACTOR x the matched length
 MIN_SCORE = 0.1  # ... while the continuation's estimated chance stays above this
 MIN_MATCH = 2  # shorter matches are left to the draft model (when there is one)
+# an alpha before any round: as if PRIOR_ACCEPTED of PRIOR_ROUNDS tokens had been accepted
+PRIOR_ACCEPTED, PRIOR_ROUNDS = 4, 5
 DEFAULT_INDEX_TOKENS = 1 << 16  # tokens of earlier requests kept (--suffix-cache-tokens): ~1.5 KB each in the trie
 
 
@@ -76,10 +78,22 @@ class _Followed:
 class Lookup:
     tokens: list[int]
     match: int  # the matched suffix's length
+    expected: float = 0.0  # the tokens of it expected to be accepted: the sum of score_j x alpha^j
 
 
-def best_lookup(tries: list[SuffixTrie], context: list[int], most: int) -> Lookup | None:
-    """The draft of the longest match among `tries` (the first trie wins a tie), or None below MIN_MATCH."""
+def estimated_alpha(accepted: int, rejected: int) -> float:
+    """A sequence's chance that a drafted token (of one proposer: its lookups, or its draft model) is accepted:
+    accepted / (accepted + rejected) of that proposer's rounds so far (`rejected`: rounds that ended on a
+    rejection), starting from a prior of 0.8 over 5 tokens."""
+    return (accepted + PRIOR_ACCEPTED) / (accepted + rejected + PRIOR_ROUNDS)
+
+
+def best_lookup(tries: list[SuffixTrie], context: list[int], most: int, alpha: float = 1.0) -> Lookup | None:
+    """The draft of the longest match among `tries` (the first trie wins a tie), or None below MIN_MATCH.
+
+    Its j-th token is kept while its frequency score times alpha^j stays above MIN_SCORE: in text the sequence
+    does not copy (a summary of its prompt), matches are short-lived and a long draft would widen every verify
+    pass for nothing; in text it copies, alpha stays near 1 and the draft runs to its length."""
     best: tuple[int, SuffixTrie, int] | None = None
     for trie in tries:
         node, length = trie.match(context, MATCH_MAX)
@@ -90,7 +104,14 @@ def best_lookup(tries: list[SuffixTrie], context: list[int], most: int) -> Looku
     node, trie, length = best
     budget = min(most, LOOKUP_MAX, math.ceil(FACTOR * length))
     found = trie.candidates(node, budget, MIN_SCORE, chain=True)
-    return Lookup(found.tokens, length) if found.tokens else None
+    chances = [score * alpha ** (j + 1) for j, score in enumerate(found.scores)]
+    kept = next((j for j, chance in enumerate(chances) if chance < MIN_SCORE), len(chances))
+    return Lookup(found.tokens[:kept], length, sum(chances[:kept])) if kept else None
+
+
+def expected_accepted(alpha: float, k: int) -> float:
+    """Tokens of a k-token draft expected to be accepted when each is with chance alpha: alpha + ... + alpha^k."""
+    return sum(alpha**j for j in range(1, k + 1))
 
 
 def seeded_sampling(job: DraftJob) -> bool:
@@ -122,10 +143,19 @@ class BatchedSuffixDrafter:
 
     def propose(self, jobs: list[DraftJob]) -> list[Proposal]:
         found = [
-            self._lookup(job.slot, job.key, job.tokens, job.lookup_k or job.k, shared=not seeded_sampling(job))
+            self._lookup(
+                job.slot, job.key, job.tokens, job.lookup_k or job.k, not seeded_sampling(job), job.lookup_alpha
+            )
             for job in jobs
         ]
-        rest = [job for job, lookup in zip(jobs, found, strict=True) if lookup is None and self.model is not None]
+        if self.model is not None:  # a lookup the draft model would beat is left to it
+            found = [
+                lookup if lookup is None or lookup.expected >= expected_accepted(job.model_alpha, job.k) else None
+                for job, lookup in zip(jobs, found, strict=True)
+            ]
+        # k = 0: the policy found the model's drafts do not pay this step; the lookups alone (free) go on
+        drafts = self.model is not None
+        rest = [job for job, lookup in zip(jobs, found, strict=True) if lookup is None and job.k and drafts]
         self.modelled = bool(rest)
         modelled = iter(self.model.propose(rest) if rest else [])
         model = self.model
@@ -134,11 +164,13 @@ class BatchedSuffixDrafter:
         )
         empty = Proposal(torch.empty(0, dtype=torch.long), None, True)
         proposals = []
-        for lookup in found:
+        for job, lookup in zip(jobs, found, strict=True):
             if lookup is not None:
                 proposals.append(Proposal(torch.tensor(lookup.tokens, dtype=torch.long), None, True))
+            elif job.k and self.model is not None:
+                proposals.append(next(modelled))
             else:
-                proposals.append(next(modelled) if self.model is not None else empty)
+                proposals.append(empty)
         return proposals
 
     def forget(self) -> None:
@@ -149,10 +181,12 @@ class BatchedSuffixDrafter:
         """A request ended: its output joins the index of earlier requests."""
         self.index.add(output)
 
-    def _lookup(self, slot: int, key: str | None, tokens: list[int], most: int, shared: bool = True) -> Lookup | None:
+    def _lookup(
+        self, slot: int, key: str | None, tokens: list[int], most: int, shared: bool = True, alpha: float = 1.0
+    ) -> Lookup | None:
         own = self._followed(slot, key, tokens)
         tries = [own.trie] if own is not None else []
-        return best_lookup([*tries, self.index.trie] if shared else tries, tokens, most)
+        return best_lookup([*tries, self.index.trie] if shared else tries, tokens, most, alpha)
 
     def _followed(self, slot: int, key: str | None, tokens: list[int]) -> _Followed | None:
         """The slot's own trie, fed up to all but the last of `tokens` (the last has no continuation yet); a new
