@@ -21,14 +21,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_draft_arguments(parser)
     parser.set_defaults(num_speculative_tokens=None, max_tokens=None)  # None: bench or --quick default
     parser.add_argument(
-        "--dataset", default="humaneval", help="humaneval, humaneval-long (800-2,700-token prompts), or a .jsonl file"
+        "--dataset",
+        default="humaneval",
+        help="humaneval, humaneval-long (800-2,700-token prompts), json-schema, json-schema-long; long, long-summary, "
+        "long-extract, long-rag (1-4k tokens of the standard library's sources, docs/long-prompts.md); code-edit, "
+        "multi-turn, agent-loop (repetition, docs/repetition.md); or a .jsonl file",
     )
     parser.add_argument("--num-prompts", type=int, default=None, help="prompts to run (default 10; --quick 2)")
     parser.add_argument(
         "--methods",
         default="plain,draft",
-        help="comma-separated: plain, draft, ngram, hybrid; auto-draft, auto-ngram, auto-hybrid pick k per round "
-        "(at most --k)",
+        help="comma-separated: plain, draft, ngram, hybrid, suffix, suffix-only (suffix lookups without the draft "
+        "model); auto-draft, auto-ngram, auto-hybrid, auto-suffix pick the draft model's k per round (at most --k)",
     )
     parser.add_argument("--k", default=None, help="draft tokens per target pass, e.g. 2,4,6,8 (one method per k)")
     parser.add_argument(
