@@ -64,6 +64,20 @@ def test_bad_parameters(flags, fragment):
     assert_clean_error(run_cli("generate", "hi", *flags), fragment)
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["generate", "hi", "--draft-window", "-1"],
+        ["generate", "hi", "--draft-window", "many"],
+        ["bench", "--draft-window", "-3"],
+        ["serve", "--suffix-cache-tokens", "-5"],
+    ],
+)
+def test_negative_sizes_are_refused_by_their_flag_before_loading(args):
+    flag = next(arg for arg in args if arg.startswith("--"))
+    assert_clean_error(run_cli(*args), f"argument {flag}:")
+
+
 def test_empty_prompt():
     require_bundled()
     assert_clean_error(run_cli("generate", "", "--speculative-model", "none"), "prompt is empty")

@@ -180,6 +180,7 @@ def _exact_first_two(model, prompt_ids, params) -> dict:
         ("hybrid", True, [0, 1, 2, 0, 1, 2, 0, 1], 0),  # hybrid: the prompt repeats
         ("draft", False, [5, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3], 2),  # the draft reads 4 + 2 of the 11 prompt tokens
         ("suffix", False, [0, 1, 2, 0, 1, 2, 0, 1], 0),  # lookups in the repeating prompt, the draft elsewhere
+        ("suffix", True, [0, 1, 2, 0, 1, 2, 0, 1], 0),  # the policy's k for the draft; lookups even at k = 0
     ],
 )
 def test_sampled_speculative_decoding_follows_the_target_distribution(params, method, adaptive, prompt_ids, window):

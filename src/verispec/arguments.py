@@ -72,6 +72,17 @@ def resolve_speculative_method(args: argparse.Namespace) -> None:
         args.speculative_method = "draft" if no_draft else "suffix"
 
 
+def non_negative_int(text: str) -> int:
+    """An argparse type: an integer >= 0 (argparse names the flag in its error, before any model loads)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def add_draft_arguments(parser: argparse.ArgumentParser) -> None:
     """--draft-vocab and --draft-window, for every command that drafts with a model (generate, bench, serve,
     bench-serve)."""
@@ -84,7 +95,7 @@ def add_draft_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--draft-window",
-        type=int,
+        type=non_negative_int,
         default=DEFAULT_DRAFT_WINDOW,
         help="the draft model reads a long prompt's first 4 tokens and its last N only, so its catch-up never "
         f"exceeds N tokens (default {DEFAULT_DRAFT_WINDOW}; 0 = the whole prompt). The target still reads all of it",

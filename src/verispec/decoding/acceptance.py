@@ -58,6 +58,12 @@ def verify_sampled(
     return n, int(sample(residual / residual.sum(), generator))
 
 
+def smoothed_acceptance(accepted: float, rejected: float, prior: float, weight: float) -> float:
+    """A sequence's chance that a drafted token is accepted after `accepted` accepted drafts and `rejected`
+    rejections (rounds that ended on one), starting from `prior` counted as `weight` drafts."""
+    return (accepted + weight * prior) / (accepted + rejected + weight)
+
+
 def expected_tokens_per_round(alpha: float, k: int) -> float:
     """Tokens a round of k drafts yields on average when each is accepted with chance alpha (Leviathan et al.
     2023): E = (1 - alpha^(k+1)) / (1 - alpha); k + 1 when every draft is accepted."""

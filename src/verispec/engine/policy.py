@@ -41,7 +41,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..decoding.acceptance import expected_tokens_per_round
+from ..decoding.acceptance import expected_tokens_per_round, smoothed_acceptance
 
 POLICIES = ("auto", "always", "never")
 
@@ -137,7 +137,7 @@ class DraftPolicy:
     def acceptance(self, accepted: int, rejected: int) -> float:
         """A sequence's acceptance rate after `accepted` accepted drafts and `rejected` rejections."""
         prior = self.accepted / (self.accepted + self.rejected)
-        return (accepted + self.prior_weight * prior) / (accepted + rejected + self.prior_weight)
+        return smoothed_acceptance(accepted, rejected, prior, self.prior_weight)
 
     def choose_k(
         self, batch: int, acceptance: list[float], limits: list[int], lag_tokens: int = 0,

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..decoding.acceptance import expected_tokens_per_round, smoothed_acceptance
 from ..kernels.suffix import SuffixTrie
 from ..models.model import KVCache
 from .proposers import BatchedDrafter, DraftJob, Proposal
@@ -33,8 +34,8 @@ DEPTH = MATCH_MAX + LOOKUP_MAX + 1
 FACTOR = 2.0  # a lookup drafts up to FACTOR x the matched length
 MIN_SCORE = 0.1  # ... while the continuation's estimated chance stays above this
 MIN_MATCH = 2  # shorter matches are left to the draft model (when there is one)
-# an alpha before any round: as if PRIOR_ACCEPTED of PRIOR_ROUNDS tokens had been accepted
-PRIOR_ACCEPTED, PRIOR_ROUNDS = 4, 5
+# a sequence's alpha (of its lookups, of its draft model) before any round: PRIOR, counted as PRIOR_WEIGHT drafts
+PRIOR, PRIOR_WEIGHT = 0.8, 5
 DEFAULT_INDEX_TOKENS = 1 << 16  # tokens of earlier requests kept (--suffix-cache-tokens): ~1.5 KB each in the trie
 
 
@@ -82,10 +83,8 @@ class Lookup:
 
 
 def estimated_alpha(accepted: int, rejected: int) -> float:
-    """A sequence's chance that a drafted token (of one proposer: its lookups, or its draft model) is accepted:
-    accepted / (accepted + rejected) of that proposer's rounds so far (`rejected`: rounds that ended on a
-    rejection), starting from a prior of 0.8 over 5 tokens."""
-    return (accepted + PRIOR_ACCEPTED) / (accepted + rejected + PRIOR_ROUNDS)
+    """A sequence's chance that a token one proposer (its lookups, or its draft model) drafted is accepted."""
+    return smoothed_acceptance(accepted, rejected, PRIOR, PRIOR_WEIGHT)
 
 
 def best_lookup(tries: list[SuffixTrie], context: list[int], most: int, alpha: float = 1.0) -> Lookup | None:
@@ -109,9 +108,9 @@ def best_lookup(tries: list[SuffixTrie], context: list[int], most: int, alpha: f
     return Lookup(found.tokens[:kept], length, sum(chances[:kept])) if kept else None
 
 
-def expected_accepted(alpha: float, k: int) -> float:
-    """Tokens of a k-token draft expected to be accepted when each is with chance alpha: alpha + ... + alpha^k."""
-    return sum(alpha**j for j in range(1, k + 1))
+def model_expects(job: DraftJob) -> float:
+    """The tokens of the draft model's k drafts expected to be accepted, at the sequence's alpha for them."""
+    return expected_tokens_per_round(job.model_alpha, job.k) - 1
 
 
 def seeded_sampling(job: DraftJob) -> bool:
@@ -150,7 +149,7 @@ class BatchedSuffixDrafter:
         ]
         if self.model is not None:  # a lookup the draft model would beat is left to it
             found = [
-                lookup if lookup is None or lookup.expected >= expected_accepted(job.model_alpha, job.k) else None
+                lookup if lookup is None or lookup.expected >= model_expects(job) else None
                 for job, lookup in zip(jobs, found, strict=True)
             ]
         # k = 0: the policy found the model's drafts do not pay this step; the lookups alone (free) go on

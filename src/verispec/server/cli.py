@@ -8,7 +8,7 @@ import os
 import signal
 from pathlib import Path
 
-from ..arguments import add_draft_arguments, add_model_arguments
+from ..arguments import add_draft_arguments, add_model_arguments, non_negative_int
 from ..engine.policy import POLICIES
 from ..engine.suffix import DEFAULT_INDEX_TOKENS
 from ..errors import VerispecError
@@ -32,7 +32,7 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--suffix-cache-tokens",
-        type=int,
+        type=non_negative_int,
         default=DEFAULT_INDEX_TOKENS,
         help="--speculative-method suffix: tokens of earlier requests' outputs kept to draft from; the oldest leave "
         f"first (default {DEFAULT_INDEX_TOKENS}, about {DEFAULT_INDEX_TOKENS * 1500 >> 20} MiB; 0 = none)",
