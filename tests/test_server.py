@@ -558,8 +558,10 @@ def test_disconnect_while_waiting_for_a_non_streamed_answer_cancels_it(server):
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(
             server.url + "/v1/completions",
-            json={"prompt": PROMPTS[2], "max_tokens": 400, "temperature": 0},
-            timeout=0.5,  # well before the answer is done (~1.9 s here), plus the server's 0.5 s disconnect poll
+            # sampled with a seed: no lookups in earlier answers (greedy, this prompt's earlier answer in the suffix
+            # index would be copied 15 tokens a pass, done before the disconnect is seen)
+            json={"prompt": PROMPTS[2], "max_tokens": 400, "temperature": 1.0, "seed": 5},
+            timeout=0.5,  # well before the answer is done (~2 s here), plus the server's 0.5 s disconnect poll
         )
     after = server.wait_metrics(lambda m: m["verispec_num_requests_running"] == 0, timeout=5)
     cancelled = "verispec_requests_total{finish_reason=cancelled}"
