@@ -303,9 +303,16 @@ def _attention_reference(q, keys, values, start, scale):
     return out
 
 
-def test_attention_matches_the_reference_and_each_query_only_its_own_prefix(path):
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "d", "start"),
+    [(6, 2, 16, 21), (6, 2, 16, 61), (8, 2, 32, 29), (12, 2, 128, 62), (14, 2, 64, 5)],
+    ids=["group3-d16", "group3-d16-tiles", "group4-d32", "group6-d128-tiles", "group7-d64"],
+)
+def test_attention_matches_the_reference_and_each_query_only_its_own_prefix(path, heads, kv_heads, d, start):
+    """Head sizes that take each vector width of the kernels, groups that fill their queries per load and
+    overflow them, and spans that cross the tiles of 32 positions."""
     g = torch.Generator().manual_seed(0)
-    heads, kv_heads, d, length, start = 6, 2, 16, 40, 21
+    length = start + 19
     keys, values = torch.randn(kv_heads, length, d, generator=g), torch.randn(kv_heads, length, d, generator=g)
     q = torch.randn(5, heads, d, generator=g)
     got = native.attention(q, keys, values, start, d**-0.5)

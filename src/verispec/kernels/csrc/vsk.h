@@ -121,6 +121,7 @@ typedef struct {
 
 typedef void (*vsk_task)(const void *ctx, int begin, int end);
 vsk_task vsk_attention_task_avx2(void); /* NULL off x86-64; items of a vsk_attention_job */
+vsk_task vsk_attention_task_avx512(void); /* the same on 512-bit vectors, for head sizes that are a multiple of 16 */
 int vsk_get_isa(void);
 
 #endif

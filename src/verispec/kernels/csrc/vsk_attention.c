@@ -75,7 +75,9 @@ void vsk_attend(const vsk_attention_t *a, int M) {
     }
     first[blocks] = M;
     const vsk_attention_job job = {a, first, blocks};
-    const vsk_task vector = vsk_get_isa() >= VSK_ISA_AVX2 ? vsk_attention_task_avx2() : NULL;
+    const int isa = vsk_get_isa();
+    vsk_task vector = isa >= VSK_ISA_AVX512 && a->D % 16 == 0 ? vsk_attention_task_avx512() : NULL;
+    if (!vector && isa >= VSK_ISA_AVX2) vector = vsk_attention_task_avx2();
     vsk_parallel_for(vector ? vector : attention_items, &job, blocks * a->kvH);
     free(first);
 }

@@ -1,0 +1,271 @@
+/* The stack's attention (see vsk_attention.c) on 512-bit vectors, for head sizes that are a multiple of 16.
+ *
+ * The layout is the AVX2 variant's (vsk_attention_avx2.c): an item's queries share a tile of TILE positions,
+ * widened to float32 once when the cache holds halves, and every query of the item runs over the tile while it is
+ * in L1. The wider registers let one key load serve two queries against eight keys, and one value load up to six
+ * queries over 64 dimensions: at a long context the AVX2 variant was bound by its multiply-adds, not by memory.
+ *
+ * Each query keeps one fixed order of its own, whatever shares its item: a score is the dot product in 16 lanes
+ * along the dimensions, each lane one chain of fused multiply-adds from 0, the lanes summed in one fixed tree, times
+ * the scale; the softmax's exponentials run 16 at a time from position 0 (the tail one at a time), their sum in 16
+ * lanes and a fixed tree; a weighted sum adds the positions in order for each dimension, its accumulators passing
+ * through memory between tiles unchanged. So a row's result is the same bits alone or in a block, and does not
+ * depend on its tile neighbours; positions past a row's own are never read into its results. */
+#include "vsk.h"
+
+#if !defined(__x86_64__)
+vsk_task vsk_attention_task_avx512(void) { return NULL; }
+#else
+
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")
+#include <immintrin.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vsk_math.h"
+
+#define TILE 32    /* positions per tile: 32 x 128 float32 = 16 KiB */
+#define QUERIES 6  /* queries of one row sharing each value load */
+#define KEYS 8     /* keys per step of the scores: 2 queries x 8 keys = 16 accumulators */
+
+/* vsk_exp (vsk_math.h) on 16 floats, operation for operation (no fused multiply-adds): the same bits per element */
+static inline __m512 exp16(__m512 x) {
+    const __m512 magic = _mm512_set1_ps(12582912.0f);
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    const __m512 n = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504089f)), magic), magic);
+    const __m512 r = _mm512_add_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f))),
+                                   _mm512_mul_ps(n, _mm512_set1_ps(2.12194440e-4f)));
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(5.0000001201e-1f));
+    const __m512 e = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(p, _mm512_mul_ps(r, r)), r), _mm512_set1_ps(1.0f));
+    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(e, _mm512_castsi512_ps(bits));
+}
+
+/* asks for the next tile's lines while this one is computed on (the hardware's prefetcher alone left the cache's
+ * stream well below the machine's read rate) */
+static inline void prefetch_next(const void *cache, size_t at, int elements, int half) {
+    const char *p = (const char *)cache + at * (half ? 2 : 4);
+    for (int b = 0; b < elements * (half ? 2 : 4); b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
+}
+
+/* keys or values [n][D] of a cache from element `at` as float32 rows: in place when the cache holds float32, else
+ * widened into `buffer` (D is a multiple of 16) */
+static const float *tile_of(const void *cache, size_t at, int n, int D, int half, float *buffer) {
+    prefetch_next(cache, at + (size_t)n * D, n * D, half);
+    if (!half) return (const float *)cache + at;
+    const uint16_t *src = (const uint16_t *)cache + at;
+    for (int i = 0; i < n * D; i += 16)
+        _mm512_storeu_ps(buffer + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
+    return buffer;
+}
+
+/* The folds of lane_sums: each takes two vectors of partial sums and adds each one's partials in pairs, giving
+ * half as many partials of each, side by side (fold256: 128-bit chunk c + chunk c + 2; fold128: chunk 2c + 2c + 1;
+ * fold64 and fold32 the same within each 128-bit chunk, on pairs of lanes then single lanes). */
+static inline __m512 fold256(__m512 a, __m512 b) {
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+}
+
+static inline __m512 fold128(__m512 a, __m512 b) {
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
+}
+
+static inline __m512 fold64(__m512 a, __m512 b) {
+    return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xEE));
+}
+
+static inline __m512 fold32(__m512 a, __m512 b) {
+    return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xDD));
+}
+
+/* the 16 lanes of each of v[0..15] summed, as one vector: every v[j] passes through the same four folds (a fixed
+ * tree of its own lanes, never mixed with another vector's), and its sum lands in lane LANE_OF(j) = 4 (j % 4) +
+ * j / 4 (traced through the shuffles; the kernel tests against a float64 reference would see a wrong one) */
+#define LANE_OF(j) (4 * ((j) % 4) + (j) / 4)
+static inline __m512 lane_sums(const __m512 *v) {
+    __m512 a[8], b[4], c[2];
+    for (int j = 0; j < 8; j++) a[j] = fold256(v[2 * j], v[2 * j + 1]);
+    for (int j = 0; j < 4; j++) b[j] = fold128(a[2 * j], a[2 * j + 1]);
+    for (int j = 0; j < 2; j++) c[j] = fold64(b[2 * j], b[2 * j + 1]);
+    return fold32(c[0], c[1]);
+}
+
+/* scores of `count` queries q[c] (rows of D) against keys k [n][D] (n <= TILE): s[c][t] for t in [0, n), each the
+ * dot product in 16 lanes along the dimensions (one chain of fused multiply-adds per lane) summed by lane_sums,
+ * times the scale. Two queries and KEYS keys at a time; a missing query or key is a copy of one present, its sums
+ * computed and dropped. */
+static void tile_scores(const float *const *q, int count, const float *k, int n, int D, float scale, float *const *s) {
+    const __m512 scale16 = _mm512_set1_ps(scale);
+    for (int c = 0; c < count; c += 2) {
+        const float *qa = q[c], *qb = q[c + 1 < count ? c + 1 : c];
+        for (int t = 0; t < n; t += KEYS) {
+            const float *key[KEYS];
+            for (int j = 0; j < KEYS; j++) key[j] = k + (size_t)(t + j < n ? t + j : n - 1) * D;
+            __m512 acc[2 * KEYS];
+            for (int j = 0; j < 2 * KEYS; j++) acc[j] = _mm512_setzero_ps();
+            for (int i = 0; i < D; i += 16) {
+                const __m512 a = _mm512_loadu_ps(qa + i), b = _mm512_loadu_ps(qb + i);
+                for (int j = 0; j < KEYS; j++) {
+                    const __m512 x = _mm512_loadu_ps(key[j] + i);
+                    acc[j] = _mm512_fmadd_ps(a, x, acc[j]);
+                    acc[KEYS + j] = _mm512_fmadd_ps(b, x, acc[KEYS + j]);
+                }
+            }
+            float out[16];
+            _mm512_storeu_ps(out, _mm512_mul_ps(lane_sums(acc), scale16));
+            const int keys = n - t < KEYS ? n - t : KEYS;
+            for (int j = 0; j < keys; j++) s[c][t + j] = out[LANE_OF(j)];
+            if (c + 1 < count)
+                for (int j = 0; j < keys; j++) s[c + 1][t + j] = out[LANE_OF(KEYS + j)];
+        }
+    }
+}
+
+/* a query's scores over its span -> its weights exp(score - max) / their sum, in place; the sum in 16 lanes (the
+ * first span / 16 * 16 positions) summed by a fixed tree, then the rest in order */
+static void softmax(float *scores, int span) {
+    __m512 top16 = _mm512_set1_ps(-INFINITY);
+    int t = 0;
+    for (; t + 16 <= span; t += 16) top16 = _mm512_max_ps(top16, _mm512_loadu_ps(scores + t));
+    float top = _mm512_reduce_max_ps(top16); /* a maximum is exact in any order */
+    for (; t < span; t++) top = scores[t] > top ? scores[t] : top;
+    top16 = _mm512_set1_ps(top);
+    __m512 sum16 = _mm512_setzero_ps();
+    for (t = 0; t + 16 <= span; t += 16) {
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(scores + t), top16));
+        _mm512_storeu_ps(scores + t, e);
+        sum16 = _mm512_add_ps(sum16, e);
+    }
+    float lanes[16];
+    _mm512_storeu_ps(lanes, sum16);
+    for (int w = 8; w >= 1; w /= 2) /* a fixed pairwise tree over the 16 lanes */
+        for (int l = 0; l < w; l++) lanes[l] += lanes[l + w];
+    float total = lanes[0];
+    for (; t < span; t++) {
+        scores[t] = vsk_exp(scores[t] - top);
+        total += scores[t];
+    }
+    const __m512 inverse16 = _mm512_set1_ps(1.0f / total);
+    for (t = 0; t + 16 <= span; t += 16)
+        _mm512_storeu_ps(scores + t, _mm512_mul_ps(_mm512_loadu_ps(scores + t), inverse16));
+    for (; t < span; t++) scores[t] *= 1.0f / total;
+}
+
+/* o[c] (D values each) += sum over positions [0, n) of w[c][t] * v[t], positions in order, for COUNT queries and
+ * WIDTH vectors of dimensions at a time (constants where it is inlined, so that the accumulators stay in
+ * registers: 6 x 4 of them at most) */
+static inline __attribute__((always_inline)) void sums_of(const float *const *w, const int COUNT, const int WIDTH,
+                                                          const float *v, int n, int D, float *const *o) {
+    for (int i = 0; i < D; i += 16 * WIDTH) {
+        __m512 acc[QUERIES][4];
+        for (int c = 0; c < COUNT; c++)
+            for (int u = 0; u < WIDTH; u++) acc[c][u] = _mm512_loadu_ps(o[c] + i + 16 * u);
+        for (int t = 0; t < n; t++) {
+            __m512 x[4];
+            for (int u = 0; u < WIDTH; u++) x[u] = _mm512_loadu_ps(v + (size_t)t * D + i + 16 * u);
+            for (int c = 0; c < COUNT; c++) {
+                const __m512 p = _mm512_set1_ps(w[c][t]);
+                for (int u = 0; u < WIDTH; u++) acc[c][u] = _mm512_fmadd_ps(p, x[u], acc[c][u]);
+            }
+        }
+        for (int c = 0; c < COUNT; c++)
+            for (int u = 0; u < WIDTH; u++) _mm512_storeu_ps(o[c] + i + 16 * u, acc[c][u]);
+    }
+}
+
+#define SUMS_FOR_COUNT(WIDTH)                                      \
+    switch (count) {                                               \
+    case 6: sums_of(w, 6, WIDTH, v, n, D, o); break;               \
+    case 5: sums_of(w, 5, WIDTH, v, n, D, o); break;               \
+    case 4: sums_of(w, 4, WIDTH, v, n, D, o); break;               \
+    case 3: sums_of(w, 3, WIDTH, v, n, D, o); break;               \
+    case 2: sums_of(w, 2, WIDTH, v, n, D, o); break;               \
+    default: sums_of(w, 1, WIDTH, v, n, D, o); break;              \
+    }
+
+static void tile_sums(const float *const *w, int count, const float *v, int n, int D, float *const *o) {
+    if (D % 64 == 0) {
+        SUMS_FOR_COUNT(4)
+    } else if (D % 32 == 0) {
+        SUMS_FOR_COUNT(2)
+    } else {
+        SUMS_FOR_COUNT(1)
+    }
+}
+
+/* one item: the rows m0 .. m1 - 1 (one sequence, consecutive positions) and key/value head g; `scores` holds
+ * (m1 - m0) x group rows of `stride` floats */
+static void attend_block(const vsk_attention_t *a, int m0, int m1, int g, float *scores, int stride, float *tile) {
+    const int group = a->H / a->kvH, D = a->D, longest = a->pos[m1 - 1] + 1;
+    const size_t base = (size_t)a->slot[m0] * a->slot_stride + (size_t)g * a->head_stride;
+    const float *q[QUERIES];
+    float *rows[QUERIES];
+    for (int t0 = 0; t0 < longest; t0 += TILE) { /* scores, a tile of keys at a time */
+        const int n = longest - t0 < TILE ? longest - t0 : TILE;
+        const float *k = tile_of(a->keys, base + (size_t)t0 * D, n, D, a->half, tile);
+        for (int m = m0; m < m1; m++) {
+            const int span = a->pos[m] + 1;
+            if (t0 >= span) continue;
+            for (int j0 = 0; j0 < group; j0 += QUERIES) {
+                const int count = group - j0 < QUERIES ? group - j0 : QUERIES;
+                for (int c = 0; c < count; c++) {
+                    q[c] = a->q + ((size_t)m * a->H + g * group + j0 + c) * D;
+                    rows[c] = scores + (size_t)((m - m0) * group + j0 + c) * stride + t0;
+                }
+                tile_scores(q, count, k, span - t0 < n ? span - t0 : n, D, a->scale, rows);
+            }
+        }
+    }
+    for (int m = m0; m < m1; m++)
+        for (int j = 0; j < group; j++) {
+            softmax(scores + (size_t)((m - m0) * group + j) * stride, a->pos[m] + 1);
+            memset(a->out + ((size_t)m * a->H + g * group + j) * D, 0, sizeof(float) * D);
+        }
+    for (int t0 = 0; t0 < longest; t0 += TILE) { /* weighted sums, a tile of values at a time */
+        const int n = longest - t0 < TILE ? longest - t0 : TILE;
+        const float *v = tile_of(a->values, base + (size_t)t0 * D, n, D, a->half, tile);
+        for (int m = m0; m < m1; m++) {
+            const int span = a->pos[m] + 1;
+            if (t0 >= span) continue;
+            for (int j0 = 0; j0 < group; j0 += QUERIES) {
+                const int count = group - j0 < QUERIES ? group - j0 : QUERIES;
+                const float *w[QUERIES];
+                for (int c = 0; c < count; c++) {
+                    w[c] = scores + (size_t)((m - m0) * group + j0 + c) * stride + t0;
+                    rows[c] = a->out + ((size_t)m * a->H + g * group + j0 + c) * D;
+                }
+                tile_sums(w, count, v, span - t0 < n ? span - t0 : n, D, rows);
+            }
+        }
+    }
+}
+
+static void attention_items(const void *ctx, int begin, int end) {
+    const vsk_attention_job *job = ctx;
+    const vsk_attention_t *a = job->a;
+    const int group = a->H / a->kvH;
+    size_t most = 0; /* the scores of the largest item */
+    for (int item = begin; item < end; item++) {
+        const int block = item / a->kvH, rows = job->first[block + 1] - job->first[block];
+        const size_t size = (size_t)rows * group * (size_t)(a->pos[job->first[block + 1] - 1] + 1);
+        most = size > most ? size : most;
+    }
+    float *scores = malloc(sizeof(float) * most);
+    float *tile = aligned_alloc(64, (sizeof(float) * TILE * (size_t)a->D + 63) / 64 * 64);
+    for (int item = begin; item < end; item++) {
+        const int block = item / a->kvH, m0 = job->first[block], m1 = job->first[block + 1];
+        attend_block(a, m0, m1, item % a->kvH, scores, (a->pos[m1 - 1] + 1), tile);
+    }
+    free(scores);
+    free(tile);
+}
+
+vsk_task vsk_attention_task_avx512(void) { return attention_items; }
+
+#endif
