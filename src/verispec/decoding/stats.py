@@ -29,6 +29,20 @@ class ProposerCounts:
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
 
+    @property
+    def alpha(self) -> float | None:
+        """accepted / (accepted + rejected): the chance one of its drafted tokens is accepted (None: none tested)."""
+        tested = self.accepted + self.rejected
+        return self.accepted / tested if tested else None
+
+
+def split_by_proposer(total: ProposerCounts, lookup: ProposerCounts) -> dict[str, ProposerCounts]:
+    """The totals and the lookups' share of them as counts per proposer: the model drafted the rest."""
+    model = ProposerCounts(
+        total.drafted - lookup.drafted, total.accepted - lookup.accepted, total.rejected - lookup.rejected
+    )
+    return {"model": model, "lookup": lookup}
+
 
 @dataclass
 class GenerationStats:
@@ -73,11 +87,10 @@ class GenerationStats:
 
     def by_proposer(self) -> dict[str, ProposerCounts]:
         """Drafted / accepted / rejected per proposer (PROPOSERS); each count sums to its total."""
-        lookup = ProposerCounts(self.drafted_by_lookup, self.accepted_by_lookup, self.rejected_by_lookup)
-        model = ProposerCounts(
-            self.drafted - lookup.drafted, self.accepted - lookup.accepted, self.rejected - lookup.rejected
+        return split_by_proposer(
+            ProposerCounts(self.drafted, self.accepted, self.rejected),
+            ProposerCounts(self.drafted_by_lookup, self.accepted_by_lookup, self.rejected_by_lookup),
         )
-        return {"model": model, "lookup": lookup}
 
     def record_round(self, drafted: int, accepted: int, looked_up: bool = False) -> None:
         """One verified round: `drafted` tokens, all from one proposer (`looked_up`: a lookup, else the draft
