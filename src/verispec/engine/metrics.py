@@ -94,9 +94,10 @@ class Metrics:
         self.drafted_by.labels(proposer=proposer).inc(drafted)
         self.accepted_by.labels(proposer=proposer).inc(accepted)
         for i in range(drafted):
-            self.drafted_at.labels(position=position_label(i + 1)).inc()
-            if i < accepted:
-                self.accepted_at.labels(position=position_label(i + 1)).inc()
+            label = position_label(i + 1)
+            self.drafted_at.labels(position=label).inc()
+            # (inc(0) too: a position drafted at has both series, so accepted / drafted is 0 there, not missing)
+            self.accepted_at.labels(position=label).inc(int(i < accepted))
         self._drafted_total += drafted
         self._accepted_total += accepted
         self.acceptance_rate.set(self._accepted_total / self._drafted_total)
