@@ -158,6 +158,10 @@ def test_report_has_a_row_per_method_and_the_plots(bench):
         if row["k"]:
             assert f"| {row['alpha']:.3f} |" in line and line.endswith(f"| {len(PROMPTS)}/{len(PROMPTS)} |")
     assert results["command"] in report
+    for method in ("draft-k1", "draft-k3"):  # the draft model alone drafts: all its drafts are the model's
+        row = rows[method]
+        assert f"| {method} | model | {row['drafted']} | 100% | {row['accepted']} |" in report
+        assert f"| {method} | lookup |" not in report
     for name in ("speedup_vs_k.png", "acceptance_by_position.png", "time_breakdown.png"):
         assert (folder / name).read_bytes().startswith(b"\x89PNG") and f"]({name})" in report
 
@@ -392,3 +396,32 @@ def test_lookups_longer_than_k_are_summarized_by_position(tmp_path):
     suffix = rows["suffix-only-k1"]
     assert suffix["drafted_by_lookup"] == suffix["drafted"] > 0
     assert len(suffix["acceptance_by_position"]) > 1
+
+
+def test_report_splits_the_drafts_by_proposer_and_by_position(tmp_path):
+    """Suffix drafting with the draft model beside it: both proposers draft on a repeating prompt, and the
+    summary and report.md count each one's tokens apart (summing to the method's totals) and by position."""
+    path = tmp_path / "repeating.jsonl"
+    path.write_text(json.dumps({"prompt": "one two three four five six seven eight " * 6 + "nine"}) + "\n")
+    target, draft = tiny_models()
+    config = BenchConfig(
+        dataset=str(path), num_prompts=1, max_tokens=40, ks=(2,), methods=("plain", "suffix"), threads=1,
+        warmup_tokens=0, cost_repeats=1, progress=False, ignore_eos=True,
+    )  # fmt: skip
+    result = run_bench(config, Models(target, draft), log=lambda message: None)
+    write_outputs(result, tmp_path / "out")
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    report = (tmp_path / "out" / "report.md").read_text()
+    row = by_method(results)["suffix-k2"]
+    (run,) = [run for run in results["runs"] if run["method"] == "suffix-k2"]
+    assert 0 < row["drafted_by_lookup"] < row["drafted"]  # both proposers drafted
+    for name in ("drafted", "accepted", "rejected"):
+        assert row[f"{name}_by_lookup"] == run[f"{name}_by_lookup"] <= row[name]
+    assert row["drafted_by_position"] == run["drafted_by_position"] and row["drafted_by_position"][2] > 0  # past k
+    model = row["drafted"] - row["drafted_by_lookup"], row["accepted"] - row["accepted_by_lookup"]
+    lookup = row["drafted_by_lookup"], row["accepted_by_lookup"]
+    for proposer, (drafted, accepted) in (("model", model), ("lookup", lookup)):
+        assert f"| suffix-k2 | {proposer} | {drafted} | {drafted / row['drafted']:.0%} | {accepted} |" in report
+    line = next(line for line in report.splitlines() if line.startswith("| suffix-k2 | ") and "%" in line.split("|")[2])
+    first = row["accepted_by_position"][0] / row["drafted_by_position"][0]
+    assert line.startswith(f"| suffix-k2 | {first:.0%} |") and "## Acceptance by draft position" in report

@@ -1,5 +1,6 @@
 """Bad input through the real command line: one line on stderr, non-zero exit, never a traceback."""
 
+import re
 import subprocess
 import sys
 
@@ -100,6 +101,12 @@ def test_generate_streams_and_prints_stats():
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
     assert "acceptance" in result.stderr and "texts identical" in result.stderr
+    speculative = next(line for line in result.stderr.splitlines() if line.startswith("[speculative]"))
+    drafted = int(re.search(r"\| drafted (\d+) \|", speculative)[1])
+    if drafted:  # each proposer that drafted, accepted / drafted; and the acceptance by draft position
+        counts = [(int(a), int(d)) for a, d in re.findall(r"(?:model|lookup) (\d+)/(\d+) \(", speculative)]
+        assert sum(d for _, d in counts) == drafted, speculative
+        assert re.search(r"^\[positions\]   acceptance by draft position (\d+% ?)+", result.stderr, re.M)
 
 
 def test_generate_follows_a_json_schema_file(tmp_path):

@@ -780,3 +780,40 @@ def test_ignore_eos_over_http_generates_max_tokens(tiny):
         assert reply.json()["choices"][0]["finish_reason"] == "length"
         bad = client.post("/v1/completions", json={**body, "ignore_eos": "sometimes"})
         assert bad.status_code == 422 and "ignore_eos" in bad.text  # a type error, as for every field
+
+
+def test_metrics_count_drafts_by_proposer_and_position_after_one_request(tiny):
+    """After one greedy request that the draft model and lookups both drafted for, /metrics has the drafted and
+    accepted tokens per proposer (equal to the answer's own counts, summing to the totals) and per position."""
+    from fastapi.testclient import TestClient
+
+    from verispec.server.app import ServerState, create_app
+
+    target, draft = tiny
+    config = SchedulerConfig(max_num_seqs=1, max_model_len=256, speculative_method="suffix", draft_policy="always")
+    scheduler = Scheduler(target, draft, config)
+    with TestClient(create_app(ServerState(scheduler, "tiny"))) as client:
+        body = {"prompt": "abc abc abc abc abd abc ab", "max_tokens": 40, "ignore_eos": True, "temperature": 0}
+        reply = client.post("/v1/completions", json=body)
+        assert reply.status_code == 200, reply.text
+        stats = reply.json()["verispec"]
+        text = client.get("/metrics").text
+    values = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in parser.text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+    value = lambda name, **labels: values[(f"verispec_{name}_total", tuple(sorted(labels.items())))]  # noqa: E731
+    drafted, accepted = stats["drafted_by_proposer"], stats["accepted_by_proposer"]
+    assert set(drafted) == {"model", "lookup"} and all(drafted.values())  # both proposers drafted
+    for proposer in ("model", "lookup"):
+        assert value("draft_tokens_by_proposer", proposer=proposer) == drafted[proposer]
+        assert value("accepted_tokens_by_proposer", proposer=proposer) == accepted[proposer]
+    assert value("draft_tokens") == sum(drafted.values()) == stats["drafted"]
+    assert value("accepted_tokens") == sum(accepted.values()) == stats["accepted"]
+    by_position = [
+        (value("draft_tokens_by_position", position=str(j)), value("accepted_tokens_by_position", position=str(j)))
+        for j in range(1, len(stats["acceptance_by_position"]) + 1)
+    ]
+    assert [a / d for d, a in by_position] == pytest.approx(stats["acceptance_by_position"])
+    assert sum(d for d, _ in by_position) == stats["drafted"] and sum(a for _, a in by_position) == stats["accepted"]

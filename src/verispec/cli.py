@@ -107,6 +107,8 @@ def _generate(args: argparse.Namespace) -> int:
     spec = _stream_to_stdout(generator, request, options)
     label = "[speculative]" if generator.speculates else "[plain]      "
     print(f"{label} {spec.stats.summary()} | load {load_seconds:.2f} s", file=sys.stderr)
+    if spec.stats.drafted:
+        print(f"[positions]   acceptance by draft position {spec.stats.positions_summary()}", file=sys.stderr)
     if args.compare:
         plain_generator = SpeculativeGenerator(
             target=generator.target, draft=None, max_seq_len=generator.max_seq_len, progress=False

@@ -6,10 +6,11 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from ..decoding.stats import POSITIONS_SHOWN
 from .peers import peer_settings
 from .plots import write_plots
 from .runner import BenchResult, Run
-from .summary import MethodSummary, summarize
+from .summary import MethodSummary, by_proposer, summarize
 
 FORMAT = "verispec-bench/1"
 DASH = "—"
@@ -58,6 +59,7 @@ MAIN_COLUMNS = (
     "method", "k", "prompts", "new tokens", "tok/s median", "tok/s total", "speedup", "acceptance",
     "tokens/pass", "α", "c", "T(k+1)/T(1)", "ideal", "ideal, measured verify", "efficiency", "= plain",
 )  # fmt: skip
+PROPOSER_COLUMNS = ("method", "proposer", "drafted", "share of drafted", "accepted", "acceptance", "α")
 TIME_COLUMNS = (
     "method", "prefill", "draft", "draft's catch-up (within)", "target", "other", "total", "grammar (within)",
     "drafted by lookup", "peak RSS MiB",
@@ -67,6 +69,7 @@ TIME_COLUMNS = (
 def report_markdown(result: BenchResult, rows: list[MethodSummary], plots: list[tuple[str, str]], note: str) -> str:
     parts = [_header(result), _table(MAIN_COLUMNS, [_main_cells(row, result) for row in rows])]
     parts += ["## Where the time goes (ms per new token, summed over prompts)", _table(TIME_COLUMNS, _time_rows(rows))]
+    parts += _draft_sections(rows)
     parts += [_legend(result)]
     if plots or note:
         parts += ["## Plots", *(f"![{title}]({name})" for title, name in plots), note]
@@ -159,6 +162,50 @@ def _time_rows(rows: list[MethodSummary]) -> list[list[str]]:
         )
         table.append([row.method, *cells, lookup, f"{row.peak_rss_bytes / 2**20:.0f}"])
     return table
+
+
+def _draft_sections(rows: list[MethodSummary]) -> list[str]:
+    """The drafts of each method that drafted, per proposer and per draft position (none: no sections)."""
+    drafting = [row for row in rows if row.drafted]
+    if not drafting:
+        return []
+    proposers = [cells for row in drafting for cells in _proposer_rows(row)]
+    widest = max(_last_drafted(row) for row in drafting)
+    positions = [str(j) for j in range(1, min(widest, POSITIONS_SHOWN) + 1)]
+    return [
+        "## Drafts by proposer (model: the draft model; lookup: a lookup in the context or in earlier outputs)",
+        _table(PROPOSER_COLUMNS, proposers),
+        "## Acceptance by draft position (accepted / drafted of the tokens drafted j-th in their round)",
+        _table(("method", *positions), [[row.method, *_position_cells(row, len(positions))] for row in drafting]),
+    ]
+
+
+def _proposer_rows(row: MethodSummary) -> list[list[str]]:
+    counts = by_proposer(row) or {}
+    return [
+        [
+            row.method,
+            name,
+            str(c.drafted),
+            f"{c.drafted / row.drafted:.0%}",
+            str(c.accepted),
+            f"{c.acceptance_rate:.1%}",
+            _num(c.alpha, "{:.3f}"),
+        ]  # fmt: skip
+        for name, c in counts.items()
+        if c.drafted
+    ]
+
+
+def _last_drafted(row: MethodSummary) -> int:
+    """The deepest position the row drafted at (its position lists run to at least k, zeros past its drafts)."""
+    return max((j for j, count in enumerate(row.drafted_by_position, start=1) if count), default=0)
+
+
+def _position_cells(row: MethodSummary, width: int) -> list[str]:
+    counts = list(zip(row.accepted_by_position, row.drafted_by_position, strict=True))[:width]
+    cells = [f"{a / d:.0%}" if d else DASH for a, d in counts]
+    return cells + [DASH] * (width - len(cells))
 
 
 def _legend(result: BenchResult) -> str:

@@ -76,6 +76,8 @@ class Run:
     time_grammar: float | None = None  # computing grammar masks (structured output)
     time_catch_up: float | None = None  # the draft model catching up on the context (inside time_draft)
     drafted_by_lookup: int | None = None  # drafted tokens a lookup proposed (the rest: the draft model)
+    accepted_by_lookup: int | None = None  # ... of which the target accepted
+    rejected_by_lookup: int | None = None  # rounds that ended on a rejected looked-up token
     peak_cuda_bytes: int | None = None
     identical_to_plain: bool | None = None
 
@@ -271,7 +273,9 @@ def _add_stats(run: Run, outcome: Outcome) -> None:
     run.time_prefill, run.time_draft, run.time_target = stats.time_prefill, stats.time_draft, stats.time_target
     run.time_other = max(0.0, run.wall_s - stats.time_prefill - stats.time_draft - stats.time_target)
     run.time_grammar = stats.time_grammar
-    run.time_catch_up, run.drafted_by_lookup = stats.time_catch_up, stats.drafted_by_lookup
+    run.time_catch_up = stats.time_catch_up
+    run.drafted_by_lookup, run.accepted_by_lookup = stats.drafted_by_lookup, stats.accepted_by_lookup
+    run.rejected_by_lookup = stats.rejected_by_lookup
 
 
 def _mark_identical(result: BenchResult, by_prefix: set[str] = frozenset()) -> None:

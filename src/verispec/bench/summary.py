@@ -13,6 +13,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from ..decoding.acceptance import expected_tokens_per_round
+from ..decoding.stats import ProposerCounts, split_by_proposer
 from .config import BASELINE
 from .costs import Costs
 from .runner import BenchResult, Run
@@ -56,6 +57,10 @@ class MethodSummary:
     time_grammar: float | None = None  # grammar masks (structured output), inside draft, target and other
     time_catch_up: float | None = None  # the draft model catching up on the context, inside draft
     drafted_by_lookup: int | None = None  # of drafted, what lookups in the context proposed
+    accepted_by_lookup: int | None = None  # of accepted, the looked-up tokens
+    rejected_by_lookup: int | None = None  # of rejected, the rounds a lookup drafted
+    drafted_by_position: list[int] = field(default_factory=list)  # tokens drafted j-th in their round, j = 1, 2, ...
+    accepted_by_position: list[int] = field(default_factory=list)  # ... and accepted
     peak_rss_bytes: int = 0
 
 
@@ -123,6 +128,8 @@ def _add_acceptance(row: MethodSummary, runs: list[Run]) -> None:
         return
     row.drafted, row.accepted = sum(r.drafted for r in runs), sum(r.accepted for r in runs)
     row.drafted_by_lookup = sum(r.drafted_by_lookup or 0 for r in runs)
+    row.accepted_by_lookup = sum(r.accepted_by_lookup or 0 for r in runs)
+    row.rejected_by_lookup = sum(r.rejected_by_lookup or 0 for r in runs)
     row.rejected = sum(r.rejected for r in runs)
     row.acceptance_rate = row.accepted / row.drafted if row.drafted else 0.0
     tested = row.accepted + row.rejected
@@ -132,7 +139,16 @@ def _add_acceptance(row: MethodSummary, runs: list[Run]) -> None:
     for r in runs:
         for i, (d, a) in enumerate(zip(r.drafted_by_position, r.accepted_by_position, strict=True)):
             drafted[i], accepted[i] = drafted[i] + d, accepted[i] + a
+    row.drafted_by_position, row.accepted_by_position = drafted, accepted
     row.acceptance_by_position = [a / d if d else 0.0 for a, d in zip(accepted, drafted, strict=True)]
+
+
+def by_proposer(row: MethodSummary) -> dict[str, ProposerCounts] | None:
+    """The row's drafted / accepted / rejected per proposer (decoding/stats.py: PROPOSERS); None without counts."""
+    if row.drafted is None or row.accepted is None or row.rejected is None:
+        return None
+    lookup = ProposerCounts(row.drafted_by_lookup or 0, row.accepted_by_lookup or 0, row.rejected_by_lookup or 0)
+    return split_by_proposer(ProposerCounts(row.drafted, row.accepted, row.rejected), lookup)
 
 
 def _add_ideal(row: MethodSummary, costs: Costs) -> None:

@@ -1,8 +1,47 @@
-"""Per-generation statistics, named as vLLM and Spec-Bench name them."""
+"""Per-generation statistics, named as vLLM and Spec-Bench name them.
+
+Every drafted token is counted once, when the target verifies it, under the proposer that drafted it: `lookup`
+(a lookup in the context or in earlier outputs: the `*_by_lookup` fields) or `model` (the draft model: the rest).
+So per-proposer counts add up to the totals by construction, and `by_proposer` derives them, with no second tally.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+
+PROPOSERS = ("model", "lookup")  # the names of the two sources of drafts (stats line, bench report, /metrics)
+POSITIONS_SHOWN = 16  # draft positions the stats line lists (a lookup drafts at most 15; k is rarely above 8)
+
+
+def proposer_name(looked_up: bool) -> str:
+    return "lookup" if looked_up else "model"
+
+
+@dataclass(frozen=True)
+class ProposerCounts:
+    """One proposer's drafts: tokens drafted, accepted, and rounds that ended on one of its rejected tokens."""
+
+    drafted: int
+    accepted: int
+    rejected: int
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def alpha(self) -> float | None:
+        """accepted / (accepted + rejected): the chance one of its drafted tokens is accepted (None: none tested)."""
+        tested = self.accepted + self.rejected
+        return self.accepted / tested if tested else None
+
+
+def split_by_proposer(total: ProposerCounts, lookup: ProposerCounts) -> dict[str, ProposerCounts]:
+    """The totals and the lookups' share of them as counts per proposer: the model drafted the rest."""
+    model = ProposerCounts(
+        total.drafted - lookup.drafted, total.accepted - lookup.accepted, total.rejected - lookup.rejected
+    )
+    return {"model": model, "lookup": lookup}
 
 
 @dataclass
@@ -46,7 +85,17 @@ class GenerationStats:
     def acceptance_by_position(self) -> list[float]:
         return [a / d if d else 0.0 for a, d in zip(self.accepted_by_position, self.drafted_by_position, strict=True)]
 
+    def by_proposer(self) -> dict[str, ProposerCounts]:
+        """Drafted / accepted / rejected per proposer (PROPOSERS); each count sums to its total."""
+        return split_by_proposer(
+            ProposerCounts(self.drafted, self.accepted, self.rejected),
+            ProposerCounts(self.drafted_by_lookup, self.accepted_by_lookup, self.rejected_by_lookup),
+        )
+
     def record_round(self, drafted: int, accepted: int, looked_up: bool = False) -> None:
+        """One verified round: `drafted` tokens, all from one proposer (`looked_up`: a lookup, else the draft
+        model), of which the first `accepted` were kept. Position j (1-based) counts the rounds that drafted at
+        least j tokens, and those that kept at least j: so along a chain both are non-increasing in j."""
         self.target_passes += 1
         self.drafted += drafted
         self.accepted += accepted
@@ -97,8 +146,25 @@ class GenerationStats:
         return data
 
     def summary(self) -> str:
-        return (
+        """One line; with drafts, each proposer that drafted: `model 412/468 (88.0%)`, accepted / drafted."""
+        line = (
             f"{self.new_tokens} new tokens in {self.time_total:.2f} s ({self.tokens_per_second:.2f} tok/s) | "
             f"target passes {self.target_passes} | drafted {self.drafted} | accepted {self.accepted} | "
             f"acceptance {self.acceptance_rate:.1%} | mean accepted length {self.mean_accepted_length:.2f}"
         )
+        return line + (f" | accepted by {self.proposers_summary()}" if self.drafted else "")
+
+    def proposers_summary(self) -> str:
+        """`model 412/468 (88.0%) · lookup 120/169 (71.0%)`: accepted / drafted of each proposer that drafted."""
+        parts = [
+            f"{name} {counts.accepted}/{counts.drafted} ({counts.acceptance_rate:.1%})"
+            for name, counts in self.by_proposer().items()
+            if counts.drafted
+        ]
+        return " · ".join(parts)
+
+    def positions_summary(self) -> str:
+        """Acceptance at draft positions 1, 2, ... (the first POSITIONS_SHOWN): `95% 88% 80% 71%`."""
+        rates = self.acceptance_by_position[:POSITIONS_SHOWN]
+        more = " …" if len(self.acceptance_by_position) > POSITIONS_SHOWN else ""
+        return " ".join(f"{rate:.0%}" for rate in rates) + more

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from ..decoding.stats import PROPOSERS
+
 PREFIX = "verispec_"
+# draft positions with a label of their own; deeper ones (k > 16 only: a lookup drafts at most 15) share
+# DEEPER_POSITIONS, so that a large --num-speculative-tokens cannot grow the series without bound
+POSITION_LABELS = 16
+DEEPER_POSITIONS = f"{POSITION_LABELS + 1}+"
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _ITL_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0)
 _LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -24,7 +30,20 @@ class Metrics:
         self.generation_tokens = counter("generation_tokens", "Generated tokens")
         self.drafted = counter("draft_tokens", "Drafted tokens")
         self.accepted = counter("accepted_tokens", "Drafted tokens the target accepted")
-        self.drafted_at = counter("draft_tokens_by_position", "Drafted tokens by draft position", "position")
+        self.drafted_by = counter(
+            "draft_tokens_by_proposer",
+            "Drafted tokens by proposer (model: the draft model; lookup: a lookup)",
+            "proposer",
+        )
+        self.accepted_by = counter("accepted_tokens_by_proposer", "Accepted tokens by proposer", "proposer")
+        for proposer in PROPOSERS:  # both series from the start, so a rate over them is defined before any draft
+            self.drafted_by.labels(proposer=proposer)
+            self.accepted_by.labels(proposer=proposer)
+        self.drafted_at = counter(
+            "draft_tokens_by_position",
+            f"Drafted tokens by draft position (1..{POSITION_LABELS}, then {DEEPER_POSITIONS})",
+            "position",
+        )
         self.accepted_at = counter("accepted_tokens_by_position", "Accepted tokens by draft position", "position")
         self.acceptance_rate = gauge("acceptance_rate", "Accepted / drafted tokens since start")
         self.steps = counter(
@@ -65,15 +84,20 @@ class Metrics:
         self.running.set(running)
         self.waiting.set(waiting)
 
-    def record_round(self, drafted: int, accepted: int) -> None:
+    def record_round(self, drafted: int, accepted: int, proposer: str = "model") -> None:
+        """One verified round of `drafted` tokens from `proposer` (PROPOSERS), the first `accepted` kept; the same
+        counting as GenerationStats.record_round, so the by-proposer and by-position series sum to the totals."""
         if not drafted:
             return
         self.drafted.inc(drafted)
         self.accepted.inc(accepted)
+        self.drafted_by.labels(proposer=proposer).inc(drafted)
+        self.accepted_by.labels(proposer=proposer).inc(accepted)
         for i in range(drafted):
-            self.drafted_at.labels(position=str(i + 1)).inc()
-            if i < accepted:
-                self.accepted_at.labels(position=str(i + 1)).inc()
+            label = position_label(i + 1)
+            self.drafted_at.labels(position=label).inc()
+            # (inc(0) too: a position drafted at has both series, so accepted / drafted is 0 there, not missing)
+            self.accepted_at.labels(position=label).inc(int(i < accepted))
         self._drafted_total += drafted
         self._accepted_total += accepted
         self.acceptance_rate.set(self._accepted_total / self._drafted_total)
@@ -84,3 +108,8 @@ class Metrics:
     def record_finish(self, reason: str, seconds: float) -> None:
         self.requests.labels(finish_reason=reason).inc()
         self.latency.observe(seconds)
+
+
+def position_label(position: int) -> str:
+    """A draft position's label (1-based): itself up to POSITION_LABELS, DEEPER_POSITIONS past it."""
+    return str(position) if position <= POSITION_LABELS else DEEPER_POSITIONS

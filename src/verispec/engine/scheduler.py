@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -33,7 +33,7 @@ from ..decoding.adjustments import LogitAdjustments
 from ..decoding.grammar import GrammarCompiler, GrammarMatcher, start_with_grammar_stack
 from ..decoding.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, token_logprobs
 from ..decoding.sampling import probs_from_logits
-from ..decoding.stats import GenerationStats
+from ..decoding.stats import GenerationStats, proposer_name
 from ..decoding.stopping import StopChecker
 from ..errors import InvalidParameterError, PromptTooLongError, VerispecError
 from ..kernels.native import argmax_rows
@@ -532,7 +532,8 @@ class Scheduler:
             allowed, valid = found
             if valid < proposal.tokens.shape[0]:
                 probs = proposal.probs[:valid] if proposal.probs is not None else None
-                proposals[i] = Proposal(proposal.tokens[:valid], probs)
+                # a cut draft is still its proposer's (its counts, and the per-proposer alphas drafting reads)
+                proposals[i] = replace(proposal, tokens=proposal.tokens[:valid], probs=probs)
             masks.append(allowed)
         return masks
 
@@ -576,7 +577,7 @@ class Scheduler:
         k, accepted = proposal.tokens.shape[0], verdict.accepted
         seq.stats.record_round(k, accepted, proposal.looked_up)
         seq.stats.time_catch_up += proposal.catch_up_seconds
-        self.metrics.record_round(k, accepted)
+        self.metrics.record_round(k, accepted, proposer_name(proposal.looked_up))
         self.policy.record_round(k, accepted)
         emitted = [*proposal.tokens[:accepted].tolist(), verdict.next_token]
         if seq.grammar is not None:

@@ -287,6 +287,8 @@ class VerispecStats(BaseModel):
     mean_accepted_length: float
     target_passes: int
     acceptance_by_position: list[float]
+    drafted_by_proposer: dict[str, int]  # "model" (the draft model), "lookup": they add up to drafted
+    accepted_by_proposer: dict[str, int]  # ... and to accepted
     queue_seconds: float
     total_seconds: float
 
@@ -299,6 +301,8 @@ class VerispecStats(BaseModel):
             mean_accepted_length=stats.mean_accepted_length,
             target_passes=stats.target_passes,
             acceptance_by_position=stats.acceptance_by_position,
+            drafted_by_proposer={name: counts.drafted for name, counts in stats.by_proposer().items()},
+            accepted_by_proposer={name: counts.accepted for name, counts in stats.by_proposer().items()},
             queue_seconds=queue_seconds,
             total_seconds=stats.time_total,
         )
