@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -187,6 +188,25 @@ def test_a_killed_replica_leaves_the_other_requests_served_and_comes_back(cluste
     _wait_for(replaced, RECOVERY_SECONDS, "Ray restarts the killed replica")
     reply = client.completions.create(model="tiny", prompt="after", max_tokens=4, temperature=0)
     assert reply.usage.completion_tokens == 4
+
+
+def test_429_with_retry_after_when_every_replica_is_full():
+    proc = ServerProcess("--replicas", "2", "--max-num-seqs", "1", "--max-queue", "1", *TINY)
+    try:
+
+        def one(i: int) -> httpx.Response:
+            body = {"prompt": f"p{i}", "max_tokens": 480, "temperature": 0, "ignore_eos": True}
+            return httpx.post(proc.url + "/v1/completions", json=body, timeout=REQUEST_TIMEOUT)
+
+        with ThreadPoolExecutor(12) as pool:
+            replies = list(pool.map(one, range(12)))
+    finally:
+        proc.stop()
+    statuses = sorted(r.status_code for r in replies)
+    assert set(statuses) == {200, 429}, statuses  # never a 5xx, never a wait without end
+    assert statuses.count(200) >= 4  # each replica's slot and queue place (2 x 2), the ingress's queue place
+    for refused in (r for r in replies if r.status_code == 429):
+        assert refused.headers["retry-after"] == "1" and refused.json()["error"]["code"] == "queue_full"
 
 
 @pytest.mark.parametrize(
