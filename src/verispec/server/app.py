@@ -81,7 +81,10 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="verispec", lifespan=lifespan)
     app.state.verispec = state
     _add_error_handlers(app, state)
-    app.add_middleware(_Guard, state=state)
+    app.add_middleware(
+        Guard, api_key=state.api_key, allowed_hosts=state.allowed_hosts,
+        refused=lambda label: state.scheduler.metrics.rejected.labels(code=label).inc(),
+    )  # fmt: skip
     app.openapi = lambda: openapi_schema(app)
     _add_info_routes(app, state)
     _add_generation_routes(app, state)
@@ -154,14 +157,17 @@ def _hostname(value: str) -> str:
     return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
 
 
-class _Guard:
+class Guard:
     """ASGI middleware refusing, before any route runs: a Host (or browser Origin) not in the allowed names,
-    then, with an API key set, a /v1/ request without it. Written against ASGI directly: Starlette's
-    BaseHTTPMiddleware would hide a client's disconnect from the handlers, which cancel on it."""
+    then, with an API key set, a /v1/ request without it; `refused(label)` counts each refusal. Written against
+    ASGI directly: Starlette's BaseHTTPMiddleware would hide a client's disconnect from the handlers, which
+    cancel on it. The cluster's ingress (server/cluster/ingress.py) puts the same guard in front of its replicas."""
 
-    def __init__(self, app, state: ServerState):
-        self.app, self.state = app, state
-        self.expected = f"Bearer {state.api_key}".encode() if state.api_key else None
+    def __init__(
+        self, app, api_key: str | None, allowed_hosts: frozenset[str] | None, refused: Callable[[str], None]
+    ) -> None:
+        self.app, self.allowed_hosts, self.refused = app, allowed_hosts, refused
+        self.expected = f"Bearer {api_key}".encode() if api_key else None
 
     async def __call__(self, scope, receive, send) -> None:
         refused = self._refusal(scope) if scope["type"] == "http" else None
@@ -169,13 +175,13 @@ class _Guard:
             await self.app(scope, receive, send)
             return
         error, label = refused
-        self.state.scheduler.metrics.rejected.labels(code=label).inc()
+        self.refused(label)
         await JSONResponse(error.body(), status_code=error.status, headers=error.headers)(scope, receive, send)
 
     def _refusal(self, scope) -> tuple[ApiError, str] | None:
         """(the answer, its label in the metrics), or None to let the request in."""
         headers = {k.decode("latin-1"): v for k, v in scope["headers"]}
-        allowed = self.state.allowed_hosts
+        allowed = self.allowed_hosts
         if allowed is not None:
             host = _hostname(headers.get("host", b"").decode("latin-1"))
             if host not in allowed:

@@ -14,6 +14,7 @@ from ..engine.suffix import DEFAULT_INDEX_TOKENS
 from ..errors import VerispecError
 from ..models import bundled
 from ..models.loading import LoadedModel
+from .cluster.launch import check_cluster_arguments
 from .limits import DEFAULT_GRAMMAR_TIMEOUT, DEFAULT_MAX_BODY_BYTES
 
 TINY = "tiny"  # --model tiny / --speculative-model tiny: the random test pair of verispec.testing
@@ -69,6 +70,16 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
         "cannot write a system turn)",
     )  # fmt: skip
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    cluster = parser.add_argument_group('cluster (Ray Serve; pip install "verispec[cluster]"; docs/cluster.md)')
+    cluster.add_argument("--replicas", type=int, default=None, help="engine replicas behind one address")
+    cluster.add_argument(
+        "--ray-address", default=None, help="join this Ray cluster ('auto' or HOST:PORT; default: start one here)"
+    )
+    cluster.add_argument(
+        "--cpus-per-replica", type=float, default=None, help="CPUs each replica reserves, and its threads (default 1)"
+    )
+    cluster.add_argument("--min-replicas", type=int, default=None, help="autoscaling on ongoing requests: at least")
+    cluster.add_argument("--max-replicas", type=int, default=None, help="autoscaling on ongoing requests: at most")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -78,8 +89,14 @@ def _serve(args: argparse.Namespace) -> int:
 
     hosts = _access_arguments(args)  # before the models load: a mistake here costs no wait
     _check_limits(args)
-    scheduler = build_scheduler(args)
+    check_cluster_arguments(args)
     name = args.served_model_name or model_id(args.model)
+    if args.replicas is not None:
+        from .cluster.launch import serve_cluster
+
+        logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
+        return serve_cluster(args, name, allowed_hosts_for(args.host, hosts))
+    scheduler = build_scheduler(args)
     state = ServerState(
         scheduler, name, api_key=args.api_key, allowed_hosts=allowed_hosts_for(args.host, hosts),
         max_body_bytes=args.max_body_bytes, grammar_timeout=args.grammar_timeout,
