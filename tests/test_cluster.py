@@ -2,7 +2,7 @@
 
 Everything runs for real: `python -m verispec serve` processes, Ray, HTTP on 127.0.0.1, the official openai
 client. The single-process server on the same models is the reference every cluster answer must equal. Marked
-`cluster` (opt-in: `python -m pytest -m cluster tests/test_cluster.py`, docs/cluster.md); skipped without Ray.
+`cluster` (part of the default run; `-m "not cluster"` skips them, docs/cluster.md); skipped without Ray.
 Every wait is bounded.
 """
 
