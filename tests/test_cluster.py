@@ -63,6 +63,25 @@ def _by_replica(values: dict[str, float], name: str) -> dict[str, float]:
     return {key[len(prefix) : -1]: value for key, value in values.items() if key.startswith(prefix)}
 
 
+def _settled_metrics(proc: ServerProcess, names: tuple[str, ...], timeout: float = 15.0) -> dict[str, float]:
+    """The merged /metrics once two reads 1.5 s apart agree on the series `names`: replicas report about every
+    second, so a read right after earlier requests may still lack some of their counts (it once made those look
+    like the counts of the test that read it)."""
+
+    def watched(values: dict[str, float]) -> dict[str, float]:
+        return {key: value for key, value in values.items() if key.startswith(names)}
+
+    previous = _metrics(proc)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(1.5)
+        current = _metrics(proc)
+        if watched(current) == watched(previous):
+            return current
+        previous = current
+    raise AssertionError(f"/metrics did not settle within {timeout} s")
+
+
 def _replica_pids(proc: ServerProcess) -> dict[str, int]:
     values = _metrics(proc)
     pids = {}
@@ -120,8 +139,10 @@ def test_the_api_key_is_enforced_through_the_ingress(cluster: ServerProcess):
 
 def test_requests_sharing_a_prefix_land_on_the_replica_holding_it(cluster: ServerProcess):
     _wait_for(lambda: len(_replica_pids(cluster)) == 2, 30, "both replicas report their metrics")
-    before = _by_replica(_metrics(cluster), "verispec_prefill_reused_tokens_total")
-    hits_before = _metrics(cluster).get("verispec_cluster_prefix_routed_total{outcome=hit}", 0.0)
+    # the earlier tests' requests counted first, so that they are not counted as this test's
+    settled = _settled_metrics(cluster, ("verispec_prefill_reused_tokens_total", "verispec_cluster_prefix_routed"))
+    before = _by_replica(settled, "verispec_prefill_reused_tokens_total")
+    hits_before = settled.get("verispec_cluster_prefix_routed_total{outcome=hit}", 0.0)
     client = _client(cluster)
     for i in range(6):
         client.completions.create(model="tiny", prompt=f"{SHARED_PREFIX}question {i}:", max_tokens=4, temperature=0)
