@@ -23,11 +23,13 @@ def replica_metrics() -> bytes:
 
 
 def _replica_stats() -> dict[str, dict]:
-    """Replica id -> its latest routing statistics, over this process's routers (one per handle)."""
+    """Replica id -> its latest routing statistics, over this process's routers (one per handle): a router that
+    has not heard from a replica yet never hides what another one has."""
     stats: dict[str, dict] = {}
     for router in ROUTERS:
         for replica_id, replica in router.curr_replicas.items():
-            stats[replica_id.unique_id] = replica.routing_stats or {}
+            if replica.routing_stats or replica_id.unique_id not in stats:
+                stats[replica_id.unique_id] = replica.routing_stats or {}
     return stats
 
 
