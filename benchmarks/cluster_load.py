@@ -340,7 +340,8 @@ class Load:
                     break
             time.sleep(2.0)
         print(f"[{_clock()}]   replica back: {back}", flush=True)
-        join_deadline = time.monotonic() + self.hang_seconds + 60  # the last requests started before self.end
+        # the load runs until self.end; its last requests, started before it, may take hang_seconds more
+        join_deadline = max(self.end, time.monotonic()) + self.hang_seconds + 60
         for thread in threads:
             thread.join(max(0.0, join_deadline - time.monotonic()))
         stuck = sum(thread.is_alive() for thread in threads)
