@@ -26,7 +26,7 @@ class EngineReplica:
 
     def __init__(self, args: argparse.Namespace, model_name: str, allowed_hosts: frozenset[str] | None) -> None:
         from ..app import ServerState, create_app
-        from ..cli import build_scheduler
+        from ..engine_from_args import build_scheduler
 
         scheduler = build_scheduler(args)
         self.state = ServerState(

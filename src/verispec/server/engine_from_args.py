@@ -1,0 +1,63 @@
+"""The engine a `verispec serve` command line asks for (its models and scheduler), built alike by the one-process
+server (server/cli.py) and by each replica of a cluster (server/cluster/replica.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import VerispecError
+from ..models import bundled
+from ..models.loading import LoadedModel
+
+TINY = "tiny"  # --model tiny / --speculative-model tiny: the random test pair of verispec.testing
+
+
+def build_scheduler(args: argparse.Namespace):
+    import torch
+
+    from ..engine.scheduler import Scheduler, SchedulerConfig
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise VerispecError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    config = SchedulerConfig(
+        max_num_seqs=args.max_num_seqs, max_queue=args.max_queue, max_model_len=args.max_model_len,
+        num_speculative_tokens=args.num_speculative_tokens, draft_policy=args.draft_policy,
+        speculative_method=args.speculative_method, draft_vocab=args.draft_vocab, draft_window=args.draft_window,
+        prefill_chunk=args.prefill_chunk, suffix_cache_tokens=args.suffix_cache_tokens,
+        token_trees=args.token_trees,
+    )  # fmt: skip
+    if args.speculative_method == "hybrid" and args.speculative_model.lower() == "none":
+        raise VerispecError("the hybrid speculative method needs a draft model (--speculative-model)")
+    target, draft = load_models(args)  # after the config: its mistakes are reported before seconds of loading
+    return Scheduler(target, draft, config)
+
+
+def load_models(args: argparse.Namespace) -> tuple[LoadedModel, LoadedModel | None]:
+    from ..models.loading import load_pair
+
+    if TINY in (args.model, args.speculative_model):
+        from ..testing import tiny_pair
+
+        if args.model != TINY:
+            raise VerispecError("--speculative-model tiny needs --model tiny (the pair shares a tokenizer)")
+        tiny_target, tiny_draft = tiny_pair()
+        return tiny_target, tiny_draft if args.speculative_model == TINY else None
+    no_draft = args.speculative_model.lower() == "none" or args.speculative_method == "ngram"
+    draft = None if no_draft else args.speculative_model
+    return load_pair(
+        args.model, draft, args.dtype, args.device, quantization=args.quantization,
+        draft_quantization=args.speculative_quantization,
+    )  # fmt: skip
+
+
+def model_id(source: str) -> str:
+    """The id clients send: a bundled model's full name, a GGUF file's stem, a folder's name."""
+    if source in bundled.BUNDLED:
+        return bundled.BUNDLED[source].name
+    if bundled.is_bundled_name(source) or source == TINY:
+        return source
+    path = Path(source)
+    return path.stem if path.suffix == ".gguf" else path.name
