@@ -131,3 +131,122 @@ def test_no_stack_for_a_head_size_its_attention_cannot_take():
     block.mlp.w_gate_up = _linear(256, [("Q4_K", 1024)], 4)
     block.mlp.w_down = _linear(512, [("Q6_K", 256)], 6)
     assert config.head_size == 12 and native_stack(config, model) is None
+
+
+# A token tree of 12 nodes: the root (the last accepted token), then branches of depth up to 4 whose nodes are not
+# stored side by side with their ancestors (nodes 4, 6, 9, 10 begin new branches).
+TREE_PARENTS = [-1, 0, 1, 2, 1, 4, 0, 6, 7, 4, 0, 3]
+TREE_TOKENS = [17, 4, 250, 9, 33, 71, 2, 140, 5, 6, 7, 8]
+
+
+def _row_head(model):
+    """The model's output head one row at a time (PyTorch's own product may round a row differently beside
+    others; the native heads do not)."""
+    weight = model.embed.weight if model.lm_head is None else model.lm_head.weight
+    return lambda x: torch.cat([torch.nn.functional.linear(x[:, i : i + 1], weight) for i in range(x.shape[1])], 1)
+
+
+def _path(node: int) -> list[int]:
+    path = [node]
+    while TREE_PARENTS[path[0]] >= 0:
+        path.insert(0, TREE_PARENTS[path[0]])
+    return path
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.float32])
+def test_a_token_tree_pass_gives_each_node_the_bits_of_a_chain_along_its_path(model, path, kv_dtype):
+    """Each node attends to its ancestors only (tree mask), at its depth's position (rotary), stored where its
+    siblings are not: its logits are a chain pass's along its root-to-node path, bit for bit. The prompt crosses
+    the attention's tiles of 32 positions. The control: the same rows as one chain differ (a mask that let
+    siblings see each other would pass for one)."""
+    model, stack = model
+    model.kv_dtype = kv_dtype
+    try:
+        cache = _prefilled(model, [list(range(30, 72))])
+    finally:
+        model.kv_dtype = None
+    start = cache.lengths[0]
+    model.fused_blocks = stack
+    try:
+        head = _row_head(model)
+        tree = model(torch.tensor([TREE_TOKENS]), cache, [0], parents=[TREE_PARENTS], head=head)[0]
+        assert cache.lengths[0] == start + len(TREE_TOKENS)
+        cache.set_length(0, start)
+        for node in range(len(TREE_TOKENS)):
+            chain = model(torch.tensor([[TREE_TOKENS[i] for i in _path(node)]]), cache, [0], head=head)[0, -1]
+            cache.set_length(0, start)
+            assert torch.equal(tree[node], chain), node
+        flat = model(torch.tensor([TREE_TOKENS]), cache, [0], head=head)[0]
+        cache.set_length(0, start)
+    finally:
+        model.fused_blocks = None
+    assert torch.equal(flat[:4], tree[:4])  # nodes 0-3 are a chain stored in place
+    assert not torch.equal(flat[4], tree[4])
+
+
+def test_the_kept_path_of_a_tree_continues_as_the_chain_would(model):
+    """After a tree's pass, `keep_path` moves one accepted path's keys and values where a chain holds them: the
+    next step is the same bits as after a chain pass along that path."""
+    model, stack = model
+    model.fused_blocks = stack
+    try:
+        cache = _prefilled(model, [list(range(30, 72))])
+        start = cache.lengths[0]
+        path = _path(8)  # [0, 6, 7, 8]: stored at start + 0, 6, 7, 8
+        model(torch.tensor([TREE_TOKENS]), cache, [0], parents=[TREE_PARENTS])
+        cache.keep_path(0, start, path)
+        assert cache.lengths[0] == start + len(path)
+        after_tree = model(torch.tensor([[99]]), cache, [0], head=_row_head(model))[0, -1]
+        cache.set_length(0, start)
+        model(torch.tensor([[TREE_TOKENS[i] for i in path]]), cache, [0])
+        after_chain = model(torch.tensor([[99]]), cache, [0], head=_row_head(model))[0, -1]
+        cache.set_length(0, start)
+        model(torch.tensor([TREE_TOKENS]), cache, [0], parents=[TREE_PARENTS])
+        cache.set_length(0, start + len(path))  # the control: the path left where the tree stored it
+        stale = model(torch.tensor([[99]]), cache, [0], head=_row_head(model))[0, -1]
+    finally:
+        model.fused_blocks = None
+    assert torch.equal(after_tree, after_chain)
+    assert not torch.equal(stale, after_chain)
+
+
+def test_tree_rows_beside_another_sequence_are_the_same_bits(model, path):
+    """A pass may hold a tree and other sequences' rows: each row's result depends on that row alone."""
+    model, stack = model
+    cache = _prefilled(model, [list(range(30, 72)), list(range(200, 209))])
+    start = cache.lengths[0]
+    cos, sin = model.rope_tables(cache.max_len)
+    depths = [len(_path(i)) - 1 for i in range(len(TREE_TOKENS))]
+
+    def run(rows: list[tuple[int, int, int, int]]) -> torch.Tensor:  # (slot, position, token, parent)
+        x = model.embed(torch.tensor([t for _, _, t, _ in rows])).float().contiguous()
+        stack(x, cache, cos, sin, [s for s, *_ in rows], [p for _, p, _, _ in rows], [q for *_, q in rows])
+        return x
+
+    tree = [(0, start + d, t, p) for d, t, p in zip(depths, TREE_TOKENS, TREE_PARENTS, strict=True)]
+    alone = run(tree)
+    other = [(1, 9, 5, -1), (1, 10, 6, 0)]
+    mixed = run(other + [(s, pos, t, p if p < 0 else p + 2) for s, pos, t, p in tree])
+    assert torch.equal(mixed[2:], alone)
+    assert torch.equal(mixed[:2], run(other))
+
+
+@pytest.mark.parametrize(
+    "parents",
+    [[-1, 2, 0], [-1, 0, 0, 5], [0, -1], [-1, *range(16)]],
+    ids=["parent-after", "parent-past-the-end", "root-with-a-parent", "17-nodes"],
+)
+def test_parents_that_make_no_tree_are_refused(model, parents):
+    model, stack = model
+    model.fused_blocks = stack
+    try:
+        cache = _prefilled(model, [list(range(30, 40))])
+        with pytest.raises(ValueError):
+            model(torch.tensor([[5] * len(parents)]), cache, [0], parents=[parents])
+        cos, sin = model.rope_tables(cache.max_len)  # the stack itself refuses them too
+        x = model.embed(torch.tensor([5] * len(parents))).float().contiguous()
+        positions = [10] + [11] * (len(parents) - 1)
+        with pytest.raises(ValueError):
+            stack(x, cache, cos, sin, [0] * len(parents), positions, parents)
+    finally:
+        model.fused_blocks = None

@@ -49,6 +49,7 @@ _SIGNATURES = {
     "vsk_repack": ([_c_int, _c_p, _c_size, _c_int, _c_int, _c_p], _c_int),
     "vsk_stack_scratch_bytes": ([_c_p, _c_int], _c_size),
     "vsk_stack_forward": ([_c_p, _c_p, _c_p, _c_int, _c_p, _c_p, _c_p], _c_int),
+    "vsk_stack_forward_tree": ([_c_p, _c_p, _c_p, _c_int, _c_p, _c_p, _c_p, _c_p], _c_int),
     "vsk_stack_timing": ([_c_p], None),
     "vsk_greedy_scratch_bytes": ([_c_p, _c_p, _c_int], _c_size),
     "vsk_greedy_steps": ([_c_p, _c_p, _c_p, _c_int, _c_p, _c_p, _c_p, _c_p, _c_int, _c_p, _c_p], _c_int),

@@ -122,29 +122,37 @@ class NativeStack:
         return out[0], out[1], out[2], out[3]
 
     def __call__(self, x: torch.Tensor, cache, cos: torch.Tensor, sin: torch.Tensor, slots: list[int],
-                 positions: list[int]) -> None:  # fmt: skip
+                 positions: list[int], parents: list[int] | None = None) -> None:  # fmt: skip
         """x [M, hidden] float32 contiguous, in place; row m is at positions[m] of cache slot slots[m]. `cache`
         holds per layer `keys` and `values` [slots, kv heads, length, head dim] (float16, or float32); cos/sin are
-        the rotary tables [length, head dim]."""
+        the rotary tables [length, head dim].
+
+        `parents` makes token trees: parents[m] is the row of row m's parent node, or -1 for a row that follows
+        its sequence's previous position. A tree's rows (at most 16) follow its root, parents first; a node sits
+        at its parent's position + 1 and is stored at its root's position + its row's distance from the root; it
+        attends to its ancestors only, with the same bits as a chain pass along its path (vsk_stack_forward_tree).
+        """
         m = x.shape[0]
         if x.dtype != torch.float32 or not x.is_contiguous() or x.shape[1] != self.hidden:
             raise ValueError("the native stack takes contiguous float32 rows of the hidden size")
+        if parents is not None and len(parents) != m:
+            raise ValueError(f"{len(parents)} parents for {m} rows")
         lib = native.library()
         rows = (_c_int * (2 * m))(*slots, *positions)
+        tree = None if parents is None else (_c_int * m)(*parents)
         with self._lock:
             cache = self.cache_view(cache, cos, sin)
             need = lib.vsk_stack_scratch_bytes(ctypes.byref(self._model), m) + 64
             if self._scratch.numel() < need:
                 self._scratch = torch.empty(need, dtype=torch.uint8)
             aligned = (self._scratch.data_ptr() + 63) // 64 * 64
-            status = lib.vsk_stack_forward(
-                ctypes.byref(self._model),
-                ctypes.byref(cache),
-                x.data_ptr(),
-                m,
-                rows,
-                ctypes.byref(rows, 4 * m),
-                aligned,
-            )
+            model, view, at = ctypes.byref(self._model), ctypes.byref(cache), ctypes.byref(rows, 4 * m)
+            if tree is None:
+                status = lib.vsk_stack_forward(model, view, x.data_ptr(), m, rows, at, aligned)
+            else:
+                status = lib.vsk_stack_forward_tree(model, view, x.data_ptr(), m, rows, at, tree, aligned)
+        if status == -2:
+            raise ValueError("parents that make no token trees (a parent after its row, in another slot, not one "
+                             "position before it, or a tree of more than 16 rows)")  # fmt: skip
         if status != 0:
             raise RuntimeError("the native stack met a weight type without a kernel")

@@ -48,6 +48,20 @@ class KVCache:
                 layer[slot, :, start:end].copy_(layer[source, :, start:end])
         self.lengths[slot] = end
 
+    def keep_path(self, slot: int, start: int, rows: list[int]) -> None:
+        """After a token tree's pass from `start` (its root there, node i stored at start + i): keep the nodes
+        `rows` (a root-to-node path, rows[0] == 0) at start .. start + len(rows) - 1, where a chain would have
+        them, and drop the rest."""
+        if not rows or rows[0] != 0 or any(b <= a for a, b in zip(rows, rows[1:], strict=False)):
+            raise ValueError(f"{rows} is not a path from a tree's root")
+        if start + rows[-1] >= self.lengths[slot]:
+            raise ValueError(f"slot {slot} holds no tree node {rows[-1]} from position {start}")
+        if rows[-1] != len(rows) - 1:  # else the path already lies where a chain's would
+            index = torch.tensor(rows, device=self.keys[0].device) + start
+            for layer in self.keys + self.values:
+                layer[slot, :, start : start + len(rows)] = layer[slot, :, index]
+        self.lengths[slot] = start + len(rows)
+
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.keys + self.values)
 
@@ -209,8 +223,16 @@ class Transformer(nn.Module):
         num_logits: int | None = None,
         invariant: bool = True,
         head: nn.Module | None = None,
+        parents: list[list[int]] | None = None,
     ) -> torch.Tensor:
         """tokens [batch, seq] for cache slots `slots`; returns float32 logits [batch, num_logits or seq, V].
+
+        `parents` (one list per batch row) makes token trees: parents[b][i] is -1 for a row that follows
+        everything before it (as in a chain), or an earlier row j of the same batch row, its parent node: row i
+        then sits at row j's position + 1 and attends to the cache before the tree's root, then to its
+        ancestors and itself only; at most 16 rows from a root to its last node (`takes_trees` says whether the
+        model can). Row i is stored at the slot's length + i whatever its position; `KVCache.keep_path` keeps
+        an accepted path where a chain would hold it.
 
         invariant=False lets a batch-invariant model use ordinary (faster) attention: for prefills and
         drafts, whose rounding never has to match a decode step's (a model with `fused_blocks` is invariant in
@@ -221,25 +243,46 @@ class Transformer(nn.Module):
         starts = [cache.lengths[s] for s in slots]
         if max(starts) + seq > cache.max_len:
             raise ValueError(f"sequence of {max(starts) + seq} tokens exceeds the cache's {cache.max_len}")
+        offsets = [list(range(seq))] * batch if parents is None else self._tree_offsets(parents, batch, seq)
         cos_full, sin_full = self.rope_tables(cache.max_len)
         x = self.embed(tokens)
         if self.fused_blocks is not None:
             x = x.reshape(batch * seq, -1).float().contiguous()
             row_slots = [slot for slot in slots for _ in range(seq)]
-            row_positions = [start + t for start in starts for t in range(seq)]
-            for begin in range(0, batch * seq, FUSED_CHUNK_ROWS):  # each sequence's rows stay in position order
+            row_positions = [start + t for start, row in zip(starts, offsets, strict=True) for t in row]
+            if parents is not None:  # a verify pass: one call, so that every parent is in it
+                rows = [-1 if p < 0 else b * seq + p for b, row in enumerate(parents) for p in row]
+                self.fused_blocks(x, cache, cos_full, sin_full, row_slots, row_positions, rows)
+            for begin in range(0, batch * seq if parents is None else 0, FUSED_CHUNK_ROWS):  # rows in order
                 chunk = slice(begin, begin + FUSED_CHUNK_ROWS)
                 self.fused_blocks(x[chunk], cache, cos_full, sin_full, row_slots[chunk], row_positions[chunk])
             x = x.view(batch, seq, -1).to(self.dtype)
         else:
-            positions = torch.tensor(starts, device=tokens.device)[:, None] + torch.arange(seq, device=tokens.device)
+            if parents is not None and invariant and any(layer.attn.batch_invariant for layer in self.layers):
+                raise ValueError("token trees need the native stack or ordinary attention")
+            positions = torch.tensor(starts, device=tokens.device)[:, None] + torch.tensor(
+                offsets, device=tokens.device
+            )
             cos = cos_full[positions].to(self.dtype).unsqueeze(2)
             sin = sin_full[positions].to(self.dtype).unsqueeze(2)
-            mask = self._mask(positions, max(starts) + seq) if seq > 1 or batch > 1 else None
+            span = max(starts) + seq
+            if parents is not None:
+                mask = self._tree_mask(parents, starts, span).to(tokens.device)
+            else:
+                mask = self._mask(positions, span) if seq > 1 or batch > 1 else None
             for layer, block in enumerate(self.layers):
                 x = block(x, cos, sin, mask, cache.keys[layer], cache.values[layer], slots, starts, invariant)
         for slot in slots:
             cache.lengths[slot] += seq
+        return self._logits(x, num_logits, head)
+
+    @property
+    def takes_trees(self) -> bool:
+        """Whether a verify pass may hold token trees (`forward`'s parents): the native stack takes them, and so
+        does ordinary attention; the per-query attention of a batch-invariant model without the stack does not."""
+        return self.fused_blocks is not None or not any(layer.attn.batch_invariant for layer in self.layers)
+
+    def _logits(self, x: torch.Tensor, num_logits: int | None, head: nn.Module | None) -> torch.Tensor:
         if num_logits is not None:
             x = x[:, -num_logits:]
         x = self.norm(x)
@@ -248,6 +291,40 @@ class Transformer(nn.Module):
         if self.lm_head is None:
             return F.linear(x, self.embed.weight).float()
         return self.lm_head(x).float()
+
+    @staticmethod
+    def _tree_offsets(parents: list[list[int]], batch: int, seq: int) -> list[list[int]]:
+        """Each row's position past its slot's length: its own index, or its parent's offset + 1."""
+        if len(parents) != batch or any(len(row) != seq for row in parents):
+            raise ValueError("token trees need one parent per row")
+        offsets = []
+        for row in parents:
+            offset, root = [], []
+            for i, p in enumerate(row):
+                if p >= i or p < -1:
+                    raise ValueError(f"parents {row}: row {i}'s parent must be an earlier row, or -1")
+                root.append(i if p < 0 else root[p])
+                if i - root[i] >= 16:
+                    raise ValueError(f"parents {row}: a tree holds at most 16 rows from its root")
+                offset.append(i if p < 0 else offset[p] + 1)
+            offsets.append(offset)
+        return offsets
+
+    @staticmethod
+    def _tree_mask(parents: list[list[int]], starts: list[int], span: int) -> torch.Tensor:
+        """[batch, 1, seq, span] boolean: the keys before the row's slot length, then its ancestors and itself
+        (all earlier rows, for a row whose parent is -1)."""
+        seq = len(parents[0])
+        mask = torch.zeros(len(parents), 1, seq, span, dtype=torch.bool)
+        for b, (row, start) in enumerate(zip(parents, starts, strict=True)):
+            mask[b, 0, :, :start] = True
+            for i, p in enumerate(row):
+                if p < 0:
+                    mask[b, 0, i, start : start + i + 1] = True
+                else:
+                    mask[b, 0, i] = mask[b, 0, p]
+                    mask[b, 0, i, start + i] = True
+        return mask
 
     @staticmethod
     def _mask(positions: torch.Tensor, span: int) -> torch.Tensor:

@@ -105,6 +105,10 @@ typedef struct {
     float scale;
     float *out;                 /* [M][H][D] */
     int half;
+    /* a token tree's rows (NULL for none): row m reads its first direct[m] keys in place, and its keys
+     * direct[m] .. pos[m] (its ancestors in the tree, then itself) from the positions tail[m][0 ..], stored
+     * elsewhere in its slot; tail holds VSK_ATTENTION_ROWS entries per row */
+    const int *direct, *tail;
 } vsk_attention_t;
 
 void vsk_attend(const vsk_attention_t *a, int M);
@@ -118,6 +122,21 @@ typedef struct {
     const int *first; /* per block: its first row; first[blocks] = M */
     int blocks;
 } vsk_attention_job;
+
+/* the keys row m reads in place (all of them, pos[m] + 1, outside a tree) */
+static inline int vsk_direct_keys(const vsk_attention_t *a, int m) {
+    return a->direct ? a->direct[m] : a->pos[m] + 1;
+}
+
+/* over the rows m0 .. m1 - 1: the most keys one reads in place (`direct`), or the most it reads at all */
+static inline int vsk_block_keys(const vsk_attention_t *a, int m0, int m1, int direct) {
+    int most = 0;
+    for (int m = m0; m < m1; m++) {
+        const int keys = direct ? vsk_direct_keys(a, m) : a->pos[m] + 1;
+        most = keys > most ? keys : most;
+    }
+    return most;
+}
 
 typedef void (*vsk_task)(const void *ctx, int begin, int end);
 vsk_task vsk_attention_task_avx2(void); /* NULL off x86-64; items of a vsk_attention_job */

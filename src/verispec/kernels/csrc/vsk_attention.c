@@ -20,7 +20,13 @@ static inline float cached(const void *base, size_t at, int half) {
     return half ? vsk_fp16_to_fp32(((const uint16_t *)base)[at]) : ((const float *)base)[at];
 }
 
-/* one query (row m, head h) over keys 0 .. pos[m], portable C */
+/* where row m's key at logical position t is stored: in place, or (a tree row's ancestors) at its tail */
+static inline size_t stored_at(const vsk_attention_t *a, int m, int t) {
+    const int direct = vsk_direct_keys(a, m);
+    return (size_t)(t < direct ? t : a->tail[(size_t)m * VSK_ATTENTION_ROWS + t - direct]);
+}
+
+/* one query (row m, head h) over its keys at logical positions 0 .. pos[m], portable C */
 static void attend_one(const vsk_attention_t *a, int m, int h, float *scores) {
     const int group = a->H / a->kvH, span = a->pos[m] + 1, D = a->D;
     const float *q = a->q + ((size_t)m * a->H + h) * D;
@@ -28,8 +34,9 @@ static void attend_one(const vsk_attention_t *a, int m, int h, float *scores) {
     float top = -INFINITY;
     for (int t = 0; t < span; t++) {
         float lanes[8] = {0}; /* 8 partial sums, added in one fixed order (D is a multiple of 8) */
+        const size_t key = base + stored_at(a, m, t) * D;
         for (int i = 0; i < D; i += 8)
-            for (int l = 0; l < 8; l++) lanes[l] += q[i + l] * cached(a->keys, base + (size_t)t * D + i + l, a->half);
+            for (int l = 0; l < 8; l++) lanes[l] += q[i + l] * cached(a->keys, key + i + l, a->half);
         const float s = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
         scores[t] = s * a->scale;
         top = scores[t] > top ? scores[t] : top;
@@ -43,7 +50,8 @@ static void attend_one(const vsk_attention_t *a, int m, int h, float *scores) {
     for (int i = 0; i < D; i++) o[i] = 0.0f;
     for (int t = 0; t < span; t++) {
         const float p = scores[t] / total;
-        for (int i = 0; i < D; i++) o[i] += p * cached(a->values, base + (size_t)t * D + i, a->half);
+        const size_t value = base + stored_at(a, m, t) * D;
+        for (int i = 0; i < D; i++) o[i] += p * cached(a->values, value + i, a->half);
     }
 }
 
@@ -54,8 +62,8 @@ static void attention_items(const void *ctx, int begin, int end) {
     const int group = a->H / a->kvH;
     int longest = 0;
     for (int item = begin; item < end; item++) {
-        const int last = job->first[item / a->kvH + 1] - 1;
-        longest = a->pos[last] + 1 > longest ? a->pos[last] + 1 : longest;
+        const int block = item / a->kvH, keys = vsk_block_keys(a, job->first[block], job->first[block + 1], 0);
+        longest = keys > longest ? keys : longest;
     }
     float *scores = malloc(sizeof(float) * (size_t)longest);
     for (int item = begin; item < end; item++) {
@@ -68,8 +76,10 @@ static void attention_items(const void *ctx, int begin, int end) {
 
 void vsk_attend(const vsk_attention_t *a, int M) {
     int *first = malloc(sizeof(int) * (size_t)(M + 1)), blocks = 0;
-    for (int m = 0; m < M; m++) { /* a block: consecutive positions of one slot, at most VSK_ATTENTION_ROWS rows */
-        const int continues = m > 0 && a->slot[m] == a->slot[m - 1] && a->pos[m] == a->pos[m - 1] + 1 &&
+    for (int m = 0; m < M; m++) { /* a block: consecutive positions of one slot (or one token tree's rows), at most
+                                    VSK_ATTENTION_ROWS rows */
+        const int tree = a->direct && a->direct[m] < a->pos[m] + 1;
+        const int continues = m > 0 && a->slot[m] == a->slot[m - 1] && (a->pos[m] == a->pos[m - 1] + 1 || tree) &&
                               m - first[blocks - 1] < VSK_ATTENTION_ROWS;
         if (!continues) first[blocks++] = m;
     }
@@ -91,7 +101,7 @@ VSK_API void vsk_attention(const float *q, int M, int H, int kvH, int D, const f
         rows[m] = 0;
         rows[M + m] = start + m;
     }
-    const vsk_attention_t a = {q, keys, values, 0, head_stride, rows, rows + M, H, kvH, D, scale, out, 0};
+    const vsk_attention_t a = {q, keys, values, 0, head_stride, rows, rows + M, H, kvH, D, scale, out, 0, NULL, NULL};
     vsk_attend(&a, M);
     free(rows);
 }

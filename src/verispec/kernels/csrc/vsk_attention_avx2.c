@@ -147,50 +147,91 @@ static void tile_sums(const float *const *w, int count, const float *v, int n, i
     }
 }
 
-/* one item: the rows m0 .. m1 - 1 (one sequence, consecutive positions) and key/value head g; `scores` holds
- * (m1 - m0) x group rows of `stride` floats */
-static void attend_block(const vsk_attention_t *a, int m0, int m1, int g, float *scores, int stride, float *tile) {
-    const int group = a->H / a->kvH, D = a->D, longest = a->pos[m1 - 1] + 1;
-    const size_t base = (size_t)a->slot[m0] * a->slot_stride + (size_t)g * a->head_stride;
+/* keys or values [n][D] of a cache at the positions at[0 .. n) (element `base` is position 0) as float32 rows in
+ * `buffer`: a tree row's ancestors, which need not lie side by side */
+static const float *gathered(const void *cache, size_t base, const int *at, int n, int D, int half, float *buffer) {
+    for (int j = 0; j < n; j++) {
+        const size_t from = base + (size_t)at[j] * D;
+        float *to = buffer + (size_t)j * D;
+        if (!half)
+            memcpy(to, (const float *)cache + from, sizeof(float) * D);
+        else
+            for (int i = 0; i < D; i += 8)
+                _mm256_storeu_ps(to + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)cache + from + i))));
+    }
+    return buffer;
+}
+
+/* row m's queries of head group g against keys k [n][D], its logical positions t0 .. t0 + n - 1 */
+static void row_scores(const vsk_attention_t *a, int m, int m0, int g, const float *k, int t0, int n, float *scores,
+                       int stride) {
+    const int group = a->H / a->kvH, D = a->D;
     const float *q[QUERIES];
     float *rows[QUERIES];
-    for (int t0 = 0; t0 < longest; t0 += TILE) { /* scores, a tile of keys at a time */
-        const int n = longest - t0 < TILE ? longest - t0 : TILE;
+    for (int j0 = 0; j0 < group; j0 += QUERIES) {
+        const int count = group - j0 < QUERIES ? group - j0 : QUERIES;
+        for (int c = 0; c < count; c++) {
+            q[c] = a->q + ((size_t)m * a->H + g * group + j0 + c) * D;
+            rows[c] = scores + (size_t)((m - m0) * group + j0 + c) * stride + t0;
+        }
+        tile_scores(q, count, k, n, D, a->scale, rows);
+    }
+}
+
+/* row m's outputs of head group g += its weights at logical positions t0 .. t0 + n - 1 times values v [n][D] */
+static void row_sums(const vsk_attention_t *a, int m, int m0, int g, const float *v, int t0, int n, const float *scores,
+                     int stride) {
+    const int group = a->H / a->kvH, D = a->D;
+    const float *w[QUERIES];
+    float *rows[QUERIES];
+    for (int j0 = 0; j0 < group; j0 += QUERIES) {
+        const int count = group - j0 < QUERIES ? group - j0 : QUERIES;
+        for (int c = 0; c < count; c++) {
+            w[c] = scores + (size_t)((m - m0) * group + j0 + c) * stride + t0;
+            rows[c] = a->out + ((size_t)m * a->H + g * group + j0 + c) * D;
+        }
+        tile_sums(w, count, v, n, D, rows);
+    }
+}
+
+/* one item: the rows m0 .. m1 - 1 (one sequence) and key/value head g; `scores` holds (m1 - m0) x group rows of
+ * `stride` floats. The keys the rows read in place come a tile at a time, shared; a tree row's own ancestors
+ * after them, gathered for that row alone (logical positions in order either way, so the same bits). */
+static void attend_block(const vsk_attention_t *a, int m0, int m1, int g, float *scores, int stride, float *tile) {
+    const int group = a->H / a->kvH, D = a->D, shared = vsk_block_keys(a, m0, m1, 1);
+    const size_t base = (size_t)a->slot[m0] * a->slot_stride + (size_t)g * a->head_stride;
+    for (int t0 = 0; t0 < shared; t0 += TILE) { /* scores, a tile of keys at a time */
+        const int n = shared - t0 < TILE ? shared - t0 : TILE;
         const float *k = tile_of(a->keys, base + (size_t)t0 * D, n, D, a->half, tile);
         for (int m = m0; m < m1; m++) {
-            const int span = a->pos[m] + 1;
-            if (t0 >= span) continue;
-            for (int j0 = 0; j0 < group; j0 += QUERIES) {
-                const int count = group - j0 < QUERIES ? group - j0 : QUERIES;
-                for (int c = 0; c < count; c++) {
-                    q[c] = a->q + ((size_t)m * a->H + g * group + j0 + c) * D;
-                    rows[c] = scores + (size_t)((m - m0) * group + j0 + c) * stride + t0;
-                }
-                tile_scores(q, count, k, span - t0 < n ? span - t0 : n, D, a->scale, rows);
-            }
+            const int direct = vsk_direct_keys(a, m);
+            if (t0 < direct) row_scores(a, m, m0, g, k, t0, direct - t0 < n ? direct - t0 : n, scores, stride);
         }
+    }
+    for (int m = m0; m < m1; m++) {
+        const int direct = vsk_direct_keys(a, m), tail = a->pos[m] + 1 - direct;
+        if (tail <= 0) continue;
+        const float *k = gathered(a->keys, base, a->tail + (size_t)m * VSK_ATTENTION_ROWS, tail, D, a->half, tile);
+        row_scores(a, m, m0, g, k, direct, tail, scores, stride);
     }
     for (int m = m0; m < m1; m++)
         for (int j = 0; j < group; j++) {
             softmax(scores + (size_t)((m - m0) * group + j) * stride, a->pos[m] + 1);
             memset(a->out + ((size_t)m * a->H + g * group + j) * D, 0, sizeof(float) * D);
         }
-    for (int t0 = 0; t0 < longest; t0 += TILE) { /* weighted sums, a tile of values at a time */
-        const int n = longest - t0 < TILE ? longest - t0 : TILE;
+    for (int t0 = 0; t0 < shared; t0 += TILE) { /* weighted sums, a tile of values at a time */
+        const int n = shared - t0 < TILE ? shared - t0 : TILE;
         const float *v = tile_of(a->values, base + (size_t)t0 * D, n, D, a->half, tile);
         for (int m = m0; m < m1; m++) {
-            const int span = a->pos[m] + 1;
-            if (t0 >= span) continue;
-            for (int j0 = 0; j0 < group; j0 += QUERIES) {
-                const int count = group - j0 < QUERIES ? group - j0 : QUERIES;
-                const float *w[QUERIES];
-                for (int c = 0; c < count; c++) {
-                    w[c] = scores + (size_t)((m - m0) * group + j0 + c) * stride + t0;
-                    rows[c] = a->out + ((size_t)m * a->H + g * group + j0 + c) * D;
-                }
-                tile_sums(w, count, v, span - t0 < n ? span - t0 : n, D, rows);
-            }
+            const int direct = vsk_direct_keys(a, m);
+            if (t0 < direct) row_sums(a, m, m0, g, v, t0, direct - t0 < n ? direct - t0 : n, scores, stride);
         }
+    }
+    for (int m = m0; m < m1; m++) {
+        const int direct = vsk_direct_keys(a, m), tail = a->pos[m] + 1 - direct;
+        if (tail <= 0) continue;
+        const float *v = gathered(a->values, base, a->tail + (size_t)m * VSK_ATTENTION_ROWS, tail, D, a->half, tile);
+        row_sums(a, m, m0, g, v, direct, tail, scores, stride);
     }
 }
 
@@ -201,14 +242,15 @@ static void attention_items(const void *ctx, int begin, int end) {
     size_t most = 0; /* the scores of the largest item */
     for (int item = begin; item < end; item++) {
         const int block = item / a->kvH, rows = job->first[block + 1] - job->first[block];
-        const size_t size = (size_t)rows * group * (size_t)(a->pos[job->first[block + 1] - 1] + 1);
+        const int span = vsk_block_keys(a, job->first[block], job->first[block + 1], 0);
+        const size_t size = (size_t)rows * group * (size_t)span;
         most = size > most ? size : most;
     }
     float *scores = malloc(sizeof(float) * most);
     float *tile = aligned_alloc(64, (sizeof(float) * TILE * (size_t)a->D + 63) / 64 * 64);
     for (int item = begin; item < end; item++) {
         const int block = item / a->kvH, m0 = job->first[block], m1 = job->first[block + 1];
-        attend_block(a, m0, m1, item % a->kvH, scores, (a->pos[m1 - 1] + 1), tile);
+        attend_block(a, m0, m1, item % a->kvH, scores, vsk_block_keys(a, m0, m1, 0), tile);
     }
     free(scores);
     free(tile);

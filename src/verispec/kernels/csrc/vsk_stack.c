@@ -189,7 +189,7 @@ typedef struct {
     const vsk_cache *c;
     float *qkv;
     void *keys, *values;
-    const int *slot, *pos;
+    const vsk_pass_rows *rows;
 } rotate_t;
 
 /* D values into the cache at element `at`: copied, or rounded to halves */
@@ -202,8 +202,8 @@ static void store(void *cache, size_t at, const float *from, int D, int half) {
     for (int i = 0; i < D; i++) to[i] = vsk_fp32_to_fp16(from[i]);
 }
 
-/* item = row: q/k/v bias, rotary embedding of q and k, the row's keys and values into its cache slot, and its
- * queries packed [H][D] at the row's start (the attention's layout) */
+/* item = row: q/k/v bias, rotary embedding of q and k at the row's position, the row's keys and values into its
+ * cache slot where it is stored, and its queries packed [H][D] at the row's start (the attention's layout) */
 static void rotate_rows(const void *ctx, int begin, int end) {
     const rotate_t *r = ctx;
     const int H = r->md->heads, kvH = r->md->kv_heads, D = r->md->head_dim, width = (H + 2 * kvH) * D;
@@ -211,13 +211,14 @@ static void rotate_rows(const void *ctx, int begin, int end) {
         float *row = r->qkv + (size_t)m * width;
         if (r->b->qkv_bias)
             for (int i = 0; i < width; i++) row[i] += r->b->qkv_bias[i];
-        const float *cos = r->c->cos + (size_t)r->pos[m] * D, *sin = r->c->sin + (size_t)r->pos[m] * D;
+        const int pos = r->rows->pos[m], at = r->rows->at ? r->rows->at[m] : pos;
+        const float *cos = r->c->cos + (size_t)pos * D, *sin = r->c->sin + (size_t)pos * D;
         for (int head = 0; head < H + kvH; head++) rotate(row + (size_t)head * D, cos, sin, D);
         for (int head = 0; head < kvH; head++) {
-            const size_t at = (size_t)r->slot[m] * r->c->slot_stride + (size_t)head * r->c->head_stride +
-                              (size_t)r->pos[m] * D;
-            store(r->keys, at, row + (size_t)(H + head) * D, D, r->c->half);
-            store(r->values, at, row + (size_t)(H + kvH + head) * D, D, r->c->half);
+            const size_t to = (size_t)r->rows->slot[m] * r->c->slot_stride + (size_t)head * r->c->head_stride +
+                              (size_t)at * D;
+            store(r->keys, to, row + (size_t)(H + head) * D, D, r->c->half);
+            store(r->values, to, row + (size_t)(H + kvH + head) * D, D, r->c->half);
         }
     }
 }
@@ -225,7 +226,7 @@ static void rotate_rows(const void *ctx, int begin, int end) {
 /* One block for M rows. Its output leaves the last product in `tmp`, to be added to x by the next block's
  * first step (or by the stack at the end): `pending` says whether tmp holds such a residual on entry. */
 static int block_forward(const vsk_model *md, const vsk_block *b, void *keys, void *values, const vsk_cache *c,
-                         float *x, int M, const int *slot, const int *pos, uint8_t *scratch, int pending) {
+                         float *x, int M, const vsk_pass_rows *rows, uint8_t *scratch, int pending) {
     const int H = md->heads, kvH = md->kv_heads, D = md->head_dim, hidden = md->hidden, inter = md->inter;
     const int width = (H + 2 * kvH) * D;
     float *h = (float *)scratch;
@@ -239,12 +240,12 @@ static int block_forward(const vsk_model *md, const vsk_block *b, void *keys, vo
     /* attention */
     const prepare_t attn_in = {b->qkv, b->qkv_parts, hidden, M, x, pending ? tmp : NULL, b->attn_norm, md->eps, h, xq};
     if (products(&attn_in, qkv, width)) return -1;
-    const rotate_t r = {md, b, c, qkv, keys, values, slot, pos};
+    const rotate_t r = {md, b, c, qkv, keys, values, rows};
     vsk_parallel_for(rotate_rows, &r, M);
     for (int m = 0; m < M; m++) /* the queries, packed [M][H][D] for the attention */
         memmove(qkv + (size_t)m * H * D, qkv + (size_t)m * width, sizeof(float) * H * D);
-    const vsk_attention_t a = {qkv, keys, values, c->slot_stride, c->head_stride, slot, pos, H, kvH, D,
-                               1.0f / sqrtf((float)D), att, c->half};
+    const vsk_attention_t a = {qkv,      keys, values, c->slot_stride, c->head_stride, rows->slot, rows->pos, H, kvH,
+                               D,        1.0f / sqrtf((float)D),   att,     c->half,    rows->direct, rows->tail};
     const double attention_begin = vsk_seconds();
     vsk_attend(&a, M);
     attention_seconds += vsk_seconds() - attention_begin;
@@ -260,18 +261,64 @@ static int block_forward(const vsk_model *md, const vsk_block *b, void *keys, vo
     return products(&down_in, tmp, hidden);
 }
 
+static int stack_forward(const vsk_model *md, const vsk_cache *c, float *x, int M, const vsk_pass_rows *rows,
+                         uint8_t *scratch) {
+    const double begin = vsk_seconds();
+    int status = 0;
+    for (int l = 0; l < md->layers && !status; l++)
+        status = block_forward(md, &md->blocks[l], c->keys[l], c->values[l], c, x, M, rows, scratch, l > 0);
+    const float *tmp = (const float *)(scratch + floats_bytes((size_t)M * md->hidden)); /* the last residual */
+    for (size_t i = 0; !status && md->layers && i < (size_t)M * md->hidden; i++) x[i] += tmp[i];
+    stack_seconds += vsk_seconds() - begin;
+    return status ? -1 : 0;
+}
+
 /* x [M][hidden] through every block, in place. Row m is at position pos[m] of the sequence in cache slot
  * slot[m]; its keys and values are written there before any row attends, so the rows of one sequence may
  * share a call in position order. `scratch`: vsk_stack_scratch_bytes(md, M), 64-byte aligned.
  * 0, or -1 when a weight type has no kernel. */
 VSK_API int vsk_stack_forward(const vsk_model *md, const vsk_cache *c, float *x, int M, const int *slot,
                               const int *pos, uint8_t *scratch) {
-    const double begin = vsk_seconds();
-    int status = 0;
-    for (int l = 0; l < md->layers && !status; l++)
-        status = block_forward(md, &md->blocks[l], c->keys[l], c->values[l], c, x, M, slot, pos, scratch, l > 0);
-    const float *tmp = (const float *)(scratch + floats_bytes((size_t)M * md->hidden)); /* the last residual */
-    for (size_t i = 0; !status && md->layers && i < (size_t)M * md->hidden; i++) x[i] += tmp[i];
-    stack_seconds += vsk_seconds() - begin;
-    return status ? -1 : 0;
+    const vsk_pass_rows rows = {slot, pos, NULL, NULL, NULL};
+    return stack_forward(md, c, x, M, &rows, scratch);
+}
+
+/* vsk_stack_forward for passes that hold token trees: parent[m] is the row of row m's parent node, or -1 for a row
+ * that follows its sequence's previous position (a tree's root, or a row outside any tree). A tree's rows follow
+ * its root, at most VSK_ATTENTION_ROWS of them, parents first; a row at depth d sits at position pos[root] + d
+ * (its rotary position), is stored at pos[root] + its row's distance from the root (siblings share a position, so
+ * they cannot share where they are stored), and attends to the sequence before the root, then to its ancestors
+ * and itself in order: exactly the keys and values, in the order, of a chain pass along its path, hence the same
+ * bits. 0; -1 as vsk_stack_forward; -2 when the parents do not make such trees. */
+VSK_API int vsk_stack_forward_tree(const vsk_model *md, const vsk_cache *c, float *x, int M, const int *slot,
+                                   const int *pos, const int *parent, uint8_t *scratch) {
+    int *at = malloc(sizeof(int) * (size_t)M * (3 + VSK_ATTENTION_ROWS)), *root = at + M, *direct = root + M;
+    int *tail = direct + M, status = 0;
+    for (int m = 0; m < M && !status; m++) {
+        const int p = parent[m];
+        if (p < 0) {
+            root[m] = m, at[m] = pos[m];
+            continue;
+        }
+        if (p >= m) {
+            status = -2;
+            break;
+        }
+        root[m] = root[p];
+        at[m] = at[root[m]] + (m - root[m]);
+        if (slot[p] != slot[m] || pos[p] + 1 != pos[m] || m - root[m] >= VSK_ATTENTION_ROWS) status = -2;
+    }
+    for (int m = 0; m < M && !status; m++) { /* the path root .. m; the leading part stored in place is read so */
+        const int r = root[m], depth = pos[m] - pos[r];
+        int path[VSK_ATTENTION_ROWS];
+        for (int node = m, j = depth; j >= 0; node = parent[node], j--) path[j] = node;
+        int k = 0;
+        while (k <= depth && at[path[k]] == pos[r] + k) k++;
+        direct[m] = pos[r] + k;
+        for (int j = k; j <= depth; j++) tail[(size_t)m * VSK_ATTENTION_ROWS + j - k] = at[path[j]];
+    }
+    const vsk_pass_rows rows = {slot, pos, at, direct, tail};
+    if (!status) status = stack_forward(md, c, x, M, &rows, scratch);
+    free(at);
+    return status;
 }

@@ -35,9 +35,17 @@ typedef struct {
     int half;
 } vsk_cache;
 
+/* a pass's rows: cache slot and position of each, and for token trees (else NULL) where each is stored and what
+ * its attention reads in place and elsewhere (vsk_attention_t's direct and tail) */
+typedef struct {
+    const int *slot, *pos, *at, *direct, *tail;
+} vsk_pass_rows;
+
 VSK_API size_t vsk_stack_scratch_bytes(const vsk_model *md, int M);
 VSK_API int vsk_stack_forward(const vsk_model *md, const vsk_cache *c, float *x, int M, const int *slot, const int *pos,
                               uint8_t *scratch);
+VSK_API int vsk_stack_forward_tree(const vsk_model *md, const vsk_cache *c, float *x, int M, const int *slot,
+                                   const int *pos, const int *parent, uint8_t *scratch);
 /* a monotonic clock in seconds; greedy steps add their heads' product time to the stack's timing */
 double vsk_seconds(void);
 void vsk_count_head_seconds(double seconds);
