@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 import torch
 
-from verispec.decoding.acceptance import verify_greedy, verify_sampled
+from verispec.decoding.acceptance import verify_greedy, verify_sampled, verify_tree
 from verispec.decoding.sampling import SamplingParams, probs_from_logits, sample
 
 from distributions import random_distribution, total_variation
@@ -120,3 +120,67 @@ def test_greedy_is_the_one_hot_case_of_the_sampled_rule():
         d = torch.tensor(draft)
         q = torch.nn.functional.one_hot(d, VOCAB).float()
         assert verify_sampled(d, q, p, g) == verify_greedy(d, logits)
+
+
+# A token tree over a vocabulary of 6: after the context, nodes 0 (token 1) and 1 (token 3); node 2 (token 2)
+# after node 0; node 3 (token 4) after node 2; node 4 (token 1) after node 1. Rows: 0 the context, i + 1 node i.
+TREE_TOKENS, TREE_PARENTS = [1, 3, 2, 4, 1], [-1, -1, 0, 2, 1]
+
+
+def _tree_samples(p: torch.Tensor, choose_rule) -> Counter:
+    """The first two emitted tokens of SAMPLES walks of the tree (a walk that stops emits one more token)."""
+    generator = torch.Generator().manual_seed(7)
+    pairs: Counter = Counter()
+    for _ in range(SAMPLES):
+        path, next_token = verify_tree(TREE_TOKENS, TREE_PARENTS, lambda row: choose_rule(p, row, generator))
+        emitted = [TREE_TOKENS[row - 1] for row in path] + [next_token]
+        pairs[tuple(emitted[:2])] += 1  # one token where the walk stopped at once
+    return pairs
+
+
+def _exact_pairs(p: torch.Tensor) -> dict:
+    """The target's own law of the first two tokens (the second only where the first was drafted: else the walk
+    stops after one)."""
+    exact = {}
+    for first in range(p.shape[1]):
+        child = {1: 1, 3: 2}.get(first)  # the row after the first token, where the tree continues
+        if child is None:
+            exact[(first,)] = float(p[0, first])
+            continue
+        for second in range(p.shape[1]):
+            exact[(first, second)] = float(p[0, first] * p[child, second])
+    return exact
+
+
+def test_a_token_tree_walk_gives_the_target_distribution():
+    """Sampling the target's token at each node and following the matching child: the first two tokens follow the
+    target's law exactly (within TOLERANCE over SAMPLES walks)."""
+    generator = torch.Generator().manual_seed(3)
+    p = torch.stack([random_distribution(6, generator) for _ in range(len(TREE_TOKENS) + 1)])
+    pairs = _tree_samples(p, lambda p, row, g: int(sample(p[row], g)))
+    assert total_variation(pairs, _exact_pairs(p), SAMPLES) < TOLERANCE
+
+
+def test_negative_control_a_tree_walk_that_favours_drafted_children_is_detected():
+    """A wrong rule, taking the first drafted child (token 1) outright half the time, is far from the target's
+    law."""
+    generator = torch.Generator().manual_seed(3)
+    p = torch.stack([random_distribution(6, generator) for _ in range(len(TREE_TOKENS) + 1)])
+
+    def biased(p, row, g):
+        if row == 0 and torch.rand(1, generator=g).item() < 0.5:
+            return TREE_TOKENS[0]
+        return int(sample(p[row], g))
+
+    pairs = _tree_samples(p, biased)
+    assert total_variation(pairs, _exact_pairs(p), SAMPLES) > TOLERANCE
+
+
+def test_a_greedy_tree_walk_follows_the_argmax_through_the_tree():
+    choices = {0: 3, 2: 1, 5: 9}  # row -> the target's argmax there
+    path, next_token = verify_tree(TREE_TOKENS, TREE_PARENTS, lambda row: choices[row])
+    assert path == [2, 5] and next_token == 9  # node 1 (token 3), node 4 (token 1), then the target's 9
+    path, next_token = verify_tree(TREE_TOKENS, TREE_PARENTS, lambda row: 0)
+    assert path == [] and next_token == 0
+    path, next_token = verify_tree([], [], lambda row: 5)
+    assert path == [] and next_token == 5

@@ -108,7 +108,7 @@ def run_logged(scheduler: Scheduler, requests: list[tuple[str, list[int]]], **ex
 
     def logged(seq, proposal, verdict):
         rounds.setdefault(seq.request.request_id, []).append(
-            (proposal.tokens.shape[0], verdict.accepted, proposal.looked_up)
+            (proposal.height, verdict.accepted, proposal.looked_up)  # a tree counts as its deepest path
         )
         return advance(seq, proposal, verdict)
 

@@ -244,3 +244,28 @@ def test_a_grammar_that_fails_while_generating_raises_rather_than_ending_the_ans
     narrow = GrammarSpec("grammar", "start: " + " | ".join(f'"o{i}"' for i in range(1500)) + "\n")
     text = speculative_generator(target, draft, method, 3).generate("x", max_tokens=6, grammar=narrow).text
     assert re.fullmatch(r"o\d+", text)
+
+
+def test_token_trees_under_a_grammar_give_plain_constrained_output(pair, monkeypatch):
+    """Suffix lookups propose token trees under a grammar too: each node's mask is its path's, nodes the grammar
+    rejects are dropped with their subtrees (the pass never sees them), and the greedy output is plain constrained
+    decoding's."""
+    target, _ = pair
+    generator = SpeculativeGenerator(target, None, num_speculative_tokens=4, speculative_method="suffix")
+    trees, dropped = [], []
+    verdict, tree_masks = generator.engine._tree_verdict, GrammarMatcher.tree_masks
+
+    def counting_masks(self, tokens, parents):
+        allowed, kept = tree_masks(self, tokens, parents)
+        assert allowed.shape[0] == len(kept) + 1
+        dropped.append(len(kept) < len(tokens))
+        return allowed, kept
+
+    monkeypatch.setattr(GrammarMatcher, "tree_masks", counting_masks)
+    generator.engine._tree_verdict = lambda *args: trees.append(1) or verdict(*args)
+    spec = GrammarSpec("regex", REGEX)
+    for prompt in ["ab c ba abx ab cx ab bax ab c", "cab cba cabx cab"] * 2:
+        ids = target.tokenizer.encode(prompt)
+        out = generator.generate(ids, max_tokens=30, grammar=spec)
+        assert out.token_ids == reference_constrained_greedy(target, ids, 30, spec), prompt
+    assert trees and any(dropped)

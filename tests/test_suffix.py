@@ -219,3 +219,52 @@ def test_lookups_go_on_when_the_policy_stops_the_draft_model(tiny, policy, monke
         assert output.stats.drafted == 0
     else:
         assert output.stats.drafted_by_lookup == output.stats.drafted > 0
+
+
+FORKING = ["abc abd abe abc abd abe abc ab", "x = 1\ny = 2\nx = 3\ny = 4\nx = 1\ny = 2\nx ="]
+
+
+def _run_counting_trees(scheduler, target, prompts, params=None, **options) -> tuple[list, int]:
+    """Each prompt alone, greedy unless `params`; the outputs, and how many rounds verified a token tree."""
+    trees = 0
+    verdict = scheduler._tree_verdict
+
+    def counted(*args):
+        nonlocal trees
+        trees += 1
+        return verdict(*args)
+
+    scheduler._tree_verdict = counted
+    outputs = []
+    for i, prompt in enumerate(prompts * 2):  # the second time, earlier outputs fork the index's continuations
+        events: list = []
+        ids = target.tokenizer.encode(prompt)
+        request = EngineRequest(f"{i}", ids, params or SamplingParams(), 40, events.append, ignore_eos=True, **options)
+        scheduler.submit(request)
+        scheduler.run_until_idle()
+        assert isinstance(events[-1], FinishEvent), events[-1]
+        outputs.append(events[-1].output)
+    return outputs, trees
+
+
+@pytest.mark.parametrize("trees", [True, False])
+def test_token_trees_give_plain_greedy_output(tiny, trees):
+    """Lookups after text that forked propose token trees, verified in one pass: the greedy output is plain
+    decoding's, with trees and without (the control: with them off, no round verifies a tree)."""
+    target, _ = tiny
+    plain = SpeculativeGenerator(target, None, max_seq_len=256, progress=False)
+    config = SchedulerConfig(max_num_seqs=1, max_model_len=256, speculative_method="suffix", token_trees=trees)
+    outputs, verified = _run_counting_trees(Scheduler(target, None, config), target, FORKING)
+    for output, prompt in zip(outputs, FORKING * 2, strict=True):
+        assert output.token_ids == plain.generate(prompt, max_tokens=40, ignore_eos=True).token_ids
+    assert (verified > 0) == trees
+
+
+def test_no_token_trees_for_requests_with_penalties(tiny):
+    """Penalties count the drafted tokens before each row (a row's own path, in a tree): such requests draft
+    chains. (A grammar's masks follow each node's path: test_grammar.py.)"""
+    target, _ = tiny
+    config = SchedulerConfig(max_num_seqs=1, max_model_len=256, speculative_method="suffix")
+    params = SamplingParams(frequency_penalty=0.5)
+    _, verified = _run_counting_trees(Scheduler(target, None, config), target, FORKING, params)
+    assert verified == 0

@@ -47,10 +47,12 @@ class SpeculativeGenerator:
         adaptive: bool = True,
         draft_vocab: int | None = None,
         draft_window: int = DEFAULT_DRAFT_WINDOW,
+        token_trees: bool = True,
     ):
         """`adaptive`: the engine's draft policy picks k = 0..num_speculative_tokens per step from measured
         costs (engine/policy.py); False drafts num_speculative_tokens every step. `draft_window`: the draft model
-        reads a long prompt's first tokens and its last `draft_window` only (0: all of it)."""
+        reads a long prompt's first tokens and its last `draft_window` only (0: all of it). `token_trees`: suffix
+        lookups may propose token trees (SchedulerConfig.token_trees)."""
         if speculative_method not in SPECULATIVE_METHODS:
             raise InvalidParameterError(
                 f"unknown speculative method '{speculative_method}' (choose from {', '.join(SPECULATIVE_METHODS)})"
@@ -70,6 +72,7 @@ class SpeculativeGenerator:
             draft_policy=("auto" if adaptive else "always") if speculates else "never",
             speculative_method=speculative_method, draft_vocab=draft_vocab, draft_window=draft_window,
             prefill_chunk=max_seq_len,  # one request: its whole prompt in one pass
+            token_trees=token_trees,
         )  # fmt: skip
         self.target, self.draft = load_pair(target, draft, dtype, device, progress, quantization, draft_quantization)
         self.tokenizer = self.target.tokenizer

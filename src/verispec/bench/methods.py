@@ -67,11 +67,14 @@ def _speculative_method(
     method: str, target: LoadedModel, draft: LoadedModel | None, k: int, max_seq_len: int, config: BenchConfig
 ) -> Method:
     base = method.removeprefix("auto-")
+    adaptive = base != method
+    trees = not base.endswith("-chains")  # token trees off: every lookup one chain
+    base = base.removesuffix("-chains")
     if base == "suffix-only":  # the suffix drafter without a draft model
         base, draft = "suffix", None
     generator = SpeculativeGenerator(
         target, draft, num_speculative_tokens=k, max_seq_len=max_seq_len,
-        progress=False, speculative_method=base, adaptive=base != method, draft_vocab=config.draft_vocab,
-        draft_window=config.draft_window,
+        progress=False, speculative_method=base, adaptive=adaptive, draft_vocab=config.draft_vocab,
+        draft_window=config.draft_window, token_trees=trees,
     )  # fmt: skip
     return Method(method_name(method, k), k, generator)

@@ -7,6 +7,11 @@ if all k pass emit a bonus token from p_{k+1}. The emitted tokens then follow p 
 
 A drafter without probabilities (n-gram lookup) is a point mass: q_i(d_i) = 1.
 Greedy decoding is the one-hot case: accept while d_i equals argmax p_i, then emit that argmax.
+
+A token tree of point masses (several lookups after one context, `verify_tree`) is verified by walking it: at each
+node take the target's own token (its argmax, or a sample from p at that node); follow the child drafted with that
+token, else emit it and stop. Every emitted token is then the target's own choice at its position, so the output
+is the target's (greedy) or follows p exactly (sampled), whatever the tree holds.
 """
 
 from __future__ import annotations
@@ -70,3 +75,20 @@ def expected_tokens_per_round(alpha: float, k: int) -> float:
     if alpha >= 1:
         return k + 1.0
     return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def verify_tree(tokens: list[int], parents: list[int], choose: Callable[[int], int]) -> tuple[list[int], int]:
+    """(the accepted path, next token) of a token tree of point masses: node i drafts tokens[i] after node
+    parents[i] (-1: after the context). `choose(row)` is the target's own token at a row of the verify pass
+    (row 0: after the context, row i + 1: after node i). The path lists the accepted nodes' rows, root to leaf."""
+    children: dict[int, dict[int, int]] = {}
+    for i, (token, parent) in enumerate(zip(tokens, parents, strict=True)):
+        children.setdefault(parent + 1, {}).setdefault(token, i + 1)  # a repeated sibling is never followed
+    path, row = [], 0
+    while True:
+        token = choose(row)
+        child = children.get(row, {}).get(token)
+        if child is None:
+            return path, token
+        path.append(child)
+        row = child

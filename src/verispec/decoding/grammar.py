@@ -284,6 +284,37 @@ class GrammarMatcher:
         self.seconds += time.perf_counter() - begin
         return torch.stack(rows), valid
 
+    def tree_masks(self, tokens: list[int], parents: list[int]) -> tuple[torch.Tensor, list[int]]:
+        """A token tree's masks (tokens[i] after node parents[i], -1: after the current state; parents first) and
+        the nodes the grammar allows: a node is kept when its parent is and its token is allowed there. Row 0 is
+        the mask at the current state, row i + 1 the mask after node i's path (a kept node's; the stop mask where
+        its token ends the sequence, whose children are dropped). The state is left as it was."""
+        begin = time.perf_counter()
+        children: dict[int, list[int]] = {}
+        for i, parent in enumerate(parents):
+            children.setdefault(parent, []).append(i)
+        rows: list[torch.Tensor | None] = [self._mask(), *([None] * len(tokens))]
+        kept: list[int] = []
+
+        def visit(node: int) -> None:  # node -1: the current state; the matcher stands after node's path
+            for child in children.get(node, []):
+                token = tokens[child]
+                if not rows[node + 1][token]:
+                    continue
+                kept.append(child)
+                if token in self.compiler.stop_ids or not self.matcher.consume_token(token):
+                    self._raise_if_failed()
+                    rows[child + 1] = self.compiler.stop_mask  # the sequence ends at this token
+                    continue
+                rows[child + 1] = self._mask()
+                visit(child)
+                self.matcher.rollback(1)
+
+        visit(-1)
+        self.seconds += time.perf_counter() - begin
+        kept.sort()
+        return torch.stack([rows[0], *(rows[i + 1] for i in kept)]), kept
+
     def _consume(self, tokens: list[int]) -> int:
         consumed = 0
         for token in tokens:

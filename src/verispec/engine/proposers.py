@@ -36,9 +36,15 @@ CATCH_UP_WIDTH = 4  # longer draft catch-ups (after drafting was suspended) run 
 
 
 def padded_forward(
-    model: Transformer, cache: KVCache, rows: list[list[int]], slots: list[int], draft_head: DraftHead | None = None
+    model: Transformer,
+    cache: KVCache,
+    rows: list[list[int]],
+    slots: list[int],
+    draft_head: DraftHead | None = None,
+    parents: list[list[int] | None] | None = None,
 ) -> list[torch.Tensor]:
     """One forward of all `rows` (row i appends to slot i); returns each row's logits [len(row), V] on the CPU.
+    `parents` (a verify pass): per row, its token tree's parents (Transformer.forward), or None for a chain.
 
     With a `draft_head` it is a draft's forward: that head, ordinary attention (a draft's rounding never has
     to match a decode step's, see Transformer.forward), logits over the head's own rows (`DraftHead.over_vocab`
@@ -47,8 +53,11 @@ def padded_forward(
     padded = [row + [PAD_TOKEN] * (width - len(row)) for row in rows]
     starts = [cache.lengths[slot] for slot in slots]
     batch = torch.tensor(padded, dtype=torch.long, device=model.device)
+    trees = None
+    if parents is not None and any(p is not None for p in parents):
+        trees = [[-1] * width if p is None else p + [-1] * (width - len(p)) for p in parents]
     if draft_head is None:
-        logits = model(batch, cache, slots).cpu()
+        logits = model(batch, cache, slots, parents=trees).cpu()
     else:
         logits = model(batch, cache, slots, invariant=False, head=draft_head.module).cpu()
     for slot, start, row in zip(slots, starts, rows, strict=True):
@@ -62,6 +71,19 @@ class Proposal:
     probs: torch.Tensor | None  # [k, target vocab] float32, None for a point-mass proposer
     looked_up: bool = False  # drafted by a lookup in the context, not by the draft model
     catch_up_seconds: float = 0.0  # the draft model's catch-up on this sequence's context before drafting
+    # a token tree (lookups only, probs None): tokens[i] follows parents[i] (-1: the context), parents first;
+    # None: a chain, each token after the one before
+    parents: list[int] | None = None
+
+    @property
+    def height(self) -> int:
+        """The most tokens a round can accept from it (a chain's length, a tree's deepest path)."""
+        if self.parents is None:
+            return self.tokens.shape[0]
+        depths: list[int] = []
+        for parent in self.parents:
+            depths.append(1 if parent < 0 else depths[parent] + 1)
+        return max(depths, default=0)
 
 
 def common_prefix(a: list[int], b: list[int], limit: int) -> int:
@@ -105,6 +127,7 @@ class DraftJob:
     lookup_k: int = 0  # the most a lookup may draft (suffix drafting; 0: k)
     lookup_alpha: float = 1.0  # the sequence's own chance that a looked-up token is accepted (suffix drafting)
     model_alpha: float = 0.0  # ... and that a token the draft model proposed is (suffix drafting)
+    tree: bool = False  # a lookup may propose a token tree (the target verifies trees for this sequence)
 
     @property
     def model_view(self) -> list[int]:

@@ -28,11 +28,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..decoding.acceptance import verify_greedy, verify_sampled
+from ..decoding.acceptance import verify_greedy, verify_sampled, verify_tree
 from ..decoding.adjustments import LogitAdjustments
 from ..decoding.grammar import GrammarCompiler, GrammarMatcher, start_with_grammar_stack
 from ..decoding.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, token_logprobs
-from ..decoding.sampling import probs_from_logits
+from ..decoding.sampling import probs_from_logits, sample
 from ..decoding.stats import GenerationStats, proposer_name
 from ..decoding.stopping import StopChecker
 from ..errors import InvalidParameterError, PromptTooLongError, VerispecError
@@ -86,6 +86,9 @@ class SchedulerConfig:
     # the draft model reads at most this many of a prompt's last tokens (after its first DRAFT_SINK); 0: all of it
     draft_window: int = 0
     suffix_cache_tokens: int = DEFAULT_INDEX_TOKENS  # earlier requests' tokens the suffix drafter keeps
+    # lookups may propose token trees, verified in one pass (suffix drafting; requests without penalties, on a
+    # target that takes trees: Transformer.takes_trees)
+    token_trees: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_queue < 0 or self.max_model_len < 2:
@@ -142,6 +145,7 @@ class Verdict:
     accepted: int  # drafted tokens kept
     next_token: int  # the target's own token after them
     logprobs: list[TokenLogprob] | None  # of the accepted tokens and the next one, when asked for
+    path: list[int] | None = None  # a token tree's accepted tokens (a chain's are its first `accepted`)
 
 
 class Scheduler:
@@ -499,6 +503,7 @@ class Scheduler:
                         seq.stats.accepted - seq.stats.accepted_by_lookup,
                         seq.stats.rejected - seq.stats.rejected_by_lookup,
                     ),
+                    self._takes_trees(seq),
                 ),
             )  # fmt: skip
             for i, (seq, k, limit) in enumerate(zip(seqs, ks, limits, strict=True))
@@ -524,6 +529,9 @@ class Scheduler:
             if seq.grammar is None or proposal is None:
                 masks.append(None)
                 continue
+            if proposal.parents is not None:
+                masks.append(self._constrain_tree(seqs, proposals, i))
+                continue
             found = self._guarded(seq, seq.grammar.masks, proposal.tokens.tolist())
             if found is None:
                 proposals[i] = None
@@ -537,6 +545,21 @@ class Scheduler:
             masks.append(allowed)
         return masks
 
+    def _constrain_tree(self, seqs: list[Sequence], proposals: list[Proposal | None], i: int) -> torch.Tensor | None:
+        """A token tree's masks, its nodes the grammar rejects (and their subtrees) dropped and the rest renumbered
+        (a tree cut stays its proposer's); None, and no proposal, when the sequence failed."""
+        proposal = proposals[i]
+        found = self._guarded(seqs[i], seqs[i].grammar.tree_masks, proposal.tokens.tolist(), proposal.parents)
+        if found is None:
+            proposals[i] = None
+            return None
+        allowed, kept = found
+        if len(kept) < proposal.tokens.shape[0]:
+            number = {node: j for j, node in enumerate(kept)}
+            parents = [-1 if proposal.parents[node] < 0 else number[proposal.parents[node]] for node in kept]
+            proposals[i] = replace(proposal, tokens=proposal.tokens[kept], parents=parents)
+        return allowed
+
     def _verify(
         self, seqs: list[Sequence], proposals: list[Proposal | None], masks: list[torch.Tensor | None]
     ) -> list[Verdict | None]:
@@ -546,8 +569,18 @@ class Scheduler:
         verdicts: list[Verdict | None] = [None] * len(seqs)
         if not live:
             return verdicts
-        rows = [seqs[i].tokens[self.cache.lengths[seqs[i].slot] :] + proposals[i].tokens.tolist() for i in live]
-        all_logits = padded_forward(self.target.model, self.cache, rows, [seqs[i].slot for i in live])
+        rows, parents = [], []
+        for i in live:
+            pending = seqs[i].tokens[self.cache.lengths[seqs[i].slot] :]
+            rows.append(pending + proposals[i].tokens.tolist())
+            tree = proposals[i].parents
+            # a tree's root is the last pending token: node j's row is len(pending) + j
+            root = len(pending) - 1
+            parents.append(
+                None if tree is None else [-1] * len(pending) + [root + 1 + p if p >= 0 else root for p in tree]
+            )
+        slots = [seqs[i].slot for i in live]
+        all_logits = padded_forward(self.target.model, self.cache, rows, slots, parents=parents)
         for i, raw in zip(live, all_logits, strict=True):
             verdicts[i] = self._guarded(seqs[i], self._verdict, seqs[i], proposals[i], raw, masks[i])
         return verdicts
@@ -557,6 +590,8 @@ class Scheduler:
         acceptance; its cache rolled back to the accepted length."""
         k = proposal.tokens.shape[0]
         raw = raw[-(k + 1) :]
+        if proposal.parents is not None:
+            return self._tree_verdict(seq, proposal, raw, mask)
         params = seq.request.params
         logits = seq.adjustments.apply(raw, proposal.tokens.tolist())
         if mask is not None:
@@ -573,13 +608,44 @@ class Scheduler:
             logprobs = token_logprobs(raw[: accepted + 1], emitted, seq.request.logprobs)
         return Verdict(accepted, next_token, logprobs)
 
+    def _tree_verdict(self, seq: Sequence, proposal: Proposal, raw: torch.Tensor, mask: torch.Tensor | None) -> Verdict:
+        """A token tree's verdict (verify_tree): rows [root, node 0, ...] adjusted by the request's logit_bias (a
+        tree is drafted only without penalties, which would count each row's own path) and masked by its grammar
+        (each row's mask is its path's: _constrain_tree); its cache keeps the accepted path where a chain's would
+        lie."""
+        params = seq.request.params
+        logits = seq.adjustments.apply(raw)
+        if mask is not None:
+            logits = logits.masked_fill(~mask, float("-inf"))
+        if params.greedy:
+            choices = argmax_rows(logits).tolist()
+            path, next_token = verify_tree(proposal.tokens.tolist(), proposal.parents, lambda row: choices[row])
+        else:
+            probs = probs_from_logits(logits, params)
+            path, next_token = verify_tree(
+                proposal.tokens.tolist(), proposal.parents, lambda row: int(sample(probs[row], seq.rng))
+            )
+        root = len(seq.tokens) - 1
+        self.cache.keep_path(seq.slot, root, [0, *path])
+        tokens = [int(proposal.tokens[row - 1]) for row in path]
+        logprobs = None
+        if seq.request.logprobs is not None:
+            logprobs = token_logprobs(raw[[0, *path]], [*tokens, next_token], seq.request.logprobs)
+        return Verdict(len(path), next_token, logprobs, tokens)
+
+    def _takes_trees(self, seq: Sequence) -> bool:
+        return self.config.token_trees and not seq.adjustments.penalises and self.target.model.takes_trees
+
     def _advance(self, seq: Sequence, proposal: Proposal, verdict: Verdict) -> None:
-        k, accepted = proposal.tokens.shape[0], verdict.accepted
+        # a tree counts as its deepest path: the positions it offered (its other branches are not tokens it
+        # could have added), so acceptance per position reads as a chain's
+        k, accepted = proposal.height, verdict.accepted
         seq.stats.record_round(k, accepted, proposal.looked_up)
         seq.stats.time_catch_up += proposal.catch_up_seconds
         self.metrics.record_round(k, accepted, proposer_name(proposal.looked_up))
         self.policy.record_round(k, accepted)
-        emitted = [*proposal.tokens[:accepted].tolist(), verdict.next_token]
+        drafted = proposal.tokens[:accepted].tolist() if verdict.path is None else verdict.path
+        emitted = [*drafted, verdict.next_token]
         if seq.grammar is not None:
             seq.grammar.advance([t for t in emitted if not seq.stopper.is_stop_token(t)])
         for i, token in enumerate(emitted):

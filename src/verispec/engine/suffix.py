@@ -79,7 +79,8 @@ class _Followed:
 class Lookup:
     tokens: list[int]
     match: int  # the matched suffix's length
-    expected: float = 0.0  # the tokens of it expected to be accepted: the sum of score_j x alpha^j
+    expected: float = 0.0  # the tokens of it expected to be accepted: the sum of each node's score x alpha^depth
+    parents: list[int] | None = None  # a token tree's (Proposal.parents); None for a chain
 
 
 def estimated_alpha(accepted: int, rejected: int) -> float:
@@ -87,12 +88,19 @@ def estimated_alpha(accepted: int, rejected: int) -> float:
     return smoothed_acceptance(accepted, rejected, PRIOR, PRIOR_WEIGHT)
 
 
-def best_lookup(tries: list[SuffixTrie], context: list[int], most: int, alpha: float = 1.0) -> Lookup | None:
+def best_lookup(
+    tries: list[SuffixTrie], context: list[int], most: int, alpha: float = 1.0, tree: bool = False
+) -> Lookup | None:
     """The draft of the longest match among `tries` (the first trie wins a tie), or None below MIN_MATCH.
 
     Its j-th token is kept while its frequency score times alpha^j stays above MIN_SCORE: in text the sequence
     does not copy (a summary of its prompt), matches are short-lived and a long draft would widen every verify
-    pass for nothing; in text it copies, alpha stays near 1 and the draft runs to its length."""
+    pass for nothing; in text it copies, alpha stays near 1 and the draft runs to its length.
+
+    With `tree`, the `most` likeliest continuations form a token tree (every continuation seen after the match,
+    best first, each node's score the product of frequencies along its path), kept by the same rule at each
+    node's depth: where the text went one way every time the tree is the chain; where it forked, the verify pass
+    tries the branches side by side instead of betting on one."""
     best: tuple[int, SuffixTrie, int] | None = None
     for trie in tries:
         node, length = trie.match(context, MATCH_MAX)
@@ -102,10 +110,33 @@ def best_lookup(tries: list[SuffixTrie], context: list[int], most: int, alpha: f
         return None
     node, trie, length = best
     budget = min(most, LOOKUP_MAX, math.ceil(FACTOR * length))
-    found = trie.candidates(node, budget, MIN_SCORE, chain=True)
+    found = trie.candidates(node, budget, MIN_SCORE, chain=not tree)
+    if tree:
+        return _tree_lookup(found.tokens, found.parents, found.scores, length, alpha)
     chances = [score * alpha ** (j + 1) for j, score in enumerate(found.scores)]
     kept = next((j for j, chance in enumerate(chances) if chance < MIN_SCORE), len(chances))
     return Lookup(found.tokens[:kept], length, sum(chances[:kept])) if kept else None
+
+
+def _tree_lookup(tokens: list[int], parents: list[int], scores: list[float], match: int, alpha: float) -> Lookup | None:
+    """The nodes (parents first) whose chance, score x alpha^depth, stays above MIN_SCORE, renumbered."""
+    kept: dict[int, int] = {}  # candidate index -> its index among the kept
+    depths: dict[int, int] = {}
+    out_tokens, out_parents, expected = [], [], 0.0
+    for i, (token, parent, score) in enumerate(zip(tokens, parents, scores, strict=True)):
+        if parent >= 0 and parent not in kept:
+            continue
+        depths[i] = 1 if parent < 0 else depths[parent] + 1
+        chance = score * alpha ** depths[i]
+        if chance < MIN_SCORE:
+            continue
+        kept[i] = len(out_tokens)
+        out_tokens.append(token)
+        out_parents.append(-1 if parent < 0 else kept[parent])
+        expected += chance
+    if not out_tokens:
+        return None
+    return Lookup(out_tokens, match, expected, out_parents)
 
 
 def model_expects(job: DraftJob) -> float:
@@ -143,7 +174,13 @@ class BatchedSuffixDrafter:
     def propose(self, jobs: list[DraftJob]) -> list[Proposal]:
         found = [
             self._lookup(
-                job.slot, job.key, job.tokens, job.lookup_k or job.k, not seeded_sampling(job), job.lookup_alpha
+                job.slot,
+                job.key,
+                job.tokens,
+                job.lookup_k or job.k,
+                not seeded_sampling(job),
+                job.lookup_alpha,
+                job.tree,
             )
             for job in jobs
         ]
@@ -165,7 +202,9 @@ class BatchedSuffixDrafter:
         proposals = []
         for job, lookup in zip(jobs, found, strict=True):
             if lookup is not None:
-                proposals.append(Proposal(torch.tensor(lookup.tokens, dtype=torch.long), None, True))
+                tokens = torch.tensor(lookup.tokens, dtype=torch.long)
+                chain = lookup.parents is None or lookup.parents == list(range(-1, len(lookup.tokens) - 1))
+                proposals.append(Proposal(tokens, None, True, parents=None if chain else lookup.parents))
             elif job.k and self.model is not None:
                 proposals.append(next(modelled))
             else:
@@ -181,11 +220,18 @@ class BatchedSuffixDrafter:
         self.index.add(output)
 
     def _lookup(
-        self, slot: int, key: str | None, tokens: list[int], most: int, shared: bool = True, alpha: float = 1.0
+        self,
+        slot: int,
+        key: str | None,
+        tokens: list[int],
+        most: int,
+        shared: bool = True,
+        alpha: float = 1.0,
+        tree: bool = False,
     ) -> Lookup | None:
         own = self._followed(slot, key, tokens)
         tries = [own.trie] if own is not None else []
-        return best_lookup([*tries, self.index.trie] if shared else tries, tokens, most, alpha)
+        return best_lookup([*tries, self.index.trie] if shared else tries, tokens, most, alpha, tree)
 
     def _followed(self, slot: int, key: str | None, tokens: list[int]) -> _Followed | None:
         """The slot's own trie, fed up to all but the last of `tokens` (the last has no continuation yet); a new
