@@ -60,7 +60,8 @@ def _fuzz(client, operation, statuses: dict[int, int]) -> None:
 def test_the_schema_says_what_the_server_does(tiny):
     """Each disagreement a schema-driven probe found: `n: null` was accepted though the schema typed it integer;
     `{"prompt": ""}` was valid by the schema but refused; no 4xx was documented; /metrics was declared JSON but
-    served as text; a 405 lost its Allow header."""
+    served as text; a 405 lost its Allow header; a stream's events were declared strings (before OpenAPI 3.2 a
+    text/event-stream schema describes each event: an object with its data)."""
     from fastapi.testclient import TestClient
 
     from verispec.engine.scheduler import Scheduler, SchedulerConfig
@@ -85,3 +86,8 @@ def test_the_schema_says_what_the_server_does(tiny):
         )
         refused = client.delete("/v1/completions")
         assert refused.status_code == 405 and refused.headers["allow"] == "POST"
+        operation = schemathesis.openapi.from_asgi("/openapi.json", app)["/v1/completions"]["POST"]
+        case = operation.Case(body={"prompt": "hi", "max_tokens": 3, "stream": True})
+        streamed = client.post("/v1/completions", json=case.body)
+        assert streamed.headers["content-type"].startswith("text/event-stream")
+        case.validate_response(streamed, checks=RESPONSE_CHECKS)

@@ -41,6 +41,14 @@ HEADERS = {
 }
 
 
+# one server-sent event of a stream (before OpenAPI 3.2 a text/event-stream schema describes each event): a chunk
+# as JSON text, an error event's JSON, or the final [DONE]
+SSE_EVENT = {
+    "type": "object",
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}},
+    "required": ["data"],
+}
+
 def openapi_schema(app: FastAPI) -> dict:
     if app.openapi_schema is None:
         app.openapi_schema = _build(app)
@@ -70,7 +78,7 @@ def _build(app: FastAPI) -> dict:
                 body = {"application/json": {"schema": requests[(REQUEST_MODELS[path], "validation")]}}
                 operation["requestBody"] = {"required": True, "content": body}
                 reply = responses[(RESPONSE_MODELS[path], "serialization")]
-                content = {"application/json": {"schema": reply}, "text/event-stream": {"schema": {"type": "string"}}}
+                content = {"application/json": {"schema": reply}, "text/event-stream": {"schema": SSE_EVENT}}
                 description = "the completion; with stream: true, server-sent events of its chunks"
                 operation["responses"]["200"] = {"description": description, "content": content}
                 errors = errors | POST_ERRORS
