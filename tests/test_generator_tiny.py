@@ -181,6 +181,8 @@ def _exact_first_two(model, prompt_ids, params) -> dict:
         ("draft", False, [5, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3], 2),  # the draft reads 4 + 2 of the 11 prompt tokens
         ("suffix", False, [0, 1, 2, 0, 1, 2, 0, 1], 0),  # lookups in the repeating prompt, the draft elsewhere
         ("suffix", True, [0, 1, 2, 0, 1, 2, 0, 1], 0),  # the policy's k for the draft; lookups even at k = 0
+        # "5 0 1" went on two ways: token trees, the lookups alone (the draft model would win a 50:50 lookup)
+        ("suffix-trees", False, [5, 0, 1, 2, 5, 0, 1, 3, 5, 0, 1], 0),
     ],
 )
 def test_sampled_speculative_decoding_follows_the_target_distribution(params, method, adaptive, prompt_ids, window):
@@ -191,19 +193,25 @@ def test_sampled_speculative_decoding_follows_the_target_distribution(params, me
     tokenizer.stop_token_ids = frozenset()  # no EOS: the first two tokens always exist
     target = tiny_loaded(target_model, tokenizer)
     exact = _exact_first_two(target_model, prompt_ids, params)
+    trees_on = method.endswith("-trees")
+    draft = None if trees_on else tiny_loaded(draft_model, tokenizer)
     generator = SpeculativeGenerator(
-        target, tiny_loaded(draft_model, tokenizer), num_speculative_tokens=3, speculative_method=method,
-        adaptive=adaptive, draft_window=window,
+        target, draft, num_speculative_tokens=3,
+        speculative_method=method.removesuffix("-trees"), adaptive=adaptive, draft_window=window,
+        token_trees=trees_on,
     )  # fmt: skip
+    trees, verdict = [], generator.engine._tree_verdict
+    generator.engine._tree_verdict = lambda *args: trees.append(1) or verdict(*args)
     counts, accepted, drafted = Counter(), 0, 0
     for seed in range(RUNS):
-        out = generator.generate(prompt_ids, max_tokens=2, temperature=params.temperature, top_k=params.top_k,
-                                 top_p=params.top_p, seed=seed)  # fmt: skip
-        counts[tuple(out.token_ids)] += 1
+        # a third token lets a first round draft two (a tree needs two nodes); the first two are still counted
+        out = generator.generate(prompt_ids, max_tokens=2 + trees_on, temperature=params.temperature,
+                                 top_k=params.top_k, top_p=params.top_p, seed=seed)  # fmt: skip
+        counts[tuple(out.token_ids[:2])] += 1
         accepted, drafted = accepted + out.stats.accepted, drafted + out.stats.drafted
-    assert drafted > 0
+    assert drafted > 0 and bool(trees) == trees_on
     # a looked-up token (a point mass) may lie outside the target's top-k: then it is always rejected
-    assert accepted > 0 or (method in ("hybrid", "suffix") and params.top_k)
+    assert accepted > 0 or (method in ("hybrid", "suffix", "suffix-trees") and params.top_k)
     assert total_variation(counts, exact, RUNS) < TOLERANCE
     # the test can fail: the draft's own distribution is measurably different at this sample size
     assert total_variation(counts, _exact_first_two(draft_model, prompt_ids, params), RUNS) > TOLERANCE

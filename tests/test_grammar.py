@@ -251,7 +251,9 @@ def test_token_trees_under_a_grammar_give_plain_constrained_output(pair, monkeyp
     rejects are dropped with their subtrees (the pass never sees them), and the greedy output is plain constrained
     decoding's."""
     target, _ = pair
-    generator = SpeculativeGenerator(target, None, num_speculative_tokens=4, speculative_method="suffix")
+    generator = SpeculativeGenerator(
+        target, None, num_speculative_tokens=4, speculative_method="suffix", token_trees=True
+    )
     trees, dropped = [], []
     verdict, tree_masks = generator.engine._tree_verdict, GrammarMatcher.tree_masks
 

@@ -264,7 +264,9 @@ def test_no_token_trees_for_requests_with_penalties(tiny):
     """Penalties count the drafted tokens before each row (a row's own path, in a tree): such requests draft
     chains. (A grammar's masks follow each node's path: test_grammar.py.)"""
     target, _ = tiny
-    config = SchedulerConfig(max_num_seqs=1, max_model_len=256, speculative_method="suffix")
+    config = SchedulerConfig(max_num_seqs=1, max_model_len=256, speculative_method="suffix", token_trees=True)
     params = SamplingParams(frequency_penalty=0.5)
     _, verified = _run_counting_trees(Scheduler(target, None, config), target, FORKING, params)
     assert verified == 0
+    _, verified = _run_counting_trees(Scheduler(target, None, config), target, FORKING)  # the control
+    assert verified > 0

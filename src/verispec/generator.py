@@ -47,7 +47,7 @@ class SpeculativeGenerator:
         adaptive: bool = True,
         draft_vocab: int | None = None,
         draft_window: int = DEFAULT_DRAFT_WINDOW,
-        token_trees: bool = True,
+        token_trees: bool = False,
     ):
         """`adaptive`: the engine's draft policy picks k = 0..num_speculative_tokens per step from measured
         costs (engine/policy.py); False drafts num_speculative_tokens every step. `draft_window`: the draft model

@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--methods",
         default="plain,draft",
         help="comma-separated: plain, draft, ngram, hybrid, suffix, suffix-only (suffix lookups without the draft "
-        "model), suffix-chains and suffix-only-chains (token trees off); auto-X picks the draft model's k per "
+        "model), suffix-trees and suffix-only-trees (token trees on); auto-X picks the draft model's k per "
         "round (at most --k)",
     )
     parser.add_argument("--k", default=None, help="draft tokens per target pass, e.g. 2,4,6,8 (one method per k)")

@@ -13,9 +13,9 @@ from ..generator import DEFAULT_DRAFT_VOCAB, DEFAULT_DRAFT_WINDOW
 # ngram: prompt lookup, no draft model; hybrid: prompt lookup where it matches, the draft model elsewhere;
 # suffix: lookups in the context and earlier outputs (engine/suffix.py), the draft model elsewhere; suffix-only:
 # the lookups alone; auto-X: method X with k chosen each step from measured costs (engine/policy.py), k from --k
-# as the most (a lookup may draft more: engine/suffix.py); X-chains: suffix or suffix-only with token trees off
-# (every lookup one chain), to measure what the trees add
-SPECULATIVE = ("draft", "ngram", "hybrid", "suffix", "suffix-only", "suffix-chains", "suffix-only-chains")
+# as the most (a lookup may draft more: engine/suffix.py); X-trees: suffix or suffix-only with token trees on
+# (--token-trees), to measure what the trees add
+SPECULATIVE = ("draft", "ngram", "hybrid", "suffix", "suffix-only", "suffix-trees", "suffix-only-trees")
 METHODS = ("plain", *SPECULATIVE, *(f"auto-{m}" for m in SPECULATIVE))
 PEERS = ("hf", "llamacpp", "llamacpp-native")
 PEER_FAMILIES = ("hf", "llamacpp", "llama.cpp")  # contender names start with these (hf-plain, llama.cpp-draft, ...)
@@ -65,7 +65,7 @@ class BenchConfig:
 
     @property
     def uses_draft(self) -> bool:
-        return any(m.removeprefix("auto-") in ("draft", "hybrid", "suffix", "suffix-chains") for m in self.methods)
+        return any(m.removeprefix("auto-") in ("draft", "hybrid", "suffix", "suffix-trees") for m in self.methods)
 
     @property
     def speculates(self) -> bool:

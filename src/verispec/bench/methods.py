@@ -68,8 +68,8 @@ def _speculative_method(
 ) -> Method:
     base = method.removeprefix("auto-")
     adaptive = base != method
-    trees = not base.endswith("-chains")  # token trees off: every lookup one chain
-    base = base.removesuffix("-chains")
+    trees = base.endswith("-trees")  # token trees on (--token-trees)
+    base = base.removesuffix("-trees")
     if base == "suffix-only":  # the suffix drafter without a draft model
         base, draft = "suffix", None
     generator = SpeculativeGenerator(

@@ -87,8 +87,8 @@ class SchedulerConfig:
     draft_window: int = 0
     suffix_cache_tokens: int = DEFAULT_INDEX_TOKENS  # earlier requests' tokens the suffix drafter keeps
     # lookups may propose token trees, verified in one pass (suffix drafting; requests without penalties, on a
-    # target that takes trees: Transformer.takes_trees)
-    token_trees: bool = True
+    # target that takes trees: Transformer.takes_trees). Off by default: measured not to pay (docs/repetition.md)
+    token_trees: bool = False
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_queue < 0 or self.max_model_len < 2:

@@ -49,6 +49,7 @@ SSE_EVENT = {
     "required": ["data"],
 }
 
+
 def openapi_schema(app: FastAPI) -> dict:
     if app.openapi_schema is None:
         app.openapi_schema = _build(app)
