@@ -194,6 +194,8 @@ def test_sampled_speculative_decoding_follows_the_target_distribution(params, me
     target = tiny_loaded(target_model, tokenizer)
     exact = _exact_first_two(target_model, prompt_ids, params)
     trees_on = method.endswith("-trees")
+    if trees_on and params.top_k:
+        pytest.skip("a filtered distribution takes the same tree walk; one sampled tree case bounds the suite's time")
     draft = None if trees_on else tiny_loaded(draft_model, tokenizer)
     generator = SpeculativeGenerator(
         target, draft, num_speculative_tokens=3,
@@ -204,8 +206,8 @@ def test_sampled_speculative_decoding_follows_the_target_distribution(params, me
     generator.engine._tree_verdict = lambda *args: trees.append(1) or verdict(*args)
     counts, accepted, drafted = Counter(), 0, 0
     for seed in range(RUNS):
-        # a third token lets a first round draft two (a tree needs two nodes); the first two are still counted
-        out = generator.generate(prompt_ids, max_tokens=2 + trees_on, temperature=params.temperature,
+        # more tokens leave a lookup rows for branches past its chain (of 2 x the match); the first two are counted
+        out = generator.generate(prompt_ids, max_tokens=10 if trees_on else 2, temperature=params.temperature,
                                  top_k=params.top_k, top_p=params.top_p, seed=seed)  # fmt: skip
         counts[tuple(out.token_ids[:2])] += 1
         accepted, drafted = accepted + out.stats.accepted, drafted + out.stats.drafted

@@ -97,10 +97,8 @@ def best_lookup(
     does not copy (a summary of its prompt), matches are short-lived and a long draft would widen every verify
     pass for nothing; in text it copies, alpha stays near 1 and the draft runs to its length.
 
-    With `tree`, the `most` likeliest continuations form a token tree (every continuation seen after the match,
-    best first, each node's score the product of frequencies along its path), kept by the same rule at each
-    node's depth: where the text went one way every time the tree is the chain; where it forked, the verify pass
-    tries the branches side by side instead of betting on one."""
+    With `tree`, the rows a pass of `most` + 1 has left after the chain hold branches off it (_with_branches):
+    where the text forked, the verify pass also tries the other continuations."""
     best: tuple[int, SuffixTrie, int] | None = None
     for trie in tries:
         node, length = trie.match(context, MATCH_MAX)
@@ -110,33 +108,48 @@ def best_lookup(
         return None
     node, trie, length = best
     budget = min(most, LOOKUP_MAX, math.ceil(FACTOR * length))
-    found = trie.candidates(node, budget, MIN_SCORE, chain=not tree)
-    if tree:
-        return _tree_lookup(found.tokens, found.parents, found.scores, length, alpha)
+    found = trie.candidates(node, budget, MIN_SCORE, chain=True)
     chances = [score * alpha ** (j + 1) for j, score in enumerate(found.scores)]
     kept = next((j for j, chance in enumerate(chances) if chance < MIN_SCORE), len(chances))
-    return Lookup(found.tokens[:kept], length, sum(chances[:kept])) if kept else None
+    if not kept:
+        return None
+    chain = Lookup(found.tokens[:kept], length, sum(chances[:kept]))
+    room = min(most, LOOKUP_MAX) - kept
+    if not tree or room <= 0:
+        return chain
+    alternatives = trie.candidates(node, kept + room, MIN_SCORE, chain=False)
+    return _with_branches(chain, alternatives.tokens, alternatives.parents, alternatives.scores, alpha, room)
 
 
-def _tree_lookup(tokens: list[int], parents: list[int], scores: list[float], match: int, alpha: float) -> Lookup | None:
-    """The nodes (parents first) whose chance, score x alpha^depth, stays above MIN_SCORE, renumbered."""
-    kept: dict[int, int] = {}  # candidate index -> its index among the kept
+def _with_branches(
+    chain: Lookup, tokens: list[int], parents: list[int], scores: list[float], alpha: float, room: int
+) -> Lookup:
+    """The chain, then up to `room` more nodes off it: the likeliest other continuations (a tree's candidates,
+    best first), each kept while its score x alpha^depth stays above MIN_SCORE. The chain keeps its whole length:
+    branches only use rows a 16-row pass has left (a tree that split the chain's budget measured slower)."""
+    out_tokens, out_parents, expected = list(chain.tokens), list(range(-1, len(chain.tokens) - 1)), chain.expected
+    on_chain: dict[int, int] = {}  # candidate -> its chain position
+    added: dict[int, int] = {}  # candidate -> its node among the branches
     depths: dict[int, int] = {}
-    out_tokens, out_parents, expected = [], [], 0.0
     for i, (token, parent, score) in enumerate(zip(tokens, parents, scores, strict=True)):
-        if parent >= 0 and parent not in kept:
+        if parent >= 0 and parent not in on_chain and parent not in added:
             continue
         depths[i] = 1 if parent < 0 else depths[parent] + 1
-        chance = score * alpha ** depths[i]
-        if chance < MIN_SCORE:
+        position = 0 if parent < 0 else on_chain.get(parent, -1) + 1
+        if (parent < 0 or parent in on_chain) and position < len(chain.tokens) and token == chain.tokens[position]:
+            on_chain[i] = position
             continue
-        kept[i] = len(out_tokens)
+        chance = score * alpha ** depths[i]
+        if room == 0 or chance < MIN_SCORE:
+            continue
+        added[i] = len(out_tokens)
         out_tokens.append(token)
-        out_parents.append(-1 if parent < 0 else kept[parent])
+        out_parents.append(-1 if parent < 0 else on_chain[parent] if parent in on_chain else added[parent])
         expected += chance
-    if not out_tokens:
-        return None
-    return Lookup(out_tokens, match, expected, out_parents)
+        room -= 1
+    if len(out_tokens) == len(chain.tokens):
+        return chain
+    return Lookup(out_tokens, chain.match, expected, out_parents)
 
 
 def model_expects(job: DraftJob) -> float:
