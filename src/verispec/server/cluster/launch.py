@@ -81,8 +81,8 @@ def build_application(args: argparse.Namespace, model_name: str, allowed_hosts: 
     from .router import PrefixAffinityRouter
 
     cpus = args.cpus_per_replica or 1.0
-    if args.threads is None:
-        args.threads = max(1, int(cpus))
+    if args.threads is None:  # each replica's copy of the arguments; the caller's stay as given
+        args = argparse.Namespace(**{**vars(args), "threads": max(1, int(cpus))})
     capacity = args.max_num_seqs + args.max_queue  # a replica never gets more than its slots and queue hold
     router = RequestRouterConfig(
         request_router_class=PrefixAffinityRouter,
