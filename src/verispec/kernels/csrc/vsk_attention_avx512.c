@@ -199,21 +199,6 @@ static void tile_sums(const float *const *w, int count, const float *v, int n, i
     }
 }
 
-/* keys or values [n][D] of a cache at the positions at[0 .. n) (element `base` is position 0) as float32 rows in
- * `buffer`: a tree row's ancestors, which need not lie side by side */
-static const float *gathered(const void *cache, size_t base, const int *at, int n, int D, int half, float *buffer) {
-    for (int j = 0; j < n; j++) {
-        const size_t from = base + (size_t)at[j] * D;
-        float *to = buffer + (size_t)j * D;
-        if (!half)
-            memcpy(to, (const float *)cache + from, sizeof(float) * D);
-        else
-            for (int i = 0; i < D; i += 16)
-                _mm512_storeu_ps(to + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)cache + from + i))));
-    }
-    return buffer;
-}
-
 #include "vsk_attention_items.h"
 
 vsk_task vsk_attention_task_avx512(void) { return attention_items; }

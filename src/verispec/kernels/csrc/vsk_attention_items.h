@@ -1,8 +1,19 @@
 /* The attention's items over tiles, shared by its vector paths (vsk_attention_avx2.c, vsk_attention_avx512.c):
- * included by each after it defines TILE and QUERIES and its own tile_of, gathered, tile_scores, softmax and
- * tile_sums, so that these compile for its vectors (the file's target pragma covers them too). */
+ * included by each after it defines TILE and QUERIES and its own tile_of, tile_scores, softmax and tile_sums, so
+ * that these compile for its vectors (the file's target pragma covers them too). */
 #ifndef VSK_ATTENTION_ITEMS_H
 #define VSK_ATTENTION_ITEMS_H
+
+/* keys or values [n][D] of a cache at the positions at[0 .. n) (element `base` is position 0) as float32 rows in
+ * `buffer`: a tree row's ancestors, which need not lie side by side */
+static const float *gathered(const void *cache, size_t base, const int *at, int n, int D, int half, float *buffer) {
+    for (int j = 0; j < n; j++) {
+        float *to = buffer + (size_t)j * D;
+        const float *row = tile_of(cache, base + (size_t)at[j] * D, 1, D, half, to);
+        if (row != to) memcpy(to, row, sizeof(float) * D); /* a float32 cache's row, read in place */
+    }
+    return buffer;
+}
 
 /* row m's queries of head group g against keys k [n][D], its logical positions t0 .. t0 + n - 1 */
 static void row_scores(const vsk_attention_t *a, int m, int m0, int g, const float *k, int t0, int n, float *scores,
