@@ -8,6 +8,7 @@ import random
 from collections import Counter
 
 import pytest
+import torch
 
 from verispec import SpeculativeGenerator
 from verispec.decoding.sampling import SamplingParams
@@ -270,3 +271,37 @@ def test_no_token_trees_for_requests_with_penalties(tiny):
     assert verified == 0
     _, verified = _run_counting_trees(Scheduler(target, None, config), target, FORKING)  # the control
     assert verified > 0
+
+
+def test_logprobs_of_a_token_tree_are_the_targets_at_each_accepted_node(tiny, monkeypatch):
+    """Where a tree's accepted path leaves its chain (a branch won), each token's logprob still comes from the
+    row of the node it follows: the target's own log-softmax after the tokens before it."""
+    import verispec.engine.scheduler as scheduler_module
+
+    target, _ = tiny
+    paths: list[list[int]] = []
+    walk = scheduler_module.verify_tree
+
+    def recorded(tokens, parents, choose):
+        path, token = walk(tokens, parents, choose)
+        paths.append(path)
+        return path, token
+
+    monkeypatch.setattr(scheduler_module, "verify_tree", recorded)
+    config = SchedulerConfig(max_num_seqs=1, max_model_len=256, speculative_method="suffix", token_trees=True)
+    scheduler = Scheduler(target, None, config)
+    prompts = [*FORKING, "cab ac abc ca ca abc ba ab abc ab ab cab"]  # the last: a branch wins once (found by search)
+    for i, prompt in enumerate(prompts * 2):
+        events: list = []
+        ids = target.tokenizer.encode(prompt)
+        request = EngineRequest(f"{i}", ids, SamplingParams(), 40, events.append, ignore_eos=True, logprobs=2)
+        scheduler.submit(request)
+        scheduler.run_until_idle()
+        output = events[-1].output
+        cache = target.model.new_cache(1, 256)
+        logits = target.model(torch.tensor([ids + output.token_ids[:-1]]), cache, [0])[0, len(ids) - 1 :]
+        expected = torch.log_softmax(logits.float(), -1)
+        for j, (token, logprob) in enumerate(zip(output.token_ids, output.logprobs, strict=True)):
+            assert logprob.token_id == token
+            assert abs(logprob.logprob - float(expected[j, token])) < 1e-3, (i, j)
+    assert any(path != list(range(1, len(path) + 1)) for path in paths)  # a branch was accepted somewhere
