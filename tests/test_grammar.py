@@ -271,3 +271,35 @@ def test_token_trees_under_a_grammar_give_plain_constrained_output(pair, monkeyp
         out = generator.generate(ids, max_tokens=30, grammar=spec)
         assert out.token_ids == reference_constrained_greedy(target, ids, 30, spec), prompt
     assert trees and any(dropped)
+
+
+def _accepts(spec: GrammarSpec, text: str) -> bool:
+    """Whether the grammar `spec` gives the library takes `text` whole (read byte by byte)."""
+    from llguidance import LLMatcher, LLTokenizer
+
+    matcher = LLMatcher(LLTokenizer("byte"), spec.source(), log_level=0)
+    return matcher.try_consume_tokens(list(text.encode())) == len(text.encode()) and matcher.is_accepting()
+
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 5}, "b": {"type": "integer"}}}
+BLANK_RUN = '{"a": "x"' + " " * 40 + ', "b": 1}'
+
+
+@pytest.mark.parametrize("kind", ["json_schema", "json_object"])
+def test_json_answers_may_be_compact_or_pretty_but_not_padded_with_blanks(kind):
+    """With the library's unbounded whitespace the bundled model, its string cut at maxLength, wrote blanks up to
+    max_tokens (5 of the agent-loop bench's 20 answers). JSON answers now allow a newline and 32 blanks of
+    indentation between tokens; the control: the same schema asking for flexible whitespace takes the run."""
+    spec = GrammarSpec(kind, json.dumps(SCHEMA) if kind == "json_schema" else "")
+    for text in ('{"a": "x", "b": 1}', '{"a":"x","b":1}', '{\n  "a": "x",\n  "b": 1\n}', '{\n\t"a": "x"\r\n}'):
+        assert _accepts(spec, text), text
+    assert not _accepts(spec, BLANK_RUN)
+    assert not _accepts(spec, '{"a": "x"\n\n, "b": 1}')
+    flexible = GrammarSpec("json_schema", json.dumps({"x-guidance": {"whitespace_flexible": True}, **SCHEMA}))
+    assert _accepts(flexible, BLANK_RUN)
+
+
+def test_a_schemas_own_formatting_is_kept():
+    compact = GrammarSpec("json_schema", json.dumps({"x-guidance": {"whitespace_flexible": False}, **SCHEMA}))
+    assert _accepts(compact, '{"a":"x","b":1}')
+    assert not _accepts(compact, '{"a": "x", "b": 1}')

@@ -42,6 +42,10 @@ MAX_SCHEMA_DEFINITIONS = 256  # entries of its $defs / definitions (a chain of ~
 MAX_GRAMMAR_RULES = 1000  # rules of a Lark or GBNF grammar (a chain of ~2,500 crashed an 8 MiB stack)
 MAX_CHOICES = 1000  # strings of a choice (the library's parser allows 2,000 items in a row)
 GRAMMAR_STACK_BYTES = 64 * 2**20  # the threads that compile grammars: 8x the stack the server's worker checks with
+# Whitespace between a JSON answer's tokens: compact or pretty-printed (a newline, then up to 32 spaces or tabs of
+# indentation), never a run. Unbounded whitespace (the library's default) let models fill answers with it: a
+# string cut at its maxLength was followed by blanks up to max_tokens (docs/structured-output.md, Whitespace).
+JSON_WHITESPACE = r"(\r?\n)?[ \t]{0,32}"
 _RULE = re.compile(r"^[ \t]*[?!]?[A-Za-z_][\w.-]*(?:\.-?\d+)?[ \t]*(?::|::=)", re.MULTILINE)
 
 
@@ -145,14 +149,28 @@ class GrammarSpec:
                 raise InvalidParameterError("invalid choice: it needs a non-empty JSON list of non-empty strings")
         check_limits(self.kind, self.value)
 
+    def library_input(self) -> tuple[str, str]:
+        """(kind, value) as llguidance's `grammar_from` reads them: json_object is the schema of any object, and
+        a JSON schema gets JSON_WHITESPACE unless it sets its own `x-guidance` (the library's formatting key)."""
+        kind, value = self.kind, self.value
+        if kind == "json_object":
+            kind, value = "json_schema", '{"type": "object"}'
+        if kind != "json_schema":
+            return kind, value
+        try:
+            schema = json.loads(value)
+        except (ValueError, RecursionError):
+            return kind, value  # the library says what is wrong with it
+        if isinstance(schema, dict) and "x-guidance" not in schema:
+            value = json.dumps({"x-guidance": {"whitespace_pattern": JSON_WHITESPACE}, **schema})
+        return kind, value
+
     def source(self) -> str:
         """The grammar in llguidance's input format (its `grammar_from` reads GBNF as well as Lark)."""
         from llguidance import grammar_from
 
-        if self.kind == "json_object":
-            return grammar_from("json_schema", '{"type": "object"}')
         try:
-            return grammar_from(self.kind, self.value)
+            return grammar_from(*self.library_input())
         except Exception as exc:  # noqa: BLE001 - its parsers raise several types for a bad grammar text
             raise GrammarError(f"invalid {self.kind.replace('_', ' ')}: {short_message(str(exc))}") from None
 

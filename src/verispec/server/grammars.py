@@ -132,7 +132,7 @@ class GrammarWorkers:
 
     async def _check(self, worker: GrammarWorker, spec: GrammarSpec, gone: Callable[[], Awaitable[bool]]) -> dict:
         began = time.monotonic()
-        future = asyncio.ensure_future(asyncio.to_thread(worker.check, spec.kind, spec.value))
+        future = asyncio.ensure_future(asyncio.to_thread(worker.check, *spec.library_input()))
         while True:
             done, _ = await asyncio.wait({future}, timeout=POLL_SECONDS)
             if done:
