@@ -260,6 +260,10 @@ def test_reusable_prefill_takes_whole_chunks_that_end_where_prefilling_would_end
     assert reusable_prefill(record, list(range(30)), 0, 8) == 16  # [16, 24) was never prefilled as one chunk
     assert reusable_prefill(record, [99, *range(1, 20)], 0, 8) == 0
     assert reusable_prefill([], list(range(5)), 0, 8) == 0
+    # a row-invariant model's prefill (chunk None): to where the tokens first differ
+    assert reusable_prefill(record, [*range(13), 99], 0, None) == 13
+    assert reusable_prefill(record, list(range(30)), 5, None) == 20
+    assert reusable_prefill(record, [99, *range(1, 20)], 0, None) == 0
 
 
 def test_requests_sharing_a_prompt_prefill_it_once_and_decode_as_alone(tiny):
@@ -291,6 +295,27 @@ def test_requests_sharing_a_prompt_prefill_it_once_and_decode_as_alone(tiny):
     assert [together[n].stats.time_prefill > 0 for n in "abcde"] == [True, False, False, True, False]
     prefilled = len(prompt) - 1
     assert scheduler.metrics.prefill_reused_tokens._value.get() == 2 * prefilled + 8 + prefilled
+
+
+def test_chunks_equal_after_a_different_start_are_not_reused(tiny):
+    """Keys and values hold every token before them: a prompt whose first chunk differs from another slot's
+    cannot take that slot's later chunks, equal as their tokens are (it once did, and decoded from a cache of
+    the other prompt's start)."""
+    target, draft = tiny
+    shared = target.tokenizer.encode(" over the lazy dog and the quick brown fox " * 2)
+    first, second = [5, 6, 7, 8, 9, 10, 11, 12] + shared, [50, 60, 70, 80, 90, 100, 110, 120] + shared
+    assert reusable_prefill(first, second, 8, 8) == 8
+    config = SchedulerConfig(max_num_seqs=2, max_model_len=256, draft_policy="never", prefill_chunk=8)
+
+    def run(prompts):
+        scheduler, outputs = Scheduler(target, draft, config), {}
+        for name, ids in prompts:
+            sink = lambda event, name=name: outputs.update({name: event}) if isinstance(event, FinishEvent) else None  # noqa: E731
+            scheduler.submit(EngineRequest(name, ids, SamplingParams(), 12, sink))
+        scheduler.run_until_idle()
+        return {name: event.output.token_ids for name, event in outputs.items()}
+
+    assert run([("a", first), ("b", second)])["b"] == run([("b", second)])["b"]
 
 
 @pytest.mark.parametrize(("draft_vocab", "method"), [(None, "draft"), (100, "draft"), (None, "hybrid")])

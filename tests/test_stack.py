@@ -250,3 +250,63 @@ def test_parents_that_make_no_tree_are_refused(model, parents):
             stack(x, cache, cos, sin, [0] * len(parents), positions, parents)
     finally:
         model.fused_blocks = None
+
+
+def test_a_prompt_cut_anywhere_is_prefilled_to_the_same_bits(model, path):
+    """Prefill reuse to the token (engine/prefixes.py) rests on this: whatever passes a prompt is prefilled in,
+    each position's keys and values, and the last position's logits, are the same bits."""
+    model, stack = model
+    model.fused_blocks = stack
+    try:
+        prompt = [(37 * i + 11) % 256 for i in range(40)]
+        runs = []
+        for cuts in ((), (13, 27), (1, 2, 3, 30), (39,)):
+            cache = model.new_cache(1, 64)
+            edges = [0, *cuts, len(prompt)]
+            for begin, end in zip(edges, edges[1:], strict=False):
+                logits = model(torch.tensor([prompt[begin:end]]), cache, [0], num_logits=1, invariant=False)
+            runs.append((cache, logits))
+        cache, logits = runs[0]
+        for other, other_logits in runs[1:]:
+            assert torch.equal(other_logits, logits)
+            for layer in range(2):
+                assert torch.equal(other.keys[layer][0, :, :40], cache.keys[layer][0, :, :40])
+                assert torch.equal(other.values[layer][0, :, :40], cache.values[layer][0, :, :40])
+    finally:
+        model.fused_blocks = None
+
+
+def test_prompts_sharing_a_start_shorter_than_a_chunk_reuse_it_and_decode_as_alone(model):
+    """On the native stack prefill is reused to the token: a second request sharing 21 tokens with the first
+    (less than a prefill chunk) prefills only the rest, and decodes exactly as in an engine of its own."""
+    from verispec.decoding.sampling import SamplingParams
+    from verispec.engine.requests import EngineRequest, FinishEvent
+    from verispec.engine.scheduler import Scheduler, SchedulerConfig
+    from verispec.testing import tiny_loaded
+
+    model, stack = model
+    model.fused_blocks = stack
+    try:
+        target = tiny_loaded(model)
+        start = [(37 * i + 11) % 256 for i in range(21)]
+        first, second = start + [5, 9, 77, 3], start + [200, 14, 8]
+        config = SchedulerConfig(max_num_seqs=1, max_model_len=64, draft_policy="never", prefill_chunk=32)
+
+        def run(scheduler, prompt):
+            done = []
+            sink = lambda event: done.append(event) if isinstance(event, FinishEvent) else None  # noqa: E731
+            scheduler.submit(EngineRequest("r", prompt, SamplingParams(), 10, sink))
+            scheduler.run_until_idle()
+            return done[0].output
+
+        shared = Scheduler(target, None, config)
+        run(shared, first)
+        after = run(shared, second)
+        assert shared.metrics.prefill_reused_tokens._value.get() == len(start)
+        alone = run(Scheduler(target, None, config), second)
+        assert after.token_ids == alone.token_ids and len(set(alone.token_ids)) > 2
+        shared.forget_prompts()  # as a fresh engine: nothing reused
+        assert run(shared, second).token_ids == alone.token_ids
+        assert shared.metrics.prefill_reused_tokens._value.get() == len(start)
+    finally:
+        model.fused_blocks = None

@@ -91,6 +91,10 @@ class SpeculativeGenerator:
         engine as a fresh one would, but for prompts it has prefilled."""
         self.engine.forget_history()
 
+    def forget_prompts(self) -> None:
+        """Reuse no prompt prefilled before: the next request is prefilled as by a fresh engine."""
+        self.engine.forget_prompts()
+
     def generate(self, prompt: str | list[int] | list[dict], max_tokens: int = 128, **options) -> GenerationOutput:
         for chunk in self.stream(prompt, max_tokens, **options):
             if chunk.output is not None:

@@ -39,6 +39,9 @@ JSON_SCHEMA = "json-schema"
 JSON_SCHEMA_LONG = "json-schema-long"
 LONG = ("long", *LONG_KINDS)  # long-context chat requests from the standard library's sources (long_context.py)
 REPEATING = ("code-edit", "multi-turn", "agent-loop")  # answers that repeat text already seen (repetition.py)
+# one client's session: a server answering it keeps what its earlier requests prefilled (the shared system
+# prompt), so the bench does too, on every side alike; each prompt of the others meets a freshly prefilled engine
+SESSIONS = ("agent-loop",)
 DATASETS = (HUMANEVAL, HUMANEVAL_LONG, JSON_SCHEMA, JSON_SCHEMA_LONG, *LONG, *REPEATING)
 LONG_CONTEXT = 8  # earlier problems, with their solutions, before each problem of humaneval-long
 

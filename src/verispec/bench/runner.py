@@ -26,7 +26,7 @@ from ..models.loading import LoadedModel, load_pair
 from ..models.quantize import QuantizedLinear, default_draft_quantization
 from .config import PEER_FAMILIES, BenchConfig, as_command
 from .costs import Costs, measure_costs
-from .datasets import Request, load_requests
+from .datasets import SESSIONS, Request, load_requests
 from .hf import HFLoader, build_hf_peers, hf_loader
 from .memory import PeakMemory
 from .methods import Outcome, build_methods
@@ -222,8 +222,9 @@ def _warm_up(config: BenchConfig, contenders: list[Contender], prompt: Prompt, l
     ids = prompt.token_ids[1:] or prompt.token_ids
     for contender in contenders:
         contender.generate(ids, config.warmup_tokens, config, config.seed, prompt.grammar)
-        if (forget := getattr(getattr(contender, "generator", None), "forget_history", None)) is not None:
-            forget()  # the warm-up's answer must not be there for suffix drafting to copy
+        if (generator := getattr(contender, "generator", None)) is not None:
+            generator.forget_history()  # the warm-up's answer must not be there for suffix drafting to copy
+            generator.forget_prompts()
 
 
 def _measure_costs(config: BenchConfig, models: Models, prompts: list[Prompt], log: Callable[[str], None]) -> Costs:
@@ -251,6 +252,8 @@ def _main_loop(
 
 def _timed_run(config: BenchConfig, contender: Contender, prompt: Prompt, memory: PeakMemory) -> Run:
     seed = None if config.seed is None else config.seed + prompt.index
+    if config.dataset not in SESSIONS and (generator := getattr(contender, "generator", None)) is not None:
+        generator.forget_prompts()  # each prompt is prefilled as by a fresh server (a session's are not: SESSIONS)
     memory.reset()
     begin = time.perf_counter()
     outcome = contender.generate(prompt.token_ids, config.max_tokens, config, seed, prompt.grammar)

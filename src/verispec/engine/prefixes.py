@@ -1,12 +1,17 @@
 """Prefill reuse: which prompt tokens each target cache slot holds from prefilling, and how much of a new
 prompt another slot (or the slot itself, from its previous request) can give it by copying keys and values.
 
-A request's prompt is prefilled in chunks of a fixed size cut from position 0, whatever else runs. A chunk's
-keys and values depend only on its tokens and those before it, so a slot that prefilled the same chunks
-(equal tokens, ending at the same place) holds bit for bit what prefilling them again would compute: n
-choices of one prompt, a repeated prompt and a shared system prompt are prefilled once. Only prefilled
-positions are recorded (decoding writes after them), and a slot's record is cut where a new request's
-prefill starts overwriting it.
+A position's keys and values depend on its token and every token before it, so only a prefix equal from
+position 0 can be reused. How the prompt was cut into prefill passes may matter too:
+
+- A model whose passes are row-invariant (the native stack: each row's result the same bits whatever else
+  the pass holds) writes the same bits however a prompt is cut, so any equal prefix is reused, to the token:
+  a system prompt shorter than a chunk, a conversation's history, n choices of one prompt.
+- Otherwise prompts are prefilled in chunks of a fixed size cut from position 0, whatever else runs, and a
+  slot's chunks are reused only where they are equal and end where prefilling the new prompt would end them.
+
+Only prefilled positions are recorded (decoding writes after them), and a slot's record is cut where a new
+request's prefill starts overwriting it.
 """
 
 from __future__ import annotations
@@ -14,11 +19,19 @@ from __future__ import annotations
 from ..models.model import KVCache
 
 
-def reusable_prefill(record: list[int], target: list[int], start: int, chunk: int) -> int:
-    """How far a slot whose first len(record) positions were prefilled with `record` (in chunks of `chunk` from
-    position 0) can stand in for prefilling `target` from `start`, a chunk boundary: the end of the chunks
-    equal in their tokens and in where they end."""
+def reusable_prefill(record: list[int], target: list[int], start: int, chunk: int | None) -> int:
+    """How far a slot whose first len(record) positions were prefilled with `record` can stand in for prefilling
+    `target` from `start`: nowhere unless record and target agree before `start`; then, with `chunk` None (a
+    row-invariant model), to where they first differ; else (prefilled in chunks of `chunk` from position 0,
+    `start` a chunk boundary) to the end of the chunks equal in their tokens and in where they end."""
+    if record[:start] != target[:start]:
+        return start
     end = start
+    if chunk is None:
+        limit = min(len(record), len(target))
+        while end < limit and record[end] == target[end]:
+            end += 1
+        return end
     while end < len(target):
         stop = min(end + chunk, len(target))
         if min(end + chunk, len(record)) != stop or record[end:stop] != target[end:stop]:
@@ -28,7 +41,9 @@ def reusable_prefill(record: list[int], target: list[int], start: int, chunk: in
 
 
 class PrefilledPrompts:
-    def __init__(self, cache: KVCache, chunk: int):
+    """`chunk`: the prefill chunk of a model whose passes are not row-invariant, None for one whose are."""
+
+    def __init__(self, cache: KVCache, chunk: int | None):
         self.cache, self.chunk = cache, chunk
         self.held: list[list[int]] = [[] for _ in range(cache.num_slots)]  # per slot: its prefilled tokens
 
@@ -41,8 +56,8 @@ class PrefilledPrompts:
         return end
 
     def reuse(self, slot: int, prompt: list[int], start: int) -> int:
-        """Copy into `slot` the whole chunks of `prompt` from `start` on that another slot holds; returns where
-        the slot's prefill now stands."""
+        """Copy into `slot` what another slot holds of `prompt` from `start` on; returns where the slot's
+        prefill now stands."""
         end = start
         for source in range(self.cache.num_slots):
             if source != slot:
@@ -55,6 +70,11 @@ class PrefilledPrompts:
             self.cache.copy(source, slot, end)
             self.held[slot][start:] = prompt[start:end]
         return end
+
+    def forget(self) -> None:
+        """Hold nothing reusable (the next prompt is prefilled as a fresh engine would)."""
+        for held in self.held:
+            held.clear()
 
     def computed(self, slot: int, start: int, chunk: list[int]) -> None:
         """`slot` prefilled `chunk` at positions start.."""

@@ -186,7 +186,9 @@ class Scheduler:
         method = self.config.speculative_method
         widest = max(k, LOOKUP_MAX) if method == "suffix" else k  # the most tokens a verify row set drafts
         self.cache = target.model.new_cache(num_slots=slots, max_len=self.max_model_len + widest + 1)
-        self.prefixes = PrefilledPrompts(self.cache, self.config.prefill_chunk)  # prefill reuse (prefixes.py)
+        # prefill reuse (prefixes.py): to the token where the target's passes are row-invariant (the native stack)
+        invariant = target.model.fused_blocks is not None
+        self.prefixes = PrefilledPrompts(self.cache, None if invariant else self.config.prefill_chunk)
         self.drafter: BatchedDrafter | BatchedNgramDrafter | BatchedHybridDrafter | BatchedSuffixDrafter | None = None
         if method == "ngram":
             self.drafter = BatchedNgramDrafter()
@@ -305,6 +307,15 @@ class Scheduler:
         """Forget what earlier requests wrote (the suffix drafter's index); prefilled prompts stay reusable."""
         if isinstance(self.drafter, BatchedSuffixDrafter):
             self.drafter.forget()
+
+    def forget_prompts(self) -> None:
+        """Reuse no prompt prefilled before, the target's or the draft model's: the next request is prefilled as
+        a fresh engine would (the bench's rule, docs/bench.md). Only while nothing runs."""
+        self.prefixes.forget()
+        drafter = self.drafter if isinstance(self.drafter, BatchedDrafter) else getattr(self.drafter, "model", None)
+        if drafter is not None:
+            for fed in drafter.fed:
+                fed.clear()
 
     def run_until_idle(self, max_steps: int = 100_000) -> None:
         """Run steps in the calling thread until nothing is waiting or running (for tests and tools)."""
