@@ -252,11 +252,12 @@ def test_parents_that_make_no_tree_are_refused(model, parents):
         model.fused_blocks = None
 
 
-def test_a_prompt_cut_anywhere_is_prefilled_to_the_same_bits(model, path):
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.float32])
+def test_a_prompt_cut_anywhere_is_prefilled_to_the_same_bits(model, path, kv_dtype):
     """Prefill reuse to the token (engine/prefixes.py) rests on this: whatever passes a prompt is prefilled in,
     each position's keys and values, and the last position's logits, are the same bits."""
     model, stack = model
-    model.fused_blocks = stack
+    model.fused_blocks, model.kv_dtype = stack, kv_dtype
     try:
         prompt = [(37 * i + 11) % 256 for i in range(40)]
         runs = []
@@ -272,8 +273,9 @@ def test_a_prompt_cut_anywhere_is_prefilled_to_the_same_bits(model, path):
             for layer in range(2):
                 assert torch.equal(other.keys[layer][0, :, :40], cache.keys[layer][0, :, :40])
                 assert torch.equal(other.values[layer][0, :, :40], cache.values[layer][0, :, :40])
+        assert cache.keys[0].dtype == kv_dtype
     finally:
-        model.fused_blocks = None
+        model.fused_blocks, model.kv_dtype = None, None
 
 
 def test_prompts_sharing_a_start_shorter_than_a_chunk_reuse_it_and_decode_as_alone(model):
