@@ -143,6 +143,26 @@ def test_json_schema_outputs_parse_validate_and_equal_plain_constrained_decoding
     assert drafted > 0
 
 
+def test_a_json_answer_whose_string_hits_its_max_length_still_ends_as_json(gguf_pair):
+    """The agent loop's sixth request: its `thought` reaches maxLength mid-sentence. With any whitespace allowed,
+    the model went on with blanks to max_tokens and the answer never closed; now it closes and validates."""
+    import json
+    import re
+
+    from jsonschema import validate
+
+    from verispec import GrammarSpec
+    from verispec.bench.repetition import agent_loop
+
+    target, draft = gguf_pair
+    _, messages, schema = agent_loop()[5]
+    spec = SpeculativeGenerator(target, draft, num_speculative_tokens=3, speculative_method="suffix")
+    out = spec.generate(messages, max_tokens=128, grammar=GrammarSpec("json_schema", json.dumps(schema)))
+    assert out.finish_reason == "stop", out.text
+    validate(json.loads(out.text), schema)
+    assert not re.search(r"\s{34}", out.text)
+
+
 def test_logprobs_and_penalties_under_speculation_equal_plain_decoding(gguf_pair):
     target, draft = gguf_pair
     spec = SpeculativeGenerator(target, draft, num_speculative_tokens=4, adaptive=False)
