@@ -42,10 +42,10 @@ MAX_SCHEMA_DEFINITIONS = 256  # entries of its $defs / definitions (a chain of ~
 MAX_GRAMMAR_RULES = 1000  # rules of a Lark or GBNF grammar (a chain of ~2,500 crashed an 8 MiB stack)
 MAX_CHOICES = 1000  # strings of a choice (the library's parser allows 2,000 items in a row)
 GRAMMAR_STACK_BYTES = 64 * 2**20  # the threads that compile grammars: 8x the stack the server's worker checks with
-# Whitespace between a JSON answer's tokens: compact or pretty-printed (a newline, then up to 32 spaces or tabs of
-# indentation), never a run. Unbounded whitespace (the library's default) let models fill answers with it: a
-# string cut at its maxLength was followed by blanks up to max_tokens (docs/structured-output.md, Whitespace).
-JSON_WHITESPACE = r"(\r?\n)?[ \t]{0,32}"
+# Whitespace between a JSON answer's tokens: compact or pretty-printed (up to 32 spaces or tabs, one line break, up
+# to 32 more of indentation), never a run. Unbounded whitespace (the library's default) let models fill answers
+# with it: a string cut at its maxLength was followed by blanks up to max_tokens (docs/structured-output.md).
+JSON_WHITESPACE = r"[ \t]{0,32}(\r?\n[ \t]{0,32})?"
 _RULE = re.compile(r"^[ \t]*[?!]?[A-Za-z_][\w.-]*(?:\.-?\d+)?[ \t]*(?::|::=)", re.MULTILINE)
 
 
