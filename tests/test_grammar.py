@@ -289,7 +289,8 @@ BLANK_RUN = '{"a": "x"' + " " * 40 + ', "b": 1}'
 def test_json_answers_may_be_compact_or_pretty_but_not_padded_with_blanks(kind):
     """With the library's unbounded whitespace the bundled model, its string cut at maxLength, wrote blanks up to
     max_tokens (5 of the agent-loop bench's 20 answers). JSON answers now allow up to 32 blanks, a line break and
-    32 blanks of indentation between tokens, not a blank line; the control: the same schema asking for flexible whitespace takes the run."""
+    32 blanks of indentation between tokens, not a blank line; the control: the same schema asking for flexible
+    whitespace takes the run."""
     spec = GrammarSpec(kind, json.dumps(SCHEMA) if kind == "json_schema" else "")
     for text in ('{"a": "x", "b": 1}', '{"a":"x","b":1}', '{\n  "a": "x",\n  "b": 1\n}', '{\n\t"a": "x" \r\n}'):
         assert _accepts(spec, text), text
