@@ -8,7 +8,11 @@ Rules:
   held back until then) is sent again, to another replica, up to ATTEMPTS times; greedy and seeded answers
   are reproducible, so the client cannot tell. A stream already under way ends with an SSE error event (the
   body the server sends for a failed request), never a hang.
-- Every replica busy and the ingress's own wait line (--max-queue requests) full: 429 with Retry-After.
+- Every replica busy and the ingress's own wait line (--max-queue requests) full: 429 with Retry-After. The
+  ingress counts the generation requests (POST) it has admitted and not finished, against each live replica's
+  slots and queue plus --max-queue: Ray Serve's own handle-side limit refuses requests of a burst that arrive
+  while one is still being routed (its counter is read before routing ends), so it is not used. Other routes
+  (GET /health, /v1/models) are never refused.
 - /metrics: this ingress's own series (prefix affinity, retries) and every replica's series, each with a
   label replica="<Ray's replica id>", refreshed from the replicas every ROUTING_STATS_SECONDS.
 """
@@ -58,6 +62,9 @@ class IngressConfig:
     api_key: str | None
     allowed_hosts: frozenset[str] | None
     max_body_bytes: int
+    replica_capacity: int  # requests one replica runs or queues (--max-num-seqs + --max-queue)
+    max_queue: int  # generation requests the ingress holds beyond what the replicas take
+    replicas: int  # replicas assumed before the router has seen any
 
 
 class _ReplicaGone(Exception):
@@ -70,6 +77,11 @@ class Ingress:
     def __init__(self, engine: DeploymentHandle, config: IngressConfig) -> None:
         self.engine = engine.options(method_name="forward", stream=True)
         self.config = config
+        self.admitted = 0  # generation requests between admission and their answer's end
+
+    def _room(self) -> bool:
+        live = max((len(router.curr_replicas) for router in ROUTERS), default=self.config.replicas)
+        return self.admitted < live * self.config.replica_capacity + self.config.max_queue
 
     def __serve_build_asgi_app__(self):
         def refused(label: str) -> None:
@@ -109,6 +121,18 @@ class Ingress:
         request = Forwarded(
             scope["method"], path, scope["query_string"], list(scope["headers"]), body, client, prefix_keys(path, body)
         )
+        if request.method != "POST":
+            await self._serve(request, scope, receive, send)
+        elif not self._room():
+            await _answer(_queue_full(), scope, receive, send)
+        else:
+            self.admitted += 1
+            try:
+                await self._serve(request, scope, receive, send)
+            finally:
+                self.admitted -= 1
+
+    async def _serve(self, request: Forwarded, scope, receive, send) -> None:
         for attempt in range(ATTEMPTS):
             try:
                 await self._relay(request, send)
@@ -117,11 +141,8 @@ class Ingress:
                 log.warning("a replica failed before answering (%s); attempt %d of %d", exc, attempt + 1, ATTEMPTS)
                 RETRIED.inc()
                 await asyncio.sleep(RETRY_PAUSE_SECONDS)
-            except BackPressureError:
-                message = "every replica is busy and the ingress's queue is full; retry shortly"
-                headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
-                error = ApiError(429, message, type="rate_limit_error", code="queue_full", headers=headers)
-                await _answer(error, scope, receive, send)
+            except BackPressureError:  # not configured (launch.py); kept so a Ray default never becomes a 500
+                await _answer(_queue_full(), scope, receive, send)
                 return
         error = ApiError(503, "no replica could serve the request", type="server_error", code="unavailable")
         await _answer(error, scope, receive, send)
@@ -151,6 +172,12 @@ class Ingress:
         finally:
             if not finished:
                 stream.cancel()  # the client left (Ray cancelled this task): the replica cancels its request
+
+
+def _queue_full() -> ApiError:
+    message = "every replica is busy and the ingress's queue is full; retry shortly"
+    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
+    return ApiError(429, message, type="rate_limit_error", code="queue_full", headers=headers)
 
 
 async def _end_broken_stream(send) -> None:

@@ -96,7 +96,7 @@ def build_application(args: argparse.Namespace, model_name: str, allowed_hosts: 
             "target_ongoing_requests": args.max_num_seqs,  # one full batch per replica, the queue empty
         }}  # fmt: skip
     engine = serve.deployment(
-        EngineReplica, name="engine", max_ongoing_requests=capacity, max_queued_requests=args.max_queue,
+        EngineReplica, name="engine", max_ongoing_requests=capacity, max_queued_requests=-1,  # the ingress admits
         request_router_config=router, health_check_period_s=HEALTH_CHECK_SECONDS,
         graceful_shutdown_timeout_s=args.drain_timeout,
         ray_actor_options={"num_cpus": cpus, "num_gpus": 1 if args.device.startswith("cuda") else 0}, **scale,
@@ -106,7 +106,7 @@ def build_application(args: argparse.Namespace, model_name: str, allowed_hosts: 
         serve.ingress()(Ingress), name="ingress", ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=capacity * most + args.max_queue + 64,  # +64: /health and /metrics stay answered
     )  # fmt: skip
-    config = IngressConfig(args.api_key, allowed_hosts, args.max_body_bytes)
+    config = IngressConfig(args.api_key, allowed_hosts, args.max_body_bytes, capacity, args.max_queue, args.replicas)
     return ingress.bind(engine.bind(args, model_name, allowed_hosts), config)
 
 
