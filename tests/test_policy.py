@@ -256,3 +256,22 @@ def test_a_hybrid_proposers_lookups_and_model_steps_are_priced_apart():
     assert policy.draft_seconds(1, 2) == pytest.approx(share * 2 * model + (1 - share) * lookup, rel=0.01)
     # rates: k = 3 yields 3.19 tokens per 0.032 + 0.7 x 0.0315 s, k = 2 2.57 per 0.032 + 0.7 x 0.021 s
     assert chosen[-20:] == [3] * 20
+
+
+def test_the_draft_models_price_is_its_drafting_and_catch_up_over_the_verify_pass():
+    """What the suffix drafter weighs a lookup against: the model's drafting (its share, when several sequences
+    draft in one pass) and the sequence's catch-up, in verify passes; 0 until both passes are measured."""
+    policy = DraftPolicy(k_max=3, probe_every=1000)
+    assert policy.model_price(1, 1, 3, lag_tokens=10) == 0.0
+    for _ in range(2):
+        policy.record(1, 1, 3, 0.03, 0.04, catch_up_seconds=0.02, catch_up_tokens=10)
+    assert policy.model_price(1, 1, 3, lag_tokens=0) == pytest.approx(0.75)
+    assert policy.model_price(1, 1, 3, lag_tokens=10) == pytest.approx((0.03 + 0.02) / 0.04)
+    for _ in range(2):
+        policy.record(2, 2, 3, 0.04, 0.05)
+    assert policy.model_price(2, 2, 3, lag_tokens=0) == pytest.approx(0.02 / 0.05)
+    # steps that only looked tokens up never price the model
+    lookups = DraftPolicy(k_max=3, probe_every=1000)
+    for _ in range(2):
+        lookups.record(1, 1, 3, 0.0001, 0.04, modelled=False)
+    assert lookups.model_price(1, 1, 3, lag_tokens=0) == 0.0

@@ -13,10 +13,29 @@ import torch
 from verispec import SpeculativeGenerator
 from verispec.decoding.sampling import SamplingParams
 from verispec.engine.requests import EngineRequest, FinishEvent
+from verispec.engine.proposers import DraftJob
 from verispec.engine.scheduler import Scheduler, SchedulerConfig
+from verispec.engine.suffix import Lookup, lookup_pays, model_expects
 from verispec.kernels import suffix
 
 pytestmark = pytest.mark.skipif(not suffix.available(), reason="native library not compiled")
+
+
+def _job(model_alpha: float, model_price: float) -> DraftJob:
+    params = SamplingParams(temperature=0.0)
+    return DraftJob(0, [1, 2, 3], 3, params, torch.Generator(), model_alpha=model_alpha, model_price=model_price)
+
+
+def test_a_lookup_drafts_unless_the_model_yields_more_tokens_per_second():
+    """The choice weighs tokens per second, not tokens: a lookup expecting 1 accepted token (2 with the
+    target's) against the model's k = 3 at alpha 0.8 (2.95 a round) loses while the model is free, and wins
+    once the model's drafting and catch-up cost half a verify pass (2 x 1.5 = 3 >= 2.95 in the same time)."""
+    lookup = Lookup([5, 6], match=2, expected=1.0)
+    assert model_expects(_job(0.8, 0.0)) == pytest.approx(1.9520)
+    assert not lookup_pays(lookup, _job(0.8, 0.0))
+    assert not lookup_pays(lookup, _job(0.8, 0.45))
+    assert lookup_pays(lookup, _job(0.8, 0.5))
+    assert lookup_pays(Lookup([5, 6, 7], match=2, expected=2.0), _job(0.8, 0.0))
 
 
 # ---- the trie against brute force ----------------------------------------------------------------------------

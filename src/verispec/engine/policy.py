@@ -203,6 +203,15 @@ class DraftPolicy:
         draft = self.draft.get((drafting, k))
         return None if draft is None else draft.value(self.model_share)
 
+    def model_price(self, batch: int, drafting: int, k: int, lag_tokens: int) -> float:
+        """What running the draft model for one sequence adds to a step of `batch` rows verifying k drafts, over
+        that verify pass: its share of the model's drafting for `drafting` sequences, and its catch-up on
+        `lag_tokens`. 0 while either pass is unmeasured (the choice then compares expected tokens alone)."""
+        verify, draft = self.verify.get((batch, k)), self.draft.get((drafting, k))
+        if verify is None or not verify.measured or draft is None or not draft.model.measured:
+            return 0.0
+        return (draft.model.value / drafting + self._catch_up_price(lag_tokens)) / verify.value
+
     def _tokens(self, batch: int, k: int, acceptance: list[float], limits: list[int]) -> float:
         drafted = sum(expected_tokens_per_round(a, min(k, n)) for a, n in zip(acceptance, limits, strict=True))
         return drafted + batch - len(acceptance)

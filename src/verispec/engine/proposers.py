@@ -128,6 +128,7 @@ class DraftJob:
     lookup_alpha: float = 1.0  # the sequence's own chance that a looked-up token is accepted (suffix drafting)
     model_alpha: float = 0.0  # ... and that a token the draft model proposed is (suffix drafting)
     tree: bool = False  # a lookup may propose a token tree (the target verifies trees for this sequence)
+    model_price: float = 0.0  # the draft model's drafting and catch-up for it, over the verify pass (policy)
 
     @property
     def model_view(self) -> list[int]:

@@ -493,6 +493,7 @@ class Scheduler:
         raises is run again job by job, so only the job that raises fails (the drafter's slots stay
         consistent: what each holds is recorded only after its forward)."""
         looks_up = isinstance(self.drafter, BatchedSuffixDrafter) and self.policy.mode != "never"
+        prices = self._model_prices(seqs, ks) if looks_up else [0.0] * len(seqs)
         empty = Proposal(torch.empty(0, dtype=torch.long), None)
         proposals: list[Proposal | None] = [empty] * len(seqs)
         jobs = [
@@ -515,6 +516,7 @@ class Scheduler:
                         seq.stats.rejected - seq.stats.rejected_by_lookup,
                     ),
                     self._takes_trees(seq),
+                    prices[i],
                 ),
             )  # fmt: skip
             for i, (seq, k, limit) in enumerate(zip(seqs, ks, limits, strict=True))
@@ -531,6 +533,20 @@ class Scheduler:
                 result = self._guarded(seqs[i], self.drafter.propose, [job])
                 proposals[i] = result[0] if result is not None else None
         return proposals
+
+    def _model_prices(self, seqs: list[Sequence], ks: list[int]) -> list[float]:
+        """Per sequence, what the draft model's k drafts would add to this step (DraftPolicy.model_price), for
+        the suffix drafter's choice between a lookup and the model."""
+        model = getattr(self.drafter, "model", None)
+        drafting = sum(1 for k in ks if k)
+        if model is None or not drafting:
+            return [0.0] * len(seqs)
+        return [
+            self.policy.model_price(len(seqs), drafting, k, model.lag(seq.slot, seq.tokens, seq.draft_tokens))
+            if k
+            else 0.0
+            for seq, k in zip(seqs, ks, strict=True)
+        ]
 
     def _constrain(self, seqs: list[Sequence], proposals: list[Proposal | None]) -> list[torch.Tensor | None]:
         """Per sequence with a grammar: cut its proposal at the first token the grammar rejects (a lookup's

@@ -157,6 +157,13 @@ def model_expects(job: DraftJob) -> float:
     return expected_tokens_per_round(job.model_alpha, job.k) - 1
 
 
+def lookup_pays(lookup: Lookup, job: DraftJob) -> bool:
+    """A lookup drafts unless the draft model yields more tokens per second: a round yields its accepted drafts
+    plus the target's own token, and the model's round costs its drafting and catch-up (job.model_price, in
+    verify passes) on top of the verify pass both pay."""
+    return (1 + lookup.expected) * (1 + job.model_price) >= 1 + model_expects(job)
+
+
 def seeded_sampling(job: DraftJob) -> bool:
     """A sampled request with a seed must give the same text every time it is sent. Which random draws its
     acceptance consumes depends on what was drafted, so it looks up in its own context only: earlier requests'
@@ -199,7 +206,7 @@ class BatchedSuffixDrafter:
         ]
         if self.model is not None:  # a lookup the draft model would beat is left to it
             found = [
-                lookup if lookup is None or lookup.expected >= model_expects(job) else None
+                lookup if lookup is None or lookup_pays(lookup, job) else None
                 for job, lookup in zip(jobs, found, strict=True)
             ]
         # k = 0: the policy found the model's drafts do not pay this step; the lookups alone (free) go on
