@@ -12,8 +12,8 @@ import torch
 
 from verispec import SpeculativeGenerator
 from verispec.decoding.sampling import SamplingParams
-from verispec.engine.requests import EngineRequest, FinishEvent
 from verispec.engine.proposers import DraftJob
+from verispec.engine.requests import EngineRequest, FinishEvent
 from verispec.engine.scheduler import Scheduler, SchedulerConfig
 from verispec.engine.suffix import Lookup, lookup_pays, model_expects
 from verispec.kernels import suffix
