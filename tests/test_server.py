@@ -585,8 +585,13 @@ def test_bench_serve_measures_both_modes_in_alternating_pairs(server, tmp_path):
     for r in results:
         assert r["requests"] == 4 and r["tokens"] > 0 and len(r["run_tokens_per_second"]) == 2
         assert (r["draft_step_share"] > 0) == r["speculative"] and (r["mean_accepted_length"] > 1) == r["speculative"]
+        # per proposer, from the answers: drafts only with speculation on, never more accepted than drafted
+        drafted, accepted = r["drafted_by_proposer"], r["accepted_by_proposer"]
+        assert (sum(drafted.values()) > 0) == r["speculative"]
+        assert all(0 <= accepted.get(name, 0) <= count for name, count in drafted.items())
     assert done.stdout.count("(median of 2 pair(s) of runs: ") == 2
     assert done.stdout.count("no verdict from 2 pair(s)") == 2
+    assert "accepted / drafted by proposer" in done.stdout
 
 
 def test_median_interval_is_the_sign_tests():

@@ -3,8 +3,9 @@
 It starts `verispec serve` with the given model flags on a free loopback port (or uses --url), then for each
 concurrency C warms up (two waves of C requests of different lengths), then runs the same C greedy chat
 requests at once (one run), with `"speculative": false` and with speculation on, `--repeats` such pairs of runs, and
-prints a Markdown table: total generated tokens/s, per-request latency p50/p95, mean accepted length, and
-the share of scheduler steps that drafted (the draft policy's decisions); then on / off per level: the
+prints a Markdown table: total generated tokens/s, per-request latency p50/p95, mean accepted length, the
+share of scheduler steps that drafted (the draft policy's decisions) and each proposer's accepted / drafted
+tokens (from the answers); then on / off per level: the
 median of the pairs' ratios, each pair's, and the ratio of the totals. A shared machine slows by up to
 1.5x for a minute at a time; the two runs of a pair are seconds apart, so the median of the pairs' ratios
 is what compares the modes (the totals take every spell whole). Off runs first in every pair: an order
@@ -28,7 +29,8 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from collections import Counter
+from dataclasses import asdict, dataclass, field
 
 from ..arguments import add_draft_arguments, add_model_arguments
 from ..engine.policy import POLICIES
@@ -60,6 +62,9 @@ class LevelResult:
     mean_accepted_length: float
     draft_step_share: float
     run_tokens_per_second: list[float]  # each run's, in the order of the pairs
+    # per proposer ("model", "lookup"), summed over the answers' `verispec` objects
+    drafted_by_proposer: dict[str, int] = field(default_factory=dict)
+    accepted_by_proposer: dict[str, int] = field(default_factory=dict)
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
@@ -187,6 +192,8 @@ class _Run:
     tokens: int
     target_passes: int
     steps: dict[str, float]  # scheduler steps by mode during the run
+    drafted: Counter[str]  # drafted tokens by proposer
+    accepted: Counter[str]  # accepted tokens by proposer
 
 
 async def _run(client, concurrency: int, count: int, max_tokens: int, speculative: bool) -> _Run:
@@ -207,6 +214,8 @@ async def _run(client, concurrency: int, count: int, max_tokens: int, speculativ
         tokens=sum(body["usage"]["completion_tokens"] for _, body in answers),
         target_passes=sum(body["verispec"]["target_passes"] for _, body in answers),
         steps={mode: after.get(mode, 0) - before.get(mode, 0) for mode in ("draft", "plain")},
+        drafted=sum((Counter(body["verispec"]["drafted_by_proposer"]) for _, body in answers), Counter()),
+        accepted=sum((Counter(body["verispec"]["accepted_by_proposer"]) for _, body in answers), Counter()),
     )
 
 
@@ -221,6 +230,8 @@ def _summarize(concurrency: int, speculative: bool, runs: list[_Run]) -> LevelRe
         latency_p95=_percentile(latencies, 0.95), mean_accepted_length=tokens / passes if passes else 0.0,
         draft_step_share=draft / max(1, draft + plain),
         run_tokens_per_second=[run.tokens / run.seconds for run in runs],
+        drafted_by_proposer=dict(sum((run.drafted for run in runs), Counter())),
+        accepted_by_proposer=dict(sum((run.accepted for run in runs), Counter())),
     )  # fmt: skip
 
 
@@ -263,7 +274,8 @@ def _percentile(sorted_values: list[float], q: float) -> float:
 
 HEADER = (
     "| concurrency | speculation | requests | tokens | wall s | tokens/s | p50 latency s | p95 latency s "
-    "| mean accepted length | drafting steps |\n|---|---|---|---|---|---|---|---|---|---|"
+    "| mean accepted length | drafting steps | accepted / drafted by proposer |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -271,8 +283,18 @@ def _row(r: LevelResult) -> str:
     return (
         f"| {r.concurrency} | {'on' if r.speculative else 'off'} | {r.requests} | {r.tokens} | {r.seconds:.1f} "
         f"| {r.tokens_per_second:.2f} | {r.latency_p50:.2f} | {r.latency_p95:.2f} | {r.mean_accepted_length:.2f} "
-        f"| {r.draft_step_share:.0%} |"
+        f"| {r.draft_step_share:.0%} | {_by_proposer(r)} |"
     )
+
+
+def _by_proposer(r: LevelResult) -> str:
+    """e.g. `model 61/80 (76%) · lookup 120/200 (60%)`; a dash when nothing was drafted."""
+    parts = [
+        f"{name} {r.accepted_by_proposer.get(name, 0)}/{drafted} ({r.accepted_by_proposer.get(name, 0) / drafted:.0%})"
+        for name, drafted in sorted(r.drafted_by_proposer.items())
+        if drafted
+    ]
+    return " · ".join(parts) or "—"
 
 
 def median_interval(values: list[float], coverage: float = 0.90) -> tuple[float, float, float]:
