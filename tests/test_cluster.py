@@ -35,9 +35,26 @@ SHARED_PREFIX = "You are a careful assistant. " * 11  # 319 characters: 2 prefil
 RECOVERY_SECONDS = 90.0
 
 
+def _cluster(*flags: str, replicas: int = 2) -> ServerProcess:
+    """A cluster server once the ingress's router sees all `replicas`: Ray's proxy answers /health as soon as
+    one engine replica is up, and until the others are, the ingress admits only what the live ones hold (a
+    cold CI machine once started the second replica seconds after the first, and the 429 test got 3 answers)."""
+    proc = ServerProcess("--replicas", str(replicas), *flags, *TINY)
+
+    def live() -> bool:
+        return sum(key.startswith("verispec_cluster_replica_info{") for key in _metrics(proc)) == replicas
+
+    try:
+        _wait_for(live, RECOVERY_SECONDS, f"{replicas} replicas up")
+    except AssertionError:
+        proc.stop()
+        raise
+    return proc
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[ServerProcess]:
-    proc = ServerProcess("--replicas", "2", "--api-key", KEY, *TINY)
+    proc = _cluster("--api-key", KEY)
     yield proc
     proc.stop()
 
@@ -212,7 +229,7 @@ def test_a_killed_replica_leaves_the_other_requests_served_and_comes_back(cluste
 
 
 def test_429_with_retry_after_when_every_replica_is_full():
-    proc = ServerProcess("--replicas", "2", "--max-num-seqs", "1", "--max-queue", "1", *TINY)
+    proc = _cluster("--max-num-seqs", "1", "--max-queue", "1")
     try:
 
         def one(i: int) -> httpx.Response:
