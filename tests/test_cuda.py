@@ -1,16 +1,19 @@
-"""The CUDA path on tiny models (skipped without a GPU): greedy identity, the sampled distribution, and the
-batched scheduler, each on the GPU, against the same definitions as the CPU tests."""
+"""The CUDA path on tiny models (skipped without a GPU): greedy identity, the sampled distribution, the
+batched scheduler, and token trees (suffix lookups beside the draft model), each on the GPU, against the same
+definitions as the CPU tests."""
 
 from collections import Counter
 
 import pytest
 import torch
 from test_generator_tiny import PROMPTS, RUNS, TOLERANCE, VOCAB, _exact_first_two, reference_greedy
+from test_suffix import FORKING, _run_counting_trees
 
 from verispec import SpeculativeGenerator
 from verispec.decoding.sampling import SamplingParams
 from verispec.engine.requests import EngineRequest, FinishEvent
 from verispec.engine.scheduler import Scheduler, SchedulerConfig
+from verispec.kernels import suffix
 from verispec.testing import tiny_config, tiny_loaded, tiny_model, tiny_pair, word_tokenizer
 
 from distributions import total_variation
@@ -64,3 +67,16 @@ def test_batched_scheduler_on_the_gpu_equals_plain_decoding():
     for i, prompt in enumerate(prompts):
         assert finals[i].output.token_ids == plain.generate(prompt, max_tokens=30).token_ids
     assert sum(f.output.stats.accepted for f in finals.values()) > 0
+
+
+@pytest.mark.skipif(not suffix.available(), reason="native library not compiled")
+def test_token_trees_on_the_gpu_give_plain_greedy_output():
+    """Suffix lookups (trees where earlier text forked) beside the draft model: each verify pass with a tree
+    attends by its ancestor mask on the GPU; the greedy output is plain decoding's."""
+    target, draft = on_gpu(*tiny_pair())
+    plain = SpeculativeGenerator(target, None, max_seq_len=256, device="cuda")
+    config = SchedulerConfig(max_num_seqs=1, max_model_len=256, speculative_method="suffix", token_trees=True)
+    outputs, trees = _run_counting_trees(Scheduler(target, draft, config), target, FORKING)
+    for output, prompt in zip(outputs, FORKING * 2, strict=True):
+        assert output.token_ids == plain.generate(prompt, max_tokens=40, ignore_eos=True).token_ids
+    assert trees > 0
