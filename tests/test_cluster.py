@@ -36,9 +36,9 @@ RECOVERY_SECONDS = 90.0
 
 
 def _cluster(*flags: str, replicas: int = 2) -> ServerProcess:
-    """A cluster server once the ingress's router sees all `replicas`: Ray's proxy answers /health as soon as
-    one engine replica is up, and until the others are, the ingress admits only what the live ones hold (a
-    cold CI machine once started the second replica seconds after the first, and the 429 test got 3 answers)."""
+    """A cluster server once the ingress's router lists all `replicas`: /health answers as soon as one engine
+    replica is up, and until the others are the ingress admits only what the live ones hold (docs/cluster.md,
+    Starting)."""
     proc = ServerProcess("--replicas", str(replicas), *flags, *TINY)
 
     def live() -> bool:
