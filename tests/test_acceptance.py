@@ -11,8 +11,9 @@ from collections import Counter
 import pytest
 import torch
 
-from verispec.decoding.acceptance import verify_greedy, verify_sampled, verify_tree
-from verispec.decoding.sampling import SamplingParams, probs_from_logits, sample
+from verispec.decoding.acceptance import verify_chain, verify_greedy, verify_tree
+from verispec.decoding.noise import KeyedNoise
+from verispec.decoding.sampling import SamplingParams, probs_from_logits
 
 from distributions import random_distribution, total_variation
 
@@ -21,35 +22,22 @@ TOLERANCE = 0.03
 VOCAB = 12
 
 
-def _emitted_first_token(draft, q, p, rng) -> int:
-    n, token = verify_sampled(draft, q, p, rng)
-    return int(draft[0]) if n >= 1 else token
-
-
-def _run(k: int, p: torch.Tensor, q: torch.Tensor | None, seed: int, rule=verify_sampled):
-    rng = torch.Generator().manual_seed(seed)
-    firsts, outcomes = Counter(), Counter()
-    for _ in range(SAMPLES):
-        draft = sample(q, rng) if q is not None else torch.full((k,), 3)
-        n, token = rule(draft, q, p, rng)
-        outcomes[(n, token)] += 1
-        firsts[int(draft[0]) if n >= 1 else token] += 1
-    return firsts, outcomes
-
-
-def _exact_outcomes(k: int, p: torch.Tensor, q: torch.Tensor) -> dict:
-    """P(n accepted, next token): accept position i w.p. alpha_i, then residual or bonus."""
-    exact, reach = {}, 1.0
-    for i in range(k):
-        alpha = float(torch.minimum(p[i], q[i]).sum())
-        residual = (p[i] - q[i]).clamp_min(0)
-        residual = residual / residual.sum()
-        for token in range(p.shape[1]):
-            exact[(i, token)] = reach * (1 - alpha) * float(residual[token])
-        reach *= alpha
-    for token in range(p.shape[1]):
-        exact[(k, token)] = reach * float(p[k, token])
-    return exact
+def _keyed_rounds(p: torch.Tensor, q: torch.Tensor | None, rule=verify_chain):
+    """SAMPLES rounds, one per seed: k drafts (the draft's keyed draws from q, racing the same noise as the target,
+    or the point mass 3 without q), verified against the target's keyed draws from p's rows. Returns the counts of
+    the first two emitted tokens and of how many drafts were accepted, and how often the emitted tokens differ
+    from plain decoding's (k = 0, one token a round) with the same seed."""
+    k = p.shape[0] - 1
+    pairs, accepted, differs = Counter(), Counter(), 0
+    for seed in range(SAMPLES):
+        noise = KeyedNoise(seed, VOCAB)
+        draft = [noise.choose(q[i], i) if q is not None else 3 for i in range(k)]
+        n, token = rule(draft, lambda row, noise=noise: noise.choose(p[row], row))
+        emitted = [*draft[:n], token]
+        pairs[tuple(emitted[:2])] += 1
+        accepted[n] += 1
+        differs += emitted != [noise.choose(p[i], i) for i in range(n + 1)]
+    return pairs, accepted, differs
 
 
 def _random_pq(k: int, seed: int):
@@ -59,47 +47,84 @@ def _random_pq(k: int, seed: int):
     return p, q
 
 
-@pytest.mark.parametrize("k", [1, 2, 3])
-def test_emitted_token_and_accept_count_follow_the_exact_distribution(k):
-    p, q = _random_pq(k, seed=k)
-    firsts, outcomes = _run(k, p, q, seed=100 + k)
-    assert total_variation(firsts, dict(enumerate(p[0].tolist())), SAMPLES) < TOLERANCE
-    assert total_variation(outcomes, _exact_outcomes(k, p, q), SAMPLES) < TOLERANCE
-
-
-def test_point_mass_drafter_still_gives_the_target_distribution():
-    p, _ = _random_pq(2, seed=7)
-    firsts, _ = _run(2, p, None, seed=8)
-    assert total_variation(firsts, dict(enumerate(p[0].tolist())), SAMPLES) < TOLERANCE
-
-
 @pytest.mark.parametrize(
     "params",
     [
+        SamplingParams(temperature=1.0),
         SamplingParams(temperature=0.7),
         SamplingParams(temperature=1.3, top_k=4),
         SamplingParams(top_p=0.8, temperature=1),
     ],
 )
-def test_filtered_target_distribution_is_reproduced(params):
-    g = torch.Generator().manual_seed(11)
-    target_logits, draft_logits = torch.randn(3, VOCAB, generator=g) * 2, torch.randn(2, VOCAB, generator=g) * 2
-    p, q = probs_from_logits(target_logits, params), probs_from_logits(draft_logits, params)
-    firsts, outcomes = _run(2, p, q, seed=12)
-    assert total_variation(firsts, dict(enumerate(p[0].tolist())), SAMPLES) < TOLERANCE
-    assert total_variation(outcomes, _exact_outcomes(2, p, q), SAMPLES) < TOLERANCE
+def test_a_keyed_draw_follows_its_distribution(params):
+    g = torch.Generator().manual_seed(1)
+    p = probs_from_logits(torch.randn(VOCAB, generator=g) * 2, params)
+    counts = Counter(KeyedNoise(seed, VOCAB).choose(p, 7) for seed in range(SAMPLES))
+    assert total_variation(counts, dict(enumerate(p.tolist())), SAMPLES) < TOLERANCE
+    # the same (seed, position) gives the same draw; another position is another draw
+    assert KeyedNoise(5, VOCAB).choose(p, 7) == KeyedNoise(5, VOCAB).choose(p, 7)
+    assert len({KeyedNoise(5, VOCAB).choose(p, position) for position in range(50)}) > 1
 
 
-def _wrong_rule_resample_from_p(draft, q, p, rng):
-    """A plausible bug: on rejection sample from p instead of norm(max(0, p - q))."""
-    n, _ = verify_sampled(draft, q, p, rng)
-    return n, int(sample(p[n], rng))
+def test_negative_control_a_uniform_race_is_detected():
+    """Racing p against uniforms instead of exponentials (argmax p / U) is a plausible bug far from p's law."""
+    g = torch.Generator().manual_seed(1)
+    p = random_distribution(VOCAB, g)
+    counts = Counter()
+    for seed in range(SAMPLES):
+        uniforms = torch.rand(VOCAB, generator=torch.Generator().manual_seed(seed))
+        counts[int((p / uniforms).argmax())] += 1
+    assert total_variation(counts, dict(enumerate(p.tolist())), SAMPLES) > TOLERANCE
 
 
-def test_negative_control_a_wrong_rule_is_detected():
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_keyed_verification_emits_the_targets_law_and_plain_decodings_tokens(k):
+    """Whatever the draft (its own keyed draws, or a fixed token), the first two emitted tokens follow the target's
+    rows exactly, and every round emits exactly the tokens plain decoding draws with that seed."""
+    p, q = _random_pq(k, seed=k)
+    for drafts in (q, None):
+        pairs, accepted, differs = _keyed_rounds(p, drafts)
+        two = Counter({pair: n for pair, n in pairs.items() if len(pair) == 2})
+        ones = SAMPLES - sum(two.values())
+        firsts = Counter()
+        for pair, n in pairs.items():
+            firsts[pair[0]] += n
+        assert total_variation(firsts, dict(enumerate(p[0].tolist())), SAMPLES) < TOLERANCE
+        if ones < SAMPLES * 3 // 4:  # the second token, where the first was accepted, follows p[1] (rows independent)
+            seconds = Counter()
+            for pair, n in two.items():
+                seconds[pair[1]] += n
+            assert total_variation(seconds, dict(enumerate(p[1].tolist())), SAMPLES - ones) < 2 * TOLERANCE
+        assert differs == 0
+
+
+def test_coupled_drafts_are_accepted_about_as_often_as_by_the_rejection_rule():
+    """A draft racing the target's noise is accepted with a chance close to sum min(p, q) (Leviathan et al.'s, the
+    most any rule can accept), far above the sum p q of a draft drawn with other noise."""
+    p, q = _random_pq(1, seed=21)
+    _, accepted, _ = _keyed_rounds(p, q)
+    coupled = accepted[1] / SAMPLES
+    best, independent = float(torch.minimum(p[0], q[0]).sum()), float((p[0] * q[0]).sum())
+    assert coupled <= best + TOLERANCE
+    assert coupled > independent + 0.1 and coupled > best - 0.15
+
+
+def _wrong_rule_accepts_likely_drafts(draft, choose):
+    """A plausible bug: a draft is also kept where the target's draw differs but falls in the first half of the
+    vocabulary (a "close enough" rule)."""
+    n = 0
+    while n < len(draft) and (draft[n] == choose(n) or choose(n) < VOCAB // 2):
+        n += 1
+    return n, choose(n)
+
+
+def test_negative_control_a_wrong_keyed_rule_is_detected():
     p, q = _random_pq(1, seed=3)
-    firsts, _ = _run(1, p, q, seed=4, rule=_wrong_rule_resample_from_p)
-    assert total_variation(firsts, dict(enumerate(p[0].tolist())), SAMPLES) > TOLERANCE
+    pairs, _, differs = _keyed_rounds(p, q, rule=_wrong_rule_accepts_likely_drafts)
+    firsts = Counter()
+    for pair, n in pairs.items():
+        firsts[pair[0]] += n
+    assert total_variation(firsts, dict(enumerate(p[0].tolist())), SAMPLES) > TOLERANCE and differs > 0
 
 
 def test_greedy_accepts_the_matching_prefix_then_the_target_argmax():
@@ -111,15 +136,12 @@ def test_greedy_accepts_the_matching_prefix_then_the_target_argmax():
     assert verify_greedy(torch.tensor([], dtype=torch.long), logits[:1]) == (0, 5)
 
 
-def test_greedy_is_the_one_hot_case_of_the_sampled_rule():
+def test_greedy_is_the_chain_rule_with_the_argmax():
     g = torch.Generator().manual_seed(5)
     logits = torch.randn(4, VOCAB, generator=g)
-    params = SamplingParams(temperature=0)
-    p = probs_from_logits(logits, params)
     for draft in ([int(logits[0].argmax()), 0, 0], [1, 2, 3], logits[:3].argmax(-1).tolist()):
-        d = torch.tensor(draft)
-        q = torch.nn.functional.one_hot(d, VOCAB).float()
-        assert verify_sampled(d, q, p, g) == verify_greedy(d, logits)
+        expected = verify_greedy(torch.tensor(draft), logits)
+        assert verify_chain(draft, lambda row: int(logits[row].argmax())) == expected
 
 
 # A token tree over a vocabulary of 6: after the context, nodes 0 (token 1) and 1 (token 3); node 2 (token 2)
@@ -127,12 +149,16 @@ def test_greedy_is_the_one_hot_case_of_the_sampled_rule():
 TREE_TOKENS, TREE_PARENTS = [1, 3, 2, 4, 1], [-1, -1, 0, 2, 1]
 
 
+TREE_DEPTHS = [0, 1, 1, 2, 3, 2]  # per row: how far past the next position it predicts (the engine's positions)
+
+
 def _tree_samples(p: torch.Tensor, choose_rule) -> Counter:
-    """The first two emitted tokens of SAMPLES walks of the tree (a walk that stops emits one more token)."""
-    generator = torch.Generator().manual_seed(7)
+    """The first two emitted tokens of SAMPLES walks of the tree, one per seed (a walk that stops emits one more
+    token); `choose_rule(p, row, noise)` is the target's token at a row."""
     pairs: Counter = Counter()
-    for _ in range(SAMPLES):
-        path, next_token = verify_tree(TREE_TOKENS, TREE_PARENTS, lambda row: choose_rule(p, row, generator))
+    for seed in range(SAMPLES):
+        noise = KeyedNoise(seed, p.shape[1])
+        path, next_token = verify_tree(TREE_TOKENS, TREE_PARENTS, lambda row, noise=noise: choose_rule(p, row, noise))
         emitted = [TREE_TOKENS[row - 1] for row in path] + [next_token]
         pairs[tuple(emitted[:2])] += 1  # one token where the walk stopped at once
     return pairs
@@ -152,12 +178,17 @@ def _exact_pairs(p: torch.Tensor) -> dict:
     return exact
 
 
+def _keyed(p: torch.Tensor, row: int, noise: KeyedNoise) -> int:
+    """The target's keyed draw at a row: siblings predict one position and share its noise, as in the engine."""
+    return noise.choose(p[row], TREE_DEPTHS[row])
+
+
 def test_a_token_tree_walk_gives_the_target_distribution():
-    """Sampling the target's token at each node and following the matching child: the first two tokens follow the
+    """Drawing the target's token at each node and following the matching child: the first two tokens follow the
     target's law exactly (within TOLERANCE over SAMPLES walks)."""
     generator = torch.Generator().manual_seed(3)
     p = torch.stack([random_distribution(6, generator) for _ in range(len(TREE_TOKENS) + 1)])
-    pairs = _tree_samples(p, lambda p, row, g: int(sample(p[row], g)))
+    pairs = _tree_samples(p, _keyed)
     assert total_variation(pairs, _exact_pairs(p), SAMPLES) < TOLERANCE
 
 
@@ -167,10 +198,10 @@ def test_negative_control_a_tree_walk_that_favours_drafted_children_is_detected(
     generator = torch.Generator().manual_seed(3)
     p = torch.stack([random_distribution(6, generator) for _ in range(len(TREE_TOKENS) + 1)])
 
-    def biased(p, row, g):
-        if row == 0 and torch.rand(1, generator=g).item() < 0.5:
+    def biased(p, row, noise):
+        if row == 0 and float(noise.exponentials(99)[0]) < 0.7:  # about half the time
             return TREE_TOKENS[0]
-        return int(sample(p[row], g))
+        return _keyed(p, row, noise)
 
     pairs = _tree_samples(p, biased)
     assert total_variation(pairs, _exact_pairs(p), SAMPLES) > TOLERANCE

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from verispec import SpeculativeGenerator
+from verispec.decoding.noise import KeyedNoise
 from verispec.decoding.sampling import SamplingParams
 from verispec.engine.prefixes import reusable_prefill
 from verispec.engine.proposers import (
@@ -55,7 +56,7 @@ def test_draft_lag_is_what_propose_then_feeds_alone(tiny):
     # a new slot, a short step on, a shorter request sharing 10 tokens, a step on, back into its own prompt
     for tokens in (old, old + [61, 62, 63], new, new + [7], new[:12]):
         lag = drafter.lag(0, tokens)
-        drafter.propose([DraftJob(0, tokens, 1, greedy, torch.Generator())])
+        drafter.propose([DraftJob(0, tokens, 1, greedy, KeyedNoise(0, target.model.config.vocab_size))])
         assert lag == drafter.catch_up_tokens
     assert drafter.lag(0, new) == len(new) - 12 - CATCH_UP_WIDTH
     assert drafter.lag(0, old) == len(old) - 10 - CATCH_UP_WIDTH
@@ -166,7 +167,7 @@ def test_a_request_that_cannot_start_fails_alone(tiny):
     target, draft = tiny
 
     class Broken(SamplingParams):
-        def make_generator(self):
+        def noise(self, vocab):
             raise RuntimeError("broken")
 
     scheduler, events = Scheduler(target, draft, SchedulerConfig(max_num_seqs=2, max_model_len=64)), {}

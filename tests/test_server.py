@@ -118,6 +118,26 @@ def test_stop_strings_and_seeded_sampling(server, plain):
 
 
 @needs_smollm2
+def test_a_seeded_sample_repeats_and_equals_plain_decoding_with_that_seed(server, plain):
+    """A seeded sampled request gives one text, sent again and again, with speculation on or off, after whatever
+    the server answered before (its earlier answers feed lookups and the draft policy), and it is plain decoding's
+    own draw with that seed. It once gave 3 texts in 4 sends: how many random draws a step consumed depended on
+    how much was drafted."""
+    messages = [{"role": "user", "content": "Name three random fruits."}]
+    ask = {"model": MODEL, "messages": messages, "max_tokens": 24, "temperature": 1, "seed": 1234}
+    expected = plain.generate(messages, max_tokens=24, temperature=1.0, seed=1234).text
+    client = server.client()
+    texts = []
+    for speculative in (True, False, True, True, False, True):
+        answer = client.chat.completions.create(**ask, extra_body={"speculative": speculative})
+        texts.append(answer.choices[0].message.content)
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0)  # new history
+    assert texts == [expected] * len(texts)
+    others = {client.chat.completions.create(**{**ask, "seed": seed}).choices[0].message.content for seed in range(3)}
+    assert len(others | {expected}) > 1  # the seed decides: not a model that always says the same
+
+
+@needs_smollm2
 def test_models_lists_the_served_model(server):
     models = server.client().models.list().data
     assert [m.id for m in models] == [MODEL]
@@ -240,13 +260,16 @@ def test_json_schema_answers_validate_and_equal_plain_constrained_decoding(serve
         model=MODEL, messages=messages, max_tokens=60, temperature=0, response_format=response_format, stream=True
     )
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == expected.text
-    # sampled answers follow the schema too; one may run out of tokens inside a long number (which seed does
-    # depends on the drafting method: speculation keeps the distribution, not a seed's draws), so three seeds
+    # sampled answers are plain constrained decoding's with their seed, and follow the schema too; one may run out
+    # of tokens inside a long number, so three seeds
     stopped = []
     for seed in (3, 4, 5):
         sampled = client.chat.completions.create(
             model=MODEL, messages=messages, max_tokens=60, temperature=1.0, seed=seed, response_format=response_format
         )
+        grammar = GrammarSpec("json_schema", json.dumps(PERSON))
+        plain_sample = plain.generate(messages, max_tokens=60, grammar=grammar, temperature=1.0, seed=seed)
+        assert sampled.choices[0].message.content == plain_sample.text
         if sampled.choices[0].finish_reason == "stop":
             validate(json.loads(sampled.choices[0].message.content), PERSON)
             stopped.append(seed)
@@ -558,8 +581,8 @@ def test_disconnect_while_waiting_for_a_non_streamed_answer_cancels_it(server):
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(
             server.url + "/v1/completions",
-            # sampled with a seed: no lookups in earlier answers (greedy, this prompt's earlier answer in the suffix
-            # index would be copied 15 tokens a pass, done before the disconnect is seen)
+            # sampled: new text (greedy, this prompt's earlier answer in the suffix index would be copied 15 tokens
+            # a pass, done before the disconnect is seen)
             json={"prompt": PROMPTS[2], "max_tokens": 400, "temperature": 1.0, "seed": 5},
             timeout=0.5,  # well before the answer is done (~2 s here), plus the server's 0.5 s disconnect poll
         )

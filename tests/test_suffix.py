@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from verispec import SpeculativeGenerator
+from verispec.decoding.noise import KeyedNoise
 from verispec.decoding.sampling import SamplingParams
 from verispec.engine.proposers import DraftJob
 from verispec.engine.requests import EngineRequest, FinishEvent
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.skipif(not suffix.available(), reason="native library n
 
 def _job(model_alpha: float, model_price: float) -> DraftJob:
     params = SamplingParams(temperature=0.0)
-    return DraftJob(0, [1, 2, 3], 3, params, torch.Generator(), model_alpha=model_alpha, model_price=model_price)
+    return DraftJob(0, [1, 2, 3], 3, params, KeyedNoise(0, 64), model_alpha=model_alpha, model_price=model_price)
 
 
 def test_a_lookup_drafts_unless_the_model_yields_more_tokens_per_second():

@@ -1,17 +1,16 @@
-"""The acceptance rule of Leviathan et al. / Chen et al. (2023), as a pure function.
+"""The acceptance rule, as pure functions: a drafted token is kept while it equals the target's own token at its
+row of the verify pass, then the target's token is emitted.
 
-Given k drafted tokens d_i with the draft's distributions q_i and the target's distributions
-p_1..p_{k+1} (one target pass over [last, d_1..d_k]), accept d_i with probability
-min(1, p_i(d_i) / q_i(d_i)); at the first rejection emit a token from norm(max(0, p_i - q_i));
-if all k pass emit a bonus token from p_{k+1}. The emitted tokens then follow p exactly.
+The target's own token is its argmax under greedy decoding (`verify_greedy`), else its draw from the filtered
+distribution p at the row's position with noise keyed by the request's seed and that position (`verify_chain`
+with decoding/noise.py's KeyedNoise.choose). Every emitted token is then the one plain decoding emits at its
+position: the output is the target's own (greedy), follows p exactly (sampled), and equals plain decoding's text
+for a seed, whatever was drafted. A draft model that draws with the same noise from its own q proposes the
+target's token nearly as often as Leviathan et al.'s rejection rule (min(1, p/q)) would accept it
+(docs/decisions.md#sampling).
 
-A drafter without probabilities (n-gram lookup) is a point mass: q_i(d_i) = 1.
-Greedy decoding is the one-hot case: accept while d_i equals argmax p_i, then emit that argmax.
-
-A token tree of point masses (several lookups after one context, `verify_tree`) is verified by walking it: at each
-node take the target's own token (its argmax, or a sample from p at that node); follow the child drafted with that
-token, else emit it and stop. Every emitted token is then the target's own choice at its position, so the output
-is the target's (greedy) or follows p exactly (sampled), whatever the tree holds.
+A token tree (several lookups after one context, `verify_tree`) is verified by walking it: at each node take the
+target's own token; follow the child drafted with that token, else emit it and stop.
 """
 
 from __future__ import annotations
@@ -19,8 +18,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-
-from .sampling import sample
 
 
 def verify_greedy(
@@ -37,30 +34,16 @@ def verify_greedy(
     return n, int(choices[n])
 
 
-def verify_sampled(
-    draft_tokens: torch.Tensor,
-    draft_probs: torch.Tensor | None,
-    target_probs: torch.Tensor,
-    generator: torch.Generator,
-) -> tuple[int, int]:
-    """(number accepted, next token) by the rejection rule; target_probs has k+1 rows."""
-    k = draft_tokens.shape[0]
-    rows = torch.arange(k)
-    p = target_probs[rows, draft_tokens]
-    q = draft_probs[rows, draft_tokens] if draft_probs is not None else torch.ones(k)
-    u = torch.rand(k, generator=generator)
-    rejected = (u * q >= p).nonzero()  # u < p/q accepts; p >= q always accepts since u < 1
-    if not rejected.numel():
-        return k, int(sample(target_probs[k], generator))
-    n = int(rejected[0])
-    if draft_probs is not None:
-        residual = (target_probs[n] - draft_probs[n]).clamp_min(0)
-    else:
-        residual = target_probs[n].clone()
-        residual[draft_tokens[n]] = 0
-    if residual.sum() <= 0:  # only reachable through float round-off
-        residual = target_probs[n]
-    return n, int(sample(residual / residual.sum(), generator))
+def verify_chain(tokens: list[int], choose: Callable[[int], int]) -> tuple[int, int]:
+    """(number accepted, next token) of a chain of drafted tokens checked against the target's own token at each
+    row of the verify pass (`choose(row)`, row 0 after the context): accept while they are equal, then emit the
+    target's. Rows past the first mismatch are never asked for. With `choose` the target's keyed sample at each
+    row's position (decoding/noise.py), every emitted token is the one plain decoding draws there."""
+    for row, token in enumerate(tokens):
+        chosen = choose(row)
+        if chosen != token:
+            return row, chosen
+    return len(tokens), choose(len(tokens))
 
 
 def smoothed_acceptance(accepted: float, rejected: float, prior: float, weight: float) -> float:

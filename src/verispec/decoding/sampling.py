@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import InvalidParameterError
+from .noise import KeyedNoise, random_seed
 
 GREEDY_BELOW = 1e-5  # temperatures under this decode greedily (vLLM's rule): logits / 1e-38 overflow float32
-SEED_RANGE = range(-(2**63), 2**64)  # what torch.Generator.manual_seed accepts
+SEED_RANGE = range(-(2**63), 2**64)  # OpenAI's seeds are 64-bit integers, signed or not (noise.py takes them mod 2^64)
 PENALTY_RANGE = (-2.0, 2.0)  # OpenAI's range for presence and frequency penalties
 BIAS_RANGE = (-100.0, 100.0)  # OpenAI's range for logit_bias values
 
@@ -61,13 +62,9 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
 
-    def make_generator(self) -> torch.Generator:
-        generator = torch.Generator()
-        if self.seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(self.seed)
-        return generator
+    def noise(self, vocab: int) -> KeyedNoise:
+        """The sampling noise of a sequence over `vocab` tokens, keyed by the seed (a random one without a seed)."""
+        return KeyedNoise(random_seed() if self.seed is None else self.seed, vocab)
 
 
 def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -91,16 +88,3 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits.softmax(-1)
-
-
-def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One token id per row of ``probs`` (shape [..., V] -> [...])."""
-    flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
-
-
-def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
-    """Plain decoding's choice for one position's logits."""
-    if params.greedy:
-        return int(logits.argmax())
-    return int(sample(probs_from_logits(logits, params), generator))

@@ -8,7 +8,7 @@ case). The target decides; any proposer keeps decoding lossless.
 Each has `propose(jobs) -> [Proposal]`, `lag(slot, tokens)` (tokens the draft model must catch up on before
 drafting for that sequence), `catch_up_seconds` / `catch_up_tokens` (what the last propose spent on it) and
 `modelled` (whether the last propose ran the draft model: the draft policy prices the two kinds apart).
-A proposal without distributions (a lookup) is a point mass, q = 1, and the acceptance rule stays exact.
+Every proposal is a point mass to the acceptance rule, which stays exact whatever is proposed.
 
 The draft model's forwards run over rows of different lengths, right-padded to a common width. Padding
 cannot change a real token's result: each row reads only its own cache slot, a query attends only to key
@@ -19,13 +19,14 @@ so padded keys are never read again (they are overwritten before any later read)
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 import torch
 
 from ..decoding.adjustments import LogitAdjustments
 from ..decoding.grammar import GrammarMatcher
-from ..decoding.sampling import SamplingParams, probs_from_logits, sample
+from ..decoding.noise import KeyedNoise
+from ..decoding.sampling import SamplingParams, probs_from_logits
 from ..kernels.greedy import MAX_ROWS as GREEDY_MAX_ROWS
 from ..kernels.greedy import GreedySteps
 from ..models.draft_head import DraftHead
@@ -67,11 +68,14 @@ def padded_forward(
 
 @dataclass
 class Proposal:
+    """Drafted tokens: point masses to the acceptance rule, which compares each with the target's own token at its
+    position (the argmax, or the keyed draw of decoding/noise.py), so no proposer's probabilities are needed."""
+
     tokens: torch.Tensor  # [k] int64
-    probs: torch.Tensor | None  # [k, target vocab] float32, None for a point-mass proposer
+    _: KW_ONLY
     looked_up: bool = False  # drafted by a lookup in the context, not by the draft model
     catch_up_seconds: float = 0.0  # the draft model's catch-up on this sequence's context before drafting
-    # a token tree (lookups only, probs None): tokens[i] follows parents[i] (-1: the context), parents first;
+    # a token tree (lookups only): tokens[i] follows parents[i] (-1: the context), parents first;
     # None: a chain, each token after the one before
     parents: list[int] | None = None
 
@@ -118,7 +122,7 @@ class DraftJob:
     tokens: list[int]
     k: int
     params: SamplingParams
-    rng: torch.Generator
+    noise: KeyedNoise  # the sequence's sampling noise: a sampled draft races against the target's (noise.py)
     adjustments: LogitAdjustments | None = None  # the request's logit_bias and penalties, if any
     grammar: GrammarMatcher | None = None  # the request's structured-output constraint, if any
     # what the draft model reads instead of `tokens` (a bounded view of a long context: draft_view), or None
@@ -157,9 +161,10 @@ def draft_view(tokens: list[int], cut: int) -> list[int]:
 class BatchedDrafter:
     """A draft model with one cache slot per sequence; `propose` drafts k tokens for many sequences together.
 
-    Per sequence: argmax when greedy, else a sample from the filtered draft distribution q, drawn from the
-    sequence's own generator; both after the request's logit adjustments (decoding/adjustments.py) and within its
-    grammar (decoding/grammar.py: a sequence whose grammar allows none of the draft head's tokens drafts fewer).
+    Per sequence: argmax when greedy, else a draw from the filtered draft distribution q with the sequence's keyed
+    noise at the drafted token's position (decoding/noise.py: the draw the target's own will most often equal);
+    both after the request's logit adjustments (decoding/adjustments.py) and within its grammar
+    (decoding/grammar.py: a sequence whose grammar allows none of the draft head's tokens drafts fewer).
 
     A slot needs no prefill: `propose` feeds whatever the slot lacks, keeping the longest prefix it already
     holds, or copying a longer one another slot holds (so a new request reuses a previous one's shared
@@ -223,7 +228,6 @@ class BatchedDrafter:
             return self._propose_greedy(jobs, todo)
         logits = self._catch_up(jobs, todo)
         drafted: list[list[int]] = [[] for _ in jobs]
-        probs: list[list[torch.Tensor]] = [[] for _ in jobs]
         ended: set[int] = set()  # jobs whose grammar leaves the draft nothing to propose
         for step in range(max(job.k for job in jobs)):
             active = [i for i, job in enumerate(jobs) if job.k > step and i not in ended]
@@ -232,9 +236,7 @@ class BatchedDrafter:
                 if choice is None:
                     ended.add(i)
                     continue
-                drafted[i].append(choice[0])
-                if choice[1] is not None:
-                    probs[i].append(choice[1])
+                drafted[i].append(choice)
             feeding = [i for i in active if jobs[i].k > step + 1 and i not in ended]
             if feeding:
                 rows = [[drafted[i][-1]] for i in feeding]
@@ -242,10 +244,7 @@ class BatchedDrafter:
                 for i, out in zip(feeding, outputs, strict=True):
                     self.fed[jobs[i].slot].append(drafted[i][-1])
                     logits[i] = out[-1]
-        return [
-            Proposal(torch.tensor(d, dtype=torch.long), torch.stack(p) if p else None)
-            for d, p in zip(drafted, probs, strict=True)
-        ]
+        return [Proposal(torch.tensor(tokens, dtype=torch.long)) for tokens in drafted]
 
     def _greedy_in_one_call(self, jobs: list[DraftJob], todo: list[list[int]]) -> bool:
         """Whether this propose can run as one native call: greedy jobs only, and room in every slot for the
@@ -266,7 +265,7 @@ class BatchedDrafter:
         proposals = []
         for job, missing, tokens in zip(jobs, todo, drafted, strict=True):
             self.fed[job.slot] += missing + tokens[:-1]
-            proposals.append(Proposal(torch.tensor(tokens[: job.k], dtype=torch.long), None))
+            proposals.append(Proposal(torch.tensor(tokens[: job.k], dtype=torch.long)))
         return proposals
 
     def _prepare(self, jobs: list[DraftJob]) -> tuple[list[list[int]], list[float]]:
@@ -308,13 +307,10 @@ class BatchedDrafter:
         self.model(ids, self.cache, [slot], num_logits=1, invariant=False, head=self.head.module)
         self.fed[slot] += tokens
 
-    def _choose(
-        self, logits: torch.Tensor, job: DraftJob, drafted: list[int]
-    ) -> tuple[int, torch.Tensor | None] | None:
-        """(token, q) for the next draft position from the head's logits; None when the grammar allows none of
-        the draft's tokens."""
+    def _choose(self, logits: torch.Tensor, job: DraftJob, drafted: list[int]) -> int | None:
+        """The next draft token from the head's logits; None when the grammar allows none of the draft's tokens."""
         if _plain_greedy(job):
-            return self.head.argmax(logits), None
+            return self.head.argmax(logits)
         logits = self.head.over_vocab(logits)
         if job.adjustments is not None:
             logits = job.adjustments.apply(logits[None], drafted)[0]
@@ -323,9 +319,8 @@ class BatchedDrafter:
             if torch.isneginf(logits).all():
                 return None
         if job.params.greedy:
-            return int(logits.argmax()), None
-        q = probs_from_logits(logits, job.params)
-        return int(sample(q, job.rng)), q
+            return int(logits.argmax())
+        return job.noise.choose(probs_from_logits(logits, job.params), len(job.tokens) + len(drafted))
 
 
 def _plain_greedy(job: DraftJob) -> bool:
@@ -343,7 +338,9 @@ class BatchedNgramDrafter:
         return 0
 
     def propose(self, jobs: list[DraftJob]) -> list[Proposal]:
-        return [Proposal(torch.tensor(ngram_lookup(job.tokens, job.k), dtype=torch.long), None, True) for job in jobs]
+        return [
+            Proposal(torch.tensor(ngram_lookup(job.tokens, job.k), dtype=torch.long), looked_up=True) for job in jobs
+        ]
 
 
 class BatchedHybridDrafter:
@@ -375,7 +372,7 @@ class BatchedHybridDrafter:
             (self.model.catch_up_seconds, self.model.catch_up_tokens) if rest else (0.0, 0)
         )
         return [
-            Proposal(torch.tensor(tokens, dtype=torch.long), None, True) if tokens else next(modelled)
+            Proposal(torch.tensor(tokens, dtype=torch.long), looked_up=True) if tokens else next(modelled)
             for tokens in found
         ]
 

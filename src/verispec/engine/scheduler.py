@@ -24,15 +24,17 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
 
-from ..decoding.acceptance import verify_greedy, verify_sampled, verify_tree
+from ..decoding.acceptance import verify_chain, verify_greedy, verify_tree
 from ..decoding.adjustments import LogitAdjustments
 from ..decoding.grammar import GrammarCompiler, GrammarMatcher, start_with_grammar_stack
 from ..decoding.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, token_logprobs
-from ..decoding.sampling import probs_from_logits, sample
+from ..decoding.noise import KeyedNoise
+from ..decoding.sampling import probs_from_logits
 from ..decoding.stats import GenerationStats, proposer_name
 from ..decoding.stopping import StopChecker
 from ..errors import InvalidParameterError, PromptTooLongError, VerispecError
@@ -118,7 +120,7 @@ class Sequence:
     tokens: list[int]  # prompt + generated; the target cache holds all but the last
     stopper: StopChecker
     stats: GenerationStats
-    rng: torch.Generator
+    noise: KeyedNoise  # what a sampled token at each position is drawn with (decoding/noise.py)
     adjustments: LogitAdjustments
     grammar: GrammarMatcher | None  # the structured-output constraint's state after the emitted tokens
     admitted: float
@@ -431,7 +433,7 @@ class Scheduler:
             tokens=list(prompt),
             stopper=StopChecker(self.tokenizer, request.max_tokens, request.stop, request.ignore_eos),
             stats=GenerationStats(prompt_tokens=len(prompt)),
-            rng=request.params.make_generator(),
+            noise=request.params.noise(self.target.model.config.vocab_size),
             adjustments=LogitAdjustments(request.params, self.target.model.config.vocab_size),
             grammar=request.grammar.matcher() if request.grammar is not None else None,
             admitted=now,
@@ -494,7 +496,7 @@ class Scheduler:
         consistent: what each holds is recorded only after its forward)."""
         looks_up = isinstance(self.drafter, BatchedSuffixDrafter) and self.policy.mode != "never"
         prices = self._model_prices(seqs, ks) if looks_up else [0.0] * len(seqs)
-        empty = Proposal(torch.empty(0, dtype=torch.long), None)
+        empty = Proposal(torch.empty(0, dtype=torch.long))
         proposals: list[Proposal | None] = [empty] * len(seqs)
         jobs = [
             (
@@ -504,7 +506,7 @@ class Scheduler:
                     seq.tokens,
                     k,
                     seq.request.params,
-                    seq.rng,
+                    seq.noise,
                     seq.adjustments,
                     seq.grammar,
                     seq.draft_tokens,
@@ -566,9 +568,8 @@ class Scheduler:
                 continue
             allowed, valid = found
             if valid < proposal.tokens.shape[0]:
-                probs = proposal.probs[:valid] if proposal.probs is not None else None
                 # a cut draft is still its proposer's (its counts, and the per-proposer alphas drafting reads)
-                proposals[i] = replace(proposal, tokens=proposal.tokens[:valid], probs=probs)
+                proposals[i] = replace(proposal, tokens=proposal.tokens[:valid])
             masks.append(allowed)
         return masks
 
@@ -626,8 +627,8 @@ class Scheduler:
         if params.greedy:
             accepted, next_token = verify_greedy(proposal.tokens, logits, argmax_rows)
         else:
-            probs = probs_from_logits(logits, params)
-            accepted, next_token = verify_sampled(proposal.tokens, proposal.probs, probs, seq.rng)
+            rows = range(len(seq.tokens), len(seq.tokens) + k + 1)  # the positions the rows predict
+            accepted, next_token = verify_chain(proposal.tokens.tolist(), self._sampler(seq, logits, rows))
         self.cache.set_length(seq.slot, len(seq.tokens) + accepted)
         logprobs = None
         if seq.request.logprobs is not None:
@@ -648,9 +649,11 @@ class Scheduler:
             choices = argmax_rows(logits).tolist()
             path, next_token = verify_tree(proposal.tokens.tolist(), proposal.parents, lambda row: choices[row])
         else:
-            probs = probs_from_logits(logits, params)
+            positions = [len(seq.tokens)]  # the position each row predicts: the next one, plus its node's depth
+            for parent in proposal.parents:
+                positions.append(positions[parent + 1] + 1)
             path, next_token = verify_tree(
-                proposal.tokens.tolist(), proposal.parents, lambda row: int(sample(probs[row], seq.rng))
+                proposal.tokens.tolist(), proposal.parents, self._sampler(seq, logits, positions)
             )
         root = len(seq.tokens) - 1
         self.cache.keep_path(seq.slot, root, [0, *path])
@@ -659,6 +662,14 @@ class Scheduler:
         if seq.request.logprobs is not None:
             logprobs = token_logprobs(raw[[0, *path]], [*tokens, next_token], seq.request.logprobs)
         return Verdict(len(path), next_token, logprobs, tokens)
+
+    @staticmethod
+    def _sampler(seq: Sequence, logits: torch.Tensor, positions) -> Callable[[int], int]:
+        """The target's sampled token at a row of a verify pass: its keyed draw (decoding/noise.py) from the row's
+        distribution at the position the row predicts, as plain decoding draws it there. Each row's distribution
+        is computed alone, so its bits are those of a plain step's single row."""
+        params = seq.request.params
+        return lambda row: seq.noise.choose(probs_from_logits(logits[row], params), positions[row])
 
     def _takes_trees(self, seq: Sequence) -> bool:
         return self.config.token_trees and not seq.adjustments.penalises and self.target.model.takes_trees
@@ -675,6 +686,7 @@ class Scheduler:
         emitted = [*drafted, verdict.next_token]
         if seq.grammar is not None:
             seq.grammar.advance([t for t in emitted if not seq.stopper.is_stop_token(t)])
+        seq.noise.forget_before(len(seq.tokens) + len(emitted))  # these positions are decided
         for i, token in enumerate(emitted):
             seq.tokens.append(token)
             seq.adjustments.record(token)

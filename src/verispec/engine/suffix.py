@@ -164,13 +164,6 @@ def lookup_pays(lookup: Lookup, job: DraftJob) -> bool:
     return (1 + lookup.expected) * (1 + job.model_price) >= 1 + model_expects(job)
 
 
-def seeded_sampling(job: DraftJob) -> bool:
-    """A sampled request with a seed must give the same text every time it is sent. Which random draws its
-    acceptance consumes depends on what was drafted, so it looks up in its own context only: earlier requests'
-    outputs would make its text depend on what else the server has answered."""
-    return job.params.seed is not None and not job.params.greedy
-
-
 class BatchedSuffixDrafter:
     """Lookups in each sequence's own context and in the index of earlier requests; the draft model (if any) for
     the sequences no lookup drafts for. Jobs carry the most a lookup may draft in `lookup_k` (the model drafts
@@ -198,7 +191,6 @@ class BatchedSuffixDrafter:
                 job.key,
                 job.tokens,
                 job.lookup_k or job.k,
-                not seeded_sampling(job),
                 job.lookup_alpha,
                 job.tree,
             )
@@ -218,13 +210,13 @@ class BatchedSuffixDrafter:
         self.catch_up_seconds, self.catch_up_tokens = (
             (model.catch_up_seconds, model.catch_up_tokens) if rest and model is not None else (0.0, 0)
         )
-        empty = Proposal(torch.empty(0, dtype=torch.long), None, True)
+        empty = Proposal(torch.empty(0, dtype=torch.long), looked_up=True)
         proposals = []
         for job, lookup in zip(jobs, found, strict=True):
             if lookup is not None:
                 tokens = torch.tensor(lookup.tokens, dtype=torch.long)
                 chain = lookup.parents is None or lookup.parents == list(range(-1, len(lookup.tokens) - 1))
-                proposals.append(Proposal(tokens, None, True, parents=None if chain else lookup.parents))
+                proposals.append(Proposal(tokens, looked_up=True, parents=None if chain else lookup.parents))
             elif job.k and self.model is not None:
                 proposals.append(next(modelled))
             else:
@@ -245,13 +237,12 @@ class BatchedSuffixDrafter:
         key: str | None,
         tokens: list[int],
         most: int,
-        shared: bool = True,
         alpha: float = 1.0,
         tree: bool = False,
     ) -> Lookup | None:
         own = self._followed(slot, key, tokens)
         tries = [own.trie] if own is not None else []
-        return best_lookup([*tries, self.index.trie] if shared else tries, tokens, most, alpha, tree)
+        return best_lookup([*tries, self.index.trie], tokens, most, alpha, tree)
 
     def _followed(self, slot: int, key: str | None, tokens: list[int]) -> _Followed | None:
         """The slot's own trie, fed up to all but the last of `tokens` (the last has no continuation yet); a new
