@@ -436,7 +436,9 @@ def _error(response: httpx.Response, status: int, code: str | None = None, param
         ({"prompt": "hi", "n": 2, "seed": 2**64 - 1}, 400, "invalid_value", "seed"),  # choice 1 draws from seed + 1
         ({"prompt": [10**9]}, 400, "invalid_value", "prompt"),
         ({"prompt": "hi", "seed": 2**64}, 400, "invalid_value", "seed"),  # beyond torch's: once failed all requests
-        ({"prompt": "hi", "stop": ["x"] * 17}, 422, None, "stop"),
+        ({"prompt": "hi", "stop": ["x"] * 17}, 400, "invalid_value", "stop"),
+        ({"prompt": "hi", "stop": "x" * 257}, 400, "invalid_value", "stop"),
+        ({"prompt": "hi", "stop": ["\n", "y" * 300]}, 400, "invalid_value", "stop"),
         ({"prompt": "hi", "tools": [{"type": "function"}]}, 400, "unsupported_parameter", "tools"),
         ({"prompt": "hi", "response_format": {"type": "json_schema"}}, 422, None, "response_format.json_schema"),
         ({"prompt": "hi", "response_format": {"type": "yaml"}}, 422, None, "response_format.type"),

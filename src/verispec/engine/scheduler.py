@@ -36,7 +36,7 @@ from ..decoding.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, token_logprobs
 from ..decoding.noise import KeyedNoise
 from ..decoding.sampling import probs_from_logits
 from ..decoding.stats import GenerationStats, proposer_name
-from ..decoding.stopping import StopChecker
+from ..decoding.stopping import StopChecker, check_stop
 from ..errors import InvalidParameterError, PromptTooLongError, VerispecError
 from ..kernels.native import argmax_rows
 from ..models.draft_head import draft_ids
@@ -249,6 +249,7 @@ class Scheduler:
     def _check(self, request: EngineRequest) -> None:
         if request.max_tokens < 1:
             raise InvalidParameterError(f"max_tokens must be >= 1, got {request.max_tokens}")
+        check_stop(request.stop)
         if request.logprobs is not None and not 0 <= request.logprobs <= MAX_TOP_LOGPROBS:
             raise InvalidParameterError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {request.logprobs}")
         logits_width = self.target.model.config.vocab_size

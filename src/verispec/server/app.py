@@ -29,6 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..decoding.grammar import Grammar, GrammarSpec
 from ..decoding.sampling import SamplingParams
+from ..decoding.stopping import check_stop
 from ..engine.requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput
 from ..engine.scheduler import QueueFullError, Scheduler, SchedulerStoppedError
 from ..errors import InvalidParameterError, ModelLoadError, PromptTooLongError
@@ -399,7 +400,9 @@ def _submit(
     )  # fmt: skip
 
 
-SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty", "logit_bias")
+SAMPLING_FIELDS = (
+    "temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "stop",
+)  # fmt: skip
 
 
 def _field_named(message: str) -> str | None:
@@ -426,6 +429,10 @@ def _check_request(state: ServerState, body: CompletionRequest | ChatCompletionR
         raise ApiError(400, f"the model `{body.model}` does not exist", param="model", code="model_not_found")
     if problem := body.unsupported():
         raise ApiError(400, problem[1], param=problem[0], code="unsupported_parameter")
+    try:
+        check_stop(body.stop_list())
+    except InvalidParameterError as exc:
+        raise ApiError(400, str(exc), param="stop", code="invalid_value") from None
     room = state.scheduler.config.max_num_seqs + state.scheduler.config.max_queue
     if body.sequences() > room:
         param = "n" if body.sequences() == body.n else "best_of"

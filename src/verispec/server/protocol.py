@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from ..decoding.logprobs import MAX_TOP_LOGPROBS
 from ..decoding.sampling import BIAS_RANGE, PENALTY_RANGE
 from ..decoding.stats import GenerationStats
+from ..decoding.stopping import MAX_STOP_LENGTH, MAX_STOP_STRINGS
 
 
 class ApiError(Exception):
@@ -71,7 +72,6 @@ def _text(value: Any) -> str:
 
 
 TOKEN_ID_KEY = re.compile(r"^[0-9]{1,18}$")  # a logit_bias key
-MAX_STOP_STRINGS = 16  # each is checked after every token, in the scheduler's thread (OpenAI allows 4)
 
 
 class StreamOptions(_Strict):
@@ -126,7 +126,10 @@ class _GenerationRequest(_Strict):
     top_p: float = Field(default=1.0, gt=0, le=1)
     top_k: int = Field(default=0, ge=-1)  # extension (vLLM's); 0 or -1: off
     seed: int | None = None
-    stop: str | list[str] | None = Field(default=None, max_length=MAX_STOP_STRINGS)
+    # at most MAX_STOP_STRINGS of at most MAX_STOP_LENGTH characters: 400 beyond (decoding/stopping.py check_stop)
+    stop: str | list[str] | None = Field(
+        default=None, json_schema_extra={"maxItems": MAX_STOP_STRINGS, "maxLength": MAX_STOP_LENGTH}
+    )
     n: int = Field(default=1, ge=1)  # choices; at most the server's slots + queue places (checked there)
     stream: bool = False
     stream_options: StreamOptions | None = None
