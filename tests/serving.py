@@ -44,6 +44,8 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         command = [sys.executable, "-m", "verispec", "serve", "--port", str(self.port), "--threads", "2", *args]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        key = args[args.index("--api-key") + 1] if "--api-key" in args else os.environ.get("VERISPEC_API_KEY")
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}  # /metrics needs it, as /v1/ does
         self.log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"verispec-serve-{self.port}.log", "w+")  # noqa: SIM115
         self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self._wait_healthy()
@@ -69,7 +71,7 @@ class ServerProcess:
         return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", timeout=REQUEST_TIMEOUT, max_retries=0)
 
     def metrics(self) -> dict[str, float]:
-        text = httpx.get(self.url + "/metrics", timeout=10).text
+        text = httpx.get(self.url + "/metrics", headers=self.headers, timeout=10).text
         values = {}
         for family in parser.text_string_to_metric_families(text):
             for sample in family.samples:

@@ -71,7 +71,7 @@ def _client(proc: ServerProcess, key: str = KEY) -> openai.OpenAI:
 
 
 def _metrics(proc: ServerProcess) -> dict[str, float]:
-    return proc.metrics()  # /metrics stays open without the key, as in the single-process server
+    return proc.metrics()  # with the key: /metrics needs it, as in the single-process server
 
 
 def _by_replica(values: dict[str, float], name: str) -> dict[str, float]:
@@ -149,6 +149,7 @@ def test_the_api_key_is_enforced_through_the_ingress(cluster: ServerProcess):
     bad_host = httpx.get(cluster.url + "/health", headers={"Host": "evil.example"}, timeout=10)
     assert bad_host.status_code == 400 and bad_host.json()["error"]["code"] == "invalid_host"
     assert httpx.get(cluster.url + "/health", timeout=10).json() == {"status": "ok"}
+    assert httpx.get(cluster.url + "/metrics", timeout=10).status_code == 401  # replicas' processes are listed there
     values = _metrics(cluster)
     assert values["verispec_cluster_rejected_requests_total{code=invalid_api_key}"] >= 1
     assert values["verispec_cluster_rejected_requests_total{code=missing_api_key}"] >= 1

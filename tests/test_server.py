@@ -705,7 +705,7 @@ def test_serve_refuses_bad_flags_in_one_line_before_loading(flags, expected, cap
 
 # ---- the API key ----------------------------------------------------------------------------------------------
 @needs_smollm2
-def test_api_key_guards_every_v1_route_and_leaves_health_and_metrics_open():
+def test_api_key_guards_every_v1_route_and_metrics_and_leaves_health_open():
     proc = ServerProcess(
         "--model", str(SMOLLM2), "--speculative-model", "none", "--max-model-len", "256", "--api-key", "s3cret"
     )  # fmt: skip
@@ -720,13 +720,14 @@ def test_api_key_guards_every_v1_route_and_leaves_health_and_metrics_open():
             assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer", route
             assert response.json()["error"]["code"] == "invalid_api_key"
         assert httpx.get(proc.url + "/health", timeout=10).status_code == 200
-        assert httpx.get(proc.url + "/metrics", timeout=10).status_code == 200
+        assert httpx.get(proc.url + "/metrics", timeout=10).status_code == 401
+        assert httpx.get(proc.url + "/metrics", headers=proc.headers, timeout=10).status_code == 200
         client = openai.OpenAI(base_url=proc.url + "/v1", api_key="s3cret", max_retries=0, timeout=REQUEST_TIMEOUT)
         model = client.models.list().data[0].id
         assert client.completions.create(model=model, prompt="def f(", max_tokens=2).usage.completion_tokens == 2
         rejected = proc.metrics()
         assert rejected["verispec_rejected_requests_total{code=invalid_api_key}"] == 3
-        assert rejected["verispec_rejected_requests_total{code=missing_api_key}"] == 3
+        assert rejected["verispec_rejected_requests_total{code=missing_api_key}"] == 4
     finally:
         proc.stop()
 

@@ -46,7 +46,7 @@ GRAMMAR_STACK_BYTES = 64 * 2**20  # the threads that compile grammars: 8x the st
 # to 32 more of indentation), never a run. Unbounded whitespace (the library's default) let models fill answers
 # with it: a string cut at its maxLength was followed by blanks up to max_tokens (docs/structured-output.md).
 JSON_WHITESPACE = r"[ \t]{0,32}(\r?\n[ \t]{0,32})?"
-_RULE = re.compile(r"^[ \t]*[?!]?[A-Za-z_][\w.-]*(?:\.-?\d+)?[ \t]*(?::|::=)", re.MULTILINE)
+_RULE = re.compile(r"^[ \t]*[?!]?[A-Za-z_][\w.-]*(?:\.-?\d+)?[ \t]*(?::|::=)", re.MULTILINE)  # after _LINE_BREAKS
 
 
 class GrammarError(InvalidParameterError):
@@ -60,10 +60,19 @@ def check_limits(kind: str, value: str) -> None:
         raise GrammarError(f"the {kind.replace('_', ' ')} has {size} bytes; the limit is {MAX_GRAMMAR_BYTES}")
     if kind == "json_schema":
         _check_schema(value)
-    elif kind == "grammar" and (rules := len(_RULE.findall(value))) > MAX_GRAMMAR_RULES:
+    elif kind == "grammar" and (rules := count_rules(value)) > MAX_GRAMMAR_RULES:
         raise GrammarError(f"the grammar defines {rules} rules; the limit is {MAX_GRAMMAR_RULES}")
     elif kind == "choice" and (count := len(json.loads(value))) > MAX_CHOICES:
         raise GrammarError(f"the choice has {count} strings; the limit is {MAX_CHOICES}")
+
+
+def count_rules(grammar: str) -> int:
+    """The rules a Lark or GBNF grammar defines: names followed by ':' or '::=' at a line's start, where any of the
+    characters the library reads as a line break or blank begins a line (a '\r' before each rule once hid them)."""
+    return len(_RULE.findall(grammar.translate(_LINE_BREAKS)))
+
+
+_LINE_BREAKS = str.maketrans({"\r": "\n", "\f": "\n", "\v": "\n"})
 
 
 def _check_schema(text: str) -> None:
@@ -73,7 +82,7 @@ def _check_schema(text: str) -> None:
         raise GrammarError(f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels") from None
     except ValueError:
         return  # not JSON: the library says so when it compiles
-    stack, definitions = [(schema, 1)], 0
+    stack, definitions, references = [(schema, 1)], 0, set()
     while stack:  # depth first, without recursion
         node, depth = stack.pop()
         if depth > MAX_SCHEMA_DEPTH:
@@ -81,11 +90,17 @@ def _check_schema(text: str) -> None:
         if isinstance(node, dict):
             for key in ("$defs", "definitions"):
                 definitions += len(node[key]) if isinstance(node.get(key), dict) else 0
+            if isinstance(node.get("$ref"), str):
+                references.add(node["$ref"])
             stack += [(child, depth + 1) for child in node.values()]
         elif isinstance(node, list):
             stack += [(child, depth + 1) for child in node]
     if definitions > MAX_SCHEMA_DEFINITIONS:
         raise GrammarError(f"the JSON schema has {definitions} definitions; the limit is {MAX_SCHEMA_DEFINITIONS}")
+    # a chain of references through any path (#/properties/a/...) recurses as deep as one through $defs
+    if len(references) > MAX_SCHEMA_DEFINITIONS:
+        message = f"the JSON schema refers ($ref) to {len(references)} places; the limit is {MAX_SCHEMA_DEFINITIONS}"
+        raise GrammarError(message)
 
 
 def parser_limits():

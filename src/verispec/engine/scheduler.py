@@ -218,13 +218,13 @@ class Scheduler:
         PromptTooLongError (the one check of `generate` and `serve`)."""
         if not prompt_ids:
             raise InvalidParameterError("the prompt encodes to no tokens")
-        if any(not 0 <= t < self.vocab_size for t in prompt_ids):
-            raise InvalidParameterError(f"prompt token ids must be in [0, {self.vocab_size})")
-        if len(prompt_ids) >= self.max_model_len:
+        if len(prompt_ids) >= self.max_model_len:  # first: a million ids are refused without reading them
             raise PromptTooLongError(
                 f"the prompt has {len(prompt_ids)} tokens; the context holds {self.max_model_len} "
                 "(prompt + at least 1 new token)"
             )
+        if not 0 <= min(prompt_ids) <= max(prompt_ids) < self.vocab_size:
+            raise InvalidParameterError(f"prompt token ids must be in [0, {self.vocab_size})")
 
     def submit(self, request: EngineRequest) -> None:
         self.submit_all([request])

@@ -1,8 +1,8 @@
 """FastAPI routes: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics.
 
 Every client mistake is answered with a 4xx and OpenAI's error body; a 500 means a bug in verispec.
-With an API key set, every /v1/ route needs `Authorization: Bearer <key>` (401 otherwise); /health and
-/metrics stay open, as vLLM's do.
+With an API key set, every /v1/ route and /metrics need `Authorization: Bearer <key>` (401 otherwise); /health
+stays open for load balancers.
 A handler encodes and checks the request, hands it to the scheduler thread, and reads its events from an
 asyncio queue; if the client goes away (mid-stream or while waiting) the request is cancelled at once.
 """
@@ -26,6 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ..decoding.grammar import Grammar, GrammarSpec
 from ..decoding.sampling import SamplingParams
@@ -35,7 +36,13 @@ from ..engine.scheduler import QueueFullError, Scheduler, SchedulerStoppedError
 from ..errors import InvalidParameterError, ModelLoadError, PromptTooLongError
 from .events import AsyncSink
 from .grammars import ClientGoneError, GrammarWorkers
-from .limits import DEFAULT_GRAMMAR_TIMEOUT, DEFAULT_MAX_BODY_BYTES, MAX_JSON_DEPTH, PARSE_ON_LOOP_BYTES
+from .limits import (
+    DEFAULT_BODY_TIMEOUT,
+    DEFAULT_GRAMMAR_TIMEOUT,
+    DEFAULT_MAX_BODY_BYTES,
+    MAX_JSON_DEPTH,
+    PARSE_ON_LOOP_BYTES,
+)
 from .openapi import openapi_schema
 from .protocol import ApiError, ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, new_id
 from .responses import Job, chat_chunks, chat_completion_body, completion_body, completion_chunks, event_error
@@ -57,10 +64,23 @@ class ServerState:
     allowed_hosts: frozenset[str] | None = None  # names the Host (and any Origin) header may carry; None: any
     started: int = field(default_factory=lambda: int(time.time()))
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger request bodies get 413
+    body_timeout: float = DEFAULT_BODY_TIMEOUT  # seconds a request body may take to arrive (408 beyond)
     grammar_timeout: float = DEFAULT_GRAMMAR_TIMEOUT  # seconds a new grammar may take to compile (--grammar-timeout)
     grammar_processes: int = 1  # worker processes checking new grammars (--grammar-workers)
     parse_special: bool = False  # message contents may spell control tokens (--parse-special: the old behaviour)
     _grammar_workers: GrammarWorkers | None = None
+    _tokens_per_message: int | None = None
+
+    def most_messages(self) -> int:
+        """The most messages a chat request may hold: each takes at least the chat template's markers of an empty
+        message (measured once; 1 where the template cannot tell), and they must fit the context."""
+        if self._tokens_per_message is None:
+            self._tokens_per_message = 1
+            with contextlib.suppress(Exception):
+                empty = [{"role": role, "content": ""} for role in ("user", "assistant", "user")]
+                one, three = (len(self.scheduler.tokenizer.encode_chat(empty[:n])) for n in (1, 3))
+                self._tokens_per_message = max(1, (three - one) // 2)
+        return self.scheduler.max_model_len // self._tokens_per_message
 
     def grammar_workers(self) -> GrammarWorkers:
         if self._grammar_workers is None:
@@ -194,13 +214,19 @@ class Guard:
                 if _hostname(text.split("://", 1)[-1].split("/")[0]) not in allowed:
                     message = f"requests from pages of {text} are refused (see --allowed-hosts)"
                     return ApiError(403, message, code="invalid_origin"), "invalid_origin"
-        if self.expected is not None and (scope["path"] + "/").startswith("/v1/"):
+        if self.expected is not None and _needs_key(scope["path"]):
             given = headers.get("authorization", b"")
             if not hmac.compare_digest(given, self.expected):  # time independent of where they differ
                 message = "a valid API key is needed: send the header 'Authorization: Bearer <key>'"
                 error = ApiError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
                 return error, "invalid_api_key" if given else "missing_api_key"
         return None
+
+
+def _needs_key(path: str) -> bool:
+    """With an API key set: every /v1/ route, and /metrics (what runs, and in a cluster its processes); /health
+    stays open for load balancers."""
+    return (path + "/").startswith("/v1/") or path == "/metrics"
 
 
 # ---- info -------------------------------------------------------------------------------------------------
@@ -260,7 +286,8 @@ async def _parse(request: Request, model: type[RequestT]) -> RequestT:
         # preflight); a JSON body it cannot, so refusing the others keeps pages from driving the server
         message = f"the body must be JSON sent as Content-Type: application/json (got {media_type or 'none'})"
         raise ApiError(415, message, code="unsupported_media_type")
-    raw = await _body(request, request.app.state.verispec.max_body_bytes)
+    state: ServerState = request.app.state.verispec
+    raw = await _body(request, state.max_body_bytes, state.body_timeout)
     try:
         if len(raw) > PARSE_ON_LOOP_BYTES:  # megabytes of JSON take tens of milliseconds: not on the event loop
             return await asyncio.to_thread(model.model_validate_json, raw)
@@ -269,9 +296,9 @@ async def _parse(request: Request, model: type[RequestT]) -> RequestT:
         raise _validation_error(exc) from None
 
 
-async def _body(request: Request, limit: int) -> bytes:
-    """The request's body, or 413 as soon as it is known to exceed `limit` bytes (by its Content-Length, or
-    while it streams in)."""
+async def _body(request: Request, limit: int, timeout: float) -> bytes:
+    """The request's body; 413 as soon as it is known to exceed `limit` bytes (by its Content-Length, or while it
+    streams in), 408 when it takes longer than `timeout` seconds, 499 (unlogged) when the client leaves first."""
     too_large = ApiError(
         413, f"the request body exceeds {limit} bytes (the server's --max-body-bytes)", code="body_too_large"
     )
@@ -279,11 +306,18 @@ async def _body(request: Request, limit: int) -> bytes:
     if declared.isdigit() and int(declared) > limit:
         raise too_large
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_large
+                chunks.append(chunk)
+    except TimeoutError:
+        message = f"the request body took longer than {timeout:g} s to arrive (the server's --body-timeout)"
+        raise ApiError(408, message, code="body_timeout", headers={"Connection": "close"}) from None
+    except ClientDisconnect:
+        raise ApiError(499, "client closed the request", code="client_closed") from None
     return b"".join(chunks)
 
 
@@ -426,13 +460,17 @@ def _check_request(state: ServerState, body: CompletionRequest | ChatCompletionR
     if state.draining:
         raise ApiError(503, "the server is shutting down", type="server_error", code="shutting_down")
     if body.model not in (None, state.model_name):
-        raise ApiError(400, f"the model `{body.model}` does not exist", param="model", code="model_not_found")
+        named = body.model if len(body.model) <= 200 else body.model[:200] + "..."  # never echo megabytes
+        raise ApiError(400, f"the model `{named}` does not exist", param="model", code="model_not_found")
     if problem := body.unsupported():
         raise ApiError(400, problem[1], param=problem[0], code="unsupported_parameter")
     try:
         check_stop(body.stop_list())
     except InvalidParameterError as exc:
         raise ApiError(400, str(exc), param="stop", code="invalid_value") from None
+    if isinstance(body, ChatCompletionRequest) and len(body.messages) > state.most_messages():
+        message = f"{len(body.messages)} messages cannot fit this model's context of {state.scheduler.max_model_len}"
+        raise ApiError(400, message, param="messages", code="context_length_exceeded")
     room = state.scheduler.config.max_num_seqs + state.scheduler.config.max_queue
     if body.sequences() > room:
         param = "n" if body.sequences() == body.n else "best_of"

@@ -13,7 +13,15 @@ from ..engine.suffix import DEFAULT_INDEX_TOKENS
 from ..errors import VerispecError
 from .cluster.launch import check_cluster_arguments
 from .engine_from_args import build_scheduler, model_id
-from .limits import DEFAULT_GRAMMAR_TIMEOUT, DEFAULT_MAX_BODY_BYTES
+from .limits import (
+    DEFAULT_BODY_TIMEOUT,
+    DEFAULT_GRAMMAR_TIMEOUT,
+    DEFAULT_HEADER_TIMEOUT,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_CONNECTIONS,
+    KEEP_ALIVE_SECONDS,
+    MAX_HEAD_BYTES,
+)
 
 
 def _serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,6 +69,19 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"largest request body read (413 beyond; default {DEFAULT_MAX_BODY_BYTES})",
     )  # fmt: skip
     parser.add_argument(
+        "--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT,
+        help=f"seconds a request body may take to arrive (408 beyond; default {DEFAULT_BODY_TIMEOUT:g})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--header-timeout", type=float, default=DEFAULT_HEADER_TIMEOUT,
+        help="seconds a connection may take to send a request's line and headers, from its start or its previous "
+        f"answer; then it is closed (default {DEFAULT_HEADER_TIMEOUT:g})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
+        help=f"connections open at once; more are closed as they arrive (default {DEFAULT_MAX_CONNECTIONS})",
+    )  # fmt: skip
+    parser.add_argument(
         "--grammar-timeout", type=float, default=DEFAULT_GRAMMAR_TIMEOUT,
         help=f"seconds a new structured-output grammar may take to compile (400 beyond; {DEFAULT_GRAMMAR_TIMEOUT:g})",
     )  # fmt: skip
@@ -89,6 +110,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from .app import ServerState, allowed_hosts_for, create_app
+    from .http import bounded_protocol
 
     hosts = _access_arguments(args)  # before the models load: a mistake here costs no wait
     _check_limits(args)
@@ -102,7 +124,7 @@ def _serve(args: argparse.Namespace) -> int:
     scheduler = build_scheduler(args)
     state = ServerState(
         scheduler, name, api_key=args.api_key, allowed_hosts=allowed_hosts_for(args.host, hosts),
-        max_body_bytes=args.max_body_bytes, grammar_timeout=args.grammar_timeout,
+        max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout, grammar_timeout=args.grammar_timeout,
         grammar_processes=args.grammar_workers, parse_special=args.parse_special,
     )  # fmt: skip
     target_bytes, draft_bytes = scheduler.kv_cache_bytes()
@@ -117,6 +139,8 @@ def _serve(args: argparse.Namespace) -> int:
     config = uvicorn.Config(
         create_app(state), host=args.host, port=args.port, log_level=args.log_level,
         timeout_graceful_shutdown=args.drain_timeout, access_log=False,
+        http=bounded_protocol(args.max_connections, args.header_timeout),  # limits of its own: http.py
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES, timeout_keep_alive=KEEP_ALIVE_SECONDS,
     )  # fmt: skip
     server = _draining_server(config, state)
     quiet = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -143,8 +167,11 @@ def _access_arguments(args: argparse.Namespace) -> list[str] | None:
 def _check_limits(args: argparse.Namespace) -> None:
     if args.max_body_bytes < 1024:
         raise VerispecError(f"--max-body-bytes must be >= 1024, got {args.max_body_bytes}")
-    if not args.grammar_timeout > 0:
-        raise VerispecError(f"--grammar-timeout must be > 0, got {args.grammar_timeout}")
+    for flag in ("grammar_timeout", "body_timeout", "header_timeout"):
+        if not getattr(args, flag) > 0:
+            raise VerispecError(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
+    if args.max_connections < 1:
+        raise VerispecError(f"--max-connections must be >= 1, got {args.max_connections}")
     if args.grammar_workers < 1:
         raise VerispecError(f"--grammar-workers must be >= 1, got {args.grammar_workers}")
 

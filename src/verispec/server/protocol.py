@@ -152,11 +152,15 @@ class _GenerationRequest(_Strict):
     # features verispec lacks, recognised so that asking for them is refused rather than ignored
     tools: list[Any] | None = None
     functions: list[Any] | None = None
+    tool_choice: Any = None
+    function_call: Any = None
+    parallel_tool_calls: bool | None = None
 
     def unsupported(self) -> tuple[str, str] | None:
         """(param, message) for a requested feature verispec lacks."""
-        if self.tools or self.functions:
-            return ("tools" if self.tools else "functions"), "tool and function calling are not supported"
+        for name in ("tools", "functions", "tool_choice", "function_call", "parallel_tool_calls"):
+            if getattr(self, name) not in (None, []):
+                return name, "tool and function calling are not supported"
         return None
 
     def constraints(self) -> list[tuple[str, str, str]]:
@@ -250,6 +254,9 @@ class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[Any] | None = None  # refused (ChatCompletionRequest.unsupported) rather than dropped
+    tool_call_id: str | None = None
+    function_call: Any = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -272,6 +279,12 @@ class ChatCompletionRequest(_GenerationRequest):
 
     def top_logprobs_asked(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        for i, message in enumerate(self.messages):
+            if message.role == "tool" or message.tool_calls or message.function_call or message.tool_call_id:
+                return f"messages.{i}", "tool and function calling are not supported (a tool call or result)"
+        return super().unsupported()
 
 
 # ---- responses ----------------------------------------------------------------------------------------

@@ -62,6 +62,7 @@ class IngressConfig:
     api_key: str | None
     allowed_hosts: frozenset[str] | None
     max_body_bytes: int
+    body_timeout: float
     replica_capacity: int  # requests one replica runs or queues (--max-num-seqs + --max-queue)
     max_queue: int  # generation requests the ingress holds beyond what the replicas take
     replicas: int  # replicas assumed before the router has seen any
@@ -112,7 +113,7 @@ class Ingress:
 
     async def _forward(self, scope, receive, send) -> None:
         try:
-            body = await _body(Request(scope, receive), self.config.max_body_bytes)
+            body = await _body(Request(scope, receive), self.config.max_body_bytes, self.config.body_timeout)
         except ApiError as error:
             await _answer(error, scope, receive, send)
             return

@@ -31,7 +31,7 @@ class EngineReplica:
         scheduler = build_scheduler(args)
         self.state = ServerState(
             scheduler, model_name, api_key=args.api_key, allowed_hosts=allowed_hosts,
-            max_body_bytes=args.max_body_bytes, grammar_timeout=args.grammar_timeout,
+            max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout, grammar_timeout=args.grammar_timeout,
             grammar_processes=args.grammar_workers, parse_special=args.parse_special,
         )  # fmt: skip
         self.app = create_app(self.state)
