@@ -90,7 +90,7 @@ def _replay(prompt: list[int], answer: list[int], index: SuffixIndex, slope: flo
     context, at, passes, cost, accepted, rejected = list(prompt), 0, 0, 0.0, 0, 0
     while at < len(answer):
         most = min(LOOKUP_MAX, len(answer) - at - 1)
-        lookup = best_lookup([own, index.trie], context, most, estimated_alpha(accepted, rejected))
+        lookup = best_lookup([own, index.trie()], context, most, estimated_alpha(accepted, rejected))
         drafted = lookup.tokens if lookup is not None else []
         taken = 0
         while taken < len(drafted) and drafted[taken] == answer[at + taken]:

@@ -46,6 +46,25 @@ def test_padded_rows_do_not_change_other_rows(tiny):
         assert batch_cache.lengths[slot] == len(prompts[slot]) + len(rows[slot])
 
 
+def test_the_draft_model_reuses_only_its_own_partitions_context(tiny):
+    """A slot of another partition (tenant) never lends its keys and values, and a slot taken over by another
+    partition forgets what it held: what the draft reads costs each request as if no other tenant had sent it."""
+    target, draft = tiny
+    vocab = target.model.config.vocab_size
+    drafter = BatchedDrafter(draft.model, vocab, 2, 128, None)
+    tokens = list(range(1, 61))
+    drafter.admit(0, "victim")
+    drafter.propose([DraftJob(0, tokens, 1, SamplingParams(), KeyedNoise(0, vocab))])
+    drafter.admit(1, "attacker")
+    assert drafter.lag(1, tokens) == len(tokens) - CATCH_UP_WIDTH  # all of it: slot 0 is not the attacker's
+    drafter.admit(0, "attacker")  # the victim's slot taken over
+    assert drafter.lag(0, tokens) == len(tokens) - CATCH_UP_WIDTH and not drafter.fed[0]
+    drafter.admit(1, "victim")
+    drafter.propose([DraftJob(1, tokens, 1, SamplingParams(), KeyedNoise(0, vocab))])
+    drafter.admit(0, "victim")  # the control: a colleague's slot lends what it holds
+    assert drafter.lag(0, tokens) == 0
+
+
 def test_draft_lag_is_what_propose_then_feeds_alone(tiny):
     """The draft policy prices resuming drafting by `lag`: it must count what the slot really lacks, also when
     the slot holds a longer earlier request that shares only a prefix (it once counted 1 token there)."""

@@ -467,7 +467,9 @@ def test_a_slow_body_gets_408_and_a_client_that_leaves_mid_body_is_not_logged(st
             b"Content-Length: 100\r\n\r\n" + b'{"prompt": '
         )
         sock.settimeout(TIMEOUT)
-        answer = sock.recv(4096)
+        answer = b""
+        while chunk := sock.recv(4096):  # the server closes after its answer
+            answer += chunk
     assert answer.startswith(b"HTTP/1.1 408") and b"body-timeout" in answer, answer
     for _ in range(20):  # clients that leave after part of a body: no traceback each (once one per client)
         with _connect(strict) as sock:
@@ -496,3 +498,53 @@ def test_health_answers_while_token_id_prompts_arrive(server):
             sender.join()
 
     assert _health_stays_fast(server, send_all) < 0.5 and results == [400] * 8
+
+
+# ---- tenants: what one may learn of another's answers --------------------------------------------------------
+def test_one_tenant_cannot_see_anothers_answer_or_prompt():
+    """A victim's answer and prompt, and what a request of another API key (or of the victim's key with another
+    cache_salt) then costs: the same target passes, lookups and prefill as on a fresh server. A request with the
+    victim's key and no salt shares them (the control: the test can tell). Once, an attacker sending the victim's
+    prompt got its answer in 0.39x the time, and its stats said so."""
+    proc = ServerProcess(
+        "--model", "tiny", "--speculative-model", "none", "--speculative-method", "suffix", "--max-model-len", "512",
+        "--api-key", "victim", "--api-key", "attacker",
+    )  # fmt: skip
+    prompt = "The quarterly numbers, confidential: " + "revenue up, costs down, " * 6
+    ask = {"prompt": prompt, "max_tokens": 64, "temperature": 0, "ignore_eos": True}
+
+    def send(key: str, **extra) -> tuple[dict, float]:
+        before = proc.metrics()["verispec_prefill_reused_tokens_total"]
+        headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+        reply = httpx.post(proc.url + ROUTES["completion"], json={**ask, **extra}, headers=headers, timeout=TIMEOUT)
+        assert reply.status_code == 200, reply.text
+        return reply.json(), proc.metrics()["verispec_prefill_reused_tokens_total"] - before
+
+    try:
+        victim, reused = send("victim")
+        assert reused == 0
+        for key, extra in (("attacker", {}), ("victim", {"cache_salt": "other"})):
+            answer, reused = send(key, **extra)
+            assert answer["choices"][0]["text"] == victim["choices"][0]["text"]
+            assert answer["verispec"]["target_passes"] == victim["verispec"]["target_passes"], (key, extra)
+            assert answer["verispec"]["accepted_by_proposer"] == victim["verispec"]["accepted_by_proposer"]
+            assert reused == 0, (key, extra)
+        colleague, reused = send("victim")
+        assert colleague["verispec"]["target_passes"] < victim["verispec"]["target_passes"] and reused > 0
+    finally:
+        proc.stop()
+
+
+def test_partitions_by_sharing_mode():
+    from verispec.server.partitions import partition_of
+
+    def same(sharing, a, b) -> bool:
+        return partition_of(sharing, *a, "r1") == partition_of(sharing, *b, "r2")
+
+    assert same("global", (0, "u", None), (1, "v", None)) and not same("global", (0, None, "s"), (0, None, "t"))
+    assert same("key", (0, "u", None), (0, "v", None)) and not same("key", (0, None, None), (1, None, None))
+    assert same("user", (0, "u", None), (0, "u", None)) and not same("user", (0, "u", None), (0, "v", None))
+    assert not same("user", (0, None, None), (0, None, None))  # no user: nothing shared
+    assert not same("none", (0, "u", "s"), (0, "u", "s"))
+    # no user name or salt spells another's partition
+    assert not same("user", (0, 'u", "salt', None), (0, "u", "salt"))

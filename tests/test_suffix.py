@@ -169,7 +169,7 @@ def test_a_removed_sequence_leaves_no_continuation_and_the_index_stays_bounded()
     index = SuffixIndex(max_tokens=10, depth=6)
     for i in range(20):
         index.add([i, i + 1, i + 2, i + 3])
-    assert index.tokens <= 10 and index.trie.match([19, 20, 21])[1] == 3 and index.trie.match([1, 2])[1] == 0
+    assert index.tokens <= 10 and index.trie().match([19, 20, 21])[1] == 3 and index.trie().match([1, 2])[1] == 0
 
 
 # ---- the drafter through the engine ---------------------------------------------------------------------------

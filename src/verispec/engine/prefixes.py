@@ -11,7 +11,9 @@ position 0 can be reused. How the prompt was cut into prefill passes may matter 
   slot's chunks are reused only where they are equal and end where prefilling the new prompt would end them.
 
 Only prefilled positions are recorded (decoding writes after them), and a slot's record is cut where a new
-request's prefill starts overwriting it.
+request's prefill starts overwriting it. A request reuses only what requests of its own partition prefilled (a
+tenant, engine/requests.py): a prefill that goes faster because another tenant sent the same prompt would tell
+that it did.
 """
 
 from __future__ import annotations
@@ -46,11 +48,16 @@ class PrefilledPrompts:
     def __init__(self, cache: KVCache, chunk: int | None):
         self.cache, self.chunk = cache, chunk
         self.held: list[list[int]] = [[] for _ in range(cache.num_slots)]  # per slot: its prefilled tokens
+        self.partitions = [""] * cache.num_slots  # whose prompt each slot holds
 
-    def admit(self, slot: int, prompt: list[int]) -> int:
-        """A new request in `slot`: keep what the slot still holds of its prompt (from a request before),
-        forget the rest; returns how many prompt tokens are in place (the slot's cache length)."""
+    def admit(self, slot: int, prompt: list[int], partition: str = "") -> int:
+        """A new request in `slot`, of `partition`: keep what the slot still holds of its prompt (from a request of
+        the same partition before), forget the rest; returns how many prompt tokens are in place (the slot's cache
+        length)."""
         self.cache.set_length(slot, 0)
+        if self.partitions[slot] != partition:
+            self.partitions[slot] = partition
+            self.held[slot].clear()
         end = self.copy(slot, slot, prompt, 0)
         del self.held[slot][end:]
         return end
@@ -60,7 +67,7 @@ class PrefilledPrompts:
         prefill now stands."""
         end = start
         for source in range(self.cache.num_slots):
-            if source != slot:
+            if source != slot and self.partitions[source] == self.partitions[slot]:
                 end = self.copy(source, slot, prompt, end)
         return end
 

@@ -185,8 +185,17 @@ class BatchedDrafter:
         self.greedy_steps = self._greedy_steps(model, target_vocab_size)
         self.cache = model.new_cache(num_slots=num_slots, max_len=max_len)
         self.fed: list[list[int]] = [[] for _ in range(num_slots)]  # tokens held in each slot, in order
+        self.partitions = [""] * num_slots  # whose tokens each slot holds: only its partition reuses them
         self.catch_up_seconds = 0.0  # time of the last propose's long feeds ...
         self.catch_up_tokens = 0  # ... and the tokens they fed
+
+    def admit(self, slot: int, partition: str) -> None:
+        """A new request in `slot`, of `partition` (a tenant: engine/requests.py): what the slot holds of another
+        partition's is forgotten, and it copies only from slots of its own partition."""
+        if self.partitions[slot] != partition:
+            self.partitions[slot] = partition
+            self.fed[slot].clear()
+            self.cache.set_length(slot, 0)
 
     def lag(self, slot: int, tokens: list[int], model_tokens: list[int] | None = None) -> int:
         """How many tokens `propose` would feed the slot alone, before drafting for `tokens` (read as
@@ -203,7 +212,9 @@ class BatchedDrafter:
         best = (slot, common_prefix(self.fed[slot], tokens, limit))
         if limit - best[1] > CATCH_UP_WIDTH:
             for other, fed in enumerate(self.fed):
-                if other != slot and (held := common_prefix(fed, tokens, limit)) > best[1]:
+                if other == slot or self.partitions[other] != self.partitions[slot]:
+                    continue
+                if (held := common_prefix(fed, tokens, limit)) > best[1]:
                     best = (other, held)
         return best
 
@@ -334,6 +345,9 @@ class BatchedNgramDrafter:
     catch_up_seconds, catch_up_tokens = 0.0, 0
     modelled = False
 
+    def admit(self, slot: int, partition: str) -> None:
+        """It reads each sequence's own context only: nothing to partition."""
+
     def lag(self, slot: int, tokens: list[int], model_tokens: list[int] | None = None) -> int:
         return 0
 
@@ -357,6 +371,9 @@ class BatchedHybridDrafter:
     @property
     def cache(self) -> KVCache:
         return self.model.cache
+
+    def admit(self, slot: int, partition: str) -> None:
+        self.model.admit(slot, partition)
 
     def lag(self, slot: int, tokens: list[int], model_tokens: list[int] | None = None) -> int:
         """What the draft model must catch up on first; nothing when the lookup drafts for this sequence (the

@@ -63,5 +63,8 @@ class EngineRequest:
     ignore_eos: bool = False  # end tokens are ordinary tokens (benchmarks: every request generates max_tokens)
     logprobs: int | None = None  # None: no logprobs; N: each token's logprob and its N most likely alternatives
     grammar: Grammar | None = None  # structured output: every generated token within this grammar
+    # what the request may draft from and reuse: requests of one partition share earlier outputs (suffix drafting)
+    # and prefilled prompts; requests of different partitions nothing (the server's --cache-sharing: a tenant)
+    partition: str = ""
     arrival: float = field(default_factory=time.perf_counter)
     cancelled: bool = False

@@ -444,7 +444,9 @@ class Scheduler:
         )
         self.running[slot] = seq
         self.metrics.prompt_tokens.inc(len(prompt))
-        seq.prefilled = self.prefixes.admit(slot, prompt)
+        seq.prefilled = self.prefixes.admit(slot, prompt, request.partition)
+        if self.drafter is not None:
+            self.drafter.admit(slot, request.partition)
         self.metrics.prefill_reused_tokens.inc(seq.prefilled)
 
     def _prefill_chunk(self) -> None:
@@ -725,7 +727,7 @@ class Scheduler:
             stopper.text, list(stopper.token_ids), reason, seq.stats, seq.request.prompt_ids, seq.logprobs
         )
         if isinstance(self.drafter, BatchedSuffixDrafter):  # what it wrote, for the requests to come
-            self.drafter.finished(seq.request.prompt_ids, seq.tokens[len(seq.request.prompt_ids) :])
+            self.drafter.finished(seq.tokens[len(seq.request.prompt_ids) :], seq.request.partition)
         seq.request.sink(FinishEvent(output, seq.queue_seconds))
         self._release(seq, reason)
 

@@ -40,30 +40,46 @@ DEFAULT_INDEX_TOKENS = 1 << 16  # tokens of earlier requests kept (--suffix-cach
 
 
 class SuffixIndex:
-    """Earlier sequences in one trie; when they hold more than `max_tokens`, the oldest are removed (and the trie
-    rebuilt once most of its nodes are dead). Touched only by the engine's thread."""
+    """Earlier sequences, one trie per partition (a tenant: requests of one partition draft only from each other's
+    outputs, engine/requests.py); when they hold more than `max_tokens` in all, the oldest are removed, whatever
+    their partition (and a trie is rebuilt once most of its nodes are dead). Touched only by the engine's thread."""
 
     def __init__(self, max_tokens: int = DEFAULT_INDEX_TOKENS, depth: int = DEPTH):
         self.max_tokens, self.depth = max_tokens, depth
-        self.trie = SuffixTrie(depth)
-        self.sequences: deque[list[int]] = deque()
+        self.tries: dict[str, SuffixTrie] = {}
+        self.sequences: deque[tuple[str, list[int]]] = deque()  # oldest first
+        self.held: dict[str, int] = {}  # tokens per partition
         self.tokens = 0
+        self._empty = SuffixTrie(depth)  # what a partition without sequences looks up in
 
-    def add(self, tokens: list[int]) -> None:
+    def trie(self, partition: str = "") -> SuffixTrie:
+        return self.tries.get(partition, self._empty)
+
+    def add(self, tokens: list[int], partition: str = "") -> None:
         if not tokens or not self.max_tokens:
             return
         tokens = tokens[-self.max_tokens :]
-        self.trie.add(tokens)
-        self.sequences.append(tokens)
+        self.tries.setdefault(partition, SuffixTrie(self.depth)).add(tokens)
+        self.sequences.append((partition, tokens))
+        self.held[partition] = self.held.get(partition, 0) + len(tokens)
         self.tokens += len(tokens)
         while self.tokens > self.max_tokens:
-            oldest = self.sequences.popleft()
-            self.trie.add(oldest, -1)
-            self.tokens -= len(oldest)
-        if self.trie.nodes > 4 * max(self.trie.live, 1024):  # mostly dead nodes: start over from what is kept
-            self.trie = SuffixTrie(self.depth)
-            for sequence in self.sequences:
-                self.trie.add(sequence)
+            self._remove_oldest()
+        trie = self.tries[partition]
+        if trie.nodes > 4 * max(trie.live, 1024):  # mostly dead nodes: start over from what is kept
+            self.tries[partition] = trie = SuffixTrie(self.depth)
+            for owner, sequence in self.sequences:
+                if owner == partition:
+                    trie.add(sequence)
+
+    def _remove_oldest(self) -> None:
+        partition, oldest = self.sequences.popleft()
+        self.tokens -= len(oldest)
+        self.held[partition] -= len(oldest)
+        if self.held[partition]:
+            self.tries[partition].add(oldest, -1)
+        else:  # the partition's last sequence: its trie goes
+            del self.tries[partition], self.held[partition]
 
 
 @dataclass
@@ -172,6 +188,7 @@ class BatchedSuffixDrafter:
     def __init__(self, model: BatchedDrafter | None, index: SuffixIndex, num_slots: int):
         self.model, self.index = model, index
         self.followed: list[_Followed | None] = [None] * num_slots
+        self.partitions = [""] * num_slots  # each slot's request's partition (admit)
         self.catch_up_seconds, self.catch_up_tokens = 0.0, 0
         self.modelled = False
 
@@ -223,13 +240,19 @@ class BatchedSuffixDrafter:
                 proposals.append(empty)
         return proposals
 
+    def admit(self, slot: int, partition: str) -> None:
+        """A new request in `slot`, of `partition`: it looks up in that partition's earlier outputs only."""
+        self.partitions[slot] = partition
+        if self.model is not None:
+            self.model.admit(slot, partition)
+
     def forget(self) -> None:
         """Drop the index of earlier requests (a bench's warm-up must not leave answers behind)."""
         self.index = SuffixIndex(self.index.max_tokens, self.index.depth)
 
-    def finished(self, prompt: list[int], output: list[int]) -> None:
-        """A request ended: its output joins the index of earlier requests."""
-        self.index.add(output)
+    def finished(self, output: list[int], partition: str = "") -> None:
+        """A request ended: its output joins the index of earlier requests, in its partition."""
+        self.index.add(output, partition)
 
     def _lookup(
         self,
@@ -242,7 +265,7 @@ class BatchedSuffixDrafter:
     ) -> Lookup | None:
         own = self._followed(slot, key, tokens)
         tries = [own.trie] if own is not None else []
-        return best_lookup([*tries, self.index.trie], tokens, most, alpha, tree)
+        return best_lookup([*tries, self.index.trie(self.partitions[slot])], tokens, most, alpha, tree)
 
     def _followed(self, slot: int, key: str | None, tokens: list[int]) -> _Followed | None:
         """The slot's own trie, fed up to all but the last of `tokens` (the last has no continuation yet); a new

@@ -44,6 +44,7 @@ from .limits import (
     PARSE_ON_LOOP_BYTES,
 )
 from .openapi import openapi_schema
+from .partitions import partition_of
 from .protocol import ApiError, ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, new_id
 from .responses import Job, chat_chunks, chat_completion_body, completion_body, completion_chunks, event_error
 
@@ -60,7 +61,8 @@ class ServerState:
     scheduler: Scheduler
     model_name: str
     draining: bool = False  # set on SIGTERM: new requests get 503 while running ones finish
-    api_key: str | None = None  # when set, /v1/ routes need it as a bearer token
+    api_keys: tuple[str, ...] = ()  # when set, /v1/ routes and /metrics need one of them as a bearer token
+    cache_sharing: str = "key"  # which requests share earlier outputs and prefilled prompts (partitions.py)
     allowed_hosts: frozenset[str] | None = None  # names the Host (and any Origin) header may carry; None: any
     started: int = field(default_factory=lambda: int(time.time()))
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger request bodies get 413
@@ -103,7 +105,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.state.verispec = state
     _add_error_handlers(app, state)
     app.add_middleware(
-        Guard, api_key=state.api_key, allowed_hosts=state.allowed_hosts,
+        Guard, api_keys=state.api_keys, allowed_hosts=state.allowed_hosts,
         refused=lambda label: state.scheduler.metrics.rejected.labels(code=label).inc(),
     )  # fmt: skip
     app.openapi = lambda: openapi_schema(app)
@@ -185,10 +187,9 @@ class Guard:
     cancel on it. The cluster's ingress (server/cluster/ingress.py) puts the same guard in front of its replicas."""
 
     def __init__(
-        self, app, api_key: str | None, allowed_hosts: frozenset[str] | None, refused: Callable[[str], None]
+        self, app, api_keys: tuple[str, ...], allowed_hosts: frozenset[str] | None, refused: Callable[[str], None]
     ) -> None:
-        self.app, self.allowed_hosts, self.refused = app, allowed_hosts, refused
-        self.expected = f"Bearer {api_key}".encode() if api_key else None
+        self.app, self.allowed_hosts, self.refused, self.api_keys = app, allowed_hosts, refused, api_keys
 
     async def __call__(self, scope, receive, send) -> None:
         refused = self._refusal(scope) if scope["type"] == "http" else None
@@ -214,13 +215,23 @@ class Guard:
                 if _hostname(text.split("://", 1)[-1].split("/")[0]) not in allowed:
                     message = f"requests from pages of {text} are refused (see --allowed-hosts)"
                     return ApiError(403, message, code="invalid_origin"), "invalid_origin"
-        if self.expected is not None and _needs_key(scope["path"]):
+        if self.api_keys and _needs_key(scope["path"]):
             given = headers.get("authorization", b"")
-            if not hmac.compare_digest(given, self.expected):  # time independent of where they differ
+            if key_index(self.api_keys, given) is None:
                 message = "a valid API key is needed: send the header 'Authorization: Bearer <key>'"
                 error = ApiError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
                 return error, "invalid_api_key" if given else "missing_api_key"
         return None
+
+
+def key_index(keys: tuple[str, ...], authorization: bytes) -> int | None:
+    """Which of `keys` an Authorization header carries as its bearer token, or None. Every key is compared, each in
+    time independent of where they differ: the time tells nothing of a key."""
+    found = None
+    for index, key in enumerate(keys):
+        if hmac.compare_digest(authorization, f"Bearer {key}".encode()):
+            found = index
+    return found
 
 
 def _needs_key(path: str) -> bool:
@@ -258,7 +269,10 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
         _check_request(state, body)  # before any work: encoding, compiling a grammar
         prompt_ids = await _off_loop(_encode_completion_prompt, state, body)
         grammar = await _grammar(state, body, request)
-        job = _submit(state, body, prompt_ids, COMPLETION_DEFAULT_MAX_TOKENS, body.max_tokens, "prompt", grammar)
+        job = _submit(
+            state, body, prompt_ids, COMPLETION_DEFAULT_MAX_TOKENS, body.max_tokens, "prompt", grammar,
+            request.headers.get("authorization", "").encode("latin-1"),
+        )  # fmt: skip
         if job.stream:
             return _sse(state, job, completion_chunks(job))
         outputs, queue_seconds = await _result(request, state, job)
@@ -272,7 +286,8 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
         room = state.scheduler.max_model_len - len(prompt_ids)
         requested = body.max_completion_tokens or body.max_tokens
         grammar = await _grammar(state, body, request)
-        job = _submit(state, body, prompt_ids, room, requested, "messages", grammar)
+        authorization = request.headers.get("authorization", "").encode("latin-1")
+        job = _submit(state, body, prompt_ids, room, requested, "messages", grammar, authorization)
         if job.stream:
             return _sse(state, job, chat_chunks(job))
         outputs, queue_seconds = await _result(request, state, job)
@@ -393,8 +408,9 @@ def _submit(
     requested: int | None,
     prompt_param: str,
     grammar: Grammar | None = None,
+    authorization: bytes = b"",
 ) -> Job:
-    """Check the request against the limits, then queue it; raises ApiError."""
+    """Check the request against the limits, then queue it (in its partition: partitions.py); raises ApiError."""
     max_tokens = _max_tokens(state, prompt_ids, default_max, requested, prompt_param)
     temperature = 1.0 if body.temperature is None else body.temperature
     try:
@@ -405,6 +421,8 @@ def _submit(
     except InvalidParameterError as exc:
         raise ApiError(400, str(exc), param=_field_named(str(exc)), code="invalid_value") from None
     job_id = new_id("chatcmpl" if prompt_param == "messages" else "cmpl")
+    key = key_index(state.api_keys, authorization) if state.api_keys else None
+    partition = partition_of(state.cache_sharing, key, body.user, body.cache_salt, job_id)
     count = body.sequences()
     sink = AsyncSink(count)
     logprobs = body.top_logprobs_asked()
@@ -413,7 +431,7 @@ def _submit(
         EngineRequest(
             job_id if count == 1 else f"{job_id}-{i}", prompt_ids, _choice_params(params, i), max_tokens,
             sink.choice(i), body.stop_list(), body.speculative, ignore_eos=body.ignore_eos,
-            logprobs=0 if ranking and logprobs is None else logprobs, grammar=grammar,
+            logprobs=0 if ranking and logprobs is None else logprobs, grammar=grammar, partition=partition,
         )
         for i in range(count)
     ]  # fmt: skip

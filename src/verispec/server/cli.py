@@ -22,6 +22,7 @@ from .limits import (
     KEEP_ALIVE_SECONDS,
     MAX_HEAD_BYTES,
 )
+from .partitions import SHARING
 
 
 def _serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,8 +55,17 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--api-key",
-        default=os.environ.get("VERISPEC_API_KEY") or None,  # an empty variable counts as unset
-        help="require 'Authorization: Bearer <key>' on every /v1/ route (default: $VERISPEC_API_KEY; none: open)",
+        action="append",
+        help="require 'Authorization: Bearer <key>' on every /v1/ route and /metrics; repeat it for several keys, "
+        "each a tenant of its own under --cache-sharing key (default: $VERISPEC_API_KEY, comma-separated; none: open)",
+    )
+    parser.add_argument(
+        "--cache-sharing",
+        default="key",
+        choices=SHARING,
+        help="which requests may draft from each other's outputs and reuse each other's prefilled prompts: global "
+        "(all), key (those sent with the same API key; default), user (and the same OpenAI 'user' field; requests "
+        "without one share nothing), none (nothing). A request's 'cache_salt' narrows it further (docs/server.md)",
     )
     parser.add_argument(
         "--allowed-hosts",
@@ -123,7 +133,8 @@ def _serve(args: argparse.Namespace) -> int:
         return serve_cluster(args, name, allowed_hosts_for(args.host, hosts))
     scheduler = build_scheduler(args)
     state = ServerState(
-        scheduler, name, api_key=args.api_key, allowed_hosts=allowed_hosts_for(args.host, hosts),
+        scheduler, name, api_keys=args.api_key, cache_sharing=args.cache_sharing,
+        allowed_hosts=allowed_hosts_for(args.host, hosts),
         max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout, grammar_timeout=args.grammar_timeout,
         grammar_processes=args.grammar_workers, parse_special=args.parse_special,
     )  # fmt: skip
@@ -134,7 +145,7 @@ def _serve(args: argparse.Namespace) -> int:
         name, args.speculative_model, args.num_speculative_tokens, args.draft_policy, args.max_num_seqs,
         scheduler.max_model_len, target_bytes / 2**20, draft_bytes / 2**20,
     )  # fmt: skip
-    if state.api_key:
+    if state.api_keys:
         logging.getLogger("verispec.server").info("/v1/ routes need the API key (Authorization: Bearer ...)")
     config = uvicorn.Config(
         create_app(state), host=args.host, port=args.port, log_level=args.log_level,
@@ -154,8 +165,11 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _access_arguments(args: argparse.Namespace) -> list[str] | None:
     """Checks --api-key and --allowed-hosts; returns the allowed names given (None: the default)."""
-    if args.api_key is not None and not args.api_key.strip():
+    given = args.api_key if args.api_key is not None else os.environ.get("VERISPEC_API_KEY", "").split(",")
+    keys = [key.strip() for key in given if key.strip()]
+    if args.api_key is not None and len(keys) < len(args.api_key):
         raise VerispecError("--api-key is empty: give the key, or leave the flag out for an open server")
+    args.api_key = tuple(keys)  # what the app and a cluster's replicas take
     if args.allowed_hosts is None:
         return None
     hosts = [h.strip() for h in args.allowed_hosts.split(",") if h.strip()]

@@ -141,7 +141,9 @@ class _GenerationRequest(_Strict):
     logit_bias: dict[str, Annotated[float, Field(ge=BIAS_RANGE[0], le=BIAS_RANGE[1])]] | None = Field(
         default=None, json_schema_extra={"propertyNames": {"pattern": TOKEN_ID_KEY.pattern}}
     )
-    user: str | None = None
+    user: str | None = Field(default=None, max_length=256)
+    # vLLM's: only requests with the same salt share earlier outputs and prefilled prompts (server/partitions.py)
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
     # structured output: OpenAI's response_format, vLLM's structured_outputs, and vLLM's older guided_* names
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None

@@ -59,7 +59,7 @@ BROKEN = Counter(
 
 @dataclass(frozen=True)
 class IngressConfig:
-    api_key: str | None
+    api_keys: tuple[str, ...]
     allowed_hosts: frozenset[str] | None
     max_body_bytes: int
     body_timeout: float
@@ -88,7 +88,7 @@ class Ingress:
         def refused(label: str) -> None:
             REJECTED.labels(code=label).inc()
 
-        return Guard(self._dispatch, self.config.api_key, self.config.allowed_hosts, refused)
+        return Guard(self._dispatch, self.config.api_keys, self.config.allowed_hosts, refused)
 
     async def _dispatch(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":

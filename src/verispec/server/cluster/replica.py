@@ -30,7 +30,7 @@ class EngineReplica:
 
         scheduler = build_scheduler(args)
         self.state = ServerState(
-            scheduler, model_name, api_key=args.api_key, allowed_hosts=allowed_hosts,
+            scheduler, model_name, api_keys=args.api_key, cache_sharing=args.cache_sharing, allowed_hosts=allowed_hosts,
             max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout, grammar_timeout=args.grammar_timeout,
             grammar_processes=args.grammar_workers, parse_special=args.parse_special,
         )  # fmt: skip

@@ -1,0 +1,170 @@
+"""What one hostile client costs everyone else: a bystander's latency and /health's, alone and while each hostile
+probe runs against the same `verispec serve`.
+
+    python benchmarks/bystander.py [--repeats 5] [-- SERVE FLAGS]      (default: the bundled pair, its defaults)
+
+The bystander is a short greedy chat request (16 tokens, not streamed), sent `--repeats` times alone and then
+while each probe keeps the server busy; /health is polled throughout. Probes: 16 stop strings of the longest
+length on a long generation, eight 4 MB token-id prompts, chat bodies of 120,000 empty messages, 8 MiB request
+lines and headers, hundreds of idle connections, headers sent a byte at a time, schema chains deep enough to
+crash a grammar library. Bodies are built before timing starts. The bystander's latency is a median; a ratio
+within 1.5x of alone is the target (docs/server.md, Hostile input).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+import httpx
+
+BYSTANDER = {"messages": [{"role": "user", "content": "Name three fruits."}], "max_tokens": 16, "temperature": 0}
+
+
+class Server:
+    def __init__(self, flags: list[str]) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        command = [sys.executable, "-m", "verispec", "serve", "--port", str(self.port), *flags]
+        self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            time.sleep(0.5)
+        raise SystemExit("the server did not start")
+
+    def post(self, route: str, body: bytes, timeout: float = 300) -> int:
+        headers = {"Content-Type": "application/json"}
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.post(self.url + route, content=body, headers=headers, timeout=timeout).status_code
+        return 0
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(60)
+
+
+def _raw(server: Server, data: bytes, pause: float = 0.0) -> None:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        if pause:
+            for byte in data:
+                sock.send(bytes([byte]))
+                time.sleep(pause)
+        else:
+            sock.sendall(data)
+        sock.recv(100)
+
+
+def _many(count: int, work: Callable[[], object]) -> Callable[[Server], None]:
+    def run(_: Server) -> None:
+        threads = [threading.Thread(target=work) for _ in range(count)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    return run
+
+
+def probes(server: Server) -> dict[str, Callable[[], None]]:
+    stops = json.dumps({"prompt": "Write 400 spaces:", "max_tokens": 400, "ignore_eos": True, "temperature": 0,
+                        "stop": [" " * 255 + chr(97 + i) for i in range(16)]}).encode()  # fmt: skip
+    ids = json.dumps({"prompt": [7] * 1_300_000, "max_tokens": 4}).encode()
+    messages = json.dumps({"messages": [{"role": "user", "content": ""}] * 120_000, "max_tokens": 4}).encode()
+    chain = {f"d{i}": {"type": "object", "properties": {"a": {"$ref": f"#/$defs/d{i + 1}"}}} for i in range(1000)}
+    schema = {"$defs": chain, "$ref": "#/$defs/d0"}
+    response_format = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    grammar = json.dumps({**BYSTANDER, "max_tokens": 4, "response_format": response_format}).encode()
+    line = b"GET /" + b"a" * (8 * 2**20) + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    headers = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"b" * (8 * 2**20) + b"\r\n\r\n"
+
+    def idle() -> None:
+        sockets = []
+        for _ in range(500):
+            with contextlib.suppress(OSError):
+                sockets.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
+        time.sleep(8)
+        for sock in sockets:
+            sock.close()
+
+    chat, completion = "/v1/chat/completions", "/v1/completions"
+    return {
+        "stop strings (16 x 256 chars)": lambda: server.post(completion, stops),
+        "8 x 4 MB token-id prompts": lambda: _many(8, lambda: server.post(completion, ids))(server),
+        "8 x 120k empty messages": lambda: _many(8, lambda: server.post(chat, messages))(server),
+        "8 x 8 MiB request lines": lambda: _many(8, lambda: _raw(server, line))(server),
+        "8 x 8 MiB headers": lambda: _many(8, lambda: _raw(server, headers))(server),
+        "500 idle connections": idle,
+        "100 headers a byte at a time": lambda: _many(100, lambda: _raw(server, b"GET /health HTTP/1.1\r\n", 0.5))(
+            server
+        ),
+        "schema chains of 1,000 $refs": lambda: [server.post(chat, grammar) for _ in range(5)],
+    }
+
+
+def _bystander(server: Server, repeats: int, probe: Callable[[], object] | None) -> tuple[float, float]:
+    """(median bystander seconds, slowest /health seconds) over `repeats` bystanders, while `probe` runs again and
+    again."""
+    body = json.dumps(BYSTANDER).encode()
+    times, health = [], [0.0]
+    done = threading.Event()
+
+    def busy() -> None:
+        while not done.is_set():
+            probe()
+
+    def poll() -> None:
+        while not done.is_set():
+            began = time.monotonic()
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.get(server.url + "/health", timeout=10)
+            health[0] = max(health[0], time.monotonic() - began)
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=poll)] + ([threading.Thread(target=busy)] if probe is not None else [])
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)  # the probe is under way
+    for _ in range(repeats):
+        began = time.monotonic()
+        server.post("/v1/chat/completions", body)
+        times.append(time.monotonic() - began)
+    done.set()
+    for thread in threads:
+        thread.join()
+    return statistics.median(times), health[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("flags", nargs="*", help="verispec serve flags (after --)")
+    args = parser.parse_args()
+    server = Server(args.flags or ["--threads", str(os.cpu_count() or 2)])
+    try:
+        alone, health = _bystander(server, args.repeats, None)
+        print(f"{'probe':<34} {'bystander s':>11} {'x alone':>8} {'/health max s':>14}")
+        print(f"{'(alone)':<34} {alone:>11.2f} {1.0:>8.2f} {health:>14.3f}")
+        for name, probe in probes(server).items():
+            seconds, health = _bystander(server, args.repeats, probe)
+            alive = server.proc.poll() is None
+            print(f"{name:<34} {seconds:>11.2f} {seconds / alone:>8.2f} {health:>14.3f}{'' if alive else '  DIED'}")
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
