@@ -83,27 +83,47 @@ class Tokenizer:
 
     # ---- reading and writing ----------------------------------------------------------------------
     @classmethod
-    def from_hf(cls, hf, extra_stop_ids=()) -> Tokenizer:
-        """From a transformers fast tokenizer (its backend, special tokens and chat template)."""
+    def from_hf(cls, hf, extra_stop_ids=(), raw=None) -> Tokenizer:
+        """From a transformers fast tokenizer (its backend, or `raw` in its place, special tokens and chat
+        template)."""
         special = {name: getattr(hf, name, None) for name in ("bos_token", "eos_token", "pad_token", "unk_token")}
         template = hf.chat_template if isinstance(hf.chat_template, str) else None
         clean_up = bool(getattr(hf, "clean_up_tokenization_spaces", False))
-        return cls(hf.backend_tokenizer, hf.eos_token, template, tuple(extra_stop_ids), special, clean_up)
+        raw = hf.backend_tokenizer if raw is None else raw
+        return cls(raw, hf.eos_token, template, tuple(extra_stop_ids), special, clean_up)
 
     @classmethod
-    def from_transformers(cls, folder: Path, gguf_file: str | None = None, extra_stop_ids=()) -> Tokenizer:
-        """Read a tokenizer with transformers: from GGUF metadata, or a Hugging Face folder."""
+    def from_transformers(cls, folder: Path, extra_stop_ids=()) -> Tokenizer:
+        """Read a Hugging Face folder's tokenizer with transformers (a GGUF file's: `from_gguf`)."""
         from transformers import AutoTokenizer  # heavy import, only when a tokenizer is read the first time
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()  # its Mistral-regex heuristic misfires on Qwen/SmolLM tokenizers
         try:
-            hf = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf_file, local_files_only=True)
+            hf = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
         except Exception as exc:
             raise ModelLoadError(f"{folder}: cannot load its tokenizer ({type(exc).__name__}: {exc})") from None
         if not getattr(hf, "is_fast", False):
             raise ModelLoadError(f"{folder}: only fast (tokenizer.json) tokenizers are supported")
         return cls.from_hf(hf, extra_stop_ids)
+
+    @classmethod
+    def from_gguf(cls, path: Path, extra_stop_ids=()) -> Tokenizer:
+        """A GGUF file's tokenizer: the vocabulary as transformers reads it, cut into pieces by llama.cpp's rules
+        for the file (gguf_vocab.py). A vocabulary those rules do not cover is refused before it is read."""
+        from transformers import PreTrainedTokenizerFast  # heavy import, only when a tokenizer is read the first time
+        from transformers.utils import logging as hf_logging
+
+        from .gguf_vocab import VOCAB_ARRAYS, apply_rules, read_metadata, vocab_rules
+
+        metadata = read_metadata(path, VOCAB_ARRAYS)
+        rules = vocab_rules(metadata, str(path))
+        hf_logging.set_verbosity_error()
+        try:  # not AutoTokenizer: it reads the model's config too (ten times slower, and refuses some architectures)
+            hf = PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+        except Exception as exc:
+            raise ModelLoadError(f"{path}: cannot load its tokenizer ({type(exc).__name__}: {exc})") from None
+        return cls.from_hf(hf, extra_stop_ids, raw=apply_rules(hf.backend_tokenizer, rules, metadata))
 
     def save(self, folder: Path) -> None:
         """tokenizer.json plus our settings; `load` reads them back without transformers."""
