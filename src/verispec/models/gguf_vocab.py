@@ -27,6 +27,8 @@ from pathlib import Path
 
 from ..errors import ModelLoadError
 
+RULES_VERSION = 1  # saved with a tokenizer built by these rules; bump when a rule changes (stale caches rebuild)
+
 # ---- pre-tokenizers, by the name in `tokenizer.ggml.pre` -------------------------------------------------------
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 _LLAMA3 = (

@@ -9,6 +9,8 @@ start-up, the `tokenizers` load a tenth of a second.
 from __future__ import annotations
 
 import json
+import os
+from contextlib import suppress
 from datetime import datetime
 from functools import cached_property, lru_cache
 from pathlib import Path
@@ -35,8 +37,10 @@ class Tokenizer:
         extra_stop_ids: tuple[int, ...] = (),
         special_tokens: dict[str, str] | None = None,
         clean_up_spaces: bool = False,
+        gguf_rules: int | None = None,
     ):
         self.raw = raw
+        self.gguf_rules = gguf_rules  # the gguf_vocab.RULES_VERSION a GGUF file's tokenizer was built by
         self.eos_token = eos_token
         self.chat_template = chat_template
         self.special_tokens = {k: v for k, v in (special_tokens or {}).items() if v} | (
@@ -114,7 +118,7 @@ class Tokenizer:
         from transformers import PreTrainedTokenizerFast  # heavy import, only when a tokenizer is read the first time
         from transformers.utils import logging as hf_logging
 
-        from .gguf_vocab import VOCAB_ARRAYS, apply_rules, read_metadata, vocab_rules
+        from .gguf_vocab import RULES_VERSION, VOCAB_ARRAYS, apply_rules, read_metadata, vocab_rules
 
         metadata = read_metadata(path, VOCAB_ARRAYS)
         rules = vocab_rules(metadata, str(path))
@@ -123,16 +127,35 @@ class Tokenizer:
             hf = PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
         except Exception as exc:
             raise ModelLoadError(f"{path}: cannot load its tokenizer ({type(exc).__name__}: {exc})") from None
-        return cls.from_hf(hf, extra_stop_ids, raw=apply_rules(hf.backend_tokenizer, rules, metadata))
+        tokenizer = cls.from_hf(hf, extra_stop_ids, raw=apply_rules(hf.backend_tokenizer, rules, metadata))
+        tokenizer.gguf_rules = RULES_VERSION
+        return tokenizer
+
+    @classmethod
+    def load_for_gguf(cls, folder: Path, path: Path) -> Tokenizer:
+        """What `save` wrote into `folder` for the GGUF file `path`, rebuilt from the file first (in place) when
+        older rules built it: a cache converted by an earlier verispec keeps its weights, not its tokenizer."""
+        from .gguf_vocab import RULES_VERSION
+
+        tokenizer = cls.load(folder)
+        if tokenizer.gguf_rules != RULES_VERSION:
+            tokenizer = cls.from_gguf(path, tokenizer.extra_stop_ids)
+            with suppress(OSError):  # a cache this user cannot write: rebuilt again next time
+                tokenizer.save(folder)
+        return tokenizer
 
     def save(self, folder: Path) -> None:
-        """tokenizer.json plus our settings; `load` reads them back without transformers."""
-        self.raw.save(str(folder / "tokenizer.json"))
+        """tokenizer.json plus our settings; `load` reads them back without transformers. Each file is written
+        whole and renamed into place, settings last (so a reader never sees a part of a file)."""
         settings = {
             "eos_token": self.eos_token, "chat_template": self.chat_template, "special_tokens": self.special_tokens,
             "clean_up_spaces": self.clean_up_spaces, "extra_stop_ids": list(self.extra_stop_ids),
+            "gguf_rules": self.gguf_rules,
         }  # fmt: skip
-        (folder / _CONFIG).write_text(json.dumps(settings, indent=1))
+        for name, text in (("tokenizer.json", self.raw.to_str()), (_CONFIG, json.dumps(settings, indent=1))):
+            partial = folder / f"{name}.tmp{os.getpid()}"
+            partial.write_text(text, encoding="utf-8")
+            os.replace(partial, folder / name)
 
     @classmethod
     def load(cls, folder: Path) -> Tokenizer:
@@ -142,7 +165,7 @@ class Tokenizer:
             settings = json.loads((folder / _CONFIG).read_text())
             return cls(
                 raw, settings["eos_token"], settings["chat_template"], tuple(settings["extra_stop_ids"]),
-                settings["special_tokens"], settings["clean_up_spaces"],
+                settings["special_tokens"], settings["clean_up_spaces"], settings.get("gguf_rules"),
             )  # fmt: skip
         except Exception as exc:
             raise ModelLoadError(f"{folder}: cannot load its tokenizer ({type(exc).__name__}: {exc})") from None
