@@ -10,7 +10,7 @@ transformers' vocabulary and sets, from the file's metadata:
 - the pre-tokenizer: llama.cpp's regexes for the file's `pre`, applied in turn, each to the pieces the one
   before left (a match becomes a piece, so does the text between matches), then GPT-2's byte alphabet;
 - whole-word lookup (llama.cpp's `ignore_merges`): a piece that is itself a token is that token;
-- the SentencePiece space prefix, on every text that does not start with a control token;
+- the SentencePiece space prefix: one '▁' at the start and after each control token in the text;
 - BOS and EOS from `add_bos_token` / `add_eos_token`, else llama.cpp's default for the vocabulary.
 
 A vocabulary type or `pre` name outside these tables is refused in one line rather than cut some other way.
