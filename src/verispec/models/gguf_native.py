@@ -45,7 +45,7 @@ def load_native(path: Path, folder: Path, progress: bool = True) -> tuple[Transf
     tiles = np.memmap(folder / "tiles.bin", mode="c") if (folder / "tiles.bin").stat().st_size else None
     native.claim_threads()
     model = _build(config, index, data, tiles)
-    return model, Tokenizer.load(folder)
+    return model, Tokenizer.load_for_gguf(folder, path)
 
 
 def _build(config: ModelConfig, index: dict, data: np.memmap, tiles: np.memmap | None) -> Transformer:

@@ -88,10 +88,10 @@ class GGUFSource:
         return self.config.num_heads if short.startswith("q") else self.config.num_kv_heads
 
     def write_tokenizer_and_config(self, folder: Path) -> None:
-        """The tokenizer (read once with transformers) and, last, config.json: what every cached form holds."""
+        """The tokenizer (read once, Tokenizer.from_gguf) and, last, config.json: what every cached form holds."""
         eot = self.reader.fields.get("tokenizer.ggml.eot_token_id")
         stop_ids = (int(eot.contents()),) if eot else ()
-        Tokenizer.from_transformers(self.path.parent, gguf_file=self.path.name, extra_stop_ids=stop_ids).save(folder)
+        Tokenizer.from_gguf(self.path, extra_stop_ids=stop_ids).save(folder)
         (folder / "config.json").write_text(self.config.to_json())
 
     def release_pages(self) -> None:

@@ -152,7 +152,7 @@ def _load_gguf_converted(path: Path, dtype: torch.dtype, progress: bool, quantiz
     state: dict[str, torch.Tensor] = {}
     for shard in sorted(folder.glob("*.safetensors")):
         state |= load_file(shard)  # memory-mapped: pages are read as the model touches them
-    return config, state, Tokenizer.load(folder)
+    return config, state, Tokenizer.load_for_gguf(folder, path)
 
 
 def _convert_gguf(path: Path, dtype: torch.dtype, folder: Path, progress: bool, quantization: str) -> None:

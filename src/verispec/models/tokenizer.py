@@ -9,6 +9,8 @@ start-up, the `tokenizers` load a tenth of a second.
 from __future__ import annotations
 
 import json
+import os
+from contextlib import suppress
 from datetime import datetime
 from functools import cached_property, lru_cache
 from pathlib import Path
@@ -35,8 +37,10 @@ class Tokenizer:
         extra_stop_ids: tuple[int, ...] = (),
         special_tokens: dict[str, str] | None = None,
         clean_up_spaces: bool = False,
+        gguf_rules: int | None = None,
     ):
         self.raw = raw
+        self.gguf_rules = gguf_rules  # the gguf_vocab.RULES_VERSION a GGUF file's tokenizer was built by
         self.eos_token = eos_token
         self.chat_template = chat_template
         self.special_tokens = {k: v for k, v in (special_tokens or {}).items() if v} | (
@@ -83,36 +87,75 @@ class Tokenizer:
 
     # ---- reading and writing ----------------------------------------------------------------------
     @classmethod
-    def from_hf(cls, hf, extra_stop_ids=()) -> Tokenizer:
-        """From a transformers fast tokenizer (its backend, special tokens and chat template)."""
+    def from_hf(cls, hf, extra_stop_ids=(), raw=None) -> Tokenizer:
+        """From a transformers fast tokenizer (its backend, or `raw` in its place, special tokens and chat
+        template)."""
         special = {name: getattr(hf, name, None) for name in ("bos_token", "eos_token", "pad_token", "unk_token")}
         template = hf.chat_template if isinstance(hf.chat_template, str) else None
         clean_up = bool(getattr(hf, "clean_up_tokenization_spaces", False))
-        return cls(hf.backend_tokenizer, hf.eos_token, template, tuple(extra_stop_ids), special, clean_up)
+        raw = hf.backend_tokenizer if raw is None else raw
+        return cls(raw, hf.eos_token, template, tuple(extra_stop_ids), special, clean_up)
 
     @classmethod
-    def from_transformers(cls, folder: Path, gguf_file: str | None = None, extra_stop_ids=()) -> Tokenizer:
-        """Read a tokenizer with transformers: from GGUF metadata, or a Hugging Face folder."""
+    def from_transformers(cls, folder: Path, extra_stop_ids=()) -> Tokenizer:
+        """Read a Hugging Face folder's tokenizer with transformers (a GGUF file's: `from_gguf`)."""
         from transformers import AutoTokenizer  # heavy import, only when a tokenizer is read the first time
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()  # its Mistral-regex heuristic misfires on Qwen/SmolLM tokenizers
         try:
-            hf = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf_file, local_files_only=True)
+            hf = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
         except Exception as exc:
             raise ModelLoadError(f"{folder}: cannot load its tokenizer ({type(exc).__name__}: {exc})") from None
         if not getattr(hf, "is_fast", False):
             raise ModelLoadError(f"{folder}: only fast (tokenizer.json) tokenizers are supported")
         return cls.from_hf(hf, extra_stop_ids)
 
+    @classmethod
+    def from_gguf(cls, path: Path, extra_stop_ids=()) -> Tokenizer:
+        """A GGUF file's tokenizer: the vocabulary as transformers reads it, cut into pieces by llama.cpp's rules
+        for the file (gguf_vocab.py). A vocabulary those rules do not cover is refused before it is read."""
+        from transformers import PreTrainedTokenizerFast  # heavy import, only when a tokenizer is read the first time
+        from transformers.utils import logging as hf_logging
+
+        from .gguf_vocab import RULES_VERSION, VOCAB_ARRAYS, apply_rules, read_metadata, vocab_rules
+
+        metadata = read_metadata(path, VOCAB_ARRAYS)
+        rules = vocab_rules(metadata, str(path))
+        hf_logging.set_verbosity_error()
+        try:  # not AutoTokenizer: it reads the model's config too (ten times slower, and refuses some architectures)
+            hf = PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+        except Exception as exc:
+            raise ModelLoadError(f"{path}: cannot load its tokenizer ({type(exc).__name__}: {exc})") from None
+        tokenizer = cls.from_hf(hf, extra_stop_ids, raw=apply_rules(hf.backend_tokenizer, rules, metadata))
+        tokenizer.gguf_rules = RULES_VERSION
+        return tokenizer
+
+    @classmethod
+    def load_for_gguf(cls, folder: Path, path: Path) -> Tokenizer:
+        """What `save` wrote into `folder` for the GGUF file `path`, rebuilt from the file first (in place) when
+        older rules built it: a cache converted by an earlier verispec keeps its weights, not its tokenizer."""
+        from .gguf_vocab import RULES_VERSION
+
+        tokenizer = cls.load(folder)
+        if tokenizer.gguf_rules != RULES_VERSION:
+            tokenizer = cls.from_gguf(path, tokenizer.extra_stop_ids)
+            with suppress(OSError):  # a cache this user cannot write: rebuilt again next time
+                tokenizer.save(folder)
+        return tokenizer
+
     def save(self, folder: Path) -> None:
-        """tokenizer.json plus our settings; `load` reads them back without transformers."""
-        self.raw.save(str(folder / "tokenizer.json"))
+        """tokenizer.json plus our settings; `load` reads them back without transformers. Each file is written
+        whole and renamed into place, settings last (so a reader never sees a part of a file)."""
         settings = {
             "eos_token": self.eos_token, "chat_template": self.chat_template, "special_tokens": self.special_tokens,
             "clean_up_spaces": self.clean_up_spaces, "extra_stop_ids": list(self.extra_stop_ids),
+            "gguf_rules": self.gguf_rules,
         }  # fmt: skip
-        (folder / _CONFIG).write_text(json.dumps(settings, indent=1))
+        for name, text in (("tokenizer.json", self.raw.to_str()), (_CONFIG, json.dumps(settings, indent=1))):
+            partial = folder / f"{name}.tmp{os.getpid()}"
+            partial.write_text(text, encoding="utf-8")
+            os.replace(partial, folder / name)
 
     @classmethod
     def load(cls, folder: Path) -> Tokenizer:
@@ -122,7 +165,7 @@ class Tokenizer:
             settings = json.loads((folder / _CONFIG).read_text())
             return cls(
                 raw, settings["eos_token"], settings["chat_template"], tuple(settings["extra_stop_ids"]),
-                settings["special_tokens"], settings["clean_up_spaces"],
+                settings["special_tokens"], settings["clean_up_spaces"], settings.get("gguf_rules"),
             )  # fmt: skip
         except Exception as exc:
             raise ModelLoadError(f"{folder}: cannot load its tokenizer ({type(exc).__name__}: {exc})") from None
@@ -144,17 +187,26 @@ class Tokenizer:
                 text = text.replace(before, after)
         return text
 
-    def render_chat(self, messages: list[dict]) -> str:
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """`messages` through the model's chat template as transformers' apply_chat_template renders them, with no
+        tools or documents (tests/test_chat_templates.py holds the two equal on 71 real templates). A template that
+        fails on the messages (a role out of order, a template that needs tools) raises InvalidParameterError:
+        a template is the model's code, and its failure is the request's 400, never a server error."""
         if not self.chat_template:
             raise ModelLoadError("this model has no chat template; drop --chat or pass a raw prompt")
         from jinja2 import TemplateError
 
         try:
             return _compile_template(self.chat_template).render(
-                messages=messages, tools=None, documents=None, add_generation_prompt=True, **self.special_tokens
-            )
+                messages=messages, tools=None, documents=None, add_generation_prompt=add_generation_prompt,
+                **self.special_tokens,
+            )  # fmt: skip
         except TemplateError as exc:  # the template refuses these messages (roles out of order, ...)
             raise InvalidParameterError(f"the model's chat template refuses these messages: {exc}") from None
+        except Exception as exc:  # it fails on them ('NoneType' is not iterable: it loops over the tools)
+            raise InvalidParameterError(
+                f"the model's chat template fails on these messages ({type(exc).__name__}: {exc})"
+            ) from None
 
     def encode_chat(self, messages: list[dict], parse_special: bool = False) -> list[int]:
         """The chat template's rendering of `messages`, encoded. Message contents are text: a content that spells
@@ -243,7 +295,7 @@ def _parse(definition: bytes):
 def _compile_template(source: str):
     """A chat template in the environment chat templates are written for (transformers' conventions: sandboxed,
     trim_blocks and lstrip_blocks, loop controls, `tojson` keeping non-ASCII text, `raise_exception`,
-    `strftime_now`)."""
+    `strftime_now`, the `generation` block)."""
     from jinja2 import TemplateError
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -254,8 +306,32 @@ def _compile_template(source: str):
     def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
         return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _generation_block()]
+    )
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env.from_string(source)
+
+
+@lru_cache(maxsize=1)
+def _generation_block():
+    """The extension of `{% generation %}...{% endgeneration %}`, which marks an assistant's text for
+    transformers' training masks: its body renders as it is, in a scope of its own (a call block, as in
+    transformers, so a `set` inside does not reach past it)."""
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+
+    class Generation(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
+
+    return Generation
