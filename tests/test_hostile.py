@@ -132,17 +132,25 @@ HOSTILE = [
     ("model-name-3-MB", "completion", completion(model="m" * 3_000_000), {400}, "does not exist"),
     ("stop-17", "completion", completion(stop=["x"] * 17), {400}, "at most 16"),
     ("stop-255k-characters", "completion", completion(stop=["y" * 255_000]), {400}, "at most 256"),
-    # tool calling is not supported: its fields are refused by name, never dropped
+    # tool calling on a model whose template shows no tool-call format, and choices without tools: refused by name
     ("tool-choice-alone", "chat", chat(tool_choice="auto"), {400}, "tool"),
-    ("tools-empty-with-choice", "chat", chat(tools=[], tool_choice="none"), {400}, "tool"),
+    ("tools-empty-with-choice", "chat", chat(tools=[], tool_choice="required"), {400}, "tool"),
     ("function-call", "chat", chat(function_call="auto"), {400}, "function"),
+    (
+        "tools-without-format",
+        "chat",
+        chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]),
+        {400},
+        "tool-call format",
+    ),  # fmt: skip
     (
         "history-with-tool-calls",
         "chat",
         chat(
             messages=[
                 *CHAT,
-                {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},
+                {"role": "assistant", "content": None,
+                 "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
                 {"role": "tool", "tool_call_id": "1", "content": "42"},
             ]
         ),

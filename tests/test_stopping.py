@@ -24,7 +24,7 @@ TEXTS = [
 
 def _smollm2_tokenizer() -> Tokenizer:
     path = smollm2_path()
-    return Tokenizer.from_transformers(path.parent, gguf_file=path.name)
+    return Tokenizer.from_gguf(path)
 
 
 @pytest.fixture(scope="module", params=["bytes", "words", "smollm2"])

@@ -18,8 +18,9 @@ SETTLE_AFTER = 8  # unsettled tokens that are settled at once, when their text e
 
 
 class IncrementalText:
-    def __init__(self, tokenizer: Tokenizer):
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer: Tokenizer, keep_special: bool = False):
+        """keep_special: special tokens are spelled in the text (Tokenizer.decode's keep_special)."""
+        self.tokenizer, self.keep_special = tokenizer, keep_special
         self.ids: list[int] = []
         self.text = ""  # tokenizer.decode(self.ids)
         self._settled = 0  # ids[:settled] decode to text[:settled_chars]
@@ -30,11 +31,11 @@ class IncrementalText:
     def add(self, token: int) -> str:
         """Append a token; returns the whole text."""
         self.ids.append(token)
-        window = self.tokenizer.decode(self.ids[self._start :])
+        window = self._decode(self.ids[self._start :])
         if window.startswith(self._window_settled):
             self.text = self.text[: self._settled_chars] + window[len(self._window_settled) :]
         else:
-            self.text = self.tokenizer.decode(self.ids)
+            self.text = self._decode(self.ids)
             self._settle()
         if len(self.ids) - self._settled >= SETTLE_AFTER and not self.text.endswith("\ufffd"):
             self._settle()
@@ -43,4 +44,7 @@ class IncrementalText:
     def _settle(self) -> None:
         self._settled, self._settled_chars = len(self.ids), len(self.text)
         self._start = max(0, self._settled - CONTEXT)
-        self._window_settled = self.tokenizer.decode(self.ids[self._start :])
+        self._window_settled = self._decode(self.ids[self._start :])
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, keep_special=True) if self.keep_special else self.tokenizer.decode(ids)

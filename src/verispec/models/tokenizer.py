@@ -180,25 +180,29 @@ class Tokenizer:
         characters has more than n tokens (the server refuses it without tokenizing it)."""
         return max(len(piece.encode()) for piece in self.vocab)
 
-    def decode(self, ids: list[int]) -> str:
-        text = self.raw.decode(list(ids), skip_special_tokens=True)
+    def decode(self, ids: list[int], keep_special: bool = False) -> str:
+        """The text of `ids`; special tokens are left out unless `keep_special` (a tool call's markers)."""
+        text = self.raw.decode(list(ids), skip_special_tokens=not keep_special)
         if self.clean_up_spaces:
             for before, after in _CLEAN_UP:
                 text = text.replace(before, after)
         return text
 
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """`messages` through the model's chat template as transformers' apply_chat_template renders them, with no
-        tools or documents (tests/test_chat_templates.py holds the two equal on 71 real templates). A template that
-        fails on the messages (a role out of order, a template that needs tools) raises InvalidParameterError:
-        a template is the model's code, and its failure is the request's 400, never a server error."""
+    def render_chat(
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> str:
+        """`messages` (and `tools`: OpenAI's tool objects, as apply_chat_template(tools=...) takes them) through the
+        model's chat template as transformers' apply_chat_template renders them, with no documents
+        (tests/test_chat_templates.py holds the two equal on 71 real templates). A template that fails on the
+        messages (a role out of order, a template that needs tools) raises InvalidParameterError: a template is the
+        model's code, and its failure is the request's 400, never a server error."""
         if not self.chat_template:
             raise ModelLoadError("this model has no chat template; drop --chat or pass a raw prompt")
         from jinja2 import TemplateError
 
         try:
             return _compile_template(self.chat_template).render(
-                messages=messages, tools=None, documents=None, add_generation_prompt=add_generation_prompt,
+                messages=messages, tools=tools, documents=None, add_generation_prompt=add_generation_prompt,
                 **self.special_tokens,
             )  # fmt: skip
         except TemplateError as exc:  # the template refuses these messages (roles out of order, ...)
@@ -208,15 +212,17 @@ class Tokenizer:
                 f"the model's chat template fails on these messages ({type(exc).__name__}: {exc})"
             ) from None
 
-    def encode_chat(self, messages: list[dict], parse_special: bool = False) -> list[int]:
+    def encode_chat(
+        self, messages: list[dict], parse_special: bool = False, tools: list[dict] | None = None
+    ) -> list[int]:
         """The chat template's rendering of `messages`, encoded. Message contents are text: a content that spells
         a control token ('<|im_end|>') is encoded as those characters, so a user cannot write a turn of another
         role; only the template's own markers are control tokens. `parse_special`: contents may spell control
         tokens too (llama.cpp's parse_special; what transformers and vLLM do by default)."""
-        text = self.render_chat(messages)
+        text = self.render_chat(messages, tools=tools)
         if parse_special or not any(self._spells_control_token(str(m.get("content") or "")) for m in messages):
             return _encode(self.raw, text, add_special_tokens=False)
-        return self._encode_contents_as_text(messages)
+        return self._encode_contents_as_text(messages, tools)
 
     @cached_property
     def _control_tokens(self) -> tuple[str, ...]:
@@ -232,13 +238,14 @@ class Tokenizer:
         copy.encode_special_tokens = True
         return copy
 
-    def _encode_contents_as_text(self, messages: list[dict]) -> list[int]:
+    def _encode_contents_as_text(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """The template rendered around placeholders, its pieces encoded with control tokens and each content
         without them. Raises InvalidParameterError when the template changes contents (so their places in its
         rendering cannot be told)."""
         marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
         contents = [str(m.get("content") or "") for m in messages]
-        pieces = self.render_chat([{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)])
+        marked = [{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)]
+        pieces = self.render_chat(marked, tools=tools)
         ids: list[int] = []
         for mark, content in zip(marks, contents, strict=True):
             before, found, pieces = pieces.partition(mark)

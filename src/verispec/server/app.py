@@ -24,7 +24,7 @@ from typing import TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -47,6 +47,8 @@ from .openapi import openapi_schema
 from .partitions import partition_of
 from .protocol import ApiError, ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, new_id
 from .responses import Job, chat_chunks, chat_completion_body, completion_body, completion_chunks, event_error
+from .responses_api import ResponsesRequest, chat_request, response_body, response_events
+from .tools import ToolFormat, ToolRequest, detect, marker_bias, template_messages, tool_grammar, tool_request
 
 log = logging.getLogger("verispec.server")
 RequestT = TypeVar("RequestT", CompletionRequest, ChatCompletionRequest)
@@ -72,6 +74,10 @@ class ServerState:
     parse_special: bool = False  # message contents may spell control tokens (--parse-special: the old behaviour)
     _grammar_workers: GrammarWorkers | None = None
     _tokens_per_message: int | None = None
+    tool_format: ToolFormat | None = None  # how the model writes tool calls (tools.py), from its chat template
+
+    def __post_init__(self) -> None:
+        self.tool_format = detect(self.scheduler.tokenizer.chat_template)
 
     def most_messages(self) -> int:
         """The most messages a chat request may hold: each takes at least the chat template's markers of an empty
@@ -268,10 +274,10 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
         body = await _parse(request, CompletionRequest)
         _check_request(state, body)  # before any work: encoding, compiling a grammar
         prompt_ids = await _off_loop(_encode_completion_prompt, state, body)
-        grammar = await _grammar(state, body, request)
+        grammar, grammar_param = await _grammar(state, body, request)
         job = _submit(
-            state, body, prompt_ids, COMPLETION_DEFAULT_MAX_TOKENS, body.max_tokens, "prompt", grammar,
-            request.headers.get("authorization", "").encode("latin-1"),
+            state, body, prompt_ids, COMPLETION_DEFAULT_MAX_TOKENS, body.max_tokens, "prompt", grammar=grammar,
+            grammar_param=grammar_param, authorization=_authorization(request),
         )  # fmt: skip
         if job.stream:
             return _sse(state, job, completion_chunks(job))
@@ -281,17 +287,35 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         body = await _parse(request, ChatCompletionRequest)
-        _check_request(state, body)
-        prompt_ids = await _off_loop(_encode_chat, state, body)
-        room = state.scheduler.max_model_len - len(prompt_ids)
-        requested = body.max_completion_tokens or body.max_tokens
-        grammar = await _grammar(state, body, request)
-        authorization = request.headers.get("authorization", "").encode("latin-1")
-        job = _submit(state, body, prompt_ids, room, requested, "messages", grammar, authorization)
+        job = await _start_chat(state, body, request)
         if job.stream:
             return _sse(state, job, chat_chunks(job))
         outputs, queue_seconds = await _result(request, state, job)
         return JSONResponse(chat_completion_body(job, outputs, queue_seconds).model_dump())
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        body = await _parse(request, ResponsesRequest)
+        job = await _start_chat(state, chat_request(body), request, "resp")
+        if body.stream:
+            return _sse(state, job, response_events(body, job), typed=True)
+        outputs, _ = await _result(request, state, job)
+        return JSONResponse(response_body(body, job, outputs[0]))
+
+
+async def _start_chat(state: ServerState, body: ChatCompletionRequest, request: Request, kind: str = "chatcmpl") -> Job:
+    """A chat request checked, rendered (with its tools), constrained and queued; raises ApiError."""
+    _check_request(state, body)
+    tools = tool_request(body, state.tool_format)
+    messages = template_messages(body)
+    prompt_ids = await _off_loop(_encode_chat, state, messages, tools)
+    room = state.scheduler.max_model_len - len(prompt_ids)
+    requested = body.max_completion_tokens or body.max_tokens
+    grammar, grammar_param = await _grammar(state, body, request, tools)
+    return _submit(
+        state, body, prompt_ids, room, requested, "messages", grammar=grammar, grammar_param=grammar_param,
+        authorization=_authorization(request), tools=tools, kind=kind,
+    )  # fmt: skip
 
 
 async def _parse(request: Request, model: type[RequestT]) -> RequestT:
@@ -365,12 +389,16 @@ def _refuse_untokenizable(state: ServerState, characters: int, param: str) -> No
         raise ApiError(400, message, param=param, code="context_length_exceeded")
 
 
-def _encode_chat(state: ServerState, body: ChatCompletionRequest) -> list[int]:
-    # OpenAI's "developer" role is the newer name of "system", which is what chat templates know
-    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
+def _authorization(request: Request) -> bytes:
+    return request.headers.get("authorization", "").encode("latin-1")
+
+
+def _encode_chat(state: ServerState, messages: list[dict], tools: ToolRequest | None) -> list[int]:
+    """The messages (tools.template_messages) rendered by the model's chat template with the request's tools."""
     _refuse_untokenizable(state, sum(len(m["content"]) for m in messages), "messages")
     try:
-        return state.scheduler.tokenizer.encode_chat(messages, parse_special=state.parse_special)
+        template_tools = tools.template_tools if tools is not None else None
+        return state.scheduler.tokenizer.encode_chat(messages, parse_special=state.parse_special, tools=template_tools)
     except ModelLoadError:
         message = "this model has no chat template; send a raw prompt to /v1/completions"
         raise ApiError(400, message, param="messages", code="no_chat_template") from None
@@ -379,21 +407,30 @@ def _encode_chat(state: ServerState, body: ChatCompletionRequest) -> list[int]:
 
 
 async def _grammar(
-    state: ServerState, body: CompletionRequest | ChatCompletionRequest, request: Request
-) -> Grammar | None:
-    """The request's structured-output grammar, checked in a worker process and compiled off the event loop
-    (server/grammars.py); 400 naming the field for a bad one, or one over the limits; 499 when the client
-    leaves meanwhile."""
+    state: ServerState,
+    body: CompletionRequest | ChatCompletionRequest,
+    request: Request,
+    tools: ToolRequest | None = None,
+) -> tuple[Grammar | None, str | None]:
+    """The request's grammar (structured output, or its tool calls': tools.py) and the field that asked for it,
+    checked in a worker process and compiled off the event loop (server/grammars.py); 400 naming the field for a
+    bad one, or one over the limits; 499 when the client leaves meanwhile."""
     constraints = body.constraints()
+    calls = tool_grammar(tools, state.scheduler.tokenizer) if tools is not None else None
+    if calls is not None:
+        if constraints:
+            message = "structured output and tool calls cannot be asked for together"
+            raise ApiError(400, message, param=constraints[0][0], code="invalid_value")
+        constraints = [("functions" if tools.legacy else "tools", "grammar", calls)]
     if not constraints:
-        return None
+        return None, None
     param = constraints[0][0]
     if len(constraints) > 1:
         message = "ask for one structured-output constraint (response_format, structured_outputs or guided_*)"
         raise ApiError(400, message, param=param, code="invalid_value")
     try:
         spec = GrammarSpec(*constraints[0][1:])  # the limits on what reaches the library are checked here
-        return await state.grammar_workers().compile(spec, request.is_disconnected)
+        return await state.grammar_workers().compile(spec, request.is_disconnected), param
     except InvalidParameterError as exc:
         raise ApiError(400, str(exc), param=param, code="invalid_value") from None
     except ClientGoneError:
@@ -407,8 +444,12 @@ def _submit(
     default_max: int,
     requested: int | None,
     prompt_param: str,
+    *,
     grammar: Grammar | None = None,
+    grammar_param: str | None = None,
     authorization: bytes = b"",
+    tools: ToolRequest | None = None,
+    kind: str | None = None,
 ) -> Job:
     """Check the request against the limits, then queue it (in its partition: partitions.py); raises ApiError."""
     max_tokens = _max_tokens(state, prompt_ids, default_max, requested, prompt_param)
@@ -416,11 +457,11 @@ def _submit(
     try:
         params = SamplingParams(
             temperature, max(body.top_k, 0), body.top_p, body.seed, body.presence_penalty, body.frequency_penalty,
-            body.bias(),
+            body.bias() | (marker_bias(tools, state.scheduler.tokenizer) if tools is not None else {}),
         )  # fmt: skip
     except InvalidParameterError as exc:
         raise ApiError(400, str(exc), param=_field_named(str(exc)), code="invalid_value") from None
-    job_id = new_id("chatcmpl" if prompt_param == "messages" else "cmpl")
+    job_id = new_id(kind or ("chatcmpl" if prompt_param == "messages" else "cmpl"))
     key = key_index(state.api_keys, authorization) if state.api_keys else None
     partition = partition_of(state.cache_sharing, key, body.user, body.cache_salt, job_id)
     count = body.sequences()
@@ -447,8 +488,7 @@ def _submit(
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return Job(
         job_id, state.model_name, requests, sink, body.stream, include_usage, state.scheduler.tokenizer,
-        choices=body.n, logprobs=logprobs is not None,
-        grammar_param=constraints[0][0] if (constraints := body.constraints()) else None,
+        choices=body.n, logprobs=logprobs is not None, grammar_param=grammar_param, tools=tools,
     )  # fmt: skip
 
 
@@ -548,13 +588,21 @@ def _cancel(state: ServerState, job: Job) -> None:
         state.scheduler.cancel(request.request_id)
 
 
-def _sse(state: ServerState, job: Job, chunks: AsyncIterator[BaseModel | dict]) -> StreamingResponse:
+def _sse(state: ServerState, job: Job, chunks: AsyncIterator, typed: bool = False) -> StreamingResponse:
+    """Server-sent events: chunks as `data:` lines ending with [DONE] (chat and completions), or, `typed`, (event
+    type, data) pairs as `event:` and `data:` lines (the Responses API)."""
+
     async def body() -> AsyncIterator[str]:
         try:
             async for chunk in chunks:
+                if typed:
+                    kind, data = chunk
+                    yield f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+                    continue
                 data = chunk if isinstance(chunk, dict) else chunk.model_dump()
                 yield f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
-            yield "data: [DONE]\n\n"
+            if not typed:
+                yield "data: [DONE]\n\n"
         finally:  # also on cancellation when the client disconnects
             _cancel(state, job)
 

@@ -145,6 +145,12 @@ def _serve(args: argparse.Namespace) -> int:
         name, args.speculative_model, args.num_speculative_tokens, args.draft_policy, args.max_num_seqs,
         scheduler.max_model_len, target_bytes / 2**20, draft_bytes / 2**20,
     )  # fmt: skip
+    if state.tool_format is None:
+        logging.getLogger("verispec.server").info(
+            "tool calls: none (the chat template shows no tool-call format verispec parses; tools get a 400)"
+        )
+    else:
+        logging.getLogger("verispec.server").info("tool calls: %s format", state.tool_format.name)
     if state.api_keys:
         logging.getLogger("verispec.server").info("/v1/ routes need the API key (Authorization: Bearer ...)")
     config = uvicorn.Config(

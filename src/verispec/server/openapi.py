@@ -15,9 +15,18 @@ from typing import Any
 from fastapi import FastAPI
 
 from .protocol import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, ErrorResponse
+from .responses_api import ResponseObject, ResponsesRequest
 
-REQUEST_MODELS = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest}
-RESPONSE_MODELS = {"/v1/completions": Completion, "/v1/chat/completions": ChatCompletion}
+REQUEST_MODELS = {
+    "/v1/completions": CompletionRequest,
+    "/v1/chat/completions": ChatCompletionRequest,
+    "/v1/responses": ResponsesRequest,
+}
+RESPONSE_MODELS = {
+    "/v1/completions": Completion,
+    "/v1/chat/completions": ChatCompletion,
+    "/v1/responses": ResponseObject,
+}
 REF = "#/components/schemas/{model}"
 
 # status -> when it is answered (all in OpenAI's error shape)

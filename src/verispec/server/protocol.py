@@ -151,18 +151,18 @@ class _GenerationRequest(_Strict):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
-    # features verispec lacks, recognised so that asking for them is refused rather than ignored
-    tools: list[Any] | None = None
-    functions: list[Any] | None = None
+    # tool calling is a chat feature (ChatCompletionRequest); a completion asking for it is refused, not ignored
+    tools: Any = None
+    functions: Any = None
     tool_choice: Any = None
     function_call: Any = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: Any = None
 
     def unsupported(self) -> tuple[str, str] | None:
         """(param, message) for a requested feature verispec lacks."""
         for name in ("tools", "functions", "tool_choice", "function_call", "parallel_tool_calls"):
             if getattr(self, name) not in (None, []):
-                return name, "tool and function calling are not supported"
+                return name, "tool and function calling are for /v1/chat/completions"
         return None
 
     def constraints(self) -> list[tuple[str, str, str]]:
@@ -252,13 +252,51 @@ class TextPart(_Strict):
     text: str
 
 
+MAX_TOOLS = 128  # OpenAI's limit on a request's tools
+FUNCTION_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
+
+
+class FunctionDefinition(_Strict):
+    name: str = Field(pattern=FUNCTION_NAME)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object; None: no arguments
+    strict: bool | None = None  # verispec always keeps the arguments within the schema
+
+
+class ToolDefinition(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class FunctionCall(_Strict):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCallRequest(_Strict):
+    """An assistant message's tool call in a conversation's history."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]  # function: the legacy tool role
     content: str | list[TextPart] | None = None
     name: str | None = None
-    tool_calls: list[Any] | None = None  # refused (ChatCompletionRequest.unsupported) rather than dropped
+    tool_calls: list[ToolCallRequest] | None = None
     tool_call_id: str | None = None
-    function_call: Any = None
+    function_call: FunctionCall | None = None  # the legacy form of one tool call
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -271,6 +309,11 @@ class ChatCompletionRequest(_GenerationRequest):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[ToolDefinition] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    functions: list[FunctionDefinition] | None = Field(default=None, max_length=MAX_TOOLS)  # the legacy tools
+    function_call: Literal["none", "auto"] | NamedFunction | None = None  # the legacy tool_choice
 
     @field_validator("top_logprobs")
     @classmethod
@@ -283,10 +326,7 @@ class ChatCompletionRequest(_GenerationRequest):
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def unsupported(self) -> tuple[str, str] | None:
-        for i, message in enumerate(self.messages):
-            if message.role == "tool" or message.tool_calls or message.function_call or message.tool_call_id:
-                return f"messages.{i}", "tool and function calling are not supported (a tool call or result)"
-        return super().unsupported()
+        return None  # tools are checked against the model's tool-call format (server/tools.py)
 
 
 # ---- responses ----------------------------------------------------------------------------------------
@@ -366,9 +406,26 @@ class Completion(BaseModel):
     verispec: VerispecStats | None = None
 
 
+class ToolCallFunction(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
+    function_call: ToolCallFunction | None = None  # answers to the legacy `functions`
+
+    @model_serializer(mode="wrap")
+    def _without_absent_calls(self, handler) -> dict:
+        return {k: v for k, v in handler(self).items() if v is not None or k == "content"}
 
 
 class ChatChoice(BaseModel):
@@ -388,13 +445,35 @@ class ChatCompletion(BaseModel):
     verispec: VerispecStats
 
 
+class DeltaFunction(BaseModel):
+    name: str | None = None
+    arguments: str = ""
+
+
+class DeltaToolCall(BaseModel):
+    """A piece of a streamed tool call: its first carries the id, type and name, the next ones its arguments."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunction
+
+    @model_serializer(mode="wrap")
+    def _present_fields(self, handler) -> dict:
+        out = {k: v for k, v in handler(self).items() if v is not None}
+        out["function"] = {k: v for k, v in out["function"].items() if v is not None}
+        return out
+
+
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
+    function_call: DeltaFunction | None = None  # the legacy `functions`' form
 
-    @model_serializer
-    def _present_fields(self) -> dict[str, str]:  # OpenAI omits absent delta fields rather than sending null
-        return {k: v for k, v in (("role", self.role), ("content", self.content)) if v is not None}
+    @model_serializer(mode="wrap")
+    def _present_fields(self, handler) -> dict:  # OpenAI omits absent delta fields rather than sending null
+        return {k: v for k, v in handler(self).items() if v is not None}
 
 
 class ChatChunkChoice(BaseModel):

@@ -31,6 +31,7 @@ from .protocol import (
     Usage,
     VerispecStats,
 )
+from .tools import ToolRequest, ToolStream, answer_calls, parse_calls
 
 LOWEST_LOGPROB = -9999.0  # how a logprob of -inf is sent (JSON has no infinity; vLLM sends the same)
 
@@ -50,6 +51,7 @@ class Job:
     choices: int = 1  # n: how many of the requests' outputs are answered
     logprobs: bool = False  # whether the client asked for them (best_of ranks by them either way)
     grammar_param: str | None = None  # the field that asked for structured output, if any
+    tools: ToolRequest | None = None  # the request's tools: its answers may hold tool calls (tools.py)
 
     @property
     def wants_logprobs(self) -> bool:
@@ -140,15 +142,31 @@ def completion_body(job: Job, outputs: list[GenerationOutput], queue_seconds: fl
 
 
 def chat_completion_body(job: Job, outputs: list[GenerationOutput], queue_seconds: float) -> ChatCompletion:
-    choices = [
-        ChatChoice(
-            index=i, message=AssistantMessage(content=output.text), finish_reason=output.finish_reason,
-            logprobs=chat_logprobs(job.tokenizer, output.logprobs) if job.wants_logprobs else None,
-        )
-        for i, output in enumerate(outputs)
-    ]  # fmt: skip
+    choices = []
+    for i, output in enumerate(outputs):
+        message, finish_reason = _message(job, output)
+        logprobs = chat_logprobs(job.tokenizer, output.logprobs) if job.wants_logprobs else None
+        choices.append(ChatChoice(index=i, message=message, finish_reason=finish_reason, logprobs=logprobs))
     stats = _stats(outputs, queue_seconds)
     return ChatCompletion(id=job.id, model=job.model, choices=choices, usage=usage(outputs), verispec=stats)
+
+
+def _message(job: Job, output: GenerationOutput) -> tuple[AssistantMessage, str]:
+    """The answer's message and finish reason: its text, or with tools its content and tool calls (finish reason
+    "tool_calls"; "function_call" for the legacy `functions`)."""
+    tools = job.tools
+    if tools is None or tools.choice == "none":
+        return AssistantMessage(content=output.text), output.finish_reason
+    content, parsed = parse_calls(tools.format, job.tokenizer.decode(output.token_ids, keep_special=True))
+    if not parsed:
+        return AssistantMessage(content=output.text), output.finish_reason
+    calls = answer_calls(tools, parsed)
+    reason = (
+        output.finish_reason if output.finish_reason != "stop" else "function_call" if tools.legacy else "tool_calls"
+    )
+    if tools.legacy:
+        return AssistantMessage(content=content, function_call=calls[0].function), reason
+    return AssistantMessage(content=content, tool_calls=calls), reason
 
 
 def event_error(event: ErrorEvent, job: Job) -> ApiError:
@@ -188,6 +206,18 @@ async def completion_chunks(job: Job) -> AsyncIterator[BaseModel | dict]:
         yield Completion(id=job.id, model=job.model, choices=[], usage=usage(outputs))
 
 
+def _tool_deltas(job: Job, news: tuple[str, list]) -> list[Delta]:
+    """A tool stream's news as deltas: content, then call pieces (the legacy `functions` get one function_call)."""
+    content, pieces = news
+    deltas = [Delta(content=content)] if content else []
+    if pieces and job.tools.legacy:
+        first = [piece for piece in pieces if piece.index == 0]
+        deltas += [Delta(function_call=piece.function) for piece in first]
+    elif pieces:
+        deltas.append(Delta(tool_calls=pieces))
+    return deltas
+
+
 async def chat_chunks(job: Job) -> AsyncIterator[BaseModel | dict]:
     def chunk(
         index: int, delta: Delta, finish_reason: str | None = None, logprobs: list[TokenLogprob] | None = None,
@@ -201,13 +231,25 @@ async def chat_chunks(job: Job) -> AsyncIterator[BaseModel | dict]:
         yield chunk(index, Delta(role="assistant", content=""))
     pending: dict[int, list[TokenLogprob]] = {}
     outputs: list[GenerationOutput] = []
+    calling = job.tools is not None and job.tools.choice != "none"
+    streams = {index: ToolStream(job.tools, job.tokenizer) for index in range(len(job.requests))} if calling else {}
     async for index, event in job.sink.events():
         if isinstance(event, ErrorEvent):
             yield _error_chunk(event, job)
         elif isinstance(event, FinishEvent):
             outputs.append(event.output)
             stats = VerispecStats.from_stats(event.output.stats, event.queue_seconds)
-            yield chunk(index, Delta(), event.output.finish_reason, pending.pop(index, None), verispec=stats)
+            reason = event.output.finish_reason
+            if index in streams:
+                for delta in _tool_deltas(job, streams[index].finish()):
+                    yield chunk(index, delta)
+                if streams[index].calls and reason == "stop":
+                    reason = "function_call" if job.tools.legacy else "tool_calls"
+            yield chunk(index, Delta(), reason, pending.pop(index, None), verispec=stats)
+        elif index in streams:
+            if event.token_id is not None:
+                for delta in _tool_deltas(job, streams[index].feed(event.token_id)):
+                    yield chunk(index, delta)
         elif (taken := _pending_logprobs(job, event, pending.setdefault(index, []))) is not None or event.text:
             yield chunk(index, Delta(content=event.text), logprobs=taken)
     if job.include_usage and len(outputs) == len(job.requests):
