@@ -149,8 +149,11 @@ HOSTILE = [
         chat(
             messages=[
                 *CHAT,
-                {"role": "assistant", "content": None,
-                 "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+                },
                 {"role": "tool", "tool_call_id": "1", "content": "42"},
             ]
         ),
