@@ -24,12 +24,14 @@ import httpx
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 SYSTEM = (
-    "You are a code-reading agent. The Python standard library's source tree is your working directory. Use the "
-    "tools to look at the code, then answer the question briefly, naming the functions and files involved."
+    "You are a code-reading agent. The Python standard library's source tree is your working directory: paths are "
+    "relative to it, like 'heapq.py' or 'json/decoder.py'. Find where things are defined with search, read the "
+    "lines around them with read_file (start and end line numbers), then answer briefly, naming the functions and "
+    "files involved. Do not read the same lines twice."
 )
 TOOLS = [
     {"type": "function", "function": {
-        "name": "list_dir", "description": "List the files and folders of a directory of the standard library",
+        "name": "list_dir", "description": "List the files and folders of a directory, e.g. 'json' or '.'",
         "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}},
     {"type": "function", "function": {
         "name": "read_file", "description": "Read lines of a file (at most 60 at a time, numbered)",
@@ -37,7 +39,8 @@ TOOLS = [
             "path": {"type": "string"}, "start": {"type": "integer", "minimum": 1}, "end": {"type": "integer"}},
             "required": ["path"]}}},
     {"type": "function", "function": {
-        "name": "search", "description": "Find where a function or class is defined (its file and line)",
+        "name": "search",
+        "description": "Find where a function or class is defined, e.g. 'heappush': its file and line number",
         "parameters": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}}},
 ]  # fmt: skip
 TASKS = [

@@ -23,8 +23,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "verispec"
 
 LAYERS = {
-    "errors": 0, "decoding": 0, "models.config": 0, "models.tokenizer": 0, "models.bundled": 0,
-    "models.converted": 0,
+    "errors": 0, "decoding": 0, "models.config": 0, "models.tokenizer": 0, "models.gguf_vocab": 0,
+    "models.bundled": 0, "models.converted": 0,
     "kernels": 1,
     "models.model": 2,
     "models": 3, "testing": 3,

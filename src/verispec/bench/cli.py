@@ -25,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="humaneval",
         help="humaneval, humaneval-long (800-2,700-token prompts), json-schema, json-schema-long; long, long-summary, "
         "long-extract, long-rag (1-4k tokens of the standard library's sources, docs/long-prompts.md); code-edit, "
-        "multi-turn, agent-loop (repetition, docs/repetition.md); or a .jsonl file",
+        "multi-turn, agent-loop (repetition, docs/repetition.md); agent-runs (recorded agent runs with tool calls, "
+        "docs/tools.md); or a .jsonl file",
     )
     parser.add_argument("--num-prompts", type=int, default=None, help="prompts to run (default 10; --quick 2)")
     parser.add_argument(

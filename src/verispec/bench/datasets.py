@@ -11,6 +11,11 @@ library's sources (long_context.py): summarise a module, list what raises ValueE
 `code-edit`, `multi-turn`, `agent-loop`: answers that repeat text already seen (repetition.py): a function back
 with a small change, a revised second turn, a session of JSON tool calls (structured output).
 
+`agent-runs`: real agent runs (an agent reading the standard library's sources through three tools, recorded by
+benchmarks/record_agent_runs.py), each step the chat request the server saw: the conversation so far, the tools and
+the tool choice. A run is a session: its steps meet an engine that keeps what the run's earlier steps prefilled and
+wrote, and each run starts on a fresh one.
+
 A JSONL line is one JSON object with one of:
     "prompt":   a string (sent raw, or as one user message with --chat)
     "messages": chat messages [{"role": ..., "content": ...}], rendered with the chat template
@@ -39,10 +44,11 @@ JSON_SCHEMA = "json-schema"
 JSON_SCHEMA_LONG = "json-schema-long"
 LONG = ("long", *LONG_KINDS)  # long-context chat requests from the standard library's sources (long_context.py)
 REPEATING = ("code-edit", "multi-turn", "agent-loop")  # answers that repeat text already seen (repetition.py)
+AGENT_RUNS = "agent-runs"  # recorded agent runs with real tool calls (data/agent_runs.jsonl)
 # one client's session: a server answering it keeps what its earlier requests prefilled (the shared system
 # prompt), so the bench does too, on every side alike; each prompt of the others meets a freshly prefilled engine
 SESSIONS = ("agent-loop",)
-DATASETS = (HUMANEVAL, HUMANEVAL_LONG, JSON_SCHEMA, JSON_SCHEMA_LONG, *LONG, *REPEATING)
+DATASETS = (HUMANEVAL, HUMANEVAL_LONG, JSON_SCHEMA, JSON_SCHEMA_LONG, *LONG, *REPEATING, AGENT_RUNS)
 LONG_CONTEXT = 8  # earlier problems, with their solutions, before each problem of humaneval-long
 
 
@@ -58,6 +64,9 @@ class Request:
     id: str
     prompt: Prompt  # raw text or chat messages
     grammar: GrammarSpec | None = None  # structured output: what the answer must follow
+    # a recorded chat request with tools (agent-runs): its prompt and grammar are the server's (server/tools.py)
+    chat: dict | None = None
+    session: str | None = None  # the steps of one session share an engine's state; another session starts fresh
 
     @property
     def is_chat(self) -> bool:
@@ -80,6 +89,8 @@ def load_requests(dataset: str, chat: bool = False) -> list[Request]:
         requests = [Request(request_id, messages) for request_id, messages in long_requests(dataset)]
     elif dataset in REPEATING:
         requests = _repeating(dataset)
+    elif dataset == AGENT_RUNS:
+        requests = _agent_runs()
     elif Path(dataset).expanduser().is_file():
         requests = _jsonl(Path(dataset).expanduser())
     else:
@@ -104,6 +115,12 @@ def _repeating(dataset: str) -> list[Request]:
         Request(request_id, messages, _schema(schema, dataset) if schema is not None else None)
         for request_id, messages, schema in made
     ]
+
+
+def _agent_runs() -> list[Request]:
+    path = resources.files("verispec.bench") / "data" / "agent_runs.jsonl"
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [Request(row["id"], row["request"]["messages"], chat=row["request"], session=row["session"]) for row in rows]
 
 
 def _humaneval_long() -> list[Request]:

@@ -24,6 +24,7 @@ from ..kernels.linear import GGUFEmbedding, NativeLinear
 from ..models.draft_head import DraftHead, draft_ids
 from ..models.loading import LoadedModel, load_pair
 from ..models.quantize import QuantizedLinear, default_draft_quantization
+from ..server.tools import request_prompt
 from .config import PEER_FAMILIES, BenchConfig, as_command
 from .costs import Costs, measure_costs
 from .datasets import SESSIONS, Request, load_requests
@@ -49,7 +50,8 @@ class Prompt:
     index: int
     id: str
     token_ids: list[int]
-    grammar: GrammarSpec | None = None  # structured output (the json-schema dataset)
+    grammar: GrammarSpec | None = None  # structured output (the json-schema dataset), or tool calls' (agent-runs)
+    session: str | None = None  # its session (agent-runs): it meets the engine its session's earlier steps left
 
 
 @dataclass
@@ -201,9 +203,14 @@ def _select_prompts(config: BenchConfig, requests: list[Request], models: Models
     for request in requests:
         if len(prompts) == config.num_prompts:
             break
-        ids = tokenizer.encode_chat(request.prompt) if request.is_chat else tokenizer.encode(request.prompt)
+        grammar = request.grammar
+        if request.chat is not None:  # the server's own prompt and tool grammar for the recorded request
+            ids, calls = request_prompt(request.chat, tokenizer)
+            grammar = GrammarSpec("grammar", calls) if calls is not None else None
+        else:
+            ids = tokenizer.encode_chat(request.prompt) if request.is_chat else tokenizer.encode(request.prompt)
         if ids and len(ids) + spare <= limit:
-            prompts.append(Prompt(len(prompts), request.id, ids, request.grammar))
+            prompts.append(Prompt(len(prompts), request.id, ids, grammar, request.session))
         else:
             skipped.append(request.id)
     if not prompts:
@@ -241,18 +248,28 @@ def _measure_costs(config: BenchConfig, models: Models, prompts: list[Prompt], l
 def _main_loop(
     config: BenchConfig, contenders: list[Contender], prompts: list[Prompt], result: BenchResult, memory: PeakMemory
 ) -> None:
+    sessions: dict[str, str] = {}
     with tqdm(total=len(prompts) * len(contenders), desc="bench", unit="run", disable=not config.progress) as bar:
         for prompt in prompts:
             shift = prompt.index % len(contenders)
             for contender in contenders[shift:] + contenders[:shift]:
                 bar.set_postfix_str(f"prompt {prompt.index + 1}/{len(prompts)} {contender.name}")
-                result.runs.append(_timed_run(config, contender, prompt, memory))
+                result.runs.append(_timed_run(config, contender, prompt, memory, sessions))
                 bar.update(1)
 
 
-def _timed_run(config: BenchConfig, contender: Contender, prompt: Prompt, memory: PeakMemory) -> Run:
+def _timed_run(
+    config: BenchConfig, contender: Contender, prompt: Prompt, memory: PeakMemory, sessions: dict[str, str]
+) -> Run:
+    """One contender on one prompt. `sessions`: each contender's current session (agent-runs)."""
     seed = None if config.seed is None else config.seed + prompt.index
-    if config.dataset not in SESSIONS and (generator := getattr(contender, "generator", None)) is not None:
+    generator = getattr(contender, "generator", None)
+    if generator is not None and prompt.session is not None:
+        if sessions.get(contender.name) != prompt.session:  # a new run: a fresh engine
+            generator.forget_history()
+            generator.forget_prompts()
+            sessions[contender.name] = prompt.session
+    elif generator is not None and config.dataset not in SESSIONS:
         generator.forget_prompts()  # each prompt is prefilled as by a fresh server (a session's are not: SESSIONS)
     memory.reset()
     begin = time.perf_counter()

@@ -188,6 +188,15 @@ def _template_call(call, param: str) -> dict:
     return entry
 
 
+def request_prompt(body: dict, tokenizer: Tokenizer) -> tuple[list[int], str | None]:
+    """A chat request's prompt ids and tool grammar as the server makes them (the bench replays recorded requests);
+    raises ApiError for what the server would refuse."""
+    chat = ChatCompletionRequest.model_validate(body)
+    tools = tool_request(chat, detect(tokenizer.chat_template))
+    ids = tokenizer.encode_chat(template_messages(chat), tools=tools.template_tools if tools is not None else None)
+    return ids, tool_grammar(tools, tokenizer) if tools is not None else None
+
+
 # ---- the grammar ------------------------------------------------------------------------------------------------
 def tool_grammar(request: ToolRequest, tokenizer: Tokenizer) -> str | None:
     """The Lark grammar (llguidance's) that keeps the answer's calls within the functions' schemas, or None for
