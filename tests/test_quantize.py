@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 from test_generator_tiny import PROMPTS
 
-from verispec import SpeculativeGenerator
+from verispec import SpeculativeGenerator, load_model
 from verispec.models.quantize import QuantizedLinear, int4_from_gguf, quantize_model, quantized_entries
 from verispec.testing import tiny_loaded, tiny_pair
 
@@ -80,3 +81,16 @@ def test_int4_unpacking_follows_the_packer_of_each_cpu_capability(capability):
     assert run.returncode == 0, run.stderr
     if run.stdout.strip().lower() != capability:
         pytest.skip(f"this CPU cannot run PyTorch's {capability} kernels")
+
+
+def test_int8_weights_loaded_from_the_cache_are_aligned(tmp_path, monkeypatch):
+    """PyTorch's int8 kernel crashed (segfault) on a pass over 4 rows or more when its weight sat 8 bytes past a
+    multiple of 16, as a weight memory-mapped from a cached safetensors shard may (this file's did: 4 of its 5):
+    loading copies such weights to aligned memory."""
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    path = Path(__file__).parent / "fixtures" / "llamacpp" / "llama-q-q2_k.gguf"
+    model = load_model(path, quantization="int8", progress=False).model
+    weights = [m.qweight for m in model.modules() if isinstance(m, QuantizedLinear)]
+    assert len(weights) == 5 and all(w.data_ptr() % 64 == 0 for w in weights)
+    logits = model(torch.arange(3, 19)[None], model.new_cache(max_len=16), [0])  # 16 rows
+    assert torch.isfinite(logits).all()

@@ -47,6 +47,11 @@ class GGUFSource:
                 f"{path}: architecture '{self.arch}' is not supported (supported: "
                 f"{', '.join(sorted(SUPPORTED_ARCHITECTURES))})"
             )
+        scaling = str(self._field(f"{self.arch}.rope.scaling.type", "none"))
+        if "rope_freqs.weight" in self.tensors:  # how llama.cpp's converter stores Llama 3's rope scaling
+            scaling = "llama3 (rope_freqs)"
+        if scaling != "none":  # the model computes plain rope: it would give other logits, silently
+            raise ModelLoadError(f"{path}: rope scaling '{scaling}' is not supported")
         self.config = self._config()
 
     def _field(self, key: str, default=None):

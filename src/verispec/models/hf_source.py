@@ -41,6 +41,10 @@ class HFSource:
         model_type = raw.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ModelLoadError(f"{folder}: model_type '{model_type}' is not supported")
+        rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+        scaling = rope.get("rope_type", rope.get("type", "default"))
+        if scaling != "default":  # the model computes plain rope: it would give other logits, silently
+            raise ModelLoadError(f"{folder}: rope scaling '{scaling}' is not supported")
         self.config = _config_from_hf(raw)
         generation = folder / "generation_config.json"
         eos = json.loads(generation.read_text()).get("eos_token_id") if generation.is_file() else None

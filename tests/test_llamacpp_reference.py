@@ -1,0 +1,164 @@
+"""verispec against llama.cpp itself: tiny GGUF files of each architecture and quantization, with llama.cpp's own
+logits at every position of a token sequence (tests/fixtures/llamacpp: made by make_fixtures.py there, with a
+llama.cpp build; CI never builds llama.cpp). Every fixture runs on verispec's native kernels (quantization="gguf",
+or whatever path verispec takes for the file today) and on the PyTorch path (weights dequantized to float32).
+
+Each comparison asks for the argmax at every position (the fixtures' tokens are chosen so that llama.cpp's top two
+logits differ by at least 0.15 standard deviations everywhere: no position is a near tie) and for max |diff| over
+every position and token within a tolerance, in standard deviations of llama.cpp's logits (about 3.2 for the
+hidden-64 architecture fixtures, 6.6 for the quantization set). Measured values are from an AMD Zen 5 (AVX-512):
+
+- F16 files, 0.025: llama.cpp rounds each activation to float16 before its F16 products, and its flash attention
+  holds the queries and sums the values in float16; verispec multiplies float32 activations (its KV cache is float16
+  on the native stack, float32 on PyTorch). Measured: at most 0.012.
+- Quantized files, native kernels, 0.2: llama.cpp quantizes every activation to 8 bits (per 32 values with a float16
+  scale, Q8_0/Q8_1, for Q4_0, Q4_1, Q5_0, Q8_0 and IQ4_NL; per 256 with a float32 scale, Q8_K, for the K-quants and
+  IQ4_XS) and so does verispec, but it keeps Q8_0's scale in float32 and attends in float32 (no float16 queries or
+  sums): values that differ in their last bits round to other integers at the next quantization, so the two
+  results are two draws of the activations' rounding noise, not one. (With the scale rounded to float16, a numpy
+  emulation of verispec's arithmetic gave llama.cpp's logits for llama-q8_0 at position 0 exactly.) Measured: at
+  most 0.12.
+- Quantized files, PyTorch float32, 0.3: no activation rounding at all, so the whole of llama.cpp's rounding noise
+  is the difference. Measured: at most 0.17.
+- Where llama.cpp's activations are all Q8_K (every matrix a K-quant or IQ4_XS) the native kernels compute its
+  very integers, and at position 0, where attention is the identity (one key), the logits agree to float32
+  summation order: 1e-4 standard deviations (measured 6e-7). Later positions differ through attention, as above.
+
+The negative controls fail these comparisons: verispec's Q4_K_M logits against llama.cpp's Q6_K logits of the same
+weights (1.1 standard deviations apart) and the Q8_0 model with a rotary base 10% off (0.6).
+
+Architectures and features verispec does not run yet skip with the loader's own refusal (it says "not supported")
+and run by themselves once the loader takes them. Files with a matrix type the native kernels do not take yet run
+on the PyTorch int4/int8 fallback that quantization="gguf" takes for them (weights requantized, bfloat16
+activations), xfail(strict=False) naming the missing kernel: within the tolerance or not, by chance (measured 0.15
+to 0.23).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+
+from verispec import load_model
+from verispec.errors import ModelLoadError
+from verispec.kernels import native
+
+FIXTURES = Path(__file__).parent / "fixtures" / "llamacpp"
+MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
+ENTRIES = {entry["name"]: entry for entry in MANIFEST["fixtures"]}
+DENSE = {"F32", "F16", "BF16"}
+Q8_K_TYPES = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"}  # llama.cpp quantizes their activations as Q8_K
+TOLERANCE = {"dense": 0.025, "native": 0.2, "float32": 0.3}  # x the standard deviation of llama.cpp's logits
+POSITION_0 = 1e-4  # Q8_K files on the native kernels at position 0, x the standard deviation
+
+
+@pytest.fixture(scope="module")
+def llamacpp_logits() -> dict[str, np.ndarray]:
+    with np.load(FIXTURES / "logits.npz") as logits:
+        return {name: logits[name] for name in logits.files}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _own_cache(tmp_path_factory):
+    """The converted forms of the fixtures go to a temporary cache, not the user's."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VERISPEC_CACHE", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
+def matrix_types(entry: dict) -> set[str]:
+    """The file's tensor types but F32 (its norms; no matrix of the fixtures is F32)."""
+    return set(entry["tensor_types"]) - {"F32"}
+
+
+def without_kernel(entry: dict) -> list[str]:
+    return sorted(t for t in matrix_types(entry) if GGMLQuantizationType[t].value not in native.QUANT_TYPES)
+
+
+def tolerance(entry: dict, path: str) -> float:
+    return TOLERANCE["dense" if matrix_types(entry) <= DENSE else path]
+
+
+def load(entry: dict, path: str):
+    """The fixture's model on `path` ('native': quantization="gguf"; 'float32': PyTorch), or a skip naming the
+    loader's refusal of an architecture or feature it does not support yet."""
+    try:
+        return load_model(FIXTURES / entry["file"], quantization="gguf" if path == "native" else "none", progress=False)
+    except ModelLoadError as exc:
+        if "not supported" in str(exc):
+            pytest.skip(f"verispec refuses it today: {exc}")
+        raise
+
+
+def logits_of(model, tokens: list[int]) -> np.ndarray:
+    """verispec's logits at every position of `tokens`, in one pass (a prefill), as llama.cpp's were made."""
+    return model(torch.tensor([tokens]), model.new_cache(max_len=len(tokens)), [0])[0].numpy()
+
+
+def compare(got: np.ndarray, expected: np.ndarray, tol: float) -> None:
+    """AssertionError unless the argmax agrees at every position and max |diff| <= tol x std(expected)."""
+    assert got.shape == expected.shape
+    differ = np.nonzero(got.argmax(-1) != expected.argmax(-1))[0]
+    assert not len(differ), f"argmax differs at positions {differ.tolist()}"
+    worst = float(np.abs(got - expected).max())
+    assert worst <= tol * expected.std(), f"max |diff| {worst:.4f} > {tol} x std {expected.std():.3f}"
+
+
+@pytest.mark.parametrize("path", ["native", "float32"])
+@pytest.mark.parametrize("name", sorted(ENTRIES))
+def test_logits_match_llamacpp(name, path, llamacpp_logits, request):
+    entry = ENTRIES[name]
+    if path == "native":
+        if not native.available():
+            pytest.skip("native kernels not compiled")
+        missing = without_kernel(entry)
+        if missing:
+            request.applymarker(
+                pytest.mark.xfail(
+                    strict=False,
+                    reason=f"no native kernel for {', '.join(missing)} yet: quantization='gguf' runs this file on "
+                    "PyTorch's int4/int8 linears (weights requantized, bfloat16 activations)",
+                )
+            )
+    model = load(entry, path).model
+    expected = llamacpp_logits[entry["logits"]]
+    got = logits_of(model, entry["tokens"])
+    compare(got, expected, tolerance(entry, path))
+    if path == "native" and not without_kernel(entry) and matrix_types(entry) <= Q8_K_TYPES:
+        worst = float(np.abs(got[0] - expected[0]).max())
+        assert worst <= POSITION_0 * expected.std(), f"position 0: max |diff| {worst:.2e}, llama.cpp's integers"
+
+
+def test_a_wrong_comparison_exceeds_the_tolerance(llamacpp_logits):
+    """Negative controls, on the native kernels under the native tolerance: the comparison fails (1) for verispec's
+    logits of the Q4_K_M file against llama.cpp's of the Q6_K file (the same weights, another quantization) and
+    (2) for the Q8_0 file computed with a rotary base 10% off, while it passes for the right pairs."""
+    if not native.available():
+        pytest.skip("native kernels not compiled")
+    q4_k, q6_k, q8 = ENTRIES["llama-q-q4_k_m"], ENTRIES["llama-q-q6_k"], ENTRIES["llama-q8_0"]
+    assert q4_k["tokens"] == q6_k["tokens"]
+    got = logits_of(load(q4_k, "native").model, q4_k["tokens"])
+    compare(got, llamacpp_logits[q4_k["logits"]], tolerance(q4_k, "native"))
+    with pytest.raises(AssertionError):
+        compare(got, llamacpp_logits[q6_k["logits"]], tolerance(q6_k, "native"))
+    model = load(q8, "native").model
+    compare(logits_of(model, q8["tokens"]), llamacpp_logits[q8["logits"]], tolerance(q8, "native"))
+    model.config = dataclasses.replace(model.config, rope_theta=model.config.rope_theta * 1.1)
+    model._rope_cache = None  # the rotary tables are made from the config on the next pass
+    with pytest.raises(AssertionError):
+        compare(logits_of(model, q8["tokens"]), llamacpp_logits[q8["logits"]], tolerance(q8, "native"))
+
+
+def test_fixtures_are_what_the_manifest_says():
+    """Every file the manifest names is there with its size, and its logits are float32 [tokens, vocab]."""
+    with np.load(FIXTURES / "logits.npz") as logits:
+        for entry in MANIFEST["fixtures"]:
+            assert (FIXTURES / entry["file"]).stat().st_size == entry["bytes"], entry["file"]
+            array = logits[entry["logits"]]
+            assert array.dtype == np.float32 and array.shape[0] == len(entry["tokens"]), entry["name"]
