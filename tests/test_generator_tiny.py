@@ -127,6 +127,9 @@ class AlwaysWrongDrafter:
     def lag(self, slot, tokens, model_tokens=None):
         return 0
 
+    def admit(self, slot, partition):
+        pass
+
     def propose(self, jobs):
         return [self._wrong(job.tokens, job.k) for job in jobs]
 
