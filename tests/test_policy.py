@@ -275,3 +275,62 @@ def test_the_draft_models_price_is_its_drafting_and_catch_up_over_the_verify_pas
     for _ in range(2):
         lookups.record(1, 1, 3, 0.0001, 0.04, modelled=False)
     assert lookups.model_price(1, 1, 3, lag_tokens=0) == 0.0
+
+
+# ---- lookups priced by the measured cost of wider passes --------------------------------------------------------
+ZEN1 = {1: 0.090, 2: 0.140, 4: 0.2205, 8: 0.4023, 16: 0.77}  # an AVX2-only Zen 1: T(4)/T(1) 2.45, T(8)/T(1) 4.47
+ZEN5 = {1: 0.022, 2: 0.0225, 4: 0.024, 8: 0.027, 16: 0.033}  # a memory-bound AVX-512 Zen 5: T(16)/T(1) 1.5
+
+
+def _measured(passes: dict[int, float]) -> DraftPolicy:
+    policy = DraftPolicy()
+    for rows, seconds in passes.items():
+        for _ in range(3):
+            policy.record_pass(rows, seconds)
+    return policy
+
+
+def _lookup(alpha: float, length: int = 15):
+    from verispec.engine.suffix import Lookup
+
+    chances = tuple(alpha ** (j + 1) for j in range(length))
+    return Lookup(list(range(length)), 8, sum(chances), chances=chances)
+
+
+def test_a_pass_is_priced_by_its_rows_measured_interpolated_or_extrapolated():
+    policy = _measured(ZEN1)
+    assert policy.pass_seconds(4) == pytest.approx(0.2205)
+    assert policy.pass_seconds(6) == pytest.approx((0.2205 + 0.4023) / 2)  # between 4 and 8
+    assert policy.pass_seconds(32) == pytest.approx(0.77 + (0.77 - 0.4023) / 8 * 16)  # along 8 -> 16
+    cost = policy.row_cost(1, 1)
+    assert cost(3) == pytest.approx(2.45) and cost(0) == 1.0
+    assert policy.row_cost(2, 2)(5) == pytest.approx(policy.pass_seconds(12) / 0.2205)  # 2 x 6 padded rows over 2 x 2
+    assert DraftPolicy().row_cost(1, 1) is None  # nothing measured: lookups draft unpriced, and get measured
+
+
+@pytest.mark.parametrize(
+    ("passes", "alpha", "drafted"),
+    [
+        (ZEN1, 0.5, 0),  # seldom right on a compute-bound CPU: no wider pass pays, not even by one row
+        (ZEN1, 0.8, 2),  # right often: 2.44 tokens for 2.0 plain steps (3 rows), 1.22x; 3 tokens would be 1.20x
+        (ZEN1, 0.97, 6),  # copied text: 6.6 tokens for 4.1 plain steps, 1.61x; the 16-row pass only 1.35x
+        (ZEN5, 0.5, 4),  # memory-bound: rows are cheap, a few pay even at a = 0.5 (1.72x)
+        (ZEN5, 0.8, 9),
+        (ZEN5, 0.97, 15),  # 8.6x
+    ],
+)
+def test_a_lookup_drafts_only_the_rows_that_pay_on_this_machine(passes, alpha, drafted):
+    from verispec.engine.suffix import priced
+
+    lookup = priced(_lookup(alpha), _measured(passes).row_cost(1, 1))
+    assert (len(lookup.tokens) if lookup is not None else 0) == drafted
+
+
+def test_in_a_batch_a_lookup_must_pay_for_widening_everyones_pass():
+    """Four sequences, the others plain (one row each): a 3-token lookup makes the pass 4 x 4 rows; on Zen 1 that
+    costs what 4 x 1 rows do times 0.77 / 0.2205, which a = 0.97 does not repay (1 + 2.8 / 4 tokens per row)."""
+    from verispec.engine.suffix import priced
+
+    policy = _measured(ZEN1)
+    assert priced(_lookup(0.97, 3), policy.row_cost(1, 1)) is not None
+    assert priced(_lookup(0.97, 3), policy.row_cost(4, 1), batch=4) is None

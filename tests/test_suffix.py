@@ -205,8 +205,8 @@ def test_suffix_drafting_gives_plain_greedy_output_and_uses_earlier_outputs(tiny
 
 
 def test_a_seeded_sample_is_the_same_whatever_the_server_answered_before(tiny):
-    """A sampled request with a seed gives the same text every time: earlier outputs in the index (which change
-    what is drafted, hence which random draws acceptance consumes) are not consulted for it."""
+    """A sampled request with a seed gives the same text every time, although earlier outputs in the index change
+    what is drafted: its tokens are drawn with noise keyed by the seed and their positions (decoding/noise.py)."""
     target, _ = tiny
     config = SchedulerConfig(max_num_seqs=2, max_model_len=256, speculative_method="suffix", draft_policy="always")
     scheduler = Scheduler(target, None, config)
@@ -240,6 +240,28 @@ def test_lookups_go_on_when_the_policy_stops_the_draft_model(tiny, policy, monke
         assert output.stats.drafted == 0
     else:
         assert output.stats.drafted_by_lookup == output.stats.drafted > 0
+
+
+@pytest.mark.parametrize(("slope", "drafts"), [(1.0, False), (0.01, True)])
+def test_lookups_are_priced_by_this_machines_passes(tiny, monkeypatch, slope, drafts):
+    """Where a pass costs in proportion to its rows (slope 1: a compute-bound CPU, in the extreme) no lookup pays,
+    since no draft is sure to be accepted: nothing is drafted. Where rows are nearly free (slope 0.01: memory-bound)
+    lookups draft. The output is plain decoding's either way."""
+    target, _ = tiny
+    plain = SpeculativeGenerator(target, None, max_seq_len=256, progress=False)
+    config = SchedulerConfig(max_num_seqs=1, max_model_len=256, speculative_method="suffix", draft_policy="auto")
+    scheduler = Scheduler(target, None, config)  # lookups alone
+    for rows in (1, 2, 4, 8, 16):
+        for _ in range(3):
+            scheduler.policy.record_pass(rows, 0.01 * (1 + slope * (rows - 1)))
+    monkeypatch.setattr(scheduler.policy, "record_pass", lambda *args: None)  # these costs, whatever runs
+    events: list = []
+    ids = target.tokenizer.encode(REPEATING[2])
+    scheduler.submit(EngineRequest("r", ids, SamplingParams(), 40, events.append, ignore_eos=True))
+    scheduler.run_until_idle()
+    output = events[-1].output
+    assert output.token_ids == plain.generate(REPEATING[2], max_tokens=40, ignore_eos=True).token_ids
+    assert (output.stats.drafted > 0) == drafts
 
 
 FORKING = ["abc abd abe abc abd abe abc ab", "x = 1\ny = 2\nx = 3\ny = 4\nx = 1\ny = 2\nx ="]

@@ -30,6 +30,12 @@ tokens. Rules:
   holds and drops back when it changes, and probes are spaced so that their measured cost (time lost at
   the lower rate, plus the catch-up they cause) stays under `probe_budget` of the throughput.
 - While a prompt prefills or waits for a slot (a burst starts), nothing drafts.
+- A lookup (suffix drafting: tokens copied from text already seen, free to draft) is priced by the measured cost
+  of a pass over as many rows as it adds: every target pass is recorded by its rows, and `row_cost` gives what n
+  more rows cost over a pass without them (measured, interpolated, or extrapolated along the last two measured
+  widths). On a CPU whose products are compute-bound (AVX2 without VNNI: a pass of 4 rows costs 2.5 plain steps)
+  a lookup that is seldom accepted is cut short or not drafted at all; where a pass of 16 rows costs little more
+  than one, it drafts in full.
 
 Why each rule is there (the runs that showed it): docs/server.md, "Why the policy's rules are what they are".
 """
@@ -115,6 +121,7 @@ class DraftPolicy:
     decay: float = 0.99  # per round, for the server-wide acceptance counts
     verify: dict[tuple[int, int], _StepTime] = field(default_factory=dict)  # (rows, k) -> target pass seconds
     draft: dict[tuple[int, int], _DraftTime] = field(default_factory=dict)  # (drafting rows, k) -> drafting seconds
+    passes: dict[int, _StepTime] = field(default_factory=dict)  # rows of a target pass -> its seconds
     # decayed counts of drafting steps that ran the draft model and of those that only looked tokens up
     model_steps: float = 0.0
     lookup_steps: float = 0.0
@@ -309,6 +316,45 @@ class DraftPolicy:
             draft.add(draft_seconds / self.slowdown, modelled)
         if verify.measured:
             self.recent.append((cell, verify_seconds / verify.value))
+
+    def record_pass(self, rows: int, seconds: float) -> None:
+        """A target pass over `rows` rows (all of its sequences', padding included) took `seconds`."""
+        self.passes.setdefault(rows, _StepTime()).add(seconds / self.slowdown)
+
+    def pass_seconds(self, rows: int) -> float | None:
+        """The seconds of a pass over `rows` rows: measured, else interpolated between the nearest measured widths
+        around it, else extrapolated from the two widest below it; None when too little is measured."""
+        measured = sorted((r, t.value) for r, t in self.passes.items() if t.samples)
+        for r, seconds in measured:
+            if r == rows:
+                return seconds
+        below = [(r, t) for r, t in measured if r < rows]
+        above = [(r, t) for r, t in measured if r > rows]
+        if below and above:
+            (r0, t0), (r1, t1) = below[-1], above[0]
+            return t0 + (t1 - t0) * (rows - r0) / (r1 - r0)
+        if len(below) >= 2:
+            (r0, t0), (r1, t1) = below[-2], below[-1]
+            return t1 + max(0.0, (t1 - t0) / (r1 - r0)) * (rows - r1)
+        return None
+
+    def row_cost(self, batch: int, width: int):
+        """A function n -> what a pass of `batch` sequences costs when one of them drafts n tokens, over the pass
+        without them: rows are padded to the widest, so n drafts make the pass batch x max(width, n + 1) rows
+        (`width`: the widest of the others). None while the pass without them is unmeasured (a lookup then drafts
+        unpriced, and its pass is measured)."""
+        base = self.pass_seconds(batch * width)
+        if base is None or self.mode != "auto":
+            return None
+        costs = {0: 1.0}
+
+        def cost(n: int) -> float | None:
+            if n not in costs:
+                seconds = self.pass_seconds(batch * max(width, n + 1))
+                costs[n] = None if seconds is None else max(1.0, seconds / base)
+            return costs[n]
+
+        return cost
 
     def record_round(self, drafted: int, accepted: int) -> None:
         """One sequence's round: `accepted` of `drafted` tokens kept."""

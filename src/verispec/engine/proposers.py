@@ -19,6 +19,7 @@ so padded keys are never read again (they are overwritten before any later read)
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass
 
 import torch
@@ -133,6 +134,10 @@ class DraftJob:
     model_alpha: float = 0.0  # ... and that a token the draft model proposed is (suffix drafting)
     tree: bool = False  # a lookup may propose a token tree (the target verifies trees for this sequence)
     model_price: float = 0.0  # the draft model's drafting and catch-up for it, over the verify pass (policy)
+    # what n drafted rows make this step's verify pass cost over none (DraftPolicy.row_cost: lookups are priced by
+    # it), or None; and the sequences the pass verifies
+    row_cost: Callable[[int], float | None] | None = None
+    batch: int = 1
 
     @property
     def model_view(self) -> list[int]:

@@ -499,6 +499,8 @@ class Scheduler:
         consistent: what each holds is recorded only after its forward)."""
         looks_up = isinstance(self.drafter, BatchedSuffixDrafter) and self.policy.mode != "never"
         prices = self._model_prices(seqs, ks) if looks_up else [0.0] * len(seqs)
+        # a lookup widens the pass that the others' rows make (the draft model's k + 1, or a plain step's 1)
+        row_cost = self.policy.row_cost(len(seqs), max(ks) + 1) if looks_up else None
         empty = Proposal(torch.empty(0, dtype=torch.long))
         proposals: list[Proposal | None] = [empty] * len(seqs)
         jobs = [
@@ -522,6 +524,8 @@ class Scheduler:
                     ),
                     self._takes_trees(seq),
                     prices[i],
+                    row_cost,
+                    len(seqs),
                 ),
             )  # fmt: skip
             for i, (seq, k, limit) in enumerate(zip(seqs, ks, limits, strict=True))
@@ -611,7 +615,10 @@ class Scheduler:
                 None if tree is None else [-1] * len(pending) + [root + 1 + p if p >= 0 else root for p in tree]
             )
         slots = [seqs[i].slot for i in live]
+        begin = time.perf_counter()
         all_logits = padded_forward(self.target.model, self.cache, rows, slots, parents=parents)
+        # the pass's rows as computed: every row padded to the widest (what lookups are priced by)
+        self.policy.record_pass(len(rows) * max(len(row) for row in rows), time.perf_counter() - begin)
         for i, raw in zip(live, all_logits, strict=True):
             verdicts[i] = self._guarded(seqs[i], self._verdict, seqs[i], proposals[i], raw, masks[i])
         return verdicts

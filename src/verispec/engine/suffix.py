@@ -97,6 +97,30 @@ class Lookup:
     match: int  # the matched suffix's length
     expected: float = 0.0  # the tokens of it expected to be accepted: the sum of each node's score x alpha^depth
     parents: list[int] | None = None  # a token tree's (Proposal.parents); None for a chain
+    chances: tuple[float, ...] = ()  # a chain's: each token's chance of being accepted with those before it
+
+
+LOOKUP_MARGIN = 0.05  # a priced lookup drafts only if it yields this much more per second than not drafting
+
+
+def priced(lookup: Lookup, cost, batch: int = 1) -> Lookup | None:
+    """The lookup cut to the length that yields the most tokens per second of verification (`cost(n)`: the pass
+    with n drafted rows over the pass without them, DraftPolicy.row_cost), or None when no length beats not
+    drafting by LOOKUP_MARGIN. The pass yields a token per sequence of its `batch`, plus the accepted drafts: the
+    first n chances' sum. Token trees are not cut (they use the rows a pass has left)."""
+    if cost is None or lookup.parents is not None or not lookup.chances:
+        return lookup
+    best, best_rate, expected = 0, 1.0, 0.0
+    for n, chance in enumerate(lookup.chances, 1):
+        expected += chance
+        factor = cost(n)
+        if factor is None:  # unmeasured widths: as long as measured ones say
+            break
+        if (1 + expected / batch) / factor > best_rate:
+            best, best_rate = n, (1 + expected / batch) / factor
+    if best == 0 or best_rate < 1 + LOOKUP_MARGIN:
+        return None
+    return Lookup(lookup.tokens[:best], lookup.match, sum(lookup.chances[:best]), None, lookup.chances[:best])
 
 
 def estimated_alpha(accepted: int, rejected: int) -> float:
@@ -129,7 +153,7 @@ def best_lookup(
     kept = next((j for j, chance in enumerate(chances) if chance < MIN_SCORE), len(chances))
     if not kept:
         return None
-    chain = Lookup(found.tokens[:kept], length, sum(chances[:kept]))
+    chain = Lookup(found.tokens[:kept], length, sum(chances[:kept]), chances=tuple(chances[:kept]))
     room = min(most, LOOKUP_MAX) - kept
     if not tree or room <= 0:
         return chain
@@ -212,6 +236,10 @@ class BatchedSuffixDrafter:
                 job.tree,
             )
             for job in jobs
+        ]
+        found = [
+            lookup if lookup is None else priced(lookup, job.row_cost, job.batch)
+            for job, lookup in zip(jobs, found, strict=True)
         ]
         if self.model is not None:  # a lookup the draft model would beat is left to it
             found = [
