@@ -144,14 +144,14 @@ def completion_body(job: Job, outputs: list[GenerationOutput], queue_seconds: fl
 def chat_completion_body(job: Job, outputs: list[GenerationOutput], queue_seconds: float) -> ChatCompletion:
     choices = []
     for i, output in enumerate(outputs):
-        message, finish_reason = _message(job, output)
+        message, finish_reason = _message(job, output, i)
         logprobs = chat_logprobs(job.tokenizer, output.logprobs) if job.wants_logprobs else None
         choices.append(ChatChoice(index=i, message=message, finish_reason=finish_reason, logprobs=logprobs))
     stats = _stats(outputs, queue_seconds)
     return ChatCompletion(id=job.id, model=job.model, choices=choices, usage=usage(outputs), verispec=stats)
 
 
-def _message(job: Job, output: GenerationOutput) -> tuple[AssistantMessage, str]:
+def _message(job: Job, output: GenerationOutput, choice: int) -> tuple[AssistantMessage, str]:
     """The answer's message and finish reason: its text, or with tools its content and tool calls (finish reason
     "tool_calls"; "function_call" for the legacy `functions`)."""
     tools = job.tools
@@ -160,7 +160,7 @@ def _message(job: Job, output: GenerationOutput) -> tuple[AssistantMessage, str]
     content, parsed = parse_calls(tools.format, job.tokenizer.decode(output.token_ids, keep_special=True))
     if not parsed:
         return AssistantMessage(content=output.text), output.finish_reason
-    calls = answer_calls(tools, parsed)
+    calls = answer_calls(tools, parsed, choice)
     reason = (
         output.finish_reason if output.finish_reason != "stop" else "function_call" if tools.legacy else "tool_calls"
     )
@@ -232,7 +232,7 @@ async def chat_chunks(job: Job) -> AsyncIterator[BaseModel | dict]:
     pending: dict[int, list[TokenLogprob]] = {}
     outputs: list[GenerationOutput] = []
     calling = job.tools is not None and job.tools.choice != "none"
-    streams = {index: ToolStream(job.tools, job.tokenizer) for index in range(len(job.requests))} if calling else {}
+    streams = {i: ToolStream(job.tools, job.tokenizer, i) for i in range(len(job.requests))} if calling else {}
     async for index, event in job.sink.events():
         if isinstance(event, ErrorEvent):
             yield _error_chunk(event, job)

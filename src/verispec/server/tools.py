@@ -97,19 +97,19 @@ class ToolRequest:
     named: str | None  # the function tool_choice names
     parallel: bool
     legacy: bool  # asked with `functions`: answered with `function_call`
-    ids: list[str] = field(default_factory=list)  # call ids, one per call made so far
+    ids: dict[tuple[int, int], str] = field(default_factory=dict)  # (choice, call) -> its id
 
     @property
     def template_tools(self) -> list[dict]:
         """The tools as chat templates read them (transformers' form: OpenAI's tool objects)."""
         return [{"type": "function", "function": f.model_dump(exclude_none=True)} for f in self.functions]
 
-    def call_id(self, index: int) -> str:
-        """The id of the answer's call number `index` (the same in a stream and its final form)."""
-        while len(self.ids) <= index:
+    def call_id(self, index: int, choice: int = 0) -> str:
+        """The id of call number `index` of answer `choice` (the same in a stream and in its final form)."""
+        if (choice, index) not in self.ids:
             token = uuid.uuid4().hex
-            self.ids.append(token[:9] if self.format.short_ids else f"call_{token[:24]}")
-        return self.ids[index]
+            self.ids[choice, index] = token[:9] if self.format.short_ids else f"call_{token[:24]}"
+        return self.ids[choice, index]
 
 
 def tool_request(body: ChatCompletionRequest, fmt: ToolFormat | None) -> ToolRequest | None:
@@ -121,10 +121,7 @@ def tool_request(body: ChatCompletionRequest, fmt: ToolFormat | None) -> ToolReq
     if body.function_call not in (None, "none") and not body.functions:
         raise ApiError(400, "function_call needs functions", param="function_call", code="invalid_value")
     if fmt is None:
-        for i, message in enumerate(body.messages):
-            if message.role in ("tool", "function") or message.tool_calls or message.function_call:
-                message_text = "this model's chat template shows no tool-call format: it cannot render tool calls"
-                raise ApiError(400, message_text, param=f"messages.{i}", code="unsupported_parameter")
+        _refuse_calls_in_history(body)
     legacy = body.functions is not None
     functions = list(body.functions or []) if legacy else [tool.function for tool in body.tools or []]
     choice = body.function_call if legacy else body.tool_choice
@@ -147,6 +144,14 @@ def tool_request(body: ChatCompletionRequest, fmt: ToolFormat | None) -> ToolReq
                        code="invalid_value")  # fmt: skip
     kind = "named" if named is not None else choice or "auto"
     return ToolRequest(fmt, functions, kind, named, body.parallel_tool_calls, legacy)
+
+
+def _refuse_calls_in_history(body: ChatCompletionRequest) -> None:
+    """A model without a tool-call format cannot render a conversation holding calls or their results."""
+    for i, message in enumerate(body.messages):
+        if message.role in ("tool", "function") or message.tool_calls or message.function_call:
+            text = "this model's chat template shows no tool-call format: it cannot render tool calls"
+            raise ApiError(400, text, param=f"messages.{i}", code="unsupported_parameter")
 
 
 def template_messages(body: ChatCompletionRequest) -> list[dict]:
@@ -429,8 +434,8 @@ class ToolStream:
     """One choice's answer as OpenAI's stream of deltas: content pieces, then each call's id, type and name, then
     its arguments in pieces. It reads the answer's tokens with their special tokens (the markers)."""
 
-    def __init__(self, request: ToolRequest, tokenizer: Tokenizer):
-        self.request = request
+    def __init__(self, request: ToolRequest, tokenizer: Tokenizer, choice: int = 0):
+        self.request, self.choice = request, choice
         self.text = IncrementalText(tokenizer, keep_special=True)
         self.scanner = CallScanner(request.format)
         self.sent_content = 0
@@ -462,8 +467,8 @@ class ToolStream:
             if index == len(self.sent):
                 self.sent.append(0)
                 function = DeltaFunction(name=call.name, arguments="")
-                pieces.append(DeltaToolCall(index=index, id=self.request.call_id(index), type="function",
-                                            function=function))  # fmt: skip
+                call_id = self.request.call_id(index, self.choice)
+                pieces.append(DeltaToolCall(index=index, id=call_id, type="function", function=function))
             new = call.arguments[self.sent[index] :]
             if new:
                 self.sent[index] = len(call.arguments)
@@ -471,8 +476,8 @@ class ToolStream:
         return content, pieces
 
 
-def answer_calls(request: ToolRequest, calls: list[ParsedCall]) -> list[ToolCall]:
+def answer_calls(request: ToolRequest, calls: list[ParsedCall], choice: int = 0) -> list[ToolCall]:
     return [
-        ToolCall(id=request.call_id(i), function=ToolCallFunction(name=c.name, arguments=c.arguments))
+        ToolCall(id=request.call_id(i, choice), function=ToolCallFunction(name=c.name, arguments=c.arguments))
         for i, c in enumerate(calls)
     ]
