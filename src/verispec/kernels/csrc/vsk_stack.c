@@ -1,5 +1,8 @@
 /* The decoder stack of a Llama-family model (pre-norm blocks: RMSNorm, q/k/v with optional bias, rotary
- * embedding, grouped-query attention, SwiGLU MLP) for a pass of M rows, in one call.
+ * embedding, grouped-query attention, SwiGLU MLP) for a pass of M rows, in one call. What other families add
+ * is per block or per model and off by default (vsk_stack.h): per-head q/k norms (Qwen3, Gemma 3), a rotary table
+ * per block or none (Gemma 3's local layers, SmolLM3's), sliding windows, attention soft-capping and scale,
+ * norms after the attention and the MLP, GeGLU, scaled embeddings (Gemma).
  *
  * Everything around the products runs here too, so that a decode step or a verify pass costs one call
  * instead of about twenty PyTorch ops per block. Each row's results depend on that row alone: norms,
@@ -152,6 +155,19 @@ VSK_API void vsk_rms_norm(const float *x, const float *weight, int M, int n, flo
     for (int m = 0; m < M; m++) rms_norm(x + (size_t)m * n, weight, n, eps, out + (size_t)m * n);
 }
 
+/* item = row: rms_norm of each row of x [M][n] in place (the outputs of the attention or the MLP, Gemma) */
+typedef struct {
+    float *x;
+    const float *weight;
+    int n;
+    float eps;
+} norm_rows_t;
+
+static void norm_rows(const void *ctx, int begin, int end) {
+    const norm_rows_t *p = ctx;
+    for (int m = begin; m < end; m++) rms_norm(p->x + (size_t)m * p->n, p->weight, p->n, p->eps, p->x + (size_t)m * p->n);
+}
+
 /* rotary embedding of one head (the rotate-half form): cos/sin rows hold the position's D values */
 static void rotate(float *v, const float *cos, const float *sin, int D) {
     const int half = D / 2;
@@ -167,11 +183,21 @@ typedef struct {
     float *out;           /* [M][inter] */
     int inter;
     const vsk_row_ops *ops;
+    int gelu;
 } swiglu_t;
 
 #define SWIGLU_CHUNK 256
 
-/* item = (row, chunk of SWIGLU_CHUNK values): silu(gate) * up */
+/* gelu with tanh (PyTorch's approximate="tanh") of each gate times its up; plain C with tanhf, so the same bits
+ * on every path */
+static void geglu(const float *gate, const float *up, float *out, int n) {
+    for (int i = 0; i < n; i++) {
+        const float x = gate[i], inner = 0.7978845608028654f * (x + 0.044715f * (x * x * x));
+        out[i] = 0.5f * x * (1.0f + tanhf(inner)) * up[i];
+    }
+}
+
+/* item = (row, chunk of SWIGLU_CHUNK values): silu(gate) * up, or gelu(gate) * up */
 static void swiglu_items(const void *ctx, int begin, int end) {
     const swiglu_t *s = ctx;
     const int chunks = (s->inter + SWIGLU_CHUNK - 1) / SWIGLU_CHUNK;
@@ -179,7 +205,7 @@ static void swiglu_items(const void *ctx, int begin, int end) {
         const int m = item / chunks, i0 = item % chunks * SWIGLU_CHUNK;
         const int i1 = i0 + SWIGLU_CHUNK < s->inter ? i0 + SWIGLU_CHUNK : s->inter;
         const float *gate = s->gate_up + (size_t)m * 2 * s->inter, *up = gate + s->inter;
-        s->ops->swiglu(gate + i0, up + i0, s->out + (size_t)m * s->inter + i0, i1 - i0);
+        (s->gelu ? geglu : s->ops->swiglu)(gate + i0, up + i0, s->out + (size_t)m * s->inter + i0, i1 - i0);
     }
 }
 
@@ -202,8 +228,9 @@ static void store(void *cache, size_t at, const float *from, int D, int half) {
     for (int i = 0; i < D; i++) to[i] = vsk_fp32_to_fp16(from[i]);
 }
 
-/* item = row: q/k/v bias, rotary embedding of q and k at the row's position, the row's keys and values into its
- * cache slot where it is stored, and its queries packed [H][D] at the row's start (the attention's layout) */
+/* item = row: q/k/v bias, q/k norms, rotary embedding of q and k at the row's position (the block's table), the
+ * row's keys and values into its cache slot where it is stored, and its queries packed [H][D] at the row's start
+ * (the attention's layout) */
 static void rotate_rows(const void *ctx, int begin, int end) {
     const rotate_t *r = ctx;
     const int H = r->md->heads, kvH = r->md->kv_heads, D = r->md->head_dim, width = (H + 2 * kvH) * D;
@@ -211,9 +238,16 @@ static void rotate_rows(const void *ctx, int begin, int end) {
         float *row = r->qkv + (size_t)m * width;
         if (r->b->qkv_bias)
             for (int i = 0; i < width; i++) row[i] += r->b->qkv_bias[i];
+        if (r->b->q_norm)
+            for (int head = 0; head < H + kvH; head++) {
+                float *v = row + (size_t)head * D;
+                rms_norm(v, head < H ? r->b->q_norm : r->b->k_norm, D, r->md->eps, v);
+            }
         const int pos = r->rows->pos[m], at = r->rows->at ? r->rows->at[m] : pos;
-        const float *cos = r->c->cos + (size_t)pos * D, *sin = r->c->sin + (size_t)pos * D;
-        for (int head = 0; head < H + kvH; head++) rotate(row + (size_t)head * D, cos, sin, D);
+        if (r->b->rope >= 0) {
+            const size_t table = (size_t)r->b->rope * r->c->table_stride + (size_t)pos * D;
+            for (int head = 0; head < H + kvH; head++) rotate(row + (size_t)head * D, r->c->cos + table, r->c->sin + table, D);
+        }
         for (int head = 0; head < kvH; head++) {
             const size_t to = (size_t)r->rows->slot[m] * r->c->slot_stride + (size_t)head * r->c->head_stride +
                               (size_t)at * D;
@@ -244,27 +278,40 @@ static int block_forward(const vsk_model *md, const vsk_block *b, void *keys, vo
     vsk_parallel_for(rotate_rows, &r, M);
     for (int m = 0; m < M; m++) /* the queries, packed [M][H][D] for the attention */
         memmove(qkv + (size_t)m * H * D, qkv + (size_t)m * width, sizeof(float) * H * D);
-    const vsk_attention_t a = {qkv,      keys, values, c->slot_stride, c->head_stride, rows->slot, rows->pos, H, kvH,
-                               D,        1.0f / sqrtf((float)D),   att,     c->half,    rows->direct, rows->tail};
+    const float scale = md->scale ? md->scale : 1.0f / sqrtf((float)D);
+    const vsk_attention_t a = {qkv,   keys,      values,       c->slot_stride, c->head_stride, rows->slot,
+                               rows->pos, H,     kvH,          D,              scale,          att,
+                               c->half,   rows->direct, rows->tail, b->window,   md->softcap};
     const double attention_begin = vsk_seconds();
     vsk_attend(&a, M);
     attention_seconds += vsk_seconds() - attention_begin;
     const prepare_t o_in = {&b->o, 1, H * D, M, att, NULL, NULL, 0.0f, NULL, xq};
     if (products(&o_in, tmp, hidden)) return -1;
+    if (b->post_attn_norm) {
+        const norm_rows_t post = {tmp, b->post_attn_norm, hidden, md->eps};
+        vsk_parallel_for(norm_rows, &post, M);
+    }
 
     /* MLP */
     const prepare_t mlp_in = {b->gate_up, b->gate_up_parts, hidden, M, x, tmp, b->mlp_norm, md->eps, h, xq};
     if (products(&mlp_in, gate_up, 2 * inter)) return -1;
-    const swiglu_t s = {gate_up, act, inter, vsk_rows()};
+    const swiglu_t s = {gate_up, act, inter, vsk_rows(), md->gelu};
     vsk_parallel_for(swiglu_items, &s, M * ((inter + SWIGLU_CHUNK - 1) / SWIGLU_CHUNK));
     const prepare_t down_in = {&b->down, 1, inter, M, act, NULL, NULL, 0.0f, NULL, xq};
-    return products(&down_in, tmp, hidden);
+    if (products(&down_in, tmp, hidden)) return -1;
+    if (b->post_mlp_norm) {
+        const norm_rows_t post = {tmp, b->post_mlp_norm, hidden, md->eps};
+        vsk_parallel_for(norm_rows, &post, M);
+    }
+    return 0;
 }
 
 static int stack_forward(const vsk_model *md, const vsk_cache *c, float *x, int M, const vsk_pass_rows *rows,
                          uint8_t *scratch) {
     const double begin = vsk_seconds();
     int status = 0;
+    if (md->embed_scale)
+        for (size_t i = 0; i < (size_t)M * md->hidden; i++) x[i] *= md->embed_scale;
     for (int l = 0; l < md->layers && !status; l++)
         status = block_forward(md, &md->blocks[l], c->keys[l], c->values[l], c, x, M, rows, scratch, l > 0);
     const float *tmp = (const float *)(scratch + floats_bytes((size_t)M * md->hidden)); /* the last residual */
