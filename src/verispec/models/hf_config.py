@@ -259,18 +259,22 @@ def _rope(f: _Fields, family: str, head_dim: int) -> tuple[float, RopeScaling | 
     return theta, scaling, local_theta
 
 
+_UNSUPPORTED_ROPE = {
+    "dynamic": "its frequencies change with the sequence's length",
+    "longrope": "its frequencies switch at the original context, by the sequence's length in transformers and by "
+    "the context size in llama.cpp",
+}
+
+
 def _scaling(f: _Fields, params: dict, head_dim: int) -> RopeScaling | None:
+    where = "rope_parameters" if f.raw.get("rope_parameters") else "rope_scaling"
     kind = params.get("rope_type", params.get("type", "default"))
     if kind not in _ROPE_KEYS:
-        raise f.refuse(
-            "rope_type",
-            kind,
-            "its frequencies change with the sequence's length (or it is unknown); verispec computes rope types "
-            "default, linear, llama3 and yarn",
-        )
+        why = _UNSUPPORTED_ROPE.get(kind, "an unknown rope type")
+        raise f.refuse(f"{where}.rope_type", kind, f"{why}; verispec computes default, linear, llama3 and yarn")
     for key, value in params.items():
         if key not in _ROPE_KEYS[kind] | {"rope_type", "type", "rope_theta", "partial_rotary_factor"}:
-            raise f.refuse(f"rope_parameters.{key}", value, f"not a parameter of rope type {kind} verispec reads")
+            raise f.refuse(f"{where}.{key}", value, f"not a parameter of rope type {kind} verispec reads")
     if params.get("partial_rotary_factor", 1.0) != 1.0:
         raise f.refuse("partial_rotary_factor", params["partial_rotary_factor"], "partial rotary is not computed")
     if kind == "default":
