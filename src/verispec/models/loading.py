@@ -152,7 +152,16 @@ def _load_gguf_converted(path: Path, dtype: torch.dtype, progress: bool, quantiz
     state: dict[str, torch.Tensor] = {}
     for shard in sorted(folder.glob("*.safetensors")):
         state |= load_file(shard)  # memory-mapped: pages are read as the model touches them
-    return config, state, Tokenizer.load(folder)
+    return config, {name: _aligned(name, tensor) for name, tensor in state.items()}, Tokenizer.load(folder)
+
+
+def _aligned(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """A quantized linear's buffers on 64-byte boundaries: a safetensors shard aligns its tensors to 8 bytes only,
+    and PyTorch's int8 product reads its weights with aligned 16-byte loads (it crashed on a shard whose header
+    length left them 8 bytes off). Other tensors stay memory-mapped where they are."""
+    if name.endswith((".qweight", ".qscales")) and tensor.data_ptr() % 64:
+        return tensor.clone()
+    return tensor
 
 
 def _convert_gguf(path: Path, dtype: torch.dtype, folder: Path, progress: bool, quantization: str) -> None:
