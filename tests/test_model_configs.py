@@ -160,6 +160,8 @@ def _gguf_copy(source: Path, destination: Path, add: dict, tensors: dict | None 
      ({"mistral3.rope.scaling.type": ("longrope", "STRING")}, None, "mistral3.rope.scaling.type"),
      ({"mistral3.rope.scaling.yarn_log_multiplier": (0.1, "FLOAT32")}, None, "yarn_log_multiplier"),
      ({"mistral3.rope.dimension_count": (8, "UINT32")}, None, "rope.dimension_count"),
+     ({"mistral3.attention.causal": (False, "BOOL")}, None, "attention.causal"),
+     ({"mistral3.pooling_type": (1, "UINT32")}, None, "pooling_type"),
      ({"general.architecture": ("gptneox", "STRING")}, None, "architecture 'gptneox'"),
      ({}, {"blk.0.attn_output.bias": np.zeros(32, dtype=np.float32)}, "'blk.0.attn_output.bias' is not read")],
 )  # fmt: skip
@@ -173,6 +175,15 @@ def test_gguf_keys_and_tensors_verispec_does_not_compute_are_refused_naming_them
     with pytest.raises(ModelLoadError, match=named) as error:
         GGUFSource(path)
     assert "\n" not in str(error.value)
+
+
+def test_gguf_keys_that_are_off_are_not_refused(tmp_path):
+    from gguf import GGUFValueType
+
+    from verispec.models.gguf_source import GGUFSource
+
+    off = {"mistral3.expert_count": (0, GGUFValueType.UINT32), "mistral3.attention.causal": (True, GGUFValueType.BOOL)}
+    assert GGUFSource(_gguf_copy(FIXTURES / "mistral3.gguf", tmp_path / "off.gguf", off)).arch == "mistral3"
 
 
 def test_a_gguf_files_own_sliding_pattern_and_rotary_bases(tmp_path):

@@ -2,8 +2,9 @@
 
 The rule: every key is either
 - read: `{arch}.` keys that set part of the computation (READ; their meaning is llama.cpp's, src/llama-model.cpp);
-- known harmless: `general.*`, `tokenizer.*` (the tokenizer is read separately), `quantize.*`, and the `{arch}.`
-  keys in HARMLESS (a count verispec takes from the tensors, a flag with no effect on a forward pass);
+- known harmless: `general.*`, `tokenizer.*` (the tokenizer is read separately), `quantize.*`, the `{arch}.`
+  keys in HARMLESS (a count verispec takes from the tensors, a flag with no effect on a forward pass), and any
+  key whose value is 0, false or empty (an option that is off: some converters write expert_count 0);
 - or refused: the file is not loaded, and one line names the key and its value (an attention temperature, a
   yarn variant llama.cpp and transformers disagree on, a partial rotary, a split file, ...).
 Where llama.cpp fixes a value by architecture rather than by key, so does verispec: Gemma's attention scale
@@ -33,9 +34,10 @@ READ = {
     "rope.dimension_count", "rope.freq_base", "rope.freq_base_swa", "rope.scaling.type", "rope.scaling.factor",
     "rope.scale_linear", "rope.scaling.original_context_length", "rope.scaling.attn_factor",
     "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow", "attention.sliding_window",
-    "attention.sliding_window_pattern", "attn_logit_softcapping", "final_logit_softcapping",
+    "attention.sliding_window_pattern", "attn_logit_softcapping", "final_logit_softcapping", "attention.causal",
 }  # fmt: skip
 HARMLESS = {"vocab_size", "rope.scaling.finetuned"}
+_SHOWN = 8  # values of an array key shown in a refusal
 HARMLESS_PREFIXES = ("general.", "tokenizer.", "quantize.")
 
 
@@ -71,7 +73,11 @@ class _Keys:
             if name.startswith(f"{self.arch}.") and (short in READ or short in HARMLESS):
                 continue
             value = field.contents()
-            raise self.refuse(name, f"[{len(value)} values]" if isinstance(value, list) and len(value) > 8 else value)
+            if value in (0, False, "", []):
+                continue  # an option that is off
+            raise self.refuse(
+                name, f"[{len(value)} values]" if isinstance(value, list) and len(value) > _SHOWN else value
+            )
 
 
 def config_from_gguf(
@@ -100,6 +106,8 @@ def _config(k: _Keys, arch: str, tensors: dict, floats) -> ModelConfig:
         raise k.refuse(f"{arch}.attention.value_length", k.get("attention.value_length"), "not the key length")
     if int(k.get("rope.dimension_count", head_dim)) != head_dim:
         raise k.refuse(f"{arch}.rope.dimension_count", k.get("rope.dimension_count"), "partial rotary")
+    if not k.get("attention.causal", True):
+        raise k.refuse(f"{arch}.attention.causal", False, "verispec decodes causally only")
     context = int(k.get("context_length", 4096))
     theta = float(k.get("rope.freq_base", 10000.0))
     windows = _windows(k, arch, layers)

@@ -38,8 +38,8 @@ _VISION_FIELDS = {
 HARMLESS = {
     # bookkeeping and dtypes
     "architectures", "model_type", "transformers_version", "torch_dtype", "dtype", "_name_or_path", "name_or_path",
-    "auto_map", "tokenizer_class", "id2label", "label2id", "problem_type", "finetuning_task", "model_name",
-    "_commit_hash", "_attn_implementation_autoset", "_sliding_window_pattern",
+    "auto_map", "tokenizer_class", "processor_class", "id2label", "label2id", "problem_type", "finetuning_task",
+    "model_name", "_commit_hash", "_attn_implementation_autoset", "_sliding_window_pattern",
     # token ids and generation defaults (verispec takes stop tokens from generation_config.json and the tokenizer)
     "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id", "use_cache",
     "cache_implementation", "max_length", "min_length", "do_sample", "early_stopping", "num_beams",
