@@ -65,7 +65,7 @@ class ModelConfig:
             return -1
         return 1 if self.rope_local_theta and self.window(layer) else 0
 
-    def rope_tables(self) -> list[tuple[float, RopeScaling | None]]:
+    def rope_table_specs(self) -> list[tuple[float, RopeScaling | None]]:
         """(theta, scaling) of each rotary table the layers take."""
         tables = [(self.rope_theta, self.rope_scaling)]
         return tables + [(self.rope_local_theta, None)] if self.rope_local_theta else tables

@@ -195,7 +195,8 @@ def _no_rope_layers(f: _Fields, family: str, layers: int) -> tuple[int, ...]:
 
 def _windows(f: _Fields, family: str, layers: int) -> tuple[int, ...]:
     """Per layer, the sliding window (0: full attention), as transformers' modules of this family apply it."""
-    window = f.field("sliding_window", 4096 if family in ("mistral", "gemma2", "gemma3", "qwen2") else None)
+    # transformers' default where config.json has no sliding_window
+    window = f.field("sliding_window", None if family in ("llama", "phi3", "smollm3") else 4096)
     if family in ("qwen2", "qwen3", "smollm3") and not f.get("use_sliding_window", False):
         window = None  # transformers drops the window unless use_sliding_window is set
     if family == "llama" and window:

@@ -17,10 +17,9 @@ import torch
 from safetensors import safe_open
 
 from ..errors import ModelLoadError
-from .hf_config import FAMILIES, WRAPPERS, config_from_hf
+from .hf_config import WRAPPERS, config_from_hf
 from .weights import canonical_names
 
-SUPPORTED_MODEL_TYPES = set(FAMILIES)
 _LLAMA_NORMS = {"attn_norm": "input_layernorm.weight", "mlp_norm": "post_attention_layernorm.weight"}
 # Gemma's post_attention_layernorm follows the attention; its MLP's input norm is pre_feedforward_layernorm
 _GEMMA_NORMS = {

@@ -265,7 +265,9 @@ class Transformer(nn.Module):
         """The rotary cos and sin tables [tables, at least `length` positions, head size] (float64), made once and
         kept: table t is the one the layers with config.rope_table(layer) == t take (rope.py)."""
         if self._rope_cache is None or self._rope_cache[0].shape[1] < length:
-            made = [rotary_table(theta, self.config.head_size, length, s) for theta, s in self.config.rope_tables()]
+            made = [
+                rotary_table(theta, self.config.head_size, length, s) for theta, s in self.config.rope_table_specs()
+            ]
             cos, sin = torch.stack([c for c, _ in made]), torch.stack([s for _, s in made])
             self._rope_cache = (cos.to(self.device), sin.to(self.device))
         return self._rope_cache
