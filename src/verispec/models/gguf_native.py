@@ -5,6 +5,10 @@ a 150k-token vocabulary) and caches what later loads need in a small folder: the
 tokenizer, and an index of its tensors (type, shape, offset). That first load also checks every block's
 float16 scales (the only fields of a quantized block that can hold NaN or infinity) and refuses a damaged
 file naming the tensor. Later loads map the file and build the model in a fraction of a second.
+
+Every architecture of gguf_config.py builds the same way: fused tensors (Phi-3's attn_qkv, its ffn_up holding
+gates then ups) become one part of their product, the norms an architecture adds go to the stack as float32
+vectors. `native_from_dense` puts a model loaded with dense weights (a Hugging Face folder) on the same stack.
 """
 
 from __future__ import annotations
