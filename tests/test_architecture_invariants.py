@@ -99,7 +99,8 @@ def reference_greedy(model, ids: list[int], max_tokens: int, stop_ids) -> list[i
 @pytest.mark.parametrize("name", NAMES)
 def test_greedy_speculative_output_is_plain_greedy_output(name, architecture):
     """On the native stack, drafted by the model's first layer (greedy draft steps in one native call) and by
-    lookups in token trees; on the PyTorch path, drafted by the first layer."""
+    lookups in token trees; on the PyTorch path, drafted by the first layer; with int8 weights (PyTorch's kernels,
+    attention per query in verify passes), drafted by prompt lookup."""
     from verispec.testing import tiny_loaded
 
     folder = architecture(name)[0]
@@ -116,6 +117,10 @@ def test_greedy_speculative_output_is_plain_greedy_output(name, architecture):
     plain = load_model(folder, "float32", progress=False).model
     runs.append((plain, SpeculativeGenerator(tiny_loaded(plain, tokenizer), tiny_loaded(truncated_copy(plain, 1),
                 tokenizer), num_speculative_tokens=3, adaptive=False)))  # fmt: skip
+    quantized = load_model(folder, "float32", progress=False, quantization="int8").model  # per-query attention
+    assert quantized.layers[0].attn.batch_invariant
+    runs.append((quantized, SpeculativeGenerator(tiny_loaded(quantized, tokenizer), None, num_speculative_tokens=3,
+                                                 speculative_method="ngram", adaptive=False)))  # fmt: skip
     for model, generator in runs:
         drafted = 0
         for ids in (PROMPTS[1], repetitive):
