@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_kernels import path as path  # a fixture: the tests that take it run on every path
 
 from verispec import SpeculativeGenerator, load_model
 from verispec.kernels import native
@@ -45,9 +46,21 @@ def _run(model, cache, rows: list[tuple[int, int, int]], parents: list[int] | No
     return x
 
 
+# on every path this CPU runs (portable C, AVX2, AVX-512): what the attention's windows and soft-caps change
+EVERY_PATH = ["gemma2", "gemma3"]
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_each_row_is_the_same_bits_whatever_shares_its_pass(name, architecture):
-    model, _ = _native(architecture(name)[0])
+    _check_rows(_native(architecture(name)[0])[0])
+
+
+@pytest.mark.parametrize("name", EVERY_PATH)
+def test_each_row_is_the_same_bits_on_every_path(name, architecture, path):
+    _check_rows(_native(architecture(name)[0])[0])
+
+
+def _check_rows(model) -> None:
     cache = _prefilled(model, PROMPTS)
     start = len(PROMPTS[0])
     alone = [_run(model, cache, [(0, start + i, t)])[0] for i, t in enumerate(DRAFTED)]
@@ -73,7 +86,15 @@ def _path(node: int) -> list[int]:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_a_token_tree_node_is_the_bits_of_a_chain_along_its_path(name, architecture):
-    model, _ = _native(architecture(name)[0])
+    _check_tree(_native(architecture(name)[0])[0])
+
+
+@pytest.mark.parametrize("name", EVERY_PATH)
+def test_a_token_tree_node_is_the_bits_of_a_chain_on_every_path(name, architecture, path):
+    _check_tree(_native(architecture(name)[0])[0])
+
+
+def _check_tree(model) -> None:
     assert model.takes_trees
     cache = _prefilled(model, PROMPTS[:1])
     start = len(PROMPTS[0])

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_kernels import path as path  # a fixture: the tests that take it run on every path
 
 from verispec import load_model
 from verispec.kernels import native
@@ -74,6 +75,16 @@ def test_the_native_stack_computes_what_transformers_computes(name, architecture
     model.kv_dtype = torch.float16
     got = _prefill_then_decode(model, tokens())
     assert float((got - expected).abs().max()) <= 3e-3 * float(expected.abs().max())
+
+
+@needs_native
+@pytest.mark.parametrize("name", ["gemma2", "gemma3"])
+def test_every_native_path_computes_what_transformers_computes(name, architecture, path):
+    """The portable C, AVX2 and AVX-512 attention (windows, soft-caps) and per-row steps alike."""
+    folder, expected = architecture(name)
+    model = native_from_dense(load_model(folder, "float32", progress=False).model)
+    model.kv_dtype = torch.float32
+    assert_close(_prefill_then_decode(model, tokens()), expected)
 
 
 def test_leaving_out_rope_scaling_is_caught(architecture, tmp_path):
