@@ -1,4 +1,4 @@
-"""Shape of a decoder: Llama-family (Llama, Qwen2/3, Mistral, SmolLM2/3, Phi-3) and Gemma 2/3.
+"""Shape of a decoder: Llama-family (Llama, Qwen2/3, Qwen3-MoE, Mistral, SmolLM2/3, Phi-3) and Gemma 2/3.
 
 Every field past `head_dim` describes a departure from a plain Llama block, and its default is Llama's, so a
 config written before they existed still reads as what it was. Which source field sets each one, and what
@@ -46,6 +46,13 @@ class ModelConfig:
     query_scale: float = 0.0  # attention scores' scale, 0: head_size ** -0.5
     attn_softcap: float = 0.0  # scores -> cap * tanh(scores / cap) before the softmax (Gemma 2), 0: none
     final_softcap: float = 0.0  # the same on the output logits (Gemma 2), 0: none
+    # a mixture of experts in place of the MLP (Qwen3-MoE): each row's top experts_per_token of num_experts gated
+    # MLPs of expert_intermediate_size, weighted by the router's softmax (renormalized over them: norm_topk_prob)
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    dense_layers: tuple[int, ...] = ()  # layers that keep a dense MLP all the same
 
     @property
     def head_size(self) -> int:
@@ -54,6 +61,10 @@ class ModelConfig:
     @property
     def scale(self) -> float:
         return self.query_scale or self.head_size**-0.5
+
+    def moe(self, layer: int) -> bool:
+        """Whether layer `layer`'s MLP is a mixture of experts."""
+        return self.num_experts > 0 and layer not in self.dense_layers
 
     def window(self, layer: int) -> int:
         """The keys layer `layer`'s queries see (0: all of them)."""

@@ -24,7 +24,7 @@ from ..errors import ModelLoadError
 from .config import ModelConfig
 from .rope import RopeScaling, yarn_attention_factor
 
-ARCHITECTURES = ("llama", "mistral", "mistral3", "qwen2", "qwen3", "phi3", "smollm3", "gemma2", "gemma3")
+ARCHITECTURES = ("llama", "mistral", "mistral3", "qwen2", "qwen3", "qwen3moe", "phi3", "smollm3", "gemma2", "gemma3")
 # llama.cpp's converter interleaves each head's rotary halves of q and k for these (its "normal" rope type)
 PERMUTED = {"llama", "mistral", "mistral3", "smollm3"}
 GEMMA = {"gemma2", "gemma3"}
@@ -35,6 +35,7 @@ READ = {
     "rope.scale_linear", "rope.scaling.original_context_length", "rope.scaling.attn_factor",
     "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow", "attention.sliding_window",
     "attention.sliding_window_pattern", "attn_logit_softcapping", "final_logit_softcapping", "attention.causal",
+    "expert_count", "expert_used_count", "expert_feed_forward_length",
 }  # fmt: skip
 HARMLESS = {"vocab_size", "rope.scaling.finetuned"}
 _SHOWN = 8  # values of an array key shown in a refusal
@@ -138,7 +139,21 @@ def _config(k: _Keys, arch: str, tensors: dict, floats) -> ModelConfig:
         query_scale=(hidden / num_heads if big_gemma else head_dim) ** -0.5 if gemma else 0.0,
         attn_softcap=float(k.get("attn_logit_softcapping", 50.0)) if arch == "gemma2" else 0.0,
         final_softcap=float(k.get("final_logit_softcapping", 30.0 if arch == "gemma2" else 0.0)) if gemma else 0.0,
+        **_experts(k, arch, layers, tensors),
     )
+
+
+def _experts(k: _Keys, arch: str, layers: int, tensors: dict) -> dict:
+    """Qwen3-MoE's mixture; llama.cpp renormalizes the chosen experts' weights for this architecture, always."""
+    count = int(k.get("expert_count", 0))
+    if arch != "qwen3moe" or not count:
+        if count:
+            raise k.refuse(f"{arch}.expert_count", count, "verispec computes a mixture of experts for qwen3moe only")
+        return {}
+    dense = tuple(i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in tensors)
+    return dict(num_experts=count, experts_per_token=int(k.require("expert_used_count")),
+                expert_intermediate_size=int(k.require("expert_feed_forward_length")), norm_topk_prob=True,
+                dense_layers=dense)  # fmt: skip
 
 
 def _windows(k: _Keys, arch: str, layers: int) -> tuple[int, ...]:

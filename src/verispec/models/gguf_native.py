@@ -73,6 +73,14 @@ def _build(config: ModelConfig, index: dict, data: np.memmap, tiles: np.memmap |
             cached = (tile["type"], torch.from_numpy(tiles[tile["offset"] : tile["offset"] + tile["bytes"]]))
         return raw_rows(name, permute_heads), cached
 
+    def expert_rows(name: str, expert: int) -> tuple[int, torch.Tensor]:
+        """Expert `expert`'s matrix of a 3-D expert tensor [experts, rows, row bytes] (tile forms made at load)."""
+        entry = tensors[name]
+        count, rows = entry["shape"][2], entry["shape"][1]
+        size = entry["bytes"] // count
+        start = entry["offset"] + expert * size
+        return entry["type"], torch.from_numpy(data[start : start + size].reshape(rows, -1))
+
     def linear(names: list[str], in_features: int, bias=None, heads=None) -> NativeLinear:
         made = [part(name, heads[i] if heads else None) for i, name in enumerate(names)]
         return NativeLinear(in_features, [m[0] for m in made], bias, [m[1] for m in made])
@@ -98,9 +106,18 @@ def _build(config: ModelConfig, index: dict, data: np.memmap, tiles: np.memmap |
             qkv = [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
             block.attn.wqkv = linear(qkv, hidden, bias, [q_heads, k_heads, None])
         block.attn.wo = linear([p + "attn_output.weight"], config.num_heads * config.head_size)
-        gate_up = [p + "ffn_up.weight"] if arch == "phi3" else [p + "ffn_gate.weight", p + "ffn_up.weight"]
-        block.mlp.w_gate_up = linear(gate_up, hidden)  # Phi-3's ffn_up holds the gates, then the ups
-        block.mlp.w_down = linear([p + "ffn_down.weight"], config.intermediate_size)
+        if config.moe(i):  # the router, and each expert's rows of the 3-D expert tensors
+            block.mlp.router = linear([p + "ffn_gate_inp.weight"], hidden)
+            for e, expert in enumerate(block.mlp.experts):
+                gate_up = [expert_rows(p + "ffn_gate_exps.weight", e), expert_rows(p + "ffn_up_exps.weight", e)]
+                expert.w_gate_up = NativeLinear(hidden, gate_up)
+                expert.w_down = NativeLinear(
+                    config.expert_intermediate_size, [expert_rows(p + "ffn_down_exps.weight", e)]
+                )
+        else:
+            gate_up = [p + "ffn_up.weight"] if arch == "phi3" else [p + "ffn_gate.weight", p + "ffn_up.weight"]
+            block.mlp.w_gate_up = linear(gate_up, hidden)  # Phi-3's ffn_up holds the gates, then the ups
+            block.mlp.w_down = linear([p + "ffn_down.weight"], config.intermediate_size)
         block.attn.batch_invariant = True  # decode and verify passes attend per query: greedy stays identical
         block.attn.attend_per_query = native.attention
         state[s + "attn_norm.weight"] = floats(p + "attn_norm.weight")
@@ -150,6 +167,13 @@ def native_stack(config: ModelConfig, model: Transformer) -> NativeStack | None:
     def norm(module) -> torch.Tensor | None:
         return None if module is None else _folded(module.weight, config)
 
+    def mixture(mlp) -> dict:
+        """A block's MLP as the stack takes it: its gate/up and down, or its router and experts."""
+        if not hasattr(mlp, "experts"):
+            return dict(gate_up=mlp.w_gate_up.parts(), down=mlp.w_down.parts())
+        experts = [(x.w_gate_up.parts(), x.w_down.parts()[0]) for x in mlp.experts]
+        return dict(gate_up=[], down=[], router=mlp.router.parts()[0], experts=experts)
+
     blocks = [
         BlockWeights(
             attn_norm=norm(b.attn_norm),
@@ -157,8 +181,7 @@ def native_stack(config: ModelConfig, model: Transformer) -> NativeStack | None:
             qkv_bias=None if b.attn.wqkv.bias is None else b.attn.wqkv.bias.data,
             qkv=b.attn.wqkv.parts(),
             o=b.attn.wo.parts(),
-            gate_up=b.mlp.w_gate_up.parts(),
-            down=b.mlp.w_down.parts(),
+            **mixture(b.mlp),
             q_norm=norm(b.attn.q_norm),
             k_norm=norm(b.attn.k_norm),
             post_attn_norm=norm(b.post_attn_norm),
@@ -170,7 +193,9 @@ def native_stack(config: ModelConfig, model: Transformer) -> NativeStack | None:
     ]
     embed_scale = model.embedding_scale(torch.float32)
     options = StackOptions(scale=config.query_scale, softcap=config.attn_softcap, gelu=config.activation == "gelu_tanh",
-                           embed_scale=0.0 if embed_scale is None else float(embed_scale))  # fmt: skip
+                           embed_scale=0.0 if embed_scale is None else float(embed_scale),
+                           experts=config.num_experts, experts_per_token=config.experts_per_token,
+                           expert_inter=config.expert_intermediate_size, norm_topk=config.norm_topk_prob)  # fmt: skip
     return NativeStack(hidden=config.hidden_size, heads=config.num_heads, kv_heads=config.num_kv_heads,
                        head_dim=config.head_size, inter=config.intermediate_size, eps=config.rms_norm_eps,
                        blocks=blocks, options=options)  # fmt: skip
@@ -197,7 +222,10 @@ def native_from_dense(model: Transformer, dtype: torch.dtype = torch.float32) ->
     native.claim_threads()
     for block in model.layers:
         block.attn.wqkv, block.attn.wo = dense(block.attn.wqkv), dense(block.attn.wo)
-        block.mlp.w_gate_up, block.mlp.w_down = dense(block.mlp.w_gate_up), dense(block.mlp.w_down)
+        for mlp in getattr(block.mlp, "experts", [block.mlp]):
+            mlp.w_gate_up, mlp.w_down = dense(mlp.w_gate_up), dense(mlp.w_down)
+        if hasattr(block.mlp, "router"):
+            block.mlp.router = dense(block.mlp.router)
         block.attn.batch_invariant = True
         block.attn.attend_per_query = native.attention
     embed = rows_of(model.embed.weight)

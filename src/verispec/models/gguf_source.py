@@ -71,6 +71,15 @@ class GGUFSource:
         if self.arch == "phi3" and short in ("gate", "up"):
             inter = c.intermediate_size
             return base + "ffn_up.weight", (0, inter) if short == "gate" else (inter, 2 * inter)
+        if short == "router":
+            return base + "ffn_gate_inp.weight", None
+        if short.startswith("expert"):  # expert{e}.gate: rows e * rows .. of the 3-D tensor ffn_gate_exps
+            expert, _, kind = short.partition(".")
+            e, rows = (
+                int(expert.removeprefix("expert")),
+                c.hidden_size if kind == "down" else c.expert_intermediate_size,
+            )
+            return f"{base}ffn_{kind}_exps.weight", (e * rows, (e + 1) * rows)
         return base + _LAYER_NAMES[short], None
 
     def _check_every_tensor_is_read(self) -> None:
@@ -118,7 +127,7 @@ class GGUFSource:
             mapped.madvise(mmap.MADV_DONTNEED)
 
     def row_count(self, name: str) -> int:
-        tensor, part = self._tensor(name)
+        tensor, part = self._tensor(name)  # an expert's matrix is a part of its 3-D tensor
         if part is not None:
             return part[1] - part[0]
         return int(tensor.shape[-1]) if tensor is not None and len(tensor.shape) == 2 else 0
@@ -130,6 +139,8 @@ class GGUFSource:
             return None
         shape = tuple(int(d) for d in reversed(tensor.shape))
         data = tensor.data
+        if len(shape) == 3:  # experts: [experts, rows, columns] read as [experts x rows, columns]
+            shape, data = (shape[0] * shape[1], shape[2]), data.reshape(shape[0] * shape[1], -1)
         rows = _within(part, rows)
         if rows is not None:
             data, shape = data[rows[0] : rows[1]], (rows[1] - rows[0], *shape[1:])

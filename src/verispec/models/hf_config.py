@@ -24,7 +24,7 @@ from .rope import RopeScaling, yarn_attention_factor
 
 # model_type -> the family whose rules apply
 FAMILIES = {
-    "llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
+    "llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "phi3": "phi3",
     "smollm3": "smollm3", "gemma2": "gemma2", "gemma3_text": "gemma3", "gemma3": "gemma3", "mistral3": "mistral",
 }  # fmt: skip
 # multimodal model_types: their text model is `text_config`, of one of these model_types
@@ -53,6 +53,7 @@ HARMLESS = {
     "pretraining_tp", "tf_legacy_loss", "use_bfloat16", "torchscript", "pruned_heads", "output_attentions",
     "output_hidden_states", "return_dict", "chunk_size_feed_forward", "is_encoder_decoder", "is_decoder",
     "add_cross_attention", "tie_encoder_decoder", "cross_attention_hidden_size", "router_aux_loss_coef",
+    "output_router_logits",
 }  # fmt: skip
 # per rope type, the keys of its dictionary (beyond rope_type / type and rope_theta)
 _ROPE_KEYS = {
@@ -143,6 +144,7 @@ def _config(f: _Fields, family: str) -> ModelConfig:
         raise f.refuse("attention_bias", bias, "a bias on the attention's output projection is not computed")
     theta, scaling, local_theta = _rope(f, family, head_dim or hidden // num_heads)
     windows = _windows(f, family, layers)
+    experts = _experts(f, family, layers)
     return ModelConfig(
         vocab_size=f.require("vocab_size"),
         hidden_size=hidden,
@@ -160,7 +162,7 @@ def _config(f: _Fields, family: str) -> ModelConfig:
         rope_local_theta=local_theta if any(windows) else 0.0,
         no_rope_layers=_no_rope_layers(f, family, layers),
         layer_windows=windows if any(windows) else (),
-        qk_norm=family in ("qwen3", "gemma3"),
+        qk_norm=family in ("qwen3", "qwen3moe", "gemma3"),
         post_norms=gemma,
         norm_offset=1.0 if gemma else 0.0,
         activation="gelu_tanh" if gemma else "silu",
@@ -168,7 +170,21 @@ def _config(f: _Fields, family: str) -> ModelConfig:
         query_scale=float(f.field("query_pre_attn_scalar", 256)) ** -0.5 if gemma else 0.0,
         attn_softcap=_softcap(f, "attn_logit_softcapping", family, 50.0),
         final_softcap=_softcap(f, "final_logit_softcapping", family, 30.0),
+        **experts,
     )
+
+
+def _experts(f: _Fields, family: str, layers: int) -> dict:
+    """Qwen3-MoE's mixture: its size, and the layers left dense (mlp_only_layers, or off decoder_sparse_step)."""
+    if family != "qwen3moe":
+        return {}
+    count = f.get("num_experts") or f.require("num_local_experts")  # transformers 5 saves the second name
+    f.read.add("num_local_experts")
+    only, step = f.get("mlp_only_layers", []), f.get("decoder_sparse_step", 1)
+    return dict(num_experts=int(count), experts_per_token=int(f.require("num_experts_per_tok")),
+                expert_intermediate_size=int(f.require("moe_intermediate_size")),
+                norm_topk_prob=bool(f.get("norm_topk_prob", False)),
+                dense_layers=tuple(i for i in range(layers) if i in only or (i + 1) % step))  # fmt: skip
 
 
 def _softcap(f: _Fields, key: str, family: str, gemma2_default: float) -> float:
@@ -197,7 +213,7 @@ def _windows(f: _Fields, family: str, layers: int) -> tuple[int, ...]:
     """Per layer, the sliding window (0: full attention), as transformers' modules of this family apply it."""
     # transformers' default where config.json has no sliding_window
     window = f.field("sliding_window", None if family in ("llama", "phi3", "smollm3") else 4096)
-    if family in ("qwen2", "qwen3", "smollm3") and not f.get("use_sliding_window", False):
+    if family in ("qwen2", "qwen3", "qwen3moe", "smollm3") and not f.get("use_sliding_window", False):
         window = None  # transformers drops the window unless use_sliding_window is set
     if family == "llama" and window:
         raise f.refuse("sliding_window", window, "Llama's modules take no sliding window")
@@ -220,7 +236,7 @@ def _windows(f: _Fields, family: str, layers: int) -> tuple[int, ...]:
 
 def _default_layer_type(f: _Fields, family: str, i: int) -> str:
     """What transformers' config of this family derives when config.json has no layer_types."""
-    if family in ("qwen2", "qwen3"):
+    if family in ("qwen2", "qwen3", "qwen3moe"):
         sliding = i >= f.raw.get("max_window_layers", 28)
     elif family == "smollm3":
         sliding = i in _no_rope_layers(f, family, f.raw["num_hidden_layers"])

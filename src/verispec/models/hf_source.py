@@ -73,7 +73,7 @@ class HFSource:
 
     def _where(self, name: str) -> tuple[str, tuple[int, int] | None]:
         """The checkpoint key of a canonical name, and the rows of it that hold it (None: all)."""
-        layer, _, short = name.partition(".")
+        layer, _, short = name.partition(".")  # "3.expert7.gate": layer 3, "expert7.gate"
         if not short:
             return {"embed": f"{self.prefix}embed_tokens.weight", "norm": f"{self.prefix}norm.weight",
                     "lm_head": self.head}[name], None  # fmt: skip
@@ -85,6 +85,11 @@ class HFSource:
         if self.family == "phi3" and short in ("gate", "up"):
             inter = c.intermediate_size
             return base + "mlp.gate_up_proj.weight", (0, inter) if short == "gate" else (inter, 2 * inter)
+        if short == "router":
+            return base + "mlp.gate.weight", None
+        if short.startswith("expert"):  # expert{e}.gate, .up, .down
+            expert, _, kind = short.partition(".")
+            return f"{base}mlp.experts.{expert.removeprefix('expert')}.{kind}_proj.weight", None
         return base + self._names[short], None
 
     def _check_every_tensor_is_read(self, folder: Path) -> None:

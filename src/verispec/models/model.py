@@ -190,10 +190,11 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """act(gate) * up, then down: SwiGLU (silu) or GeGLU (gelu, tanh-approximated)."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, intermediate_size: int = 0):
         super().__init__()
-        self.w_gate_up = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.w_down = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        inter = intermediate_size or config.intermediate_size
+        self.w_gate_up = nn.Linear(config.hidden_size, 2 * inter, bias=False)
+        self.w_down = nn.Linear(inter, config.hidden_size, bias=False)
         if config.activation not in ("silu", "gelu_tanh"):
             raise ValueError(f"activation '{config.activation}' is not silu or gelu_tanh")
         self.gelu = config.activation == "gelu_tanh"
@@ -203,6 +204,31 @@ class MLP(nn.Module):
         return self.w_down((F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)) * up)
 
 
+class MixtureOfExperts(nn.Module):
+    """Each row through its top k experts (MLPs), weighted by the router's softmax over all experts (float32),
+    renormalized over the k chosen where the config says so: transformers' Qwen3-MoE block. Ties among the router's
+    probabilities go to the lower expert."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.router = nn.Linear(config.hidden_size, config.num_experts, bias=False)
+        self.experts = nn.ModuleList(MLP(config, config.expert_intermediate_size) for _ in range(config.num_experts))
+        self.top_k, self.renormalize = config.experts_per_token, config.norm_topk_prob
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        probs = torch.softmax(self.router(rows), dim=-1, dtype=torch.float32)
+        weights, chosen = torch.topk(probs, self.top_k, dim=-1)
+        if self.renormalize:
+            weights = weights / weights.sum(-1, keepdim=True)
+        weights = weights.to(x.dtype)
+        out = torch.zeros_like(rows)
+        for expert in chosen.unique().tolist():
+            picked, rank = torch.where(chosen == expert)
+            out.index_add_(0, picked, self.experts[expert](rows[picked]) * weights[picked, rank, None])
+        return out.reshape(x.shape)
+
+
 class Block(nn.Module):
     def __init__(self, config: ModelConfig, layer: int = 0):
         super().__init__()
@@ -210,7 +236,7 @@ class Block(nn.Module):
         self.attn_norm = RMSNorm(*norm)
         self.attn = Attention(config, layer)
         self.mlp_norm = RMSNorm(*norm)
-        self.mlp = MLP(config)
+        self.mlp = MixtureOfExperts(config) if config.moe(layer) else MLP(config)
         self.post_attn_norm = RMSNorm(*norm) if config.post_norms else None
         self.post_mlp_norm = RMSNorm(*norm) if config.post_norms else None
 

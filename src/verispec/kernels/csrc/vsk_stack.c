@@ -41,9 +41,20 @@ static int has_dense_parts(const vsk_model *md) {
         const vsk_block *b = &md->blocks[l];
         for (int p = 0; p < b->qkv_parts; p++)
             if (format_of(b->qkv[p].type) == 2) return 1;
-        for (int p = 0; p < b->gate_up_parts; p++)
-            if (format_of(b->gate_up[p].type) == 2) return 1;
-        if (format_of(b->o.type) == 2 || format_of(b->down.type) == 2) return 1;
+        if (b->experts) {
+            if (format_of(b->router.type) == 2) return 1;
+            for (int e = 0; e < md->experts; e++) {
+                const vsk_expert *x = &b->experts[e];
+                for (int p = 0; p < x->gate_up_parts; p++)
+                    if (format_of(x->gate_up[p].type) == 2) return 1;
+                if (format_of(x->down.type) == 2) return 1;
+            }
+        } else {
+            for (int p = 0; p < b->gate_up_parts; p++)
+                if (format_of(b->gate_up[p].type) == 2) return 1;
+            if (format_of(b->down.type) == 2) return 1;
+        }
+        if (format_of(b->o.type) == 2) return 1;
     }
     return 0;
 }
@@ -139,15 +150,60 @@ static int products(const prepare_t *prepare, float *y, int ldy) {
 
 static size_t floats_bytes(size_t n) { return (n * sizeof(float) + 63) / 64 * 64; }
 
+/* bytes of M rows' activations of width K in every format the model may take */
+static size_t act_bytes(const vsk_model *md, int M, int K, int dense) {
+    (void)md;
+    return (size_t)M * (format_row_bytes(0, K) + format_row_bytes(1, K) + (dense ? format_row_bytes(2, K) : 0));
+}
+
 /* scratch for M rows: normed rows, q/k/v, attention output, gate/up, the SwiGLU product, quantized rows */
-VSK_API size_t vsk_stack_scratch_bytes(const vsk_model *md, int M) {
+static size_t dense_scratch_bytes(const vsk_model *md, int M, int dense) {
     const size_t qkv = (size_t)(md->heads + 2 * md->kv_heads) * md->head_dim, att = (size_t)md->heads * md->head_dim;
     int widest = md->hidden > (int)att ? md->hidden : (int)att;
     widest = md->inter > widest ? md->inter : widest;
-    return floats_bytes((size_t)M * md->hidden) * 2 + floats_bytes((size_t)M * qkv) + floats_bytes((size_t)M * att) +
-           floats_bytes((size_t)M * 2 * md->inter) + floats_bytes((size_t)M * md->inter) +
-           (size_t)M * (format_row_bytes(0, widest) + format_row_bytes(1, widest) +
-                        (has_dense_parts(md) ? format_row_bytes(2, widest) : 0)) + 64;
+    const size_t bytes = floats_bytes((size_t)M * md->hidden) * 2 + floats_bytes((size_t)M * qkv) +
+                         floats_bytes((size_t)M * att) + floats_bytes((size_t)M * 2 * md->inter) +
+                         floats_bytes((size_t)M * md->inter) + act_bytes(md, M, widest, dense) + 64;
+    return (bytes + 63) / 64 * 64; /* what follows (the mixtures') starts on a 64-byte boundary */
+}
+
+/* the mixtures' scratch (after the rest): router logits; per row and rank the expert, its weight and its output;
+ * per expert, the rows it takes (their index, their row and rank), their activations gathered, gate/up, the
+ * SwiGLU product, its activations and the expert's output */
+typedef struct {
+    float *logits, *weight, *y, *gate_up, *act, *out;
+    int *choice, *rows, *slots;
+    uint8_t *gathered, *xq;
+} moe_scratch_t;
+
+static moe_scratch_t moe_scratch(const vsk_model *md, int M, int dense, uint8_t *at) {
+    const int k = md->experts_per_token, H = md->hidden, I = md->expert_inter;
+    moe_scratch_t s;
+    s.logits = (float *)at, at += floats_bytes((size_t)M * md->experts);
+    s.weight = (float *)at, at += floats_bytes((size_t)M * k);
+    s.y = (float *)at, at += floats_bytes((size_t)M * k * H);
+    s.gate_up = (float *)at, at += floats_bytes((size_t)M * 2 * I);
+    s.act = (float *)at, at += floats_bytes((size_t)M * I);
+    s.out = (float *)at, at += floats_bytes((size_t)M * H);
+    s.choice = (int *)at, at += floats_bytes((size_t)M * k);
+    s.rows = (int *)at, at += floats_bytes((size_t)M);
+    s.slots = (int *)at, at += floats_bytes((size_t)M);
+    s.gathered = at, at += (act_bytes(md, M, H, dense) + 63) / 64 * 64;
+    s.xq = at;
+    return s;
+}
+
+static size_t moe_scratch_bytes(const vsk_model *md, int M, int dense) {
+    const size_t k = (size_t)md->experts_per_token, H = (size_t)md->hidden, I = (size_t)md->expert_inter;
+    return floats_bytes((size_t)M * md->experts) + floats_bytes(M * k) + floats_bytes(M * k * H) +
+           floats_bytes(M * 2 * I) + floats_bytes(M * I) + floats_bytes(M * H) + floats_bytes(M * k) +
+           2 * floats_bytes((size_t)M) + (act_bytes(md, M, (int)H, dense) + 63) / 64 * 64 +
+           act_bytes(md, M, (int)I, dense) + 64;
+}
+
+VSK_API size_t vsk_stack_scratch_bytes(const vsk_model *md, int M) {
+    const int dense = has_dense_parts(md);
+    return dense_scratch_bytes(md, M, dense) + (md->experts ? moe_scratch_bytes(md, M, dense) : 0);
 }
 
 /* out [M][n] = each row of x [M][n] normalized as in the stack (a model's final norm) */
@@ -257,6 +313,74 @@ static void rotate_rows(const void *ctx, int begin, int end) {
     }
 }
 
+/* the router's choice for one row: its top k experts by softmax probability (ties: the lower expert), and their
+ * weights (renormalized to sum to 1 when norm); the softmax in float, by vsk_exp, experts in order */
+static void route(const float *logits, int E, int k, int norm, int *choice, float *weight) {
+    float top = logits[0], total = 0.0f, chosen = 0.0f;
+    for (int e = 1; e < E; e++) top = logits[e] > top ? logits[e] : top;
+    for (int e = 0; e < E; e++) total += vsk_exp(logits[e] - top);
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int i = 0; i < j; i++) taken |= choice[i] == e;
+            if (!taken && (best < 0 || logits[e] > logits[best])) best = e;
+        }
+        choice[j] = best;
+        weight[j] = vsk_exp(logits[best] - top) / total;
+        chosen += weight[j];
+    }
+    if (norm)
+        for (int j = 0; j < k; j++) weight[j] /= chosen;
+}
+
+/* The MLP of a block whose MLP is a mixture: x += the pending residual, normalized; each row through its experts,
+ * an expert's rows in one product of theirs (a row's result depends on that row alone: the products keep their
+ * per-row order), the outputs summed per row in the order of its choice, into tmp. */
+static int moe_forward(const vsk_model *md, const vsk_block *b, float *x, int M, float *tmp, int pending, float *h,
+                       uint8_t *xq, const moe_scratch_t *s) {
+    const int E = md->experts, k = md->experts_per_token, H = md->hidden, I = md->expert_inter;
+    vsk_part in[3] = {b->router, b->experts[0].gate_up[0], b->experts[0].gate_up[b->experts[0].gate_up_parts - 1]};
+    const prepare_t mlp_in = {in, 3, H, M, x, pending ? tmp : NULL, b->mlp_norm, md->eps, h, xq};
+    vsk_parallel_for(prepare_rows, &mlp_in, M);
+    const uint8_t *each[2];
+    size_t strides[2];
+    each[0] = act_row(xq, format_of(b->router.type), M, H, 0);
+    strides[0] = format_row_bytes(format_of(b->router.type), H);
+    if (vsk_products_each(&b->router, 1, H, each, strides, M, s->logits, E)) return -1;
+    for (int m = 0; m < M; m++) route(s->logits + (size_t)m * E, E, k, md->norm_topk, s->choice + m * k, s->weight + m * k);
+    for (int e = 0; e < E; e++) {
+        const vsk_expert *x_e = &b->experts[e];
+        int n = 0;
+        for (int slot = 0; slot < M * k; slot++)
+            if (s->choice[slot] == e) s->rows[n] = slot / k, s->slots[n++] = slot;
+        if (!n) continue;
+        for (int q = 0; q < x_e->gate_up_parts; q++) { /* the rows' activations, gathered in each format the parts take */
+            const int f = format_of(x_e->gate_up[q].type);
+            for (int i = 0; i < n; i++)
+                memcpy(act_row(s->gathered, f, n, H, i), act_row(xq, f, M, H, s->rows[i]), format_row_bytes(f, H));
+            each[q] = act_row(s->gathered, f, n, H, 0);
+            strides[q] = format_row_bytes(f, H);
+        }
+        const double begin = vsk_seconds();
+        const int status = vsk_products_each(x_e->gate_up, x_e->gate_up_parts, H, each, strides, n, s->gate_up, 2 * I);
+        product_seconds += vsk_seconds() - begin;
+        if (status) return -1;
+        const swiglu_t act = {s->gate_up, s->act, I, vsk_rows(), md->gelu};
+        vsk_parallel_for(swiglu_items, &act, n * ((I + SWIGLU_CHUNK - 1) / SWIGLU_CHUNK));
+        const prepare_t down_in = {&x_e->down, 1, I, n, s->act, NULL, NULL, 0.0f, NULL, s->xq};
+        if (products(&down_in, s->out, H)) return -1;
+        for (int i = 0; i < n; i++) memcpy(s->y + (size_t)s->slots[i] * H, s->out + (size_t)i * H, sizeof(float) * H);
+    }
+    for (int m = 0; m < M; m++)
+        for (int d = 0; d < H; d++) {
+            float sum = 0.0f;
+            for (int j = 0; j < k; j++) sum += s->weight[m * k + j] * s->y[((size_t)m * k + j) * H + d];
+            tmp[(size_t)m * H + d] = sum;
+        }
+    return 0;
+}
+
 /* One block for M rows. Its output leaves the last product in `tmp`, to be added to x by the next block's
  * first step (or by the stack at the end): `pending` says whether tmp holds such a residual on entry. */
 static int block_forward(const vsk_model *md, const vsk_block *b, void *keys, void *values, const vsk_cache *c,
@@ -293,12 +417,18 @@ static int block_forward(const vsk_model *md, const vsk_block *b, void *keys, vo
     }
 
     /* MLP */
-    const prepare_t mlp_in = {b->gate_up, b->gate_up_parts, hidden, M, x, tmp, b->mlp_norm, md->eps, h, xq};
-    if (products(&mlp_in, gate_up, 2 * inter)) return -1;
-    const swiglu_t s = {gate_up, act, inter, vsk_rows(), md->gelu};
-    vsk_parallel_for(swiglu_items, &s, M * ((inter + SWIGLU_CHUNK - 1) / SWIGLU_CHUNK));
-    const prepare_t down_in = {&b->down, 1, inter, M, act, NULL, NULL, 0.0f, NULL, xq};
-    if (products(&down_in, tmp, hidden)) return -1;
+    if (b->experts) {
+        const int dense = has_dense_parts(md);
+        const moe_scratch_t ms = moe_scratch(md, M, dense, scratch + dense_scratch_bytes(md, M, dense));
+        if (moe_forward(md, b, x, M, tmp, 1, h, xq, &ms)) return -1;
+    } else {
+        const prepare_t mlp_in = {b->gate_up, b->gate_up_parts, hidden, M, x, tmp, b->mlp_norm, md->eps, h, xq};
+        if (products(&mlp_in, gate_up, 2 * inter)) return -1;
+        const swiglu_t s = {gate_up, act, inter, vsk_rows(), md->gelu};
+        vsk_parallel_for(swiglu_items, &s, M * ((inter + SWIGLU_CHUNK - 1) / SWIGLU_CHUNK));
+        const prepare_t down_in = {&b->down, 1, inter, M, act, NULL, NULL, 0.0f, NULL, xq};
+        if (products(&down_in, tmp, hidden)) return -1;
+    }
     if (b->post_mlp_norm) {
         const norm_rows_t post = {tmp, b->post_mlp_norm, hidden, md->eps};
         vsk_parallel_for(norm_rows, &post, M);
