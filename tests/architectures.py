@@ -30,6 +30,9 @@ _TEXT_SPECS: dict[str, tuple[str, dict]] = {
                                                                             "original_max_position_embeddings": 16}}),
     "qwen2": ("qwen2", {}),
     "qwen3": ("qwen3", {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1}),
+    # four experts, two per token, and a dense layer between mixtures
+    "qwen3-moe": ("qwen3_moe", {"num_hidden_layers": 3, "num_experts": 4, "num_experts_per_tok": 2,
+                                "moe_intermediate_size": 32, "norm_topk_prob": True, "mlp_only_layers": [1]}),
     "mistral": ("mistral", {"sliding_window": WINDOW}),
     "phi3": ("phi3", {"sliding_window": WINDOW}),
     "smollm3": ("smollm3", {"num_hidden_layers": 4}),  # layer 3 has no rotary (every fourth)

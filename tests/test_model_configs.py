@@ -92,12 +92,27 @@ def test_windows_and_layers_without_rotary_are_transformers_defaults(fields, win
      ({"some_new_option": 3}, "some_new_option"),
      ({"model_type": "gemma3_text", "use_bidirectional_attention": True}, "use_bidirectional_attention"),
      ({"model_type": "qwen2", "attn_logit_softcapping": 30.0}, "attn_logit_softcapping"),
-     ({"model_type": "falcon"}, "model_type 'falcon'")],
+     ({"model_type": "falcon"}, "model_type 'falcon'"),
+     ({"model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2}, "moe_intermediate_size")],
 )  # fmt: skip
 def test_config_fields_verispec_does_not_compute_are_refused_naming_them(fields, named):
     with pytest.raises(ModelLoadError, match=named) as error:
         config_from_hf({**LLAMA, **fields}, "here")
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("fields", "dense"),
+    [({}, ()), ({"mlp_only_layers": [0, 3]}, (0, 3)), ({"decoder_sparse_step": 2}, (0, 2, 4)),
+     ({"num_experts": None, "num_local_experts": 8}, ())],
+)  # fmt: skip
+def test_a_mixtures_layers_are_transformers(fields, dense):
+    """Qwen3-MoE: a mixture where (layer + 1) is a multiple of decoder_sparse_step and the layer is not among
+    mlp_only_layers; transformers 5 saves num_experts as num_local_experts."""
+    moe = {"model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+    _, config = config_from_hf({**LLAMA, **moe, **fields}, "here")
+    assert config.num_experts == 8 and config.experts_per_token == 2 and config.dense_layers == dense
+    assert [config.moe(i) for i in range(6)] == [i not in dense for i in range(6)]
 
 
 def test_fields_that_are_off_or_harmless_are_not_refused():
@@ -162,6 +177,7 @@ def _gguf_copy(source: Path, destination: Path, add: dict, tensors: dict | None 
      ({"mistral3.rope.dimension_count": (8, "UINT32")}, None, "rope.dimension_count"),
      ({"mistral3.attention.causal": (False, "BOOL")}, None, "attention.causal"),
      ({"mistral3.pooling_type": (1, "UINT32")}, None, "pooling_type"),
+     ({"mistral3.expert_count": (8, "UINT32")}, None, "expert_count"),
      ({"general.architecture": ("gptneox", "STRING")}, None, "architecture 'gptneox'"),
      ({}, {"blk.0.attn_output.bias": np.zeros(32, dtype=np.float32)}, "'blk.0.attn_output.bias' is not read")],
 )  # fmt: skip
