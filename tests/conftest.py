@@ -33,3 +33,20 @@ def tiny(one_thread) -> tuple:
     from verispec.testing import tiny_pair
 
     return tiny_pair()
+
+
+@pytest.fixture(scope="session")
+def architecture(tmp_path_factory):
+    """architecture(name) -> (a Hugging Face folder of that tiny model, transformers' logits of tokens()), made once
+    per session (architectures.py)."""
+    made = {}
+
+    def get(name: str):
+        if name not in made:
+            from architectures import make_model, reference_logits, save, tokens
+
+            model = make_model(name)
+            made[name] = (save(model, tmp_path_factory.mktemp(name)), reference_logits(model, tokens()))
+        return made[name]
+
+    return get

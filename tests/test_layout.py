@@ -5,10 +5,11 @@ import is still a dependency). Layers, from the ground up (a module takes the la
 prefix: `models.model` is the model layer, the rest of `models` the weights layer):
 
     0 foundation   errors, decoding/ (acceptance, sampling, adjustments, grammar, logprobs, stopping, stats),
-                   models.config, models.tokenizer, models.bundled, models.converted
+                   models.config, models.rope, models.tokenizer, models.bundled, models.converted
     1 kernels      kernels/ (the native library and its Python face)
     2 model        models.model (the transformer; knows no weight format)
-    3 weights      models/ (quantize, weights, gguf_source, hf_source, gguf_native, draft_head, loading), testing
+    3 weights      models/ (quantize, weights, hf_config, gguf_config, gguf_source, hf_source, gguf_native,
+                   draft_head, loading), testing
     4 engine       engine/ (scheduler, proposers, policy, prefixes, metrics, requests)
     5 generator    generator (one request through the engine)
     6 front ends   arguments, server/, bench/
@@ -23,7 +24,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "verispec"
 
 LAYERS = {
-    "errors": 0, "decoding": 0, "models.config": 0, "models.tokenizer": 0, "models.gguf_vocab": 0,
+    "errors": 0, "decoding": 0, "models.config": 0, "models.rope": 0, "models.tokenizer": 0, "models.gguf_vocab": 0,
     "models.bundled": 0, "models.converted": 0,
     "kernels": 1,
     "models.model": 2,

@@ -94,3 +94,22 @@ def test_int8_weights_loaded_from_the_cache_are_aligned(tmp_path, monkeypatch):
     assert len(weights) == 5 and all(w.data_ptr() % 64 == 0 for w in weights)
     logits = model(torch.arange(3, 19)[None], model.new_cache(max_len=16), [0])  # 16 rows
     assert torch.isfinite(logits).all()
+
+
+def test_quantized_buffers_read_from_a_shard_are_aligned_for_the_kernels():
+    """A safetensors shard aligns tensors to 8 bytes; PyTorch's int8 product crashed on weights 8 bytes off a
+    16-byte boundary (a shard whose header length put them there). The loader re-homes such buffers."""
+    from verispec.models.loading import _aligned
+
+    entries = quantized_entries([torch.randn(64, 32)], "int8")
+    room = torch.zeros(entries["qweight"].numel() + 64, dtype=torch.int8)
+    start = (-room.data_ptr() + 8) % 64  # a view 8 bytes past a 64-byte boundary
+    view = room[start : start + entries["qweight"].numel()].view(64, 32)
+    view.copy_(entries["qweight"])
+    assert view.data_ptr() % 64 == 8
+    weight = _aligned("layers.0.attn.wqkv.qweight", view)
+    assert weight.data_ptr() % 64 == 0 and torch.equal(weight, entries["qweight"])
+    assert _aligned("embed.weight", view) is view  # other tensors stay where they are mapped
+    linear = QuantizedLinear(32, 64, 8, bias=False)
+    linear.qweight, linear.qscales = weight, entries["qscales"]
+    assert linear(torch.randn(8, 32)).shape == (8, 64)

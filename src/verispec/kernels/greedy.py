@@ -26,6 +26,7 @@ class _Head(ctypes.Structure):
     _fields_ = [
         ("embed_type", _c_int), ("embed", _c_p), ("embed_row_bytes", _c_size), ("vocab", _c_int),
         ("norm", _c_p), ("head", _Part), ("head_bias", _c_p), ("ids", _c_p), ("rows", _c_int),
+        ("softcap", ctypes.c_float),
     ]  # fmt: skip
 
 
@@ -43,6 +44,7 @@ class GreedySteps:
             int(embed.qtype), embed.weight_blocks.data_ptr(), embed.weight_blocks.shape[1],
             embed.weight_blocks.shape[0], model.norm.weight.data_ptr(), _Part(kind, data.data_ptr(), row_bytes, n),
             0 if head.bias is None else head.bias.data_ptr(), 0 if self._ids is None else self._ids.data_ptr(), rows,
+            model.config.final_softcap,
         )  # fmt: skip
         self._stack: NativeStack = stack
         self._model = model

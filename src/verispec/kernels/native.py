@@ -34,7 +34,7 @@ _ACT_BLOCK = {1: 4, 32: 40, 256: 308}
 TILE_OF = {2: 102, 3: 103, 6: 106, 8: 108, 12: 112, 14: 114}
 _ACT_OF_TILE = {102: 32, 103: 32, 106: 32, 108: 32, 112: 256, 114: 256}
 
-_c_p, _c_int, _c_size = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+_c_p, _c_int, _c_size, _c_f = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_float
 _SIGNATURES = {
     "vsk_best_isa": ([], _c_int),
     "vsk_get_isa": ([], _c_int),
@@ -62,7 +62,7 @@ _SIGNATURES = {
     "vsk_swiglu": ([_c_p, _c_p, _c_p, _c_int], None),
     "vsk_argmax": ([_c_p, _c_int], _c_int),
     "vsk_attention": (
-        [_c_p, _c_int, _c_int, _c_int, _c_int, _c_p, _c_p, _c_size, _c_int, ctypes.c_float, _c_p],
+        [_c_p, _c_int, _c_int, _c_int, _c_int, _c_p, _c_p, _c_size, _c_int, _c_f, _c_int, _c_f, _c_p],
         None,
     ),
 }
@@ -298,11 +298,12 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     return torch.tensor(chosen, dtype=torch.long).reshape(x.shape[:-1])
 
 
-def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scale: float) -> torch.Tensor:
+def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scale: float, window: int = 0,
+              softcap: float = 0.0) -> torch.Tensor:  # fmt: skip
     """Causal attention of one sequence's new queries q [S, H, D] (positions start .. start + S - 1) over its
     cached keys and values [kv heads, length, D] (float32, written up to start + S): [S, H, D]. Each query
-    attends to exactly its own prefix in one fixed order, so a query's result does not depend on how many
-    others share the call."""
+    attends to exactly its own prefix (its last `window` keys, 0: all; scores soft-capped when `softcap`) in one
+    fixed order, so a query's result does not depend on how many others share the call."""
     q = q.contiguous().float()
     s, h, d = q.shape
     if keys.dtype != torch.float32 or not keys.is_contiguous() or not values.is_contiguous() or d % 8:
@@ -310,6 +311,6 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: 
     out = torch.empty_like(q)
     _lib().vsk_attention(
         q.data_ptr(), s, h, keys.shape[0], d, keys.data_ptr(), values.data_ptr(), keys.stride(0), start, scale,
-        out.data_ptr(),
+        window, softcap, out.data_ptr(),
     )  # fmt: skip
     return out

@@ -24,11 +24,17 @@ class _Part(ctypes.Structure):
     _fields_ = [("type", _c_int), ("W", _c_p), ("row_bytes", _c_size), ("N", _c_int)]
 
 
+class _Expert(ctypes.Structure):
+    _fields_ = [("gate_up", _Part * 2), ("down", _Part), ("gate_up_parts", _c_int)]
+
+
 class _Block(ctypes.Structure):
     _fields_ = [
         ("attn_norm", _c_p), ("mlp_norm", _c_p), ("qkv_bias", _c_p),
         ("qkv", _Part * 3), ("o", _Part), ("gate_up", _Part * 2), ("down", _Part),
         ("qkv_parts", _c_int), ("gate_up_parts", _c_int),
+        ("q_norm", _c_p), ("k_norm", _c_p), ("post_attn_norm", _c_p), ("post_mlp_norm", _c_p),
+        ("rope", _c_int), ("window", _c_int), ("router", _Part), ("experts", ctypes.POINTER(_Expert)),
     ]  # fmt: skip
 
 
@@ -36,13 +42,15 @@ class _Model(ctypes.Structure):
     _fields_ = [
         ("hidden", _c_int), ("heads", _c_int), ("kv_heads", _c_int), ("head_dim", _c_int), ("inter", _c_int),
         ("layers", _c_int), ("eps", ctypes.c_float), ("blocks", ctypes.POINTER(_Block)),
+        ("scale", ctypes.c_float), ("softcap", ctypes.c_float), ("embed_scale", ctypes.c_float), ("gelu", _c_int),
+        ("experts", _c_int), ("experts_per_token", _c_int), ("expert_inter", _c_int), ("norm_topk", _c_int),
     ]  # fmt: skip
 
 
 class _Cache(ctypes.Structure):
     _fields_ = [
         ("keys", ctypes.POINTER(_c_p)), ("values", ctypes.POINTER(_c_p)), ("slot_stride", _c_size),
-        ("head_stride", _c_size), ("cos", _c_p), ("sin", _c_p), ("half", _c_int),
+        ("head_stride", _c_size), ("cos", _c_p), ("sin", _c_p), ("half", _c_int), ("table_stride", _c_size),
     ]  # fmt: skip
 
 
@@ -51,7 +59,8 @@ Part = tuple[int, torch.Tensor, int, int]  # (kernel type, data, bytes per row o
 
 @dataclass
 class BlockWeights:
-    """One block's weights as the library takes them (float32 vectors; products as parts)."""
+    """One block's weights as the library takes them (float32 vectors; products as parts), and what departs from a
+    Llama block (vsk_stack.h: None, 0 for nothing)."""
 
     attn_norm: torch.Tensor
     mlp_norm: torch.Tensor
@@ -60,34 +69,86 @@ class BlockWeights:
     o: list[Part]
     gate_up: list[Part]
     down: list[Part]
+    q_norm: torch.Tensor | None = None  # [head dim]: each head of q RMS-normalized before the rotary
+    k_norm: torch.Tensor | None = None
+    post_attn_norm: torch.Tensor | None = None  # [hidden]: the attention's output normalized
+    post_mlp_norm: torch.Tensor | None = None
+    rope: int = 0  # the rotary table (the first dimension of cos and sin) the block takes, or -1: none
+    window: int = 0  # keys a query sees (itself and those before it), 0: all
+    # a mixture of experts in place of gate_up and down: the router's part, and per expert [gate/up parts, down]
+    router: Part | None = None
+    experts: list[tuple[list[Part], Part]] | None = None
+
+
+@dataclass(frozen=True)
+class StackOptions:
+    """What departs from Llama for the whole model (vsk_model): 0 for nothing."""
+
+    scale: float = 0.0  # attention scores' scale, 0: 1 / sqrt(head dim)
+    softcap: float = 0.0  # attention scores -> softcap * tanh(score / softcap)
+    embed_scale: float = 0.0  # rows multiplied by it on entry
+    gelu: bool = False  # GeGLU (tanh-approximated gelu) instead of SwiGLU
+    experts: int = 0  # the mixtures' (blocks with experts): experts, how many a row takes, their inner size,
+    experts_per_token: int = 0  # and whether the chosen experts' weights are renormalized to sum to 1
+    expert_inter: int = 0
+    norm_topk: bool = False
 
 
 class NativeStack:
     """Every block of a model for one pass: (x [M, hidden] float32, cache, slots, positions) -> x in place."""
 
     def __init__(self, *, hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int, eps: float,
-                 blocks: list[BlockWeights]):  # fmt: skip
+                 blocks: list[BlockWeights], options: StackOptions = StackOptions()):  # fmt: skip
         self._keep = blocks  # the tensors the structures point into
-        self._blocks = (_Block * len(blocks))(*(self._block(b) for b in blocks))
-        self._model = _Model(hidden, heads, kv_heads, head_dim, inter, len(blocks), eps, self._blocks)
+        self._experts = [self._experts_of(b) for b in blocks]  # the expert arrays the blocks point into
+        self._blocks = (_Block * len(blocks))(*(self._block(b, e) for b, e in zip(blocks, self._experts, strict=True)))
+        self._model = _Model(hidden, heads, kv_heads, head_dim, inter, len(blocks), eps, self._blocks,
+                             options.scale, options.softcap, options.embed_scale, int(options.gelu), options.experts,
+                             options.experts_per_token, options.expert_inter, int(options.norm_topk))  # fmt: skip
         self._caches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._scratch = torch.empty(0, dtype=torch.uint8)
         self._lock = threading.Lock()  # one pass at a time: the scratch is shared (the pool serializes anyway)
         self.hidden = hidden
 
     @staticmethod
-    def _block(b: BlockWeights) -> _Block:
-        def parts(items: list[Part], count: int):
-            out = (_Part * count)()
-            for i, (kind, data, row_bytes, n) in enumerate(items):
-                out[i] = _Part(kind, data.data_ptr(), row_bytes, n)
-            return out
+    def _parts(items: list[Part], count: int):
+        if len(items) > count:
+            raise ValueError(f"at most {count} parts")
+        out = (_Part * count)()
+        for i, (kind, data, row_bytes, n) in enumerate(items):
+            out[i] = _Part(kind, data.data_ptr(), row_bytes, n)
+        return out
 
-        if len(b.qkv) > 3 or len(b.gate_up) > 2 or len(b.o) != 1 or len(b.down) != 1:
+    @classmethod
+    def _experts_of(cls, b: BlockWeights):
+        if b.experts is None:
+            return None
+        made = (_Expert * len(b.experts))()
+        for i, (gate_up, down) in enumerate(b.experts):
+            made[i] = _Expert(cls._parts(gate_up, 2), cls._parts([down], 1)[0], len(gate_up))
+        return made
+
+    @classmethod
+    def _block(cls, b: BlockWeights, experts) -> _Block:
+        parts = cls._parts
+
+        def pointer(vector: torch.Tensor | None) -> int:
+            if vector is None:
+                return 0
+            if vector.dtype != torch.float32 or not vector.is_contiguous():
+                raise ValueError("the stack's vectors are contiguous float32")
+            return vector.data_ptr()
+
+        dense_mlp = experts is None
+        if len(b.qkv) > 3 or len(b.o) != 1 or (dense_mlp and (len(b.gate_up) > 2 or len(b.down) != 1)):
             raise ValueError("a block's q/k/v takes at most 3 parts, gate/up 2, the others 1")
-        bias = 0 if b.qkv_bias is None else b.qkv_bias.data_ptr()
-        return _Block(b.attn_norm.data_ptr(), b.mlp_norm.data_ptr(), bias, parts(b.qkv, 3), parts(b.o, 1)[0],
-                      parts(b.gate_up, 2), parts(b.down, 1)[0], len(b.qkv), len(b.gate_up))  # fmt: skip
+        if (b.q_norm is None) != (b.k_norm is None) or (b.post_attn_norm is None) != (b.post_mlp_norm is None):
+            raise ValueError("q and k norms come together, and so do the post-norms")
+        router = _Part() if dense_mlp else parts([b.router], 1)[0]
+        return _Block(pointer(b.attn_norm), pointer(b.mlp_norm), pointer(b.qkv_bias), parts(b.qkv, 3),
+                      parts(b.o, 1)[0], parts(b.gate_up, 2), parts(b.down, 1)[0], len(b.qkv), len(b.gate_up),
+                      pointer(b.q_norm), pointer(b.k_norm), pointer(b.post_attn_norm), pointer(b.post_mlp_norm),
+                      b.rope, b.window, router, experts)  # fmt: skip
 
     @property
     def model_view(self) -> _Model:
@@ -107,8 +168,11 @@ class NativeStack:
             pointers = ((_c_p * len(keys))(*(k.data_ptr() for k in keys)),
                         (_c_p * len(values))(*(v.data_ptr() for v in values)))  # fmt: skip
             slots, kv_heads, length, dim = keys[0].shape
+            if tables[0].dim() != 3 or tables[0].shape[1] < length or tables[0].shape[2] != dim:
+                raise ValueError("rotary tables are [tables, at least the cache's length, head dim]")
             view = _Cache(pointers[0], pointers[1], kv_heads * length * dim, length * dim,
-                          tables[0].data_ptr(), tables[1].data_ptr(), int(dtype == torch.float16))  # fmt: skip
+                          tables[0].data_ptr(), tables[1].data_ptr(), int(dtype == torch.float16),
+                          tables[0].shape[1] * dim)  # fmt: skip
             made = (view, pointers, tables)
             self._caches[cache] = made
         return made[0]
@@ -125,7 +189,7 @@ class NativeStack:
                  positions: list[int], parents: list[int] | None = None) -> None:  # fmt: skip
         """x [M, hidden] float32 contiguous, in place; row m is at positions[m] of cache slot slots[m]. `cache`
         holds per layer `keys` and `values` [slots, kv heads, length, head dim] (float16, or float32); cos/sin are
-        the rotary tables [length, head dim].
+        the rotary tables [tables, length, head dim] (Transformer.rope_tables).
 
         `parents` makes token trees: parents[m] is the row of row m's parent node, or -1 for a row that follows
         its sequence's previous position. A tree's rows (at most 16) follow its root, parents first; a node sits

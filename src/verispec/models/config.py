@@ -1,9 +1,16 @@
-"""Shape of a Llama-family decoder (Llama, Qwen2, Mistral, SmolLM2)."""
+"""Shape of a decoder: Llama-family (Llama, Qwen2/3, Qwen3-MoE, Mistral, SmolLM2/3, Phi-3) and Gemma 2/3.
+
+Every field past `head_dim` describes a departure from a plain Llama block, and its default is Llama's, so a
+config written before they existed still reads as what it was. Which source field sets each one, and what
+is refused: hf_config.py, gguf_config.py, docs/models.md.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
+
+from .rope import RopeScaling
 
 
 @dataclass(frozen=True)
@@ -20,14 +27,70 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 4096
     head_dim: int = 0  # 0: hidden_size // num_heads
+    # the global rotary's scaling (rope.py), None: none
+    rope_scaling: RopeScaling | None = None
+    # the base of the sliding layers' own unscaled rotary (Gemma 3), 0: they share the global one
+    rope_local_theta: float = 0.0
+    # layers without rotary embedding (SmolLM3)
+    no_rope_layers: tuple[int, ...] = ()
+    # per layer, how many keys a query sees (itself and those before it) or 0: all; () for all layers 0
+    layer_windows: tuple[int, ...] = ()
+    # per-head RMSNorm of q and k before the rotary (Qwen3, Gemma 3)
+    qk_norm: bool = False
+    # RMSNorm of the attention's and the MLP's outputs before each residual add (Gemma 2, 3)
+    post_norms: bool = False
+    # every RMSNorm multiplies by (norm_offset + weight): 1.0 for Gemma's own weights (GGUF files hold 1 + w)
+    norm_offset: float = 0.0
+    activation: str = "silu"  # the gated MLP's: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, Gemma)
+    embed_scale: bool = False  # embeddings times sqrt(hidden_size) (Gemma)
+    query_scale: float = 0.0  # attention scores' scale, 0: head_size ** -0.5
+    attn_softcap: float = 0.0  # scores -> cap * tanh(scores / cap) before the softmax (Gemma 2), 0: none
+    final_softcap: float = 0.0  # the same on the output logits (Gemma 2), 0: none
+    # a mixture of experts in place of the MLP (Qwen3-MoE): each row's top experts_per_token of num_experts gated
+    # MLPs of expert_intermediate_size, weighted by the router's softmax (renormalized over them: norm_topk_prob)
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    dense_layers: tuple[int, ...] = ()  # layers that keep a dense MLP all the same
 
     @property
     def head_size(self) -> int:
         return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def scale(self) -> float:
+        return self.query_scale or self.head_size**-0.5
+
+    def moe(self, layer: int) -> bool:
+        """Whether layer `layer`'s MLP is a mixture of experts."""
+        return self.num_experts > 0 and layer not in self.dense_layers
+
+    def window(self, layer: int) -> int:
+        """The keys layer `layer`'s queries see (0: all of them)."""
+        return self.layer_windows[layer] if self.layer_windows else 0
+
+    def rope_table(self, layer: int) -> int:
+        """Which rotary table layer `layer` takes: 0 (the global one), 1 (the sliding layers'), -1 (none)."""
+        if layer in self.no_rope_layers:
+            return -1
+        return 1 if self.rope_local_theta and self.window(layer) else 0
+
+    def rope_table_specs(self) -> list[tuple[float, RopeScaling | None]]:
+        """(theta, scaling) of each rotary table the layers take."""
+        tables = [(self.rope_theta, self.rope_scaling)]
+        return tables + [(self.rope_local_theta, None)] if self.rope_local_theta else tables
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> ModelConfig:
-        return cls(**json.loads(text))
+        values = json.loads(text)
+        for field in fields(cls):
+            if isinstance(values.get(field.name), list):
+                values[field.name] = tuple(values[field.name])
+        if values.get("rope_scaling") is not None:
+            scaling = values["rope_scaling"]
+            values["rope_scaling"] = RopeScaling(**{**scaling, "factors": tuple(scaling.get("factors", ()))})
+        return cls(**values)

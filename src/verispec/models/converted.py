@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .bundled import cache_dir, remove_stale_temporaries
 
-_CONVERTED_FORMAT = 2  # bump when a converted layout changes
+_CONVERTED_FORMAT = 3  # bump when a converted layout changes (3: configs of every architecture, rope scaling)
 
 
 def converted_folder(path: Path, form: str) -> Path:

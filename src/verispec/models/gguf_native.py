@@ -5,6 +5,10 @@ a 150k-token vocabulary) and caches what later loads need in a small folder: the
 tokenizer, and an index of its tensors (type, shape, offset). That first load also checks every block's
 float16 scales (the only fields of a quantized block that can hold NaN or infinity) and refuses a damaged
 file naming the tensor. Later loads map the file and build the model in a fraction of a second.
+
+Every architecture of gguf_config.py builds the same way: fused tensors (Phi-3's attn_qkv, its ffn_up holding
+gates then ups) become one part of their product, the norms an architecture adds go to the stack as float32
+vectors. `native_from_dense` puts a model loaded with dense weights (a Hugging Face folder) on the same stack.
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ from tqdm import tqdm
 from ..errors import ModelLoadError
 from ..kernels import native
 from ..kernels.linear import GGUFEmbedding, NativeLinear, NativeRMSNorm
-from ..kernels.stack import BlockWeights, NativeStack
+from ..kernels.stack import BlockWeights, NativeStack, StackOptions
 from .config import ModelConfig
 from .converted import writing
+from .gguf_config import PERMUTED
 from .gguf_source import undo_rope_permutation
 from .model import Transformer
 from .tokenizer import Tokenizer
@@ -50,9 +55,10 @@ def load_native(path: Path, folder: Path, progress: bool = True) -> tuple[Transf
 
 def _build(config: ModelConfig, index: dict, data: np.memmap, tiles: np.memmap | None) -> Transformer:
     arch = index["architecture"]
+    tensors = index["tensors"]
 
     def raw_rows(name: str, permute_heads: int | None = None) -> tuple[int, torch.Tensor]:
-        entry = index["tensors"][name]
+        entry = tensors[name]
         qtype, rows = entry["type"], entry["shape"][-1] if len(entry["shape"]) > 1 else 1
         weight = torch.from_numpy(data[entry["offset"] : entry["offset"] + entry["bytes"]].reshape(rows, -1))
         if permute_heads is not None:
@@ -61,52 +67,94 @@ def _build(config: ModelConfig, index: dict, data: np.memmap, tiles: np.memmap |
 
     def part(name: str, permute_heads: int | None = None) -> tuple[tuple[int, torch.Tensor], tuple | None]:
         """(the GGUF rows, their cached tile form or None)"""
-        tile = index["tensors"][name].get("tile")
+        tile = tensors[name].get("tile")
         cached = None
         if tile is not None and tiles is not None:
             cached = (tile["type"], torch.from_numpy(tiles[tile["offset"] : tile["offset"] + tile["bytes"]]))
         return raw_rows(name, permute_heads), cached
+
+    def expert_rows(name: str, expert: int) -> tuple[int, torch.Tensor]:
+        """Expert `expert`'s matrix of a 3-D expert tensor [experts, rows, row bytes] (tile forms made at load)."""
+        entry = tensors[name]
+        count, rows = entry["shape"][2], entry["shape"][1]
+        size = entry["bytes"] // count
+        start = entry["offset"] + expert * size
+        return entry["type"], torch.from_numpy(data[start : start + size].reshape(rows, -1))
 
     def linear(names: list[str], in_features: int, bias=None, heads=None) -> NativeLinear:
         made = [part(name, heads[i] if heads else None) for i, name in enumerate(names)]
         return NativeLinear(in_features, [m[0] for m in made], bias, [m[1] for m in made])
 
     def floats(name: str, permute_heads: int | None = None) -> torch.Tensor:
-        entry = index["tensors"][name]
+        entry = tensors[name]
         values = torch.from_numpy(_as_float32(data[entry["offset"] : entry["offset"] + entry["bytes"]], entry["type"]))
         return values if permute_heads is None else undo_rope_permutation(values, permute_heads).contiguous()
 
-    rope = arch in {"llama", "mistral"}  # llama.cpp permuted these architectures' q and k rows
+    rope = arch in PERMUTED  # llama.cpp permuted these architectures' q and k rows
     q_heads, k_heads = (config.num_heads, config.num_kv_heads) if rope else (None, None)
     with torch.device("meta"):
         model = Transformer(config)
     state = {"norm.weight": floats("output_norm.weight")}
     hidden = config.hidden_size
     for i, block in enumerate(model.layers):
-        p = f"blk.{i}."
+        p, s = f"blk.{i}.", f"layers.{i}."
         bias = torch.cat([floats(p + "attn_q.bias", q_heads), floats(p + "attn_k.bias", k_heads),
                           floats(p + "attn_v.bias")]) if config.qkv_bias else None  # fmt: skip
-        qkv = [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
-        block.attn.wqkv = linear(qkv, hidden, bias, [q_heads, k_heads, None])
+        if p + "attn_qkv.weight" in tensors:  # Phi-3: q, k and v in one matrix
+            block.attn.wqkv = linear([p + "attn_qkv.weight"], hidden, bias)
+        else:
+            qkv = [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
+            block.attn.wqkv = linear(qkv, hidden, bias, [q_heads, k_heads, None])
         block.attn.wo = linear([p + "attn_output.weight"], config.num_heads * config.head_size)
-        block.mlp.w_gate_up = linear([p + "ffn_gate.weight", p + "ffn_up.weight"], hidden)
-        block.mlp.w_down = linear([p + "ffn_down.weight"], config.intermediate_size)
+        if config.moe(i):  # the router, and each expert's rows of the 3-D expert tensors
+            block.mlp.router = linear([p + "ffn_gate_inp.weight"], hidden)
+            for e, expert in enumerate(block.mlp.experts):
+                gate_up = [expert_rows(p + "ffn_gate_exps.weight", e), expert_rows(p + "ffn_up_exps.weight", e)]
+                expert.w_gate_up = NativeLinear(hidden, gate_up)
+                expert.w_down = NativeLinear(
+                    config.expert_intermediate_size, [expert_rows(p + "ffn_down_exps.weight", e)]
+                )
+        else:
+            gate_up = [p + "ffn_up.weight"] if arch == "phi3" else [p + "ffn_gate.weight", p + "ffn_up.weight"]
+            block.mlp.w_gate_up = linear(gate_up, hidden)  # Phi-3's ffn_up holds the gates, then the ups
+            block.mlp.w_down = linear([p + "ffn_down.weight"], config.intermediate_size)
         block.attn.batch_invariant = True  # decode and verify passes attend per query: greedy stays identical
         block.attn.attend_per_query = native.attention
-        state[f"layers.{i}.attn_norm.weight"] = floats(p + "attn_norm.weight")
-        state[f"layers.{i}.mlp_norm.weight"] = floats(p + "ffn_norm.weight")
+        state[s + "attn_norm.weight"] = floats(p + "attn_norm.weight")
+        state[s + "mlp_norm.weight"] = floats(p + "ffn_norm.weight")
+        if config.qk_norm:
+            state[s + "attn.q_norm.weight"] = floats(p + "attn_q_norm.weight")
+            state[s + "attn.k_norm.weight"] = floats(p + "attn_k_norm.weight")
+        if config.post_norms:
+            state[s + "post_attn_norm.weight"] = floats(p + "post_attention_norm.weight")
+            state[s + "post_mlp_norm.weight"] = floats(p + "post_ffw_norm.weight")
         if bias is not None:
-            state[f"layers.{i}.attn.wqkv.bias"] = block.attn.wqkv.bias
+            state[s + "attn.wqkv.bias"] = block.attn.wqkv.bias
     embed_type, embed = raw_rows("token_embd.weight")
     model.embed = GGUFEmbedding(embed_type, embed, hidden)
-    head = "output.weight" if "output.weight" in index["tensors"] else "token_embd.weight"
+    head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
     model.lm_head = linear([head], hidden)
     model.load_state_dict(state, assign=True, strict=True)
-    model.norm = NativeRMSNorm(model.norm.weight.data, config.rms_norm_eps)
+    return _on_the_stack(model)
+
+
+def _on_the_stack(model: Transformer) -> Transformer:
+    """The model's final norm on the library, and its blocks on the native stack where it takes them."""
+    config = model.config
+    model.norm = NativeRMSNorm(_folded(model.norm.weight.data, config), config.rms_norm_eps)
     model.fused_blocks = native_stack(config, model)
     if model.fused_blocks is not None:  # its attention reads halves: half the bytes at a long context
         model.kv_dtype = torch.float16
     return model.eval()
+
+
+def _folded(weight: torch.Tensor | None, config: ModelConfig) -> torch.Tensor | None:
+    """A norm's weight as the library takes it: float32, with the config's offset added (Gemma's 1 + w, computed
+    in float32 as transformers computes it: the same values)."""
+    if weight is None:
+        return None
+    weight = weight.detach().float()
+    return (weight + config.norm_offset if config.norm_offset else weight).contiguous()
 
 
 def native_stack(config: ModelConfig, model: Transformer) -> NativeStack | None:
@@ -115,21 +163,76 @@ def native_stack(config: ModelConfig, model: Transformer) -> NativeStack | None:
     parts take (blocks of 32 values, or 256 for the K-quants)."""
     if config.head_size % 8:
         return None
+
+    def norm(module) -> torch.Tensor | None:
+        return None if module is None else _folded(module.weight, config)
+
+    def mixture(mlp) -> dict:
+        """A block's MLP as the stack takes it: its gate/up and down, or its router and experts."""
+        if not hasattr(mlp, "experts"):
+            return dict(gate_up=mlp.w_gate_up.parts(), down=mlp.w_down.parts())
+        experts = [(x.w_gate_up.parts(), x.w_down.parts()[0]) for x in mlp.experts]
+        return dict(gate_up=[], down=[], router=mlp.router.parts()[0], experts=experts)
+
     blocks = [
         BlockWeights(
-            attn_norm=b.attn_norm.weight.data,
-            mlp_norm=b.mlp_norm.weight.data,
+            attn_norm=norm(b.attn_norm),
+            mlp_norm=norm(b.mlp_norm),
             qkv_bias=None if b.attn.wqkv.bias is None else b.attn.wqkv.bias.data,
             qkv=b.attn.wqkv.parts(),
             o=b.attn.wo.parts(),
-            gate_up=b.mlp.w_gate_up.parts(),
-            down=b.mlp.w_down.parts(),
+            **mixture(b.mlp),
+            q_norm=norm(b.attn.q_norm),
+            k_norm=norm(b.attn.k_norm),
+            post_attn_norm=norm(b.post_attn_norm),
+            post_mlp_norm=norm(b.post_mlp_norm),
+            rope=config.rope_table(i),
+            window=config.window(i),
         )
-        for b in model.layers
+        for i, b in enumerate(model.layers)
     ]
+    embed_scale = model.embedding_scale(torch.float32)
+    options = StackOptions(scale=config.query_scale, softcap=config.attn_softcap, gelu=config.activation == "gelu_tanh",
+                           embed_scale=0.0 if embed_scale is None else float(embed_scale),
+                           experts=config.num_experts, experts_per_token=config.experts_per_token,
+                           expert_inter=config.expert_intermediate_size, norm_topk=config.norm_topk_prob)  # fmt: skip
     return NativeStack(hidden=config.hidden_size, heads=config.num_heads, kv_heads=config.num_kv_heads,
                        head_dim=config.head_size, inter=config.intermediate_size, eps=config.rms_norm_eps,
-                       blocks=blocks)  # fmt: skip
+                       blocks=blocks, options=options)  # fmt: skip
+
+
+DENSE_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 30}  # GGML type ids
+
+
+def native_from_dense(model: Transformer, dtype: torch.dtype = torch.float32) -> Transformer:
+    """A PyTorch model with dense weights (a Hugging Face folder loaded unquantized) moved onto the native kernels:
+    each matrix as a dense part in `dtype` (float32, float16 or bfloat16: the library's F32, F16, BF16 products
+    against float32 activations), the embeddings looked up by the library, the blocks on the native stack. In
+    float32 the weights are the checkpoint's own values (tests compare this path with transformers)."""
+    qtype = DENSE_TYPES[dtype]
+
+    def rows_of(weight: torch.Tensor) -> torch.Tensor:
+        weight = weight.detach().to(dtype).contiguous()
+        return weight.view(torch.uint8).reshape(weight.shape[0], -1)
+
+    def dense(module: torch.nn.Linear) -> NativeLinear:
+        bias = None if module.bias is None else module.bias.detach().float()
+        return NativeLinear(module.in_features, [(qtype, rows_of(module.weight))], bias)
+
+    native.claim_threads()
+    for block in model.layers:
+        block.attn.wqkv, block.attn.wo = dense(block.attn.wqkv), dense(block.attn.wo)
+        for mlp in getattr(block.mlp, "experts", [block.mlp]):
+            mlp.w_gate_up, mlp.w_down = dense(mlp.w_gate_up), dense(mlp.w_down)
+        if hasattr(block.mlp, "router"):
+            block.mlp.router = dense(block.mlp.router)
+        block.attn.batch_invariant = True
+        block.attn.attend_per_query = native.attention
+    embed = rows_of(model.embed.weight)
+    hidden = model.config.hidden_size
+    model.lm_head = NativeLinear(hidden, [(qtype, embed)]) if model.lm_head is None else dense(model.lm_head)
+    model.embed = GGUFEmbedding(qtype, embed, hidden)
+    return _on_the_stack(model)
 
 
 def _write_index(path: Path, folder: Path, progress: bool) -> None:
@@ -168,7 +271,7 @@ def _write_tiles(path: Path, source, out: Path, progress: bool) -> dict:
 
 def _rope_permuted(arch: str, name: str) -> bool:
     """Tensors whose rows the loader permutes (their tile form is made after the permutation, at load)."""
-    return arch in {"llama", "mistral"} and name.endswith(("attn_q.weight", "attn_k.weight"))
+    return arch in PERMUTED and name.endswith(("attn_q.weight", "attn_k.weight"))
 
 
 def _check_finite(path: Path, name: str, entry: dict) -> None:

@@ -11,11 +11,11 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from ..errors import ModelLoadError
-from .config import ModelConfig
+from .gguf_config import PERMUTED, config_from_gguf
 from .quantize import Int4Weight, int4_from_gguf
 from .tokenizer import Tokenizer
+from .weights import canonical_names
 
-SUPPORTED_ARCHITECTURES = {"llama", "qwen2", "mistral"}
 _LAYER_NAMES = {
     "attn_norm": "attn_norm.weight",
     "q": "attn_q.weight",
@@ -25,15 +25,24 @@ _LAYER_NAMES = {
     "k_bias": "attn_k.bias",
     "v_bias": "attn_v.bias",
     "o": "attn_output.weight",
+    "q_norm": "attn_q_norm.weight",
+    "k_norm": "attn_k_norm.weight",
+    "post_attn_norm": "post_attention_norm.weight",
     "mlp_norm": "ffn_norm.weight",
     "gate": "ffn_gate.weight",
     "up": "ffn_up.weight",
     "down": "ffn_down.weight",
+    "post_mlp_norm": "post_ffw_norm.weight",
 }
 _GLOBAL_NAMES = {"embed": "token_embd.weight", "norm": "output_norm.weight", "lm_head": "output.weight"}
 
 
 class GGUFSource:
+    """A GGUF file's config (gguf_config.py) and tensors by canonical name (weights.py). Fused tensors (Phi-3's
+    attn_qkv, and its ffn_up holding gate then up) are served as the row ranges of their parts. Every tensor of
+    the file is read (rope_freqs into the config): one the loader would leave unread means a computation verispec
+    does not do, and the file is refused naming it."""
+
     def __init__(self, path: Path):
         try:
             self.reader = GGUFReader(path)
@@ -41,54 +50,55 @@ class GGUFSource:
             raise ModelLoadError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from None
         self.path = path
         self.tensors = {t.name: t for t in self.reader.tensors}
-        self.arch = str(self._field("general.architecture"))
-        if self.arch not in SUPPORTED_ARCHITECTURES:
-            raise ModelLoadError(
-                f"{path}: architecture '{self.arch}' is not supported (supported: "
-                f"{', '.join(sorted(SUPPORTED_ARCHITECTURES))})"
+        shapes = {name: tuple(int(d) for d in t.shape) for name, t in self.tensors.items()}
+        self.arch, self.config = config_from_gguf(self.reader.fields, shapes, self._floats, str(path))
+        self.fused = "blk.0.attn_qkv.weight" in self.tensors
+        self._check_every_tensor_is_read()
+
+    def _floats(self, name: str) -> list[float]:
+        tensor = self.tensors[name]
+        return [float(v) for v in dequantize(tensor.data, tensor.tensor_type).reshape(-1)]
+
+    def _where(self, name: str) -> tuple[str, tuple[int, int] | None]:
+        """The tensor of a canonical name, and the rows of it that hold it (None: all)."""
+        layer, _, short = name.partition(".")
+        if not short:
+            return _GLOBAL_NAMES[name], None
+        c, base = self.config, f"blk.{layer}."
+        if self.fused and short in ("q", "k", "v"):
+            q, kv = c.num_heads * c.head_size, c.num_kv_heads * c.head_size
+            return base + "attn_qkv.weight", {"q": (0, q), "k": (q, q + kv), "v": (q + kv, q + 2 * kv)}[short]
+        if self.arch == "phi3" and short in ("gate", "up"):
+            inter = c.intermediate_size
+            return base + "ffn_up.weight", (0, inter) if short == "gate" else (inter, 2 * inter)
+        if short == "router":
+            return base + "ffn_gate_inp.weight", None
+        if short.startswith("expert"):  # expert{e}.gate: rows e * rows .. of the 3-D tensor ffn_gate_exps
+            expert, _, kind = short.partition(".")
+            e, rows = (
+                int(expert.removeprefix("expert")),
+                c.hidden_size if kind == "down" else c.expert_intermediate_size,
             )
-        scaling = str(self._field(f"{self.arch}.rope.scaling.type", "none"))
-        if "rope_freqs.weight" in self.tensors:  # how llama.cpp's converter stores Llama 3's rope scaling
-            scaling = "llama3 (rope_freqs)"
-        if scaling != "none":  # the model computes plain rope: it would give other logits, silently
-            raise ModelLoadError(f"{path}: rope scaling '{scaling}' is not supported")
-        self.config = self._config()
+            return f"{base}ffn_{kind}_exps.weight", (e * rows, (e + 1) * rows)
+        return base + _LAYER_NAMES[short], None
 
-    def _field(self, key: str, default=None):
-        field = self.reader.fields.get(key)
-        if field is None:
-            if default is None:
-                raise ModelLoadError(f"{self.path}: GGUF metadata lacks '{key}'")
-            return default
-        return field.contents()
-
-    def _config(self) -> ModelConfig:
-        a = self.arch
-        num_heads = int(self._field(f"{a}.attention.head_count"))
-        hidden = int(self._field(f"{a}.embedding_length"))
-        return ModelConfig(
-            vocab_size=int(self.tensors["token_embd.weight"].shape[1]),
-            hidden_size=hidden,
-            num_layers=int(self._field(f"{a}.block_count")),
-            num_heads=num_heads,
-            num_kv_heads=int(self._field(f"{a}.attention.head_count_kv", num_heads)),
-            intermediate_size=int(self._field(f"{a}.feed_forward_length")),
-            rope_theta=float(self._field(f"{a}.rope.freq_base", 10000.0)),
-            rms_norm_eps=float(self._field(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)),
-            qkv_bias="blk.0.attn_q.bias" in self.tensors,
-            tie_word_embeddings="output.weight" not in self.tensors,
-            max_position_embeddings=int(self._field(f"{a}.context_length", 4096)),
-            head_dim=int(self._field(f"{a}.attention.key_length", hidden // num_heads)),
-        )
+    def _check_every_tensor_is_read(self) -> None:
+        read = {self._where(name)[0] for name in canonical_names(self.config)} | {"rope_freqs.weight"}
+        for name in self.tensors:
+            if name not in read:
+                raise ModelLoadError(
+                    f"{self.path}: GGUF tensor '{name}' is not read by verispec's loader ({self.arch}): it belongs to "
+                    "a computation verispec does not do; refused rather than ignored (docs/models.md)"
+                )
 
     def _tensor(self, name: str):
-        layer, _, short = name.partition(".")
-        return self.tensors.get(f"blk.{layer}.{_LAYER_NAMES[short]}" if short else _GLOBAL_NAMES[name])
+        key, part = self._where(name)
+        return self.tensors.get(key), part
 
     def _rope_heads(self, name: str) -> int | None:
-        """Heads whose rows llama.cpp permuted for this tensor (Llama-architecture q and k), else None."""
+        """Heads whose rows llama.cpp permuted for this tensor (q and k of PERMUTED architectures), else None."""
         short = name.partition(".")[2]
-        if self.arch not in {"llama", "mistral"} or short not in {"q", "k", "q_bias", "k_bias"}:
+        if self.arch not in PERMUTED or short not in {"q", "k", "q_bias", "k_bias"}:
             return None
         return self.config.num_heads if short.startswith("q") else self.config.num_kv_heads
 
@@ -107,16 +117,21 @@ class GGUFSource:
             mapped.madvise(mmap.MADV_DONTNEED)
 
     def row_count(self, name: str) -> int:
-        tensor = self._tensor(name)
+        tensor, part = self._tensor(name)  # an expert's matrix is a part of its 3-D tensor
+        if part is not None:
+            return part[1] - part[0]
         return int(tensor.shape[-1]) if tensor is not None and len(tensor.shape) == 2 else 0
 
     def fetch(self, name: str, rows: tuple[int, int] | None = None) -> torch.Tensor | None:
         """Dequantized to float32 (rows [start, stop) of a matrix, or all of it)."""
-        tensor = self._tensor(name)
+        tensor, part = self._tensor(name)
         if tensor is None:
             return None
         shape = tuple(int(d) for d in reversed(tensor.shape))
         data = tensor.data
+        if len(shape) == 3:  # experts: [experts, rows, columns] read as [experts x rows, columns]
+            shape, data = (shape[0] * shape[1], shape[2]), data.reshape(shape[0] * shape[1], -1)
+        rows = _within(part, rows)
         if rows is not None:
             data, shape = data[rows[0] : rows[1]], (rows[1] - rows[0], *shape[1:])
         array = dequantize(data, tensor.tensor_type)
@@ -129,9 +144,10 @@ class GGUFSource:
 
     def fetch_int4(self, name: str, rows: tuple[int, int] | None = None) -> Int4Weight | None:
         """The exact int4 form of a 4-bit tensor (Q4_K, Q4_0, Q4_1), else None (rows as in `fetch`)."""
-        tensor = self._tensor(name)
+        tensor, part = self._tensor(name)
         if tensor is None or len(tensor.shape) != 2:
             return None
+        rows = _within(part, rows)
         cols, count = (int(d) for d in tensor.shape)
         data = tensor.data if rows is None else tensor.data[rows[0] : rows[1]]
         count = count if rows is None else rows[1] - rows[0]
@@ -140,6 +156,13 @@ class GGUFSource:
         if weight is None or heads is None:
             return weight
         return Int4Weight(*(undo_rope_permutation(t, heads) for t in (weight.q, weight.scale, weight.zero)))
+
+
+def _within(part: tuple[int, int] | None, rows: tuple[int, int] | None) -> tuple[int, int] | None:
+    """Rows [start, stop) of a part that is itself rows `part` of its tensor, as rows of the tensor."""
+    if part is None:
+        return rows
+    return part if rows is None else (part[0] + rows[0], part[0] + rows[1])
 
 
 def undo_rope_permutation(weight: torch.Tensor, heads: int) -> torch.Tensor:

@@ -1,19 +1,32 @@
-"""Read a Hugging Face checkpoint folder: config.json, *.safetensors, tokenizer files."""
+"""Read a Hugging Face checkpoint folder: config.json (hf_config.py), *.safetensors, tokenizer files.
+
+Tensor names are mapped per family; fused tensors (Phi-3's qkv_proj and gate_up_proj) are served as the row
+ranges of their parts. Every tensor of the checkpoint is read, or known not to matter (the rotary's saved
+inverse frequencies, a multimodal checkpoint's vision tower and projector, a tied head's saved copy): a tensor
+the loader would otherwise leave unread (a bias, an extra norm) means a computation verispec does not do, and
+the folder is refused naming it.
+"""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
 from ..errors import ModelLoadError
-from .config import ModelConfig
+from .hf_config import WRAPPERS, config_from_hf
+from .weights import canonical_names
 
-SUPPORTED_MODEL_TYPES = {"llama", "qwen2", "mistral"}
+_LLAMA_NORMS = {"attn_norm": "input_layernorm.weight", "mlp_norm": "post_attention_layernorm.weight"}
+# Gemma's post_attention_layernorm follows the attention; its MLP's input norm is pre_feedforward_layernorm
+_GEMMA_NORMS = {
+    "attn_norm": "input_layernorm.weight", "post_attn_norm": "post_attention_layernorm.weight",
+    "mlp_norm": "pre_feedforward_layernorm.weight", "post_mlp_norm": "post_feedforward_layernorm.weight",
+}  # fmt: skip
 _LAYER_NAMES = {
-    "attn_norm": "input_layernorm.weight",
     "q": "self_attn.q_proj.weight",
     "k": "self_attn.k_proj.weight",
     "v": "self_attn.v_proj.weight",
@@ -21,12 +34,15 @@ _LAYER_NAMES = {
     "k_bias": "self_attn.k_proj.bias",
     "v_bias": "self_attn.v_proj.bias",
     "o": "self_attn.o_proj.weight",
-    "mlp_norm": "post_attention_layernorm.weight",
+    "q_norm": "self_attn.q_norm.weight",
+    "k_norm": "self_attn.k_norm.weight",
     "gate": "mlp.gate_proj.weight",
     "up": "mlp.up_proj.weight",
     "down": "mlp.down_proj.weight",
 }
-_GLOBAL_NAMES = {"embed": "model.embed_tokens.weight", "norm": "model.norm.weight", "lm_head": "lm_head.weight"}
+# where the text model's tensors are: plain, and inside multimodal checkpoints (transformers 5, then 4)
+_PREFIXES = (("model.", "lm_head.weight"), ("model.language_model.", "lm_head.weight"),
+             ("language_model.model.", "language_model.lm_head.weight"))  # fmt: skip
 
 
 class HFSource:
@@ -38,14 +54,8 @@ class HFSource:
             raw = json.loads(config_path.read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise ModelLoadError(f"{config_path}: unreadable ({exc})") from None
-        model_type = raw.get("model_type")
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ModelLoadError(f"{folder}: model_type '{model_type}' is not supported")
-        rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-        scaling = rope.get("rope_type", rope.get("type", "default"))
-        if scaling != "default":  # the model computes plain rope: it would give other logits, silently
-            raise ModelLoadError(f"{folder}: rope scaling '{scaling}' is not supported")
-        self.config = _config_from_hf(raw)
+        self.family, self.config = config_from_hf(raw, str(folder))
+        self.multimodal = raw.get("model_type") in WRAPPERS
         generation = folder / "generation_config.json"
         eos = json.loads(generation.read_text()).get("eos_token_id") if generation.is_file() else None
         self.stop_ids = tuple(eos if isinstance(eos, list) else [eos] if eos is not None else [])
@@ -53,29 +63,57 @@ class HFSource:
         if not self.handles:
             raise ModelLoadError(f"{folder}: no *.safetensors weight files")
         self.index = {key: h for h in self.handles for key in h.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+        self.prefix, self.head = next(
+            ((p, h) for p, h in _PREFIXES if f"{p}embed_tokens.weight" in self.index), _PREFIXES[0]
+        )
+        if self.multimodal:  # whether transformers ties a wrapper's head depends on its version: the file says
+            self.config = replace(self.config, tie_word_embeddings=self.head not in self.index)
+        self._names = _LAYER_NAMES | (_GEMMA_NORMS if self.family in ("gemma2", "gemma3") else _LLAMA_NORMS)
+        self._check_every_tensor_is_read(folder)
+
+    def _where(self, name: str) -> tuple[str, tuple[int, int] | None]:
+        """The checkpoint key of a canonical name, and the rows of it that hold it (None: all)."""
+        layer, _, short = name.partition(".")  # "3.expert7.gate": layer 3, "expert7.gate"
+        if not short:
+            return {"embed": f"{self.prefix}embed_tokens.weight", "norm": f"{self.prefix}norm.weight",
+                    "lm_head": self.head}[name], None  # fmt: skip
+        base = f"{self.prefix}layers.{layer}."
+        c = self.config
+        if self.family == "phi3" and short in ("q", "k", "v"):
+            q, kv = c.num_heads * c.head_size, c.num_kv_heads * c.head_size
+            return base + "self_attn.qkv_proj.weight", {"q": (0, q), "k": (q, q + kv), "v": (q + kv, q + 2 * kv)}[short]
+        if self.family == "phi3" and short in ("gate", "up"):
+            inter = c.intermediate_size
+            return base + "mlp.gate_up_proj.weight", (0, inter) if short == "gate" else (inter, 2 * inter)
+        if short == "router":
+            return base + "mlp.gate.weight", None
+        if short.startswith("expert"):  # expert{e}.gate, .up, .down
+            expert, _, kind = short.partition(".")
+            return f"{base}mlp.experts.{expert.removeprefix('expert')}.{kind}_proj.weight", None
+        return base + self._names[short], None
+
+    def _check_every_tensor_is_read(self, folder: Path) -> None:
+        read = {self._where(name)[0] for name in canonical_names(self.config)}
+        for key in self.index:
+            if key in read or key.endswith("rotary_emb.inv_freq"):
+                continue
+            if self.config.tie_word_embeddings and key == self.head:
+                continue  # transformers ties the head to the embeddings whatever copy was saved
+            if self.multimodal and not key.startswith(self.prefix) and key != self.head:
+                continue  # the vision tower and projector: text prompts never reach them
+            raise ModelLoadError(
+                f"{folder}: checkpoint tensor '{key}' is not read by verispec's loader ({self.family}): it belongs to "
+                "a computation verispec does not do; refused rather than ignored (docs/models.md)"
+            )
 
     def fetch(self, name: str, rows: tuple[int, int] | None = None) -> torch.Tensor | None:
-        layer, _, short = name.partition(".")
-        key = f"model.layers.{layer}.{_LAYER_NAMES[short]}" if short else _GLOBAL_NAMES[name]
+        key, part = self._where(name)
         handle = self.index.get(key)
         if handle is None:
             return None
-        return handle.get_tensor(key) if rows is None else handle.get_slice(key)[rows[0] : rows[1]]
-
-
-def _config_from_hf(raw: dict) -> ModelConfig:
-    num_heads = raw["num_attention_heads"]
-    return ModelConfig(
-        vocab_size=raw["vocab_size"],
-        hidden_size=raw["hidden_size"],
-        num_layers=raw["num_hidden_layers"],
-        num_heads=num_heads,
-        num_kv_heads=raw.get("num_key_value_heads", num_heads),
-        intermediate_size=raw["intermediate_size"],
-        rope_theta=raw.get("rope_theta", (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
-        rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
-        qkv_bias=raw.get("attention_bias", raw["model_type"] == "qwen2"),
-        tie_word_embeddings=raw.get("tie_word_embeddings", False),
-        max_position_embeddings=raw.get("max_position_embeddings", 4096),
-        head_dim=raw.get("head_dim") or 0,
-    )
+        if part is None and rows is None:
+            return handle.get_tensor(key)
+        start, stop = part or (0, None)
+        if rows is not None:
+            start, stop = start + rows[0], start + rows[1]
+        return handle.get_slice(key)[start:stop]

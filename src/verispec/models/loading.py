@@ -152,18 +152,15 @@ def _load_gguf_converted(path: Path, dtype: torch.dtype, progress: bool, quantiz
     state: dict[str, torch.Tensor] = {}
     for shard in sorted(folder.glob("*.safetensors")):
         state |= load_file(shard)  # memory-mapped: pages are read as the model touches them
-    return (
-        config,
-        {name: _aligned(name, tensor) for name, tensor in state.items()},
-        Tokenizer.load_for_gguf(folder, path),
-    )
+    state = {name: _aligned(name, tensor) for name, tensor in state.items()}
+    return config, state, Tokenizer.load_for_gguf(folder, path)
 
 
 def _aligned(name: str, tensor: torch.Tensor) -> torch.Tensor:
-    """An int8 weight at a 64-byte-aligned address. PyTorch's int8 kernel (_weight_int8pack_mm) crashed (segfault)
-    on a pass over 4 rows or more when its weight sat 8 bytes past a multiple of 16, as a tensor memory-mapped from a
-    safetensors shard may (tensors there are 8-byte aligned): such a weight is copied (PyTorch aligns its own)."""
-    if name.endswith(".qweight") and tensor.dtype == torch.int8 and tensor.data_ptr() % 64:
+    """A quantized linear's buffers on 64-byte boundaries: a safetensors shard aligns its tensors to 8 bytes only,
+    and PyTorch's int8 product reads its weights with aligned 16-byte loads (it crashed on a shard whose header
+    length left them 8 bytes off). Other tensors stay memory-mapped where they are."""
+    if name.endswith((".qweight", ".qscales")) and tensor.data_ptr() % 64:
         return tensor.clone()
     return tensor
 

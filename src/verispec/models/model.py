@@ -1,5 +1,8 @@
 """A Llama-family decoder in plain PyTorch, with a slotted KV cache.
 
+What departs from a plain Llama block (q/k norms, post-norms, GeGLU, soft-capping, sliding windows, layers
+without rotary, scaled rotary tables) is read from the config (config.py) and costs nothing where it is off.
+
 `forward(tokens, cache, slots)` runs any number of new tokens for one or several sequences (slots) at
 once and appends their keys/values to the cache; rolling back rejected tokens is `cache.set_length`.
 Cache entries past a slot's length are never read: the attention mask only admits key positions at or
@@ -13,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
+from .rope import rotary_table
 
 # `fused_blocks` takes a long pass (a prefill) in calls of at most this many rows, bounding its scratch memory
 FUSED_CHUNK_ROWS = 256
@@ -67,15 +71,22 @@ class KVCache:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    """x / rms(x) * (offset + weight), in float32; Gemma's weights come with offset 1, added here in float32 as
+    transformers adds it (so in every weight dtype the product is transformers')."""
+
+    def __init__(self, dim: int, eps: float, offset: float = 0.0):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.offset = offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (x32 * self.weight.float()).to(x.dtype)
+        weight = self.weight.float()
+        if self.offset:
+            weight = weight + self.offset
+        return (x32 * weight).to(x.dtype)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -84,18 +95,27 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer: int = 0):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_size
         qkv_out = (config.num_heads + 2 * config.num_kv_heads) * config.head_size
         self.wqkv = nn.Linear(config.hidden_size, qkv_out, bias=config.qkv_bias)
         self.wo = nn.Linear(config.num_heads * config.head_size, config.hidden_size, bias=False)
+        norm = (config.head_size, config.rms_norm_eps, config.norm_offset)
+        self.q_norm = RMSNorm(*norm) if config.qk_norm else None
+        self.k_norm = RMSNorm(*norm) if config.qk_norm else None
+        self.scale = config.scale
+        self.query_scale = config.query_scale or None  # None: PyTorch's own 1 / sqrt(head size)
+        self.window = config.window(layer)
+        self.softcap = config.attn_softcap
         self.batch_invariant = False
         # per-query attention of decode and verify passes: None = the PyTorch loop below, else a function
-        # (q [S, H, D], keys, values [kv heads, length, D], start, scale) -> [S, H, D] (a native kernel)
+        # (q [S, H, D], keys, values [kv heads, length, D], start, scale, window, softcap) -> [S, H, D]
+        # (a native kernel)
         self.attend_per_query = None
 
-    def forward(self, x, cos, sin, mask, layer_keys, layer_values, slots, starts, invariant):
+    def forward(self, x, cos, sin, masks, layer_keys, layer_values, slots, starts, invariant):
+        """`cos`/`sin` None: this layer has no rotary embedding; `masks`: per window (0: none), the mask."""
         batch, seq, _ = x.shape
         q, k, v = self.wqkv(x).split(
             [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim],
@@ -104,8 +124,11 @@ class Attention(nn.Module):
         q = q.view(batch, seq, self.num_heads, self.head_dim)
         k = k.view(batch, seq, self.num_kv_heads, self.head_dim)
         v = v.view(batch, seq, self.num_kv_heads, self.head_dim)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if cos is not None:
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
         for row, (slot, start) in enumerate(zip(slots, starts, strict=True)):
             layer_keys[slot, :, start : start + seq] = k[row].transpose(0, 1)
             layer_values[slot, :, start : start + seq] = v[row].transpose(0, 1)
@@ -118,17 +141,35 @@ class Attention(nn.Module):
         else:
             index = torch.tensor(slots, device=x.device)
             keys, values = layer_keys[index, :, :span], layer_values[index, :, :span]
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=True)
+        mask = masks[self.window]
+        if self.softcap:
+            out = self._softcapped(q.transpose(1, 2), keys, values, mask)
+        else:
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=True, scale=self.query_scale
+            )
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1).to(x.dtype))
+
+    def _softcapped(self, q, keys, values, mask) -> torch.Tensor:
+        """Attention with its scores soft-capped (cap * tanh(score / cap)) before the mask and softmax, as
+        transformers' eager attention does (PyTorch's fused attention has no such step)."""
+        group = self.num_heads // self.num_kv_heads
+        keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+        scores = torch.matmul(q, keys.transpose(2, 3)) * self.scale
+        scores = torch.tanh(scores / self.softcap) * self.softcap
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), values)
 
     def _attend_per_query(self, q, layer_keys, layer_values, slots, starts) -> torch.Tensor:
         """Each query attends to exactly its own prefix, one call per query: the same shapes, hence the
         same rounding, whether the query is decoded alone or verified beside k others."""
         batch, seq = q.shape[:2]
         if self.attend_per_query is not None:
-            scale = self.head_dim**-0.5
             rows = [
-                self.attend_per_query(q[row], layer_keys[slot], layer_values[slot], start, scale)
+                self.attend_per_query(
+                    q[row], layer_keys[slot], layer_values[slot], start, self.scale, self.window, self.softcap
+                )
                 for row, (slot, start) in enumerate(zip(slots, starts, strict=True))
             ]
             return torch.stack(rows).reshape(batch, seq, -1)
@@ -137,34 +178,73 @@ class Attention(nn.Module):
         for row, (slot, start) in enumerate(zip(slots, starts, strict=True)):
             for t in range(seq):
                 span = start + t + 1
-                scores = torch.matmul(grouped[row, t], layer_keys[slot, :, :span].transpose(1, 2))
-                probs = torch.softmax(scores * self.head_dim**-0.5, dim=-1, dtype=torch.float32).to(q.dtype)
-                rows.append(torch.matmul(probs, layer_values[slot, :, :span]).reshape(-1))
+                first = max(0, span - self.window) if self.window else 0
+                scores = torch.matmul(grouped[row, t], layer_keys[slot, :, first:span].transpose(1, 2)) * self.scale
+                if self.softcap:
+                    scores = torch.tanh(scores / self.softcap) * self.softcap
+                probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+                rows.append(torch.matmul(probs, layer_values[slot, :, first:span]).reshape(-1))
         return torch.stack(rows).reshape(batch, seq, -1)
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig):
+    """act(gate) * up, then down: SwiGLU (silu) or GeGLU (gelu, tanh-approximated)."""
+
+    def __init__(self, config: ModelConfig, intermediate_size: int = 0):
         super().__init__()
-        self.w_gate_up = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.w_down = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        inter = intermediate_size or config.intermediate_size
+        self.w_gate_up = nn.Linear(config.hidden_size, 2 * inter, bias=False)
+        self.w_down = nn.Linear(inter, config.hidden_size, bias=False)
+        if config.activation not in ("silu", "gelu_tanh"):
+            raise ValueError(f"activation '{config.activation}' is not silu or gelu_tanh")
+        self.gelu = config.activation == "gelu_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w_gate_up(x).chunk(2, dim=-1)
-        return self.w_down(F.silu(gate) * up)
+        return self.w_down((F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)) * up)
+
+
+class MixtureOfExperts(nn.Module):
+    """Each row through its top k experts (MLPs), weighted by the router's softmax over all experts (float32),
+    renormalized over the k chosen where the config says so: transformers' Qwen3-MoE block. Ties among the router's
+    probabilities go to the lower expert."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.router = nn.Linear(config.hidden_size, config.num_experts, bias=False)
+        self.experts = nn.ModuleList(MLP(config, config.expert_intermediate_size) for _ in range(config.num_experts))
+        self.top_k, self.renormalize = config.experts_per_token, config.norm_topk_prob
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        probs = torch.softmax(self.router(rows), dim=-1, dtype=torch.float32)
+        weights, chosen = torch.topk(probs, self.top_k, dim=-1)
+        if self.renormalize:
+            weights = weights / weights.sum(-1, keepdim=True)
+        weights = weights.to(x.dtype)
+        out = torch.zeros_like(rows)
+        for expert in chosen.unique().tolist():
+            picked, rank = torch.where(chosen == expert)
+            out.index_add_(0, picked, self.experts[expert](rows[picked]) * weights[picked, rank, None])
+        return out.reshape(x.shape)
 
 
 class Block(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer: int = 0):
         super().__init__()
-        self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.attn = Attention(config)
-        self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        norm = (config.hidden_size, config.rms_norm_eps, config.norm_offset)
+        self.attn_norm = RMSNorm(*norm)
+        self.attn = Attention(config, layer)
+        self.mlp_norm = RMSNorm(*norm)
+        self.mlp = MixtureOfExperts(config) if config.moe(layer) else MLP(config)
+        self.post_attn_norm = RMSNorm(*norm) if config.post_norms else None
+        self.post_mlp_norm = RMSNorm(*norm) if config.post_norms else None
 
-    def forward(self, x, cos, sin, mask, layer_keys, layer_values, slots, starts, invariant):
-        x = x + self.attn(self.attn_norm(x), cos, sin, mask, layer_keys, layer_values, slots, starts, invariant)
-        return x + self.mlp(self.mlp_norm(x))
+    def forward(self, x, cos, sin, masks, layer_keys, layer_values, slots, starts, invariant):
+        h = self.attn(self.attn_norm(x), cos, sin, masks, layer_keys, layer_values, slots, starts, invariant)
+        x = x + (h if self.post_attn_norm is None else self.post_attn_norm(h))
+        h = self.mlp(self.mlp_norm(x))
+        return x + (h if self.post_mlp_norm is None else self.post_mlp_norm(h))
 
 
 class Transformer(nn.Module):
@@ -175,15 +255,18 @@ class Transformer(nn.Module):
         if embed.device.type != "meta":  # on meta (loading), initialising would import torch._dynamo: ~1 s
             nn.init.normal_(embed)
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size, _weight=embed)
-        self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_offset)
         self.lm_head = (
             None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         )
         self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._layer_tables = [config.rope_table(i) for i in range(config.num_layers)]  # per layer, or -1: none
+        self._windows = sorted(set(config.layer_windows) - {0})
         # every block at once for a pass (a native stack, kernels/stack.py), or None: the blocks one by one.
-        # Called as fused_blocks(x [rows, hidden], cache, cos, sin, slot per row, position per row), in place;
-        # it runs every pass of the model, batch-invariant (each row's result depends on that row alone).
+        # Called as fused_blocks(x [rows, hidden], cache, cos, sin, slot per row, position per row), in place,
+        # x the embeddings as looked up (the stack scales them where the model does); it runs every pass of the
+        # model, batch-invariant (each row's result depends on that row alone).
         self.fused_blocks = None
         # what the KV cache holds (new_cache); None: float32 on a CPU, else the weights' dtype. The native stack
         # reads and writes float16 (models/gguf_native.py): half the bytes a long context's attention reads.
@@ -205,14 +288,22 @@ class Transformer(nn.Module):
         return KVCache(self.config, num_slots, max_len, dtype, self.device)
 
     def rope_tables(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rotary cos and sin tables [at least `length` positions, head size], made once and kept."""
-        if self._rope_cache is None or self._rope_cache[0].shape[0] < length:
-            dim = self.config.head_size
-            inv_freq = 1.0 / (self.config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-            angles = torch.outer(torch.arange(length, dtype=torch.float64), inv_freq)
-            angles = torch.cat((angles, angles), dim=-1)
-            self._rope_cache = (angles.cos().to(self.device), angles.sin().to(self.device))
+        """The rotary cos and sin tables [tables, at least `length` positions, head size] (float64), made once and
+        kept: table t is the one the layers with config.rope_table(layer) == t take (rope.py)."""
+        if self._rope_cache is None or self._rope_cache[0].shape[1] < length:
+            made = [
+                rotary_table(theta, self.config.head_size, length, s) for theta, s in self.config.rope_table_specs()
+            ]
+            cos, sin = torch.stack([c for c, _ in made]), torch.stack([s for _, s in made])
+            self._rope_cache = (cos.to(self.device), sin.to(self.device))
         return self._rope_cache
+
+    def embedding_scale(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """What the embeddings are multiplied by (Gemma: sqrt(hidden size), rounded to the weights' dtype as
+        transformers rounds it), or None."""
+        if not self.config.embed_scale:
+            return None
+        return torch.tensor(self.config.hidden_size**0.5, dtype=torch.float32).to(dtype)
 
     @torch.inference_mode()
     def forward(
@@ -263,15 +354,23 @@ class Transformer(nn.Module):
             positions = torch.tensor(starts, device=tokens.device)[:, None] + torch.tensor(
                 offsets, device=tokens.device
             )
-            cos = cos_full[positions].to(self.dtype).unsqueeze(2)
-            sin = sin_full[positions].to(self.dtype).unsqueeze(2)
+            tables = [
+                (cos_full[t][positions].to(self.dtype).unsqueeze(2), sin_full[t][positions].to(self.dtype).unsqueeze(2))
+                for t in range(cos_full.shape[0])
+            ]
+            scale = self.embedding_scale(x.dtype)
+            if scale is not None:
+                x = x * scale
             span = max(starts) + seq
             if parents is not None:
                 mask = self._tree_mask(parents, starts, span).to(tokens.device)
             else:
                 mask = self._mask(positions, span) if seq > 1 or batch > 1 else None
+            masks = {0: mask} | {w: self._window_mask(mask, positions, starts, offsets, span, w) for w in self._windows}
             for layer, block in enumerate(self.layers):
-                x = block(x, cos, sin, mask, cache.keys[layer], cache.values[layer], slots, starts, invariant)
+                table = self._layer_tables[layer]
+                cos, sin = tables[table] if table >= 0 else (None, None)
+                x = block(x, cos, sin, masks, cache.keys[layer], cache.values[layer], slots, starts, invariant)
         for slot in slots:
             cache.lengths[slot] += seq
         return self._logits(x, num_logits, head)
@@ -287,10 +386,13 @@ class Transformer(nn.Module):
             x = x[:, -num_logits:]
         x = self.norm(x)
         if head is not None:
-            return head(x).float()
-        if self.lm_head is None:
-            return F.linear(x, self.embed.weight).float()
-        return self.lm_head(x).float()
+            logits = head(x)
+        elif self.lm_head is None:
+            logits = F.linear(x, self.embed.weight)
+        else:
+            logits = self.lm_head(x)
+        cap = self.config.final_softcap
+        return logits.float() if not cap else (torch.tanh(logits / cap) * cap).float()
 
     @staticmethod
     def _tree_offsets(parents: list[list[int]], batch: int, seq: int) -> list[list[int]]:
@@ -325,6 +427,18 @@ class Transformer(nn.Module):
                     mask[b, 0, i] = mask[b, 0, p]
                     mask[b, 0, i, start + i] = True
         return mask
+
+    @staticmethod
+    def _window_mask(mask, positions, starts, offsets, span: int, window: int) -> torch.Tensor:
+        """`mask` (or the causal one where it is None) narrowed to the keys whose position is within `window` of
+        the query's: key position > query position - window, positions being where the rotary puts them (a tree
+        node's is its parent's + 1, wherever it is stored)."""
+        keys = torch.arange(span, device=positions.device).repeat(len(starts), 1)
+        for b, (start, row) in enumerate(zip(starts, offsets, strict=True)):
+            keys[b, start : start + len(row)] = start + torch.tensor(row, device=positions.device)
+        near = keys[:, None, :] > positions[:, :, None] - window
+        causal = mask if mask is not None else Transformer._mask(positions, span)
+        return causal & near.unsqueeze(1)
 
     @staticmethod
     def _mask(positions: torch.Tensor, span: int) -> torch.Tensor:

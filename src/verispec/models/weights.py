@@ -21,12 +21,32 @@ from .config import ModelConfig
 from .quantize import ACTIVATION_DTYPE, Int4Weight, concat_quantized, quantized_entries
 
 # canonical names: "embed", "norm", "lm_head", and per layer "{i}.attn_norm", "{i}.q", "{i}.k", "{i}.v",
-# "{i}.q_bias", "{i}.k_bias", "{i}.v_bias", "{i}.o", "{i}.mlp_norm", "{i}.gate", "{i}.up", "{i}.down"
+# "{i}.q_bias", "{i}.k_bias", "{i}.v_bias", "{i}.o", "{i}.mlp_norm", "{i}.gate", "{i}.up", "{i}.down", and where
+# the config has them "{i}.q_norm", "{i}.k_norm" (qk_norm), "{i}.post_attn_norm", "{i}.post_mlp_norm" (post_norms)
 Rows = tuple[int, int] | None  # a [start, stop) range of a matrix's rows, or all of them
 Fetch = Callable[[str, Rows], "torch.Tensor | None"]
 FetchInt4 = Callable[[str, Rows], "Int4Weight | None"]
 RowCount = Callable[[str], int]
 CHUNK_ROWS = 16384  # a multiple of every int4 packing block (16, 32, 64 rows)
+
+
+def canonical_names(config: ModelConfig) -> list[str]:
+    """Every canonical name a model of `config` reads (a source checks that it holds nothing else)."""
+    names = ["embed", "norm"] + ([] if config.tie_word_embeddings else ["lm_head"])
+    per_layer = ["attn_norm", "q", "k", "v", "o", "mlp_norm"]
+    per_layer += ["q_bias", "k_bias", "v_bias"] if config.qkv_bias else []
+    per_layer += ["q_norm", "k_norm"] if config.qk_norm else []
+    per_layer += ["post_attn_norm", "post_mlp_norm"] if config.post_norms else []
+    for i in range(config.num_layers):
+        names += [f"{i}.{name}" for name in per_layer + _mlp_names(config, i)]
+    return names
+
+
+def _mlp_names(config: ModelConfig, layer: int) -> list[str]:
+    """A layer's MLP: gate, up, down; or a mixture's router and each expert's (expert{e}.gate, ...)."""
+    if not config.moe(layer):
+        return ["gate", "up", "down"]
+    return ["router"] + [f"expert{e}.{n}" for e in range(config.num_experts) for n in ("gate", "up", "down")]
 
 
 def assemble_state_dict(
@@ -98,9 +118,22 @@ def state_dict_parts(
         if config.qkv_bias:
             state[f"{prefix}.attn.wqkv.bias"] = torch.cat([get(f"{i}.{n}_bias") for n in "qkv"])
         state |= linear(f"{prefix}.attn.wo", [f"{i}.o"])
+        if config.qk_norm:
+            state[f"{prefix}.attn.q_norm.weight"] = get(f"{i}.q_norm")
+            state[f"{prefix}.attn.k_norm.weight"] = get(f"{i}.k_norm")
+        if config.post_norms:
+            state[f"{prefix}.post_attn_norm.weight"] = get(f"{i}.post_attn_norm")
+            state[f"{prefix}.post_mlp_norm.weight"] = get(f"{i}.post_mlp_norm")
         state[f"{prefix}.mlp_norm.weight"] = get(f"{i}.mlp_norm")
-        state |= linear(f"{prefix}.mlp.w_gate_up", [f"{i}.gate", f"{i}.up"])
-        state |= linear(f"{prefix}.mlp.w_down", [f"{i}.down"])
+        if config.moe(i):
+            state[f"{prefix}.mlp.router.weight"] = get(f"{i}.router")  # never quantized: it picks the experts
+            for e in range(config.num_experts):
+                expert = f"{prefix}.mlp.experts.{e}"
+                state |= linear(f"{expert}.w_gate_up", [f"{i}.expert{e}.gate", f"{i}.expert{e}.up"])
+                state |= linear(f"{expert}.w_down", [f"{i}.expert{e}.down"])
+        else:
+            state |= linear(f"{prefix}.mlp.w_gate_up", [f"{i}.gate", f"{i}.up"])
+            state |= linear(f"{prefix}.mlp.w_down", [f"{i}.down"])
         yield f"layer-{i:03d}", state
 
 

@@ -15,6 +15,7 @@
 #ifndef VSK_H
 #define VSK_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -109,6 +110,8 @@ typedef struct {
      * direct[m] .. pos[m] (its ancestors in the tree, then itself) from the positions tail[m][0 ..], stored
      * elsewhere in its slot; tail holds VSK_ATTENTION_ROWS entries per row */
     const int *direct, *tail;
+    int window;    /* a query at position p sees the keys at positions above p - window only; 0: all */
+    float softcap; /* scores -> softcap * tanh(score / softcap) before the softmax; 0: none */
 } vsk_attention_t;
 
 void vsk_attend(const vsk_attention_t *a, int M);
@@ -126,6 +129,26 @@ typedef struct {
 /* the keys row m reads in place (all of them, pos[m] + 1, outside a tree) */
 static inline int vsk_direct_keys(const vsk_attention_t *a, int m) {
     return a->direct ? a->direct[m] : a->pos[m] + 1;
+}
+
+/* the first key (logical position) row m sees: 0, or the first inside its window */
+static inline int vsk_first_key(const vsk_attention_t *a, int m) {
+    return a->window && a->pos[m] + 1 > a->window ? a->pos[m] + 1 - a->window : 0;
+}
+
+/* over the rows m0 .. m1 - 1: the first key any of them sees */
+static inline int vsk_block_first_key(const vsk_attention_t *a, int m0, int m1) {
+    int first = a->pos[m0] + 1;
+    for (int m = m0; m < m1; m++) {
+        const int key = vsk_first_key(a, m);
+        first = key < first ? key : first;
+    }
+    return first;
+}
+
+/* soft-capping of one row's scores [0, n) in place (tanhf: the same bits on every path) */
+static inline void vsk_softcap(float *scores, int n, float cap) {
+    for (int t = 0; t < n; t++) scores[t] = cap * tanhf(scores[t] / cap);
 }
 
 /* over the rows m0 .. m1 - 1: the most keys one reads in place (`direct`), or the most it reads at all */

@@ -26,29 +26,31 @@ static inline size_t stored_at(const vsk_attention_t *a, int m, int t) {
     return (size_t)(t < direct ? t : a->tail[(size_t)m * VSK_ATTENTION_ROWS + t - direct]);
 }
 
-/* one query (row m, head h) over its keys at logical positions 0 .. pos[m], portable C */
+/* one query (row m, head h) over its keys at logical positions first .. pos[m] (first: 0, or where its window
+ * begins), portable C */
 static void attend_one(const vsk_attention_t *a, int m, int h, float *scores) {
-    const int group = a->H / a->kvH, span = a->pos[m] + 1, D = a->D;
+    const int group = a->H / a->kvH, span = a->pos[m] + 1, D = a->D, first = vsk_first_key(a, m);
     const float *q = a->q + ((size_t)m * a->H + h) * D;
     const size_t base = (size_t)a->slot[m] * a->slot_stride + (size_t)(h / group) * a->head_stride;
     float top = -INFINITY;
-    for (int t = 0; t < span; t++) {
+    for (int t = first; t < span; t++) {
         float lanes[8] = {0}; /* 8 partial sums, added in one fixed order (D is a multiple of 8) */
         const size_t key = base + stored_at(a, m, t) * D;
         for (int i = 0; i < D; i += 8)
             for (int l = 0; l < 8; l++) lanes[l] += q[i + l] * cached(a->keys, key + i + l, a->half);
         const float s = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
         scores[t] = s * a->scale;
-        top = scores[t] > top ? scores[t] : top;
     }
+    if (a->softcap) vsk_softcap(scores + first, span - first, a->softcap);
+    for (int t = first; t < span; t++) top = scores[t] > top ? scores[t] : top;
     float total = 0.0f;
-    for (int t = 0; t < span; t++) {
+    for (int t = first; t < span; t++) {
         scores[t] = vsk_exp(scores[t] - top);
         total += scores[t];
     }
     float *o = a->out + ((size_t)m * a->H + h) * D;
     for (int i = 0; i < D; i++) o[i] = 0.0f;
-    for (int t = 0; t < span; t++) {
+    for (int t = first; t < span; t++) {
         const float p = scores[t] / total;
         const size_t value = base + stored_at(a, m, t) * D;
         for (int i = 0; i < D; i++) o[i] += p * cached(a->values, value + i, a->half);
@@ -93,15 +95,17 @@ void vsk_attend(const vsk_attention_t *a, int M) {
 }
 
 /* out [M][H][D] for queries q [M][H][D] at positions start .. start + M - 1 of one sequence, whose keys and
- * values (all positions up to start + M - 1 already written) are `keys`/`values` [kvH][length][D], float32 */
+ * values (all positions up to start + M - 1 already written) are `keys`/`values` [kvH][length][D], float32;
+ * window and softcap as in vsk_attention_t */
 VSK_API void vsk_attention(const float *q, int M, int H, int kvH, int D, const float *keys, const float *values,
-                           size_t head_stride, int start, float scale, float *out) {
+                           size_t head_stride, int start, float scale, int window, float softcap, float *out) {
     int *rows = malloc(sizeof(int) * 2 * (size_t)M);
     for (int m = 0; m < M; m++) {
         rows[m] = 0;
         rows[M + m] = start + m;
     }
-    const vsk_attention_t a = {q, keys, values, 0, head_stride, rows, rows + M, H, kvH, D, scale, out, 0, NULL, NULL};
+    const vsk_attention_t a = {q,   keys, values, 0,    head_stride, rows,   rows + M, H,
+                               kvH, D,    scale,  out, 0,           NULL,   NULL,     window, softcap};
     vsk_attend(&a, M);
     free(rows);
 }

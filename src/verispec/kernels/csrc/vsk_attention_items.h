@@ -48,43 +48,55 @@ static void row_sums(const vsk_attention_t *a, int m, int m0, int g, const float
 }
 
 /* one item: the rows m0 .. m1 - 1 (one sequence) and key/value head g; `scores` holds (m1 - m0) x group rows of
- * `stride` floats. The keys the rows read in place come a tile at a time, shared; a tree row's own ancestors
- * after them, gathered for that row alone (logical positions in order either way, so the same bits). */
+ * `stride` floats, indexed by logical position. The keys the rows read in place come a tile at a time, shared (from
+ * the tile holding the first key any of them sees: a window's start); a tree row's own ancestors after them,
+ * gathered for that row alone (logical positions in order either way, so the same bits). A row's keys are those
+ * from its first (vsk_first_key) to its own position. */
 static void attend_block(const vsk_attention_t *a, int m0, int m1, int g, float *scores, int stride, float *tile) {
     const int group = a->H / a->kvH, D = a->D, shared = vsk_block_keys(a, m0, m1, 1);
+    const int begin = vsk_block_first_key(a, m0, m1) / TILE * TILE;
     const size_t base = (size_t)a->slot[m0] * a->slot_stride + (size_t)g * a->head_stride;
-    for (int t0 = 0; t0 < shared; t0 += TILE) { /* scores, a tile of keys at a time */
+    for (int t0 = begin; t0 < shared; t0 += TILE) { /* scores, a tile of keys at a time */
         const int n = shared - t0 < TILE ? shared - t0 : TILE;
         const float *k = tile_of(a->keys, base + (size_t)t0 * D, n, D, a->half, tile);
         for (int m = m0; m < m1; m++) {
-            const int direct = vsk_direct_keys(a, m);
-            if (t0 < direct) row_scores(a, m, m0, g, k, t0, direct - t0 < n ? direct - t0 : n, scores, stride);
+            const int first = vsk_first_key(a, m) > t0 ? vsk_first_key(a, m) : t0;
+            const int end = vsk_direct_keys(a, m) < t0 + n ? vsk_direct_keys(a, m) : t0 + n;
+            if (first < end) row_scores(a, m, m0, g, k + (size_t)(first - t0) * D, first, end - first, scores, stride);
         }
     }
     for (int m = m0; m < m1; m++) {
-        const int direct = vsk_direct_keys(a, m), tail = a->pos[m] + 1 - direct;
+        const int direct = vsk_direct_keys(a, m), first = vsk_first_key(a, m) > direct ? vsk_first_key(a, m) : direct;
+        const int tail = a->pos[m] + 1 - first;
         if (tail <= 0) continue;
-        const float *k = gathered(a->keys, base, a->tail + (size_t)m * VSK_ATTENTION_ROWS, tail, D, a->half, tile);
-        row_scores(a, m, m0, g, k, direct, tail, scores, stride);
+        const int *at = a->tail + (size_t)m * VSK_ATTENTION_ROWS + (first - direct);
+        const float *k = gathered(a->keys, base, at, tail, D, a->half, tile);
+        row_scores(a, m, m0, g, k, first, tail, scores, stride);
     }
     for (int m = m0; m < m1; m++)
         for (int j = 0; j < group; j++) {
-            softmax(scores + (size_t)((m - m0) * group + j) * stride, a->pos[m] + 1);
+            float *row = scores + (size_t)((m - m0) * group + j) * stride + vsk_first_key(a, m);
+            const int span = a->pos[m] + 1 - vsk_first_key(a, m);
+            if (a->softcap) vsk_softcap(row, span, a->softcap);
+            softmax(row, span);
             memset(a->out + ((size_t)m * a->H + g * group + j) * D, 0, sizeof(float) * D);
         }
-    for (int t0 = 0; t0 < shared; t0 += TILE) { /* weighted sums, a tile of values at a time */
+    for (int t0 = begin; t0 < shared; t0 += TILE) { /* weighted sums, a tile of values at a time */
         const int n = shared - t0 < TILE ? shared - t0 : TILE;
         const float *v = tile_of(a->values, base + (size_t)t0 * D, n, D, a->half, tile);
         for (int m = m0; m < m1; m++) {
-            const int direct = vsk_direct_keys(a, m);
-            if (t0 < direct) row_sums(a, m, m0, g, v, t0, direct - t0 < n ? direct - t0 : n, scores, stride);
+            const int first = vsk_first_key(a, m) > t0 ? vsk_first_key(a, m) : t0;
+            const int end = vsk_direct_keys(a, m) < t0 + n ? vsk_direct_keys(a, m) : t0 + n;
+            if (first < end) row_sums(a, m, m0, g, v + (size_t)(first - t0) * D, first, end - first, scores, stride);
         }
     }
     for (int m = m0; m < m1; m++) {
-        const int direct = vsk_direct_keys(a, m), tail = a->pos[m] + 1 - direct;
+        const int direct = vsk_direct_keys(a, m), first = vsk_first_key(a, m) > direct ? vsk_first_key(a, m) : direct;
+        const int tail = a->pos[m] + 1 - first;
         if (tail <= 0) continue;
-        const float *v = gathered(a->values, base, a->tail + (size_t)m * VSK_ATTENTION_ROWS, tail, D, a->half, tile);
-        row_sums(a, m, m0, g, v, direct, tail, scores, stride);
+        const int *at = a->tail + (size_t)m * VSK_ATTENTION_ROWS + (first - direct);
+        const float *v = gathered(a->values, base, at, tail, D, a->half, tile);
+        row_sums(a, m, m0, g, v, first, tail, scores, stride);
     }
 }
 

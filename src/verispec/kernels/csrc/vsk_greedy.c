@@ -3,6 +3,7 @@
  * k - 1 round trips through Python between the library's calls; here it is one. Each step runs the functions a
  * step driven from Python runs (vsk_row_to_floats, vsk_stack_forward, vsk_rms_norm, vsk_quantize, the head's
  * product), in the same order, so it chooses the same tokens. */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -21,6 +22,7 @@ typedef struct {
     const float *head_bias; /* [head.N], or NULL */
     const int64_t *ids;     /* the token id of each head row, or NULL: the row's index */
     int rows;               /* argmax over the first `rows` head rows */
+    float softcap;          /* logits -> softcap * tanh(logit / softcap) before the argmax (ties as Python sees them) */
 } vsk_greedy_head;
 
 #define VSK_GREEDY_ROWS 256 /* rows of a pass, at most */
@@ -54,6 +56,8 @@ static int choose(const vsk_model *md, const vsk_greedy_head *g, const float *x,
         float *row = logits + (size_t)m * g->head.N;
         if (g->head_bias)
             for (int i = 0; i < g->head.N; i++) row[i] += g->head_bias[i];
+        if (g->softcap)
+            for (int i = 0; i < g->rows; i++) row[i] = tanhf(row[i] / g->softcap) * g->softcap;
         const int best = vsk_rows()->argmax(row, g->rows);
         chosen[(size_t)m * steps + s] = g->ids ? g->ids[best] : best;
     }

@@ -1,5 +1,8 @@
 /* The decoder stack of a Llama-family model (pre-norm blocks: RMSNorm, q/k/v with optional bias, rotary
- * embedding, grouped-query attention, SwiGLU MLP) for a pass of M rows, in one call.
+ * embedding, grouped-query attention, SwiGLU MLP) for a pass of M rows, in one call. What other families add
+ * is per block or per model and off by default (vsk_stack.h): per-head q/k norms (Qwen3, Gemma 3), a rotary table
+ * per block or none (Gemma 3's local layers, SmolLM3's), sliding windows, attention soft-capping and scale,
+ * norms after the attention and the MLP, GeGLU, scaled embeddings (Gemma).
  *
  * Everything around the products runs here too, so that a decode step or a verify pass costs one call
  * instead of about twenty PyTorch ops per block. Each row's results depend on that row alone: norms,
@@ -38,9 +41,20 @@ static int has_dense_parts(const vsk_model *md) {
         const vsk_block *b = &md->blocks[l];
         for (int p = 0; p < b->qkv_parts; p++)
             if (format_of(b->qkv[p].type) == 2) return 1;
-        for (int p = 0; p < b->gate_up_parts; p++)
-            if (format_of(b->gate_up[p].type) == 2) return 1;
-        if (format_of(b->o.type) == 2 || format_of(b->down.type) == 2) return 1;
+        if (b->experts) {
+            if (format_of(b->router.type) == 2) return 1;
+            for (int e = 0; e < md->experts; e++) {
+                const vsk_expert *x = &b->experts[e];
+                for (int p = 0; p < x->gate_up_parts; p++)
+                    if (format_of(x->gate_up[p].type) == 2) return 1;
+                if (format_of(x->down.type) == 2) return 1;
+            }
+        } else {
+            for (int p = 0; p < b->gate_up_parts; p++)
+                if (format_of(b->gate_up[p].type) == 2) return 1;
+            if (format_of(b->down.type) == 2) return 1;
+        }
+        if (format_of(b->o.type) == 2) return 1;
     }
     return 0;
 }
@@ -136,20 +150,78 @@ static int products(const prepare_t *prepare, float *y, int ldy) {
 
 static size_t floats_bytes(size_t n) { return (n * sizeof(float) + 63) / 64 * 64; }
 
+/* bytes of M rows' activations of width K in every format the model may take */
+static size_t act_bytes(const vsk_model *md, int M, int K, int dense) {
+    (void)md;
+    return (size_t)M * (format_row_bytes(0, K) + format_row_bytes(1, K) + (dense ? format_row_bytes(2, K) : 0));
+}
+
 /* scratch for M rows: normed rows, q/k/v, attention output, gate/up, the SwiGLU product, quantized rows */
-VSK_API size_t vsk_stack_scratch_bytes(const vsk_model *md, int M) {
+static size_t dense_scratch_bytes(const vsk_model *md, int M, int dense) {
     const size_t qkv = (size_t)(md->heads + 2 * md->kv_heads) * md->head_dim, att = (size_t)md->heads * md->head_dim;
     int widest = md->hidden > (int)att ? md->hidden : (int)att;
     widest = md->inter > widest ? md->inter : widest;
-    return floats_bytes((size_t)M * md->hidden) * 2 + floats_bytes((size_t)M * qkv) + floats_bytes((size_t)M * att) +
-           floats_bytes((size_t)M * 2 * md->inter) + floats_bytes((size_t)M * md->inter) +
-           (size_t)M * (format_row_bytes(0, widest) + format_row_bytes(1, widest) +
-                        (has_dense_parts(md) ? format_row_bytes(2, widest) : 0)) + 64;
+    const size_t bytes = floats_bytes((size_t)M * md->hidden) * 2 + floats_bytes((size_t)M * qkv) +
+                         floats_bytes((size_t)M * att) + floats_bytes((size_t)M * 2 * md->inter) +
+                         floats_bytes((size_t)M * md->inter) + act_bytes(md, M, widest, dense) + 64;
+    return (bytes + 63) / 64 * 64; /* what follows (the mixtures') starts on a 64-byte boundary */
+}
+
+/* the mixtures' scratch (after the rest): router logits; per row and rank the expert, its weight and its output;
+ * per expert, the rows it takes (their index, their row and rank), their activations gathered, gate/up, the
+ * SwiGLU product, its activations and the expert's output */
+typedef struct {
+    float *logits, *weight, *y, *gate_up, *act, *out;
+    int *choice, *rows, *slots;
+    uint8_t *gathered, *xq;
+} moe_scratch_t;
+
+static moe_scratch_t moe_scratch(const vsk_model *md, int M, int dense, uint8_t *at) {
+    const int k = md->experts_per_token, H = md->hidden, I = md->expert_inter;
+    moe_scratch_t s;
+    s.logits = (float *)at, at += floats_bytes((size_t)M * md->experts);
+    s.weight = (float *)at, at += floats_bytes((size_t)M * k);
+    s.y = (float *)at, at += floats_bytes((size_t)M * k * H);
+    s.gate_up = (float *)at, at += floats_bytes((size_t)M * 2 * I);
+    s.act = (float *)at, at += floats_bytes((size_t)M * I);
+    s.out = (float *)at, at += floats_bytes((size_t)M * H);
+    s.choice = (int *)at, at += floats_bytes((size_t)M * k);
+    s.rows = (int *)at, at += floats_bytes((size_t)M);
+    s.slots = (int *)at, at += floats_bytes((size_t)M);
+    s.gathered = at, at += (act_bytes(md, M, H, dense) + 63) / 64 * 64;
+    s.xq = at;
+    return s;
+}
+
+static size_t moe_scratch_bytes(const vsk_model *md, int M, int dense) {
+    const size_t k = (size_t)md->experts_per_token, H = (size_t)md->hidden, I = (size_t)md->expert_inter;
+    return floats_bytes((size_t)M * md->experts) + floats_bytes(M * k) + floats_bytes(M * k * H) +
+           floats_bytes(M * 2 * I) + floats_bytes(M * I) + floats_bytes(M * H) + floats_bytes(M * k) +
+           2 * floats_bytes((size_t)M) + (act_bytes(md, M, (int)H, dense) + 63) / 64 * 64 +
+           act_bytes(md, M, (int)I, dense) + 64;
+}
+
+VSK_API size_t vsk_stack_scratch_bytes(const vsk_model *md, int M) {
+    const int dense = has_dense_parts(md);
+    return dense_scratch_bytes(md, M, dense) + (md->experts ? moe_scratch_bytes(md, M, dense) : 0);
 }
 
 /* out [M][n] = each row of x [M][n] normalized as in the stack (a model's final norm) */
 VSK_API void vsk_rms_norm(const float *x, const float *weight, int M, int n, float eps, float *out) {
     for (int m = 0; m < M; m++) rms_norm(x + (size_t)m * n, weight, n, eps, out + (size_t)m * n);
+}
+
+/* item = row: rms_norm of each row of x [M][n] in place (the outputs of the attention or the MLP, Gemma) */
+typedef struct {
+    float *x;
+    const float *weight;
+    int n;
+    float eps;
+} norm_rows_t;
+
+static void norm_rows(const void *ctx, int begin, int end) {
+    const norm_rows_t *p = ctx;
+    for (int m = begin; m < end; m++) rms_norm(p->x + (size_t)m * p->n, p->weight, p->n, p->eps, p->x + (size_t)m * p->n);
 }
 
 /* rotary embedding of one head (the rotate-half form): cos/sin rows hold the position's D values */
@@ -167,11 +239,21 @@ typedef struct {
     float *out;           /* [M][inter] */
     int inter;
     const vsk_row_ops *ops;
+    int gelu;
 } swiglu_t;
 
 #define SWIGLU_CHUNK 256
 
-/* item = (row, chunk of SWIGLU_CHUNK values): silu(gate) * up */
+/* gelu with tanh (PyTorch's approximate="tanh") of each gate times its up; plain C with tanhf, so the same bits
+ * on every path */
+static void geglu(const float *gate, const float *up, float *out, int n) {
+    for (int i = 0; i < n; i++) {
+        const float x = gate[i], inner = 0.7978845608028654f * (x + 0.044715f * (x * x * x));
+        out[i] = 0.5f * x * (1.0f + tanhf(inner)) * up[i];
+    }
+}
+
+/* item = (row, chunk of SWIGLU_CHUNK values): silu(gate) * up, or gelu(gate) * up */
 static void swiglu_items(const void *ctx, int begin, int end) {
     const swiglu_t *s = ctx;
     const int chunks = (s->inter + SWIGLU_CHUNK - 1) / SWIGLU_CHUNK;
@@ -179,7 +261,7 @@ static void swiglu_items(const void *ctx, int begin, int end) {
         const int m = item / chunks, i0 = item % chunks * SWIGLU_CHUNK;
         const int i1 = i0 + SWIGLU_CHUNK < s->inter ? i0 + SWIGLU_CHUNK : s->inter;
         const float *gate = s->gate_up + (size_t)m * 2 * s->inter, *up = gate + s->inter;
-        s->ops->swiglu(gate + i0, up + i0, s->out + (size_t)m * s->inter + i0, i1 - i0);
+        (s->gelu ? geglu : s->ops->swiglu)(gate + i0, up + i0, s->out + (size_t)m * s->inter + i0, i1 - i0);
     }
 }
 
@@ -202,8 +284,9 @@ static void store(void *cache, size_t at, const float *from, int D, int half) {
     for (int i = 0; i < D; i++) to[i] = vsk_fp32_to_fp16(from[i]);
 }
 
-/* item = row: q/k/v bias, rotary embedding of q and k at the row's position, the row's keys and values into its
- * cache slot where it is stored, and its queries packed [H][D] at the row's start (the attention's layout) */
+/* item = row: q/k/v bias, q/k norms, rotary embedding of q and k at the row's position (the block's table), the
+ * row's keys and values into its cache slot where it is stored, and its queries packed [H][D] at the row's start
+ * (the attention's layout) */
 static void rotate_rows(const void *ctx, int begin, int end) {
     const rotate_t *r = ctx;
     const int H = r->md->heads, kvH = r->md->kv_heads, D = r->md->head_dim, width = (H + 2 * kvH) * D;
@@ -211,9 +294,16 @@ static void rotate_rows(const void *ctx, int begin, int end) {
         float *row = r->qkv + (size_t)m * width;
         if (r->b->qkv_bias)
             for (int i = 0; i < width; i++) row[i] += r->b->qkv_bias[i];
+        if (r->b->q_norm)
+            for (int head = 0; head < H + kvH; head++) {
+                float *v = row + (size_t)head * D;
+                rms_norm(v, head < H ? r->b->q_norm : r->b->k_norm, D, r->md->eps, v);
+            }
         const int pos = r->rows->pos[m], at = r->rows->at ? r->rows->at[m] : pos;
-        const float *cos = r->c->cos + (size_t)pos * D, *sin = r->c->sin + (size_t)pos * D;
-        for (int head = 0; head < H + kvH; head++) rotate(row + (size_t)head * D, cos, sin, D);
+        if (r->b->rope >= 0) {
+            const size_t table = (size_t)r->b->rope * r->c->table_stride + (size_t)pos * D;
+            for (int head = 0; head < H + kvH; head++) rotate(row + (size_t)head * D, r->c->cos + table, r->c->sin + table, D);
+        }
         for (int head = 0; head < kvH; head++) {
             const size_t to = (size_t)r->rows->slot[m] * r->c->slot_stride + (size_t)head * r->c->head_stride +
                               (size_t)at * D;
@@ -221,6 +311,74 @@ static void rotate_rows(const void *ctx, int begin, int end) {
             store(r->values, to, row + (size_t)(H + kvH + head) * D, D, r->c->half);
         }
     }
+}
+
+/* the router's choice for one row: its top k experts by softmax probability (ties: the lower expert), and their
+ * weights (renormalized to sum to 1 when norm); the softmax in float, by vsk_exp, experts in order */
+static void route(const float *logits, int E, int k, int norm, int *choice, float *weight) {
+    float top = logits[0], total = 0.0f, chosen = 0.0f;
+    for (int e = 1; e < E; e++) top = logits[e] > top ? logits[e] : top;
+    for (int e = 0; e < E; e++) total += vsk_exp(logits[e] - top);
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int i = 0; i < j; i++) taken |= choice[i] == e;
+            if (!taken && (best < 0 || logits[e] > logits[best])) best = e;
+        }
+        choice[j] = best;
+        weight[j] = vsk_exp(logits[best] - top) / total;
+        chosen += weight[j];
+    }
+    if (norm)
+        for (int j = 0; j < k; j++) weight[j] /= chosen;
+}
+
+/* The MLP of a block whose MLP is a mixture: x += the pending residual, normalized; each row through its experts,
+ * an expert's rows in one product of theirs (a row's result depends on that row alone: the products keep their
+ * per-row order), the outputs summed per row in the order of its choice, into tmp. */
+static int moe_forward(const vsk_model *md, const vsk_block *b, float *x, int M, float *tmp, int pending, float *h,
+                       uint8_t *xq, const moe_scratch_t *s) {
+    const int E = md->experts, k = md->experts_per_token, H = md->hidden, I = md->expert_inter;
+    vsk_part in[3] = {b->router, b->experts[0].gate_up[0], b->experts[0].gate_up[b->experts[0].gate_up_parts - 1]};
+    const prepare_t mlp_in = {in, 3, H, M, x, pending ? tmp : NULL, b->mlp_norm, md->eps, h, xq};
+    vsk_parallel_for(prepare_rows, &mlp_in, M);
+    const uint8_t *each[2];
+    size_t strides[2];
+    each[0] = act_row(xq, format_of(b->router.type), M, H, 0);
+    strides[0] = format_row_bytes(format_of(b->router.type), H);
+    if (vsk_products_each(&b->router, 1, H, each, strides, M, s->logits, E)) return -1;
+    for (int m = 0; m < M; m++) route(s->logits + (size_t)m * E, E, k, md->norm_topk, s->choice + m * k, s->weight + m * k);
+    for (int e = 0; e < E; e++) {
+        const vsk_expert *x_e = &b->experts[e];
+        int n = 0;
+        for (int slot = 0; slot < M * k; slot++)
+            if (s->choice[slot] == e) s->rows[n] = slot / k, s->slots[n++] = slot;
+        if (!n) continue;
+        for (int q = 0; q < x_e->gate_up_parts; q++) { /* the rows' activations, gathered in each format the parts take */
+            const int f = format_of(x_e->gate_up[q].type);
+            for (int i = 0; i < n; i++)
+                memcpy(act_row(s->gathered, f, n, H, i), act_row(xq, f, M, H, s->rows[i]), format_row_bytes(f, H));
+            each[q] = act_row(s->gathered, f, n, H, 0);
+            strides[q] = format_row_bytes(f, H);
+        }
+        const double begin = vsk_seconds();
+        const int status = vsk_products_each(x_e->gate_up, x_e->gate_up_parts, H, each, strides, n, s->gate_up, 2 * I);
+        product_seconds += vsk_seconds() - begin;
+        if (status) return -1;
+        const swiglu_t act = {s->gate_up, s->act, I, vsk_rows(), md->gelu};
+        vsk_parallel_for(swiglu_items, &act, n * ((I + SWIGLU_CHUNK - 1) / SWIGLU_CHUNK));
+        const prepare_t down_in = {&x_e->down, 1, I, n, s->act, NULL, NULL, 0.0f, NULL, s->xq};
+        if (products(&down_in, s->out, H)) return -1;
+        for (int i = 0; i < n; i++) memcpy(s->y + (size_t)s->slots[i] * H, s->out + (size_t)i * H, sizeof(float) * H);
+    }
+    for (int m = 0; m < M; m++)
+        for (int d = 0; d < H; d++) {
+            float sum = 0.0f;
+            for (int j = 0; j < k; j++) sum += s->weight[m * k + j] * s->y[((size_t)m * k + j) * H + d];
+            tmp[(size_t)m * H + d] = sum;
+        }
+    return 0;
 }
 
 /* One block for M rows. Its output leaves the last product in `tmp`, to be added to x by the next block's
@@ -244,27 +402,46 @@ static int block_forward(const vsk_model *md, const vsk_block *b, void *keys, vo
     vsk_parallel_for(rotate_rows, &r, M);
     for (int m = 0; m < M; m++) /* the queries, packed [M][H][D] for the attention */
         memmove(qkv + (size_t)m * H * D, qkv + (size_t)m * width, sizeof(float) * H * D);
-    const vsk_attention_t a = {qkv,      keys, values, c->slot_stride, c->head_stride, rows->slot, rows->pos, H, kvH,
-                               D,        1.0f / sqrtf((float)D),   att,     c->half,    rows->direct, rows->tail};
+    const float scale = md->scale ? md->scale : 1.0f / sqrtf((float)D);
+    const vsk_attention_t a = {qkv,   keys,      values,       c->slot_stride, c->head_stride, rows->slot,
+                               rows->pos, H,     kvH,          D,              scale,          att,
+                               c->half,   rows->direct, rows->tail, b->window,   md->softcap};
     const double attention_begin = vsk_seconds();
     vsk_attend(&a, M);
     attention_seconds += vsk_seconds() - attention_begin;
     const prepare_t o_in = {&b->o, 1, H * D, M, att, NULL, NULL, 0.0f, NULL, xq};
     if (products(&o_in, tmp, hidden)) return -1;
+    if (b->post_attn_norm) {
+        const norm_rows_t post = {tmp, b->post_attn_norm, hidden, md->eps};
+        vsk_parallel_for(norm_rows, &post, M);
+    }
 
     /* MLP */
-    const prepare_t mlp_in = {b->gate_up, b->gate_up_parts, hidden, M, x, tmp, b->mlp_norm, md->eps, h, xq};
-    if (products(&mlp_in, gate_up, 2 * inter)) return -1;
-    const swiglu_t s = {gate_up, act, inter, vsk_rows()};
-    vsk_parallel_for(swiglu_items, &s, M * ((inter + SWIGLU_CHUNK - 1) / SWIGLU_CHUNK));
-    const prepare_t down_in = {&b->down, 1, inter, M, act, NULL, NULL, 0.0f, NULL, xq};
-    return products(&down_in, tmp, hidden);
+    if (b->experts) {
+        const int dense = has_dense_parts(md);
+        const moe_scratch_t ms = moe_scratch(md, M, dense, scratch + dense_scratch_bytes(md, M, dense));
+        if (moe_forward(md, b, x, M, tmp, 1, h, xq, &ms)) return -1;
+    } else {
+        const prepare_t mlp_in = {b->gate_up, b->gate_up_parts, hidden, M, x, tmp, b->mlp_norm, md->eps, h, xq};
+        if (products(&mlp_in, gate_up, 2 * inter)) return -1;
+        const swiglu_t s = {gate_up, act, inter, vsk_rows(), md->gelu};
+        vsk_parallel_for(swiglu_items, &s, M * ((inter + SWIGLU_CHUNK - 1) / SWIGLU_CHUNK));
+        const prepare_t down_in = {&b->down, 1, inter, M, act, NULL, NULL, 0.0f, NULL, xq};
+        if (products(&down_in, tmp, hidden)) return -1;
+    }
+    if (b->post_mlp_norm) {
+        const norm_rows_t post = {tmp, b->post_mlp_norm, hidden, md->eps};
+        vsk_parallel_for(norm_rows, &post, M);
+    }
+    return 0;
 }
 
 static int stack_forward(const vsk_model *md, const vsk_cache *c, float *x, int M, const vsk_pass_rows *rows,
                          uint8_t *scratch) {
     const double begin = vsk_seconds();
     int status = 0;
+    if (md->embed_scale)
+        for (size_t i = 0; i < (size_t)M * md->hidden; i++) x[i] *= md->embed_scale;
     for (int l = 0; l < md->layers && !status; l++)
         status = block_forward(md, &md->blocks[l], c->keys[l], c->values[l], c, x, M, rows, scratch, l > 0);
     const float *tmp = (const float *)(scratch + floats_bytes((size_t)M * md->hidden)); /* the last residual */

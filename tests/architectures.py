@@ -1,0 +1,143 @@
+"""Tiny random models of each architecture, made by transformers from a seed, and their logits by transformers:
+the proofs of test_architectures.py, and the GGUF fixtures made from them (fixtures/architectures/make.py).
+
+Each spec is a model_type and the config fields that exercise what the architecture adds (rope scaling, sliding
+windows a 48-token sequence crosses, soft-caps that bite, layers without rotary). The weights are drawn again
+from a seed (transformers' own init is too small to move the logits): embeddings N(0, 1), matrices N(0, 1.5^2 /
+fan-in), norms 1 + N(0, 0.1^2) (Gemma's: N(0, 0.1^2), its norms add the 1).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+VOCAB = 258  # the fixture tokenizer's: 256 bytes, one merge, <eos>
+SEQUENCE = 48
+SMALL = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+TINY = dict(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+WINDOW = 8
+
+_TEXT_SPECS: dict[str, tuple[str, dict]] = {
+    "llama": ("llama", {}),
+    "llama-linear": ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
+    # llama3 with an original context of 16, so that at this head size low, high and ramped frequencies all occur
+    "llama3": ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 16}}),
+    "llama-yarn": ("llama", {"max_position_embeddings": 64, "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                                                            "original_max_position_embeddings": 16}}),
+    "qwen2": ("qwen2", {}),
+    "qwen3": ("qwen3", {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1}),
+    # four experts, two per token, and a dense layer between mixtures
+    "qwen3-moe": ("qwen3_moe", {"num_hidden_layers": 3, "num_experts": 4, "num_experts_per_tok": 2,
+                                "moe_intermediate_size": 32, "norm_topk_prob": True, "mlp_only_layers": [1]}),
+    "mistral": ("mistral", {"sliding_window": WINDOW}),
+    "phi3": ("phi3", {"sliding_window": WINDOW}),
+    "smollm3": ("smollm3", {"num_hidden_layers": 4}),  # layer 3 has no rotary (every fourth)
+    "gemma2": ("gemma2", {"sliding_window": WINDOW, "query_pre_attn_scalar": 24, "attn_logit_softcapping": 3.0,
+                          "final_logit_softcapping": 10.0}),
+    # five local layers (their own rotary base) and a global one (linear scaling)
+    "gemma3": ("gemma3_text", {"num_hidden_layers": 6, "sliding_window": WINDOW, "query_pre_attn_scalar": 24,
+                               "rope_local_base_freq": 100.0, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
+}  # fmt: skip
+# multimodal checkpoints: the text model of text_config beside a one-layer vision tower verispec leaves unread
+_WRAPPER_SPECS: dict[str, tuple[str, dict, dict, dict]] = {
+    "mistral3": ("mistral3", {"model_type": "mistral", "sliding_window": None},
+                 {"model_type": "pixtral", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                  "num_attention_heads": 2, "head_dim": 16, "image_size": 28, "patch_size": 14},
+                 {"image_token_index": 255}),
+    "gemma3-vision": ("gemma3", {"model_type": "gemma3_text", "num_hidden_layers": 2, "sliding_window": WINDOW,
+                                 "layer_types": ["sliding_attention", "full_attention"]},
+                      {"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+                       "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 28, "patch_size": 14},
+                      {"image_token_index": 255, "mm_tokens_per_image": 4, "boi_token_index": 253,
+                       "eoi_token_index": 254}),
+}  # fmt: skip
+NAMES = [*_TEXT_SPECS, *_WRAPPER_SPECS]
+
+
+def _base(dims: dict) -> dict:
+    return dict(vocab_size=VOCAB, num_hidden_layers=2, max_position_embeddings=256, pad_token_id=0, bos_token_id=1,
+                eos_token_id=VOCAB - 1, **dims)  # fmt: skip
+
+
+def make_config(name: str, dims: dict = SMALL, **overrides):
+    from transformers import AutoConfig
+
+    if name in _TEXT_SPECS:
+        model_type, fields = _TEXT_SPECS[name]
+        config = AutoConfig.for_model(model_type, **(_base(dims) | fields | overrides))
+    else:
+        model_type, text, vision, fields = _WRAPPER_SPECS[name]
+        config = AutoConfig.for_model(
+            model_type, text_config=_base(dims) | text | overrides, vision_config=vision, **fields
+        )
+    config._attn_implementation = "eager"  # soft-capping needs it; the same for all
+    if hasattr(config, "text_config"):
+        config.text_config._attn_implementation = "eager"
+    return config
+
+
+def make_model(name: str, seed: int = 0, dims: dict = SMALL, half_exact: bool = False, **overrides):
+    """The transformers model of a spec, weights drawn from `seed` (`half_exact`: rounded to float16 values, so that
+    an F16 GGUF holds them exactly)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    config = make_config(name, dims, **overrides)
+    torch.manual_seed(seed)
+    wrapper = name in _WRAPPER_SPECS
+    model = (AutoModelForImageTextToText if wrapper else AutoModelForCausalLM).from_config(config).eval()
+    gemma = name.startswith("gemma")
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=generator)
+            if "norm" in key:
+                p.copy_((0.0 if gemma else 1.0) + 0.1 * noise)
+            elif p.dim() == 1:
+                p.copy_(0.1 * noise)
+            elif "embed" in key:
+                p.copy_(noise)
+            else:
+                p.copy_(noise * 1.5 / math.sqrt(p.shape[1] if p.dim() == 2 else p[0].numel()))
+            if half_exact:
+                p.copy_(p.half().float())
+    return model
+
+
+def tokenizer():
+    """A byte-level BPE tokenizer: the 256 bytes, one merge (two spaces: a GGUF file without merges is read by
+    transformers as a sentencepiece-scored vocabulary) and <eos> (id 257)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from verispec.testing import EOS_TEXT
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    space = "\u0120"
+    vocab = {ch: i for i, ch in enumerate(alphabet)} | {space + space: 256}
+    raw = Tokenizer(models.BPE(vocab=vocab, merges=[(space, space)]))
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    raw.decoder = decoders.ByteLevel()
+    raw.add_special_tokens([EOS_TEXT])
+    return PreTrainedTokenizerFast(tokenizer_object=raw, eos_token=EOS_TEXT)
+
+
+def save(model, folder: Path) -> Path:
+    """The checkpoint (safetensors) and a tokenizer: a Hugging Face folder as verispec loads it."""
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer().save_pretrained(folder)
+    return folder
+
+
+def tokens(seed: int = 1, length: int = SEQUENCE) -> torch.Tensor:
+    """Byte tokens (below the multimodal specs' image token ids, 253 and up)."""
+    return torch.randint(0, 253, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.inference_mode()
+def reference_logits(model, ids: torch.Tensor) -> torch.Tensor:
+    """transformers' float32 logits [positions, vocab] of one sequence."""
+    return model(input_ids=ids).logits[0].float()
