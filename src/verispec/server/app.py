@@ -45,7 +45,7 @@ from .limits import (
 )
 from .openapi import openapi_schema
 from .partitions import partition_of
-from .protocol import ApiError, ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, new_id
+from .protocol import MAX_MESSAGES, ApiError, ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, new_id
 from .responses import Job, chat_chunks, chat_completion_body, completion_body, completion_chunks, event_error
 from .responses_api import ResponsesRequest, chat_request, response_body, response_events
 from .tools import ToolFormat, ToolRequest, detect, marker_bias, template_messages, tool_grammar, tool_request
@@ -327,12 +327,21 @@ async def _parse(request: Request, model: type[RequestT]) -> RequestT:
         raise ApiError(415, message, code="unsupported_media_type")
     state: ServerState = request.app.state.verispec
     raw = await _body(request, state.max_body_bytes, state.body_timeout)
+    if model is ChatCompletionRequest and raw.count(b'"role"') > MAX_MESSAGES:
+        # counted in the bytes (a key's quotes cannot occur unescaped inside a JSON string): parsing 120,000 empty
+        # messages holds the GIL for a tenth of a second, and the engine's thread waits for it
+        message = f"a conversation holds at most {MAX_MESSAGES} messages"
+        raise ApiError(400, message, param="messages", code="context_length_exceeded")
     try:
-        if len(raw) > PARSE_ON_LOOP_BYTES:  # megabytes of JSON take tens of milliseconds: not on the event loop
-            return await asyncio.to_thread(model.model_validate_json, raw)
+        if len(raw) > PARSE_ON_LOOP_BYTES:  # megabytes of JSON take tens of milliseconds: not on the event loop,
+            async with _LARGE_BODIES:  # and one at a time: each holds the GIL the scheduler's thread needs
+                return await asyncio.to_thread(model.model_validate_json, raw)
         return model.model_validate_json(raw)
     except ValidationError as exc:
         raise _validation_error(exc) from None
+
+
+_LARGE_BODIES = asyncio.Semaphore(1)
 
 
 async def _body(request: Request, limit: int, timeout: float) -> bytes:
@@ -429,7 +438,8 @@ async def _grammar(
         message = "ask for one structured-output constraint (response_format, structured_outputs or guided_*)"
         raise ApiError(400, message, param=param, code="invalid_value")
     try:
-        spec = GrammarSpec(*constraints[0][1:])  # the limits on what reaches the library are checked here
+        # the limits on what reaches the library are checked here, off the event loop (a schema is parsed)
+        spec = await asyncio.to_thread(GrammarSpec, *constraints[0][1:])
         return await state.grammar_workers().compile(spec, request.is_disconnected), param
     except InvalidParameterError as exc:
         raise ApiError(400, str(exc), param=param, code="invalid_value") from None

@@ -6,7 +6,9 @@ installed) with
 - a time limit to send a request head, from the connection's start or the end of its previous answer: a client
   that connects and sends nothing, or sends its headers a byte at a time, is disconnected (uvicorn alone waited
   forever); between requests uvicorn's keep-alive (KEEP_ALIVE_SECONDS) closes idle connections sooner;
-- at most `max_connections` connections at once: more are closed as they are accepted, logged once a minute.
+- at most `max_connections` connections at once: at the cap, a new connection takes the place of the oldest one
+  that has not sent a whole request (idle, or sending its head slowly), so that idle connections cannot lock
+  clients out; only when every connection has a request under way is the new one closed (logged once a minute).
 
 A body's time limit is the application's (app.py reads bodies within --body-timeout).
 """
@@ -30,11 +32,12 @@ def bounded_protocol(max_connections: int, header_timeout: float) -> type[H11Pro
 
     class BoundedH11Protocol(H11Protocol):
         refused = False
-        head_timer: asyncio.TimerHandle | None = None
+        head_timer: asyncio.TimerHandle | None = None  # armed while a connection waits for a request head
         timed_cycle: object | None = None
+        opened = 0.0
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            if len(self.connections) >= max_connections:
+            if len(self.connections) >= max_connections and not self._evict_an_idle_one():
                 self.refused, self.transport = True, transport
                 transport.close()
                 now = time.monotonic()
@@ -43,7 +46,19 @@ def bounded_protocol(max_connections: int, header_timeout: float) -> type[H11Pro
                     log.warning("%d connections open (--max-connections): closing new ones", len(self.connections))
                 return
             super().connection_made(transport)
+            self.opened = time.monotonic()
             self._arm_head_timer()
+
+        def _evict_an_idle_one(self) -> bool:
+            """Close the oldest connection waiting for a request head (it has none under way); False if none."""
+            idle = [c for c in self.connections if isinstance(c, BoundedH11Protocol) and c.head_timer is not None]
+            if not idle:
+                return False
+            oldest = min(idle, key=lambda c: c.opened)
+            oldest._disarm_head_timer()
+            oldest.transport.close()
+            self.connections.discard(oldest)
+            return True
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm_head_timer()

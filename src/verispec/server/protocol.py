@@ -304,8 +304,11 @@ class ChatMessage(_Strict):
         return self.content or ""
 
 
+MAX_MESSAGES = 4096  # a conversation's messages (each costs tokens of its own: the context admits fewer still)
+
+
 class ChatCompletionRequest(_GenerationRequest):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
