@@ -1,9 +1,9 @@
 """`verispec serve --replicas 2` on the bundled pair: identity, prefix affinity, a replica killed under load.
 
-    flock /tmp/verispec-cpu.lock timeout 900 python benchmarks/cluster_load.py [--load-seconds 150] [--streams 16]
+    python benchmarks/cluster_load.py [--load-seconds 150] [--streams 16]
 
 Real processes, the official openai client, HTTP on 127.0.0.1, the bundled target and draft, the default method.
-What it measures (issue 31's targets, docs/cluster.md):
+What it measures, each against its target (docs/cluster.md):
 
 1. Identity: the single-process `verispec serve --threads 2` answers 6 short chat prompts (code and prose),
    greedy, max_tokens 64, plain and streamed; it is stopped, then `verispec serve --replicas 2

@@ -42,8 +42,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "--quantization",
         default="auto",
         choices=("auto", *QUANTIZATIONS),
-        help="target weights: none (--dtype), int4 (4-bit GGUF tensors exact, int8 for the rest), int4-all, int8; "
-        "auto (default): int4 on the CPU unless --dtype is given, none on a GPU",
+        help="target weights: gguf (the GGUF file's own blocks on the native kernels), none (--dtype), int4 (4-bit "
+        "GGUF tensors exact, int8 for the rest), int4-all, int8; auto (default): gguf on the CPU where the native "
+        "kernels were compiled (else int4) unless --dtype is given, none on a GPU",
     )
     parser.add_argument(
         "--speculative-quantization",
