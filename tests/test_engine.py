@@ -223,8 +223,8 @@ def test_a_row_that_fails_mid_generation_fails_only_its_request(where, tiny, mon
     scheduler = Scheduler(target, draft, SchedulerConfig(max_num_seqs=3, max_model_len=256, draft_policy="always"))
     bad = lambda request_id: request_id == "1"  # noqa: E731
     if where == "verdict":
-        wrapped = _FailsAt(scheduler._verdict, lambda seq, *_: bad(seq.request.request_id), 3)
-        monkeypatch.setattr(scheduler, "_verdict", wrapped)
+        wrapped = _FailsAt(scheduler._settle, lambda seq, *_: bad(seq.request.request_id), 3)
+        monkeypatch.setattr(scheduler, "_settle", wrapped)
     elif where == "advance":
         wrapped = _FailsAt(scheduler._advance, lambda seq, *_: bad(seq.request.request_id), 3)
         monkeypatch.setattr(scheduler, "_advance", wrapped)

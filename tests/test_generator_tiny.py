@@ -257,8 +257,8 @@ def test_sampled_speculative_decoding_follows_the_target_distribution(params, me
         speculative_method=method.removesuffix("-trees"), adaptive=adaptive, draft_window=window,
         token_trees=trees_on,
     )  # fmt: skip
-    trees, verdict = [], generator.engine._tree_verdict
-    generator.engine._tree_verdict = lambda *args: trees.append(1) or verdict(*args)
+    trees, settle = [], generator.engine._settle  # a round whose verdict has a path verified a tree
+    generator.engine._settle = lambda *args: (args[-1] is not None and trees.append(1)) or settle(*args)
     counts, accepted, drafted = Counter(), 0, 0
     for seed in range(RUNS):
         # more tokens leave a lookup rows for branches past its chain (of 2 x the match); the first two are counted

@@ -271,14 +271,14 @@ FORKING = ["abc abd abe abc abd abe abc ab", "x = 1\ny = 2\nx = 3\ny = 4\nx = 1\
 def _run_counting_trees(scheduler, target, prompts, params=None, **options) -> tuple[list, int]:
     """Each prompt alone, greedy unless `params`; the outputs, and how many rounds verified a token tree."""
     trees = 0
-    verdict = scheduler._tree_verdict
+    settle = scheduler._settle
 
-    def counted(*args):
+    def counted(*args):  # a round whose verdict has a path verified a tree
         nonlocal trees
-        trees += 1
-        return verdict(*args)
+        trees += args[-1] is not None
+        return settle(*args)
 
-    scheduler._tree_verdict = counted
+    scheduler._settle = counted
     outputs = []
     for i, prompt in enumerate(prompts * 2):  # the second time, earlier outputs fork the index's continuations
         events: list = []
@@ -323,14 +323,14 @@ def test_logprobs_of_a_token_tree_are_the_targets_at_each_accepted_node(tiny, mo
 
     target, _ = tiny
     paths: list[list[int]] = []
-    walk = scheduler_module.verify_tree
+    judge = scheduler_module.verify_batch
 
-    def recorded(tokens, parents, choose):
-        path, token = walk(tokens, parents, choose)
-        paths.append(path)
-        return path, token
+    def recorded(drafts, parents, choices):
+        verdicts = judge(drafts, parents, choices)
+        paths.extend(path for _, _, path in verdicts if path is not None)
+        return verdicts
 
-    monkeypatch.setattr(scheduler_module, "verify_tree", recorded)
+    monkeypatch.setattr(scheduler_module, "verify_batch", recorded)
     config = SchedulerConfig(max_num_seqs=1, max_model_len=256, speculative_method="suffix", token_trees=True)
     scheduler = Scheduler(target, None, config)
     prompts = [*FORKING, "cab ac abc ca ca abc ba ab abc ab ab cab"]  # the last: a branch wins once (found by search)

@@ -43,6 +43,19 @@ def padded_forward(
     With a `draft_head` it is a draft's forward: that head, ordinary attention (a draft's rounding never has
     to match a decode step's, see Transformer.forward), logits over the head's own rows (`DraftHead.over_vocab`
     spreads them over the target's vocabulary)."""
+    logits = padded_logits(model, cache, rows, slots, draft_head, parents)
+    return [logits[i, : len(row)] for i, row in enumerate(rows)]
+
+
+def padded_logits(
+    model: Transformer,
+    cache: KVCache,
+    rows: list[list[int]],
+    slots: list[int],
+    draft_head: DraftHead | None = None,
+    parents: list[list[int] | None] | None = None,
+) -> torch.Tensor:
+    """padded_forward's pass, its logits as one tensor [rows, widest row, V] (row i's first len(rows[i]) are its)."""
     width = max(len(row) for row in rows)
     padded = [row + [PAD_TOKEN] * (width - len(row)) for row in rows]
     starts = [cache.lengths[slot] for slot in slots]
@@ -56,7 +69,7 @@ def padded_forward(
         logits = model(batch, cache, slots, invariant=False, head=draft_head.module).cpu()
     for slot, start, row in zip(slots, starts, rows, strict=True):
         cache.set_length(slot, start + len(row))
-    return [logits[i, : len(row)] for i, row in enumerate(rows)]
+    return logits
 
 
 @dataclass

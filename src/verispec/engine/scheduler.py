@@ -24,12 +24,11 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
 
-from ..decoding.acceptance import verify_chain, verify_greedy, verify_tree
+from ..decoding.acceptance import verify_batch
 from ..decoding.adjustments import LogitAdjustments
 from ..decoding.grammar import GrammarCompiler, GrammarMatcher, start_with_grammar_stack
 from ..decoding.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, token_logprobs
@@ -53,7 +52,7 @@ from .proposers import (
     Proposal,
     draft_cut_for,
     draft_view,
-    padded_forward,
+    padded_logits,
 )
 from .requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput, StreamChunk
 from .suffix import DEFAULT_INDEX_TOKENS, LOOKUP_MAX, estimated_alpha
@@ -595,8 +594,9 @@ class Scheduler:
     def _verify(
         self, seqs: list[Sequence], proposals: list[Proposal | None], masks: list[torch.Tensor | None]
     ) -> list[Verdict | None]:
-        """One target pass over [pending, drafts] of every sequence still running, then each one's verdict (None
-        for a sequence that failed)."""
+        """One target pass over [pending, drafts] of every sequence still running; the target's own token at every
+        row of every sequence, found for the whole batch at once (_choices); each sequence's verdict from them
+        (acceptance.verify_batch); each cache rolled back to what was accepted. None for a sequence that failed."""
         live = [i for i, proposal in enumerate(proposals) if proposal is not None]
         verdicts: list[Verdict | None] = [None] * len(seqs)
         if not live:
@@ -613,70 +613,91 @@ class Scheduler:
             )
         slots = [seqs[i].slot for i in live]
         begin = time.perf_counter()
-        all_logits = padded_forward(self.target.model, self.cache, rows, slots, parents=parents)
+        logits = padded_logits(self.target.model, self.cache, rows, slots, parents=parents)
         # the pass's rows as computed: every row padded to the widest (what lookups are priced by)
-        self.policy.record_pass(len(rows) * max(len(row) for row in rows), time.perf_counter() - begin)
-        for i, raw in zip(live, all_logits, strict=True):
-            verdicts[i] = self._guarded(seqs[i], self._verdict, seqs[i], proposals[i], raw, masks[i])
+        self.policy.record_pass(logits.shape[0] * logits.shape[1], time.perf_counter() - begin)
+        # each sequence's verification rows: the last k + 1 of its row
+        raws = {i: logits[n, len(row) - proposals[i].tokens.shape[0] - 1 : len(row)] for n, (i, row) in
+                enumerate(zip(live, rows, strict=True))}  # fmt: skip
+        choices = self._choices(seqs, proposals, masks, logits, rows, live, raws)
+        decided = [i for i in live if choices.get(i) is not None]
+        drafts = [proposals[i].tokens.tolist() for i in decided]
+        judged = verify_batch(drafts, [proposals[i].parents for i in decided], [choices[i] for i in decided])
+        for i, draft, (accepted, next_token, path) in zip(decided, drafts, judged, strict=True):
+            verdicts[i] = self._guarded(seqs[i], self._settle, seqs[i], draft, raws[i], accepted, next_token, path)
         return verdicts
 
-    def _verdict(self, seq: Sequence, proposal: Proposal, raw: torch.Tensor, mask: torch.Tensor | None) -> Verdict:
-        """The sequence's rows adjusted by the request's logit_bias and penalties, then masked by its grammar;
-        acceptance; its cache rolled back to the accepted length."""
-        k = proposal.tokens.shape[0]
-        raw = raw[-(k + 1) :]
-        if proposal.parents is not None:
-            return self._tree_verdict(seq, proposal, raw, mask)
-        params = seq.request.params
-        logits = seq.adjustments.apply(raw, proposal.tokens.tolist())
-        if mask is not None:
-            logits = logits.masked_fill(~mask, float("-inf"))
-        if params.greedy:
-            accepted, next_token = verify_greedy(proposal.tokens, logits, argmax_rows)
-        else:
-            rows = range(len(seq.tokens), len(seq.tokens) + k + 1)  # the positions the rows predict
-            accepted, next_token = verify_chain(proposal.tokens.tolist(), self._sampler(seq, logits, rows))
-        self.cache.set_length(seq.slot, len(seq.tokens) + accepted)
-        logprobs = None
-        if seq.request.logprobs is not None:
-            emitted = [*proposal.tokens[:accepted].tolist(), next_token]
-            logprobs = token_logprobs(raw[: accepted + 1], emitted, seq.request.logprobs)
-        return Verdict(accepted, next_token, logprobs)
-
-    def _tree_verdict(self, seq: Sequence, proposal: Proposal, raw: torch.Tensor, mask: torch.Tensor | None) -> Verdict:
-        """A token tree's verdict (verify_tree): rows [root, node 0, ...] adjusted by the request's logit_bias (a
-        tree is drafted only without penalties, which would count each row's own path) and masked by its grammar
-        (each row's mask is its path's: _constrain_tree); its cache keeps the accepted path where a chain's would
-        lie."""
-        params = seq.request.params
-        logits = seq.adjustments.apply(raw)
-        if mask is not None:
-            logits = logits.masked_fill(~mask, float("-inf"))
-        if params.greedy:
-            choices = argmax_rows(logits).tolist()
-            path, next_token = verify_tree(proposal.tokens.tolist(), proposal.parents, lambda row: choices[row])
-        else:
-            positions = [len(seq.tokens)]  # the position each row predicts: the next one, plus its node's depth
-            for parent in proposal.parents:
-                positions.append(positions[parent + 1] + 1)
-            path, next_token = verify_tree(
-                proposal.tokens.tolist(), proposal.parents, self._sampler(seq, logits, positions)
-            )
-        root = len(seq.tokens) - 1
-        self.cache.keep_path(seq.slot, root, [0, *path])
-        tokens = [int(proposal.tokens[row - 1]) for row in path]
-        logprobs = None
-        if seq.request.logprobs is not None:
-            logprobs = token_logprobs(raw[[0, *path]], [*tokens, next_token], seq.request.logprobs)
-        return Verdict(len(path), next_token, logprobs, tokens)
+    def _choices(
+        self, seqs: list[Sequence], proposals: list[Proposal | None], masks: list[torch.Tensor | None],
+        logits: torch.Tensor, rows: list[list[int]], live: list[int], raws: dict[int, torch.Tensor],
+    ) -> dict[int, list[int] | None]:  # fmt: skip
+        """The target's own token at each verification row of each live sequence (None for one that failed): the
+        argmax (greedy) or the keyed draw (sampled) of the row's logits after the request's logit_bias and
+        penalties and its grammar's mask. Greedy rows left as the target wrote them (the common case) take one
+        argmax over the whole pass; a sampled row's draw is one vectorized race over the vocabulary (stacking all
+        rows' races into one tensor measured slower: it copies every row's distribution and noise)."""
+        plain = {i for i in live if self._unadjusted_greedy(seqs[i], masks[i])}
+        choices: dict[int, list[int] | None] = {}
+        if plain:
+            flat = argmax_rows(logits.view(-1, logits.shape[-1])).view(logits.shape[:2]).tolist()
+            for n, (i, row) in enumerate(zip(live, rows, strict=True)):
+                if i in plain:
+                    choices[i] = flat[n][len(row) - proposals[i].tokens.shape[0] - 1 : len(row)]
+        for i in live:
+            if i in choices:
+                continue
+            adjusted = self._guarded(seqs[i], self._adjusted, seqs[i], proposals[i], raws[i], masks[i])
+            if adjusted is None:
+                choices[i] = None
+            elif seqs[i].request.params.greedy:
+                choices[i] = argmax_rows(adjusted).tolist()
+            else:
+                choices[i] = self._drawn(seqs[i], proposals[i], adjusted)
+        return choices
 
     @staticmethod
-    def _sampler(seq: Sequence, logits: torch.Tensor, positions) -> Callable[[int], int]:
-        """The target's sampled token at a row of a verify pass: its keyed draw (decoding/noise.py) from the row's
-        distribution at the position the row predicts, as plain decoding draws it there. Each row's distribution
-        is computed alone, so its bits are those of a plain step's single row."""
-        params = seq.request.params
-        return lambda row: seq.noise.choose(probs_from_logits(logits[row], params), positions[row])
+    def _unadjusted_greedy(seq: Sequence, mask: torch.Tensor | None) -> bool:
+        return seq.request.params.greedy and mask is None and not seq.adjustments.active
+
+    @staticmethod
+    def _adjusted(seq: Sequence, proposal: Proposal, raw: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """The rows adjusted by the request's logit_bias and penalties (a chain's row by row over its drafted
+        tokens; a tree is drafted only without penalties, which would count each row's own path), then masked by
+        its grammar (a tree's each row by its path's: _constrain_tree)."""
+        drafted = proposal.tokens.tolist() if proposal.parents is None else None
+        logits = seq.adjustments.apply(raw, drafted) if drafted is not None else seq.adjustments.apply(raw)
+        return logits if mask is None else logits.masked_fill(~mask, float("-inf"))
+
+    @staticmethod
+    def _drawn(seq: Sequence, proposal: Proposal, logits: torch.Tensor) -> list[int]:
+        """A sampled sequence's token at each row: the keyed draw (decoding/noise.py) from the row's distribution
+        (computed alone, so its bits are those of a plain step's single row) with the noise of the position the row
+        predicts (the next one, plus its node's depth in a tree), as plain decoding draws there."""
+        params, next_position = seq.request.params, len(seq.tokens)
+        if proposal.parents is None:
+            positions = list(range(next_position, next_position + logits.shape[0]))
+        else:
+            positions = [next_position]
+            for parent in proposal.parents:
+                positions.append(positions[parent + 1] + 1)
+        rows = zip(logits, positions, strict=True)
+        return [seq.noise.choose(probs_from_logits(row, params), position) for row, position in rows]
+
+    def _settle(
+        self, seq: Sequence, draft: list[int], raw: torch.Tensor, accepted: int, next_token: int, path: list[int] | None
+    ) -> Verdict:
+        """The verdict's consequences: the cache rolled back to the accepted tokens (a tree keeps its accepted path
+        where a chain's would lie), and the logprobs of the emitted tokens when asked for."""
+        if path is None:
+            self.cache.set_length(seq.slot, len(seq.tokens) + accepted)
+            tokens, rows = draft[:accepted], list(range(accepted + 1))
+        else:
+            self.cache.keep_path(seq.slot, len(seq.tokens) - 1, [0, *path])
+            tokens, rows = [draft[row - 1] for row in path], [0, *path]
+        logprobs = None
+        if seq.request.logprobs is not None:
+            logprobs = token_logprobs(raw[rows], [*tokens, next_token], seq.request.logprobs)
+        return Verdict(accepted, next_token, logprobs, None if path is None else tokens)
 
     def _takes_trees(self, seq: Sequence) -> bool:
         return self.config.token_trees and not seq.adjustments.penalises and self.target.model.takes_trees
