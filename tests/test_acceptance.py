@@ -215,3 +215,29 @@ def test_a_greedy_tree_walk_follows_the_argmax_through_the_tree():
     assert path == [] and next_token == 0
     path, next_token = verify_tree([], [], lambda row: 5)
     assert path == [] and next_token == 5
+
+
+def test_a_batch_verdict_is_each_sequences_own():
+    """verify_batch (the engine's: every row's choice found for the whole pass at once) gives, on random batches of
+    chains and trees, the verdicts verify_greedy, verify_chain and verify_tree give one sequence at a time."""
+    from verispec.decoding.acceptance import verify_batch
+
+    g = torch.Generator().manual_seed(9)
+    for _ in range(200):
+        drafts, parents, choices, expected = [], [], [], []
+        for _ in range(int(torch.randint(1, 9, (1,), generator=g))):
+            k = int(torch.randint(0, 6, (1,), generator=g))
+            draft = torch.randint(0, 4, (k,), generator=g).tolist()
+            chosen = torch.randint(0, 4, (k + 1,), generator=g).tolist()
+            tree = None if k < 2 or torch.rand(1, generator=g) < 0.5 else [-1] + [
+                int(torch.randint(-1, j, (1,), generator=g)) for j in range(k - 1)]  # fmt: skip
+            drafts.append(draft), parents.append(tree), choices.append(chosen)
+            if tree is None:
+                logits = torch.nn.functional.one_hot(torch.tensor(chosen), 4).float()
+                accepted, token = verify_greedy(torch.tensor(draft, dtype=torch.long), logits)
+                assert (accepted, token) == verify_chain(draft, chosen.__getitem__)
+                expected.append((accepted, token, None))
+            else:
+                path, token = verify_tree(draft, tree, chosen.__getitem__)
+                expected.append((len(path), token, path))
+        assert verify_batch(drafts, parents, choices) == expected

@@ -54,13 +54,13 @@ def test_the_draft_model_reuses_only_its_own_partitions_context(tiny):
     drafter = BatchedDrafter(draft.model, vocab, 2, 128, None)
     tokens = list(range(1, 61))
     drafter.admit(0, "victim")
-    drafter.propose([DraftJob(0, tokens, 1, SamplingParams(), KeyedNoise(0, vocab))])
+    drafter.propose([DraftJob(0, tokens, 1, params=SamplingParams(), noise=KeyedNoise(0, vocab))])
     drafter.admit(1, "attacker")
     assert drafter.lag(1, tokens) == len(tokens) - CATCH_UP_WIDTH  # all of it: slot 0 is not the attacker's
     drafter.admit(0, "attacker")  # the victim's slot taken over
     assert drafter.lag(0, tokens) == len(tokens) - CATCH_UP_WIDTH and not drafter.fed[0]
     drafter.admit(1, "victim")
-    drafter.propose([DraftJob(1, tokens, 1, SamplingParams(), KeyedNoise(0, vocab))])
+    drafter.propose([DraftJob(1, tokens, 1, params=SamplingParams(), noise=KeyedNoise(0, vocab))])
     drafter.admit(0, "victim")  # the control: a colleague's slot lends what it holds
     assert drafter.lag(0, tokens) == 0
 
@@ -75,8 +75,8 @@ def test_draft_lag_is_what_propose_then_feeds_alone(tiny):
     # a new slot, a short step on, a shorter request sharing 10 tokens, a step on, back into its own prompt
     for tokens in (old, old + [61, 62, 63], new, new + [7], new[:12]):
         lag = drafter.lag(0, tokens)
-        drafter.propose([DraftJob(0, tokens, 1, greedy, KeyedNoise(0, target.model.config.vocab_size))])
-        assert lag == drafter.catch_up_tokens
+        drafter.propose([DraftJob(0, tokens, 1, params=greedy, noise=KeyedNoise(0, target.model.config.vocab_size))])
+        assert lag == drafter.spent.catch_up_tokens
     assert drafter.lag(0, new) == len(new) - 12 - CATCH_UP_WIDTH
     assert drafter.lag(0, old) == len(old) - 10 - CATCH_UP_WIDTH
 
@@ -103,10 +103,10 @@ def test_the_draft_catches_up_on_the_window_only(tiny):
         scheduler._admit()
         scheduler._prefill_chunk()
         seq = next(iter(scheduler.running.values()))
-        assert scheduler.drafter.lag(seq.slot, seq.tokens, seq.draft_tokens) == read - CATCH_UP_WIDTH
+        assert scheduler.proposer.lag(seq.slot, seq.tokens, seq.draft_tokens) == read - CATCH_UP_WIDTH
         scheduler.step()  # drafts: the draft model reads the view
         view = seq.draft_tokens if window else seq.tokens
-        fed = scheduler.drafter.fed[seq.slot]
+        fed = scheduler.proposer.fed[seq.slot]
         assert len(view) == read + len(seq.tokens) - len(prompt)
         assert fed[:read] == view[:read] and read <= len(fed) <= len(view) + config.num_speculative_tokens
 
@@ -223,15 +223,15 @@ def test_a_row_that_fails_mid_generation_fails_only_its_request(where, tiny, mon
     scheduler = Scheduler(target, draft, SchedulerConfig(max_num_seqs=3, max_model_len=256, draft_policy="always"))
     bad = lambda request_id: request_id == "1"  # noqa: E731
     if where == "verdict":
-        wrapped = _FailsAt(scheduler._verdict, lambda seq, *_: bad(seq.request.request_id), 3)
-        monkeypatch.setattr(scheduler, "_verdict", wrapped)
+        wrapped = _FailsAt(scheduler._settle, lambda seq, *_: bad(seq.request.request_id), 3)
+        monkeypatch.setattr(scheduler, "_settle", wrapped)
     elif where == "advance":
         wrapped = _FailsAt(scheduler._advance, lambda seq, *_: bad(seq.request.request_id), 3)
         monkeypatch.setattr(scheduler, "_advance", wrapped)
     else:
         slot_of = {}
-        wrapped = _FailsAt(scheduler.drafter.propose, lambda jobs: any(slot_of.get(j.slot) for j in jobs), 3)
-        monkeypatch.setattr(scheduler.drafter, "propose", wrapped)
+        wrapped = _FailsAt(scheduler.proposer.propose, lambda jobs: any(slot_of.get(j.slot) for j in jobs), 3)
+        monkeypatch.setattr(scheduler.proposer, "propose", wrapped)
     events: dict[str, list] = {}
     for i, prompt in enumerate(["hello world", "The quick brown fox", "1234"]):
         sink = events.setdefault(str(i), []).append
@@ -385,7 +385,7 @@ def test_scheduler_does_not_draft_while_a_prompt_prefills(tiny, monkeypatch):
         scheduler.step()
     assert len(chosen) == 11 and set(chosen) == {0}  # the first decoded alone, plainly, while the second prefilled
     alone = scheduler.running[0]
-    lag = scheduler.drafter.lag(alone.slot, alone.tokens)
+    lag = scheduler.proposer.lag(alone.slot, alone.tokens)
     assert lag == 30 + 11 - CATCH_UP_WIDTH  # (the wrapper kept every step plain: the draft never read anything)
     # alone, without a prompt joining, the policy would draft k = 2 and pay the catch-up back over 189 tokens
     assert choose(1, [policy.acceptance(0, 0)], [2], lag, scheduler._tokens_left(alone)) == 2

@@ -12,7 +12,7 @@ import torch
 from verispec import SpeculativeGenerator
 from verispec.decoding.noise import KeyedNoise
 from verispec.decoding.sampling import SamplingParams, probs_from_logits
-from verispec.engine.proposers import BatchedDrafter, Proposal, ngram_lookup
+from verispec.engine.proposers import BatchedDrafter, DraftCost, Proposal, ngram_lookup
 from verispec.models.tokenizer import Tokenizer
 from verispec.testing import EOS_TEXT, tiny_config, tiny_loaded, tiny_model, tiny_pair, truncated_copy, word_tokenizer
 
@@ -116,10 +116,11 @@ def test_draft_equal_to_target_accepts_everything(pair):
 
 
 class AlwaysWrongDrafter:
-    """A proposer (engine/proposers.py) that drafts, at every position, a token the target's greedy choice is not."""
+    """A proposer (engine/proposer.py) that drafts, at every position, a token the target's greedy choice is not: a
+    new method is a class with these members."""
 
-    catch_up_seconds, catch_up_tokens = 0.0, 0
-    modelled = True  # it runs a model (the target) to pick its wrong tokens
+    looks_up, drafter = False, None
+    spent = DraftCost(modelled=True)  # it runs a model (the target) to pick its wrong tokens
 
     def __init__(self, target):
         self.target = target
@@ -128,6 +129,12 @@ class AlwaysWrongDrafter:
         return 0
 
     def admit(self, slot, partition):
+        pass
+
+    def finished(self, slot, output, partition):
+        pass
+
+    def forget(self, history=True, prompts=True):
         pass
 
     def propose(self, jobs):
@@ -146,7 +153,7 @@ class AlwaysWrongDrafter:
 def test_always_wrong_draft_accepts_nothing_and_changes_nothing(pair):
     target, draft = pair
     generator = SpeculativeGenerator(target, draft, num_speculative_tokens=3, adaptive=False)
-    generator.engine.drafter = AlwaysWrongDrafter(target)
+    generator.engine.proposer = AlwaysWrongDrafter(target)
     out = generator.generate(PROMPTS[1], max_tokens=20)
     assert out.stats.accepted == 0 and out.stats.drafted > 0
     assert out.stats.rejected == out.stats.drafted_by_position[0]  # every round that drafted ended on a rejection
@@ -250,8 +257,8 @@ def test_sampled_speculative_decoding_follows_the_target_distribution(params, me
         speculative_method=method.removesuffix("-trees"), adaptive=adaptive, draft_window=window,
         token_trees=trees_on,
     )  # fmt: skip
-    trees, verdict = [], generator.engine._tree_verdict
-    generator.engine._tree_verdict = lambda *args: trees.append(1) or verdict(*args)
+    trees, settle = [], generator.engine._settle  # a round whose verdict has a path verified a tree
+    generator.engine._settle = lambda *args: (args[-1] is not None and trees.append(1)) or settle(*args)
     counts, accepted, drafted = Counter(), 0, 0
     for seed in range(RUNS):
         # more tokens leave a lookup rows for branches past its chain (of 2 x the match); the first two are counted

@@ -13,7 +13,7 @@ import torch
 from verispec import SpeculativeGenerator
 from verispec.decoding.noise import KeyedNoise
 from verispec.decoding.sampling import SamplingParams
-from verispec.engine.proposers import DraftJob
+from verispec.engine.proposers import DraftJob, LookupOptions
 from verispec.engine.requests import EngineRequest, FinishEvent
 from verispec.engine.scheduler import Scheduler, SchedulerConfig
 from verispec.engine.suffix import Lookup, lookup_pays, model_expects
@@ -24,7 +24,8 @@ pytestmark = pytest.mark.skipif(not suffix.available(), reason="native library n
 
 def _job(model_alpha: float, model_price: float) -> DraftJob:
     params = SamplingParams(temperature=0.0)
-    return DraftJob(0, [1, 2, 3], 3, params, KeyedNoise(0, 64), model_alpha=model_alpha, model_price=model_price)
+    lookup = LookupOptions(model_alpha=model_alpha, model_price=model_price)
+    return DraftJob(0, [1, 2, 3], 3, params=params, noise=KeyedNoise(0, 64), lookup=lookup)
 
 
 def test_a_lookup_drafts_unless_the_model_yields_more_tokens_per_second():
@@ -270,14 +271,14 @@ FORKING = ["abc abd abe abc abd abe abc ab", "x = 1\ny = 2\nx = 3\ny = 4\nx = 1\
 def _run_counting_trees(scheduler, target, prompts, params=None, **options) -> tuple[list, int]:
     """Each prompt alone, greedy unless `params`; the outputs, and how many rounds verified a token tree."""
     trees = 0
-    verdict = scheduler._tree_verdict
+    settle = scheduler._settle
 
-    def counted(*args):
+    def counted(*args):  # a round whose verdict has a path verified a tree
         nonlocal trees
-        trees += 1
-        return verdict(*args)
+        trees += args[-1] is not None
+        return settle(*args)
 
-    scheduler._tree_verdict = counted
+    scheduler._settle = counted
     outputs = []
     for i, prompt in enumerate(prompts * 2):  # the second time, earlier outputs fork the index's continuations
         events: list = []
@@ -322,14 +323,14 @@ def test_logprobs_of_a_token_tree_are_the_targets_at_each_accepted_node(tiny, mo
 
     target, _ = tiny
     paths: list[list[int]] = []
-    walk = scheduler_module.verify_tree
+    judge = scheduler_module.verify_batch
 
-    def recorded(tokens, parents, choose):
-        path, token = walk(tokens, parents, choose)
-        paths.append(path)
-        return path, token
+    def recorded(drafts, parents, choices):
+        verdicts = judge(drafts, parents, choices)
+        paths.extend(path for _, _, path in verdicts if path is not None)
+        return verdicts
 
-    monkeypatch.setattr(scheduler_module, "verify_tree", recorded)
+    monkeypatch.setattr(scheduler_module, "verify_batch", recorded)
     config = SchedulerConfig(max_num_seqs=1, max_model_len=256, speculative_method="suffix", token_trees=True)
     scheduler = Scheduler(target, None, config)
     prompts = [*FORKING, "cab ac abc ca ca abc ba ab abc ab ab cab"]  # the last: a branch wins once (found by search)
@@ -347,3 +348,37 @@ def test_logprobs_of_a_token_tree_are_the_targets_at_each_accepted_node(tiny, mo
             assert logprob.token_id == token
             assert abs(logprob.logprob - float(expected[j, token])) < 1e-3, (i, j)
     assert any(path != list(range(1, len(path) + 1)) for path in paths)  # a branch was accepted somewhere
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_response_helps_its_neighbours_while_it_is_written(tiny, shared):
+    """Request B asks what request A, of its partition, is still answering: B copies A's answer as far as A has
+    written it (A's trie is read while A runs, as ArcticInference's global tree is), and needs far fewer target
+    passes than tokens. Of another partition, B copies nothing of A's."""
+    target, _ = tiny
+    config = SchedulerConfig(max_num_seqs=2, max_model_len=256, speculative_method="suffix", draft_policy="always")
+    scheduler = Scheduler(target, None, config)
+    prompt = target.tokenizer.encode("A neighbour's answer: ")
+    outputs = {}
+
+    def submit(name: str, partition: str, tokens: int) -> None:
+        sink = lambda event: outputs.update({name: event}) if isinstance(event, FinishEvent) else None  # noqa: E731
+        request = EngineRequest(name, prompt, SamplingParams(), tokens, sink, ignore_eos=True, partition=partition)
+        scheduler.submit(request)
+
+    submit("a", "team", 120)
+    scheduler.step()
+    (writer,) = scheduler.running.values()
+    while len(writer.tokens) < len(prompt) + 70:  # A writes more than B will ask for
+        scheduler.step()
+    submit("b", "team" if shared else "stranger", 60)
+    scheduler.step()
+    assert "a" not in outputs  # A is still being written when B starts
+    scheduler.run_until_idle()
+    a, b = outputs["a"].output, outputs["b"].output
+    assert a.token_ids[:60] == b.token_ids
+    copied = b.stats.accepted_by_lookup
+    if shared:
+        assert copied >= 30 and b.stats.target_passes * 2 < b.stats.new_tokens
+    else:
+        assert copied < 30

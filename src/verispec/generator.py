@@ -83,7 +83,7 @@ class SpeculativeGenerator:
 
     @property
     def speculates(self) -> bool:
-        return self.engine.drafter is not None
+        return self.engine.proposer is not None
 
     # ---- public API -------------------------------------------------------------------------------
     def forget_history(self) -> None:

@@ -75,3 +75,18 @@ def verify_tree(tokens: list[int], parents: list[int], choose: Callable[[int], i
             return path, token
         path.append(child)
         row = child
+
+
+def verify_batch(drafts: list[list[int]], parents: list[list[int] | None], choices: list[list[int]]):
+    """Every sequence's verdict of one verify pass, from the target's own token at each of its rows (`choices`,
+    computed for the whole batch at once): a chain's (accepted count, next token, None), a tree's (accepted
+    count, next token, the accepted path's rows). The same as verify_chain / verify_tree one sequence at a time."""
+    verdicts = []
+    for tokens, tree, chosen in zip(drafts, parents, choices, strict=True):
+        if tree is None:
+            accepted, token = verify_chain(tokens, chosen.__getitem__)
+            verdicts.append((accepted, token, None))
+        else:
+            path, token = verify_tree(tokens, tree, chosen.__getitem__)
+            verdicts.append((len(path), token, path))
+    return verdicts

@@ -1,14 +1,6 @@
-"""Proposers: what drafts the next tokens of many sequences at once (a batch of one is the single-sequence
-case). The target decides; any proposer keeps decoding lossless.
-
-    BatchedDrafter         a draft model, one cache slot per sequence
-    BatchedNgramDrafter    prompt lookup in each sequence's own context (no model, no probabilities)
-    BatchedHybridDrafter   prompt lookup where a sequence's context repeats itself, the draft model elsewhere
-
-Each has `propose(jobs) -> [Proposal]`, `lag(slot, tokens)` (tokens the draft model must catch up on before
-drafting for that sequence), `catch_up_seconds` / `catch_up_tokens` (what the last propose spent on it) and
-`modelled` (whether the last propose ran the draft model: the draft policy prices the two kinds apart).
-Every proposal is a point mass to the acceptance rule, which stays exact whatever is proposed.
+"""The draft model as a proposer (BatchedDrafter), prompt lookup (PromptLookups), and what every proposer shares:
+a job (DraftJob), a proposal (Proposal), padded batched forwards. The interface and the methods by name are in
+proposer.py; suffix drafting's lookups in suffix.py.
 
 The draft model's forwards run over rows of different lengths, right-padded to a common width. Padding
 cannot change a real token's result: each row reads only its own cache slot, a query attends only to key
@@ -51,6 +43,19 @@ def padded_forward(
     With a `draft_head` it is a draft's forward: that head, ordinary attention (a draft's rounding never has
     to match a decode step's, see Transformer.forward), logits over the head's own rows (`DraftHead.over_vocab`
     spreads them over the target's vocabulary)."""
+    logits = padded_logits(model, cache, rows, slots, draft_head, parents)
+    return [logits[i, : len(row)] for i, row in enumerate(rows)]
+
+
+def padded_logits(
+    model: Transformer,
+    cache: KVCache,
+    rows: list[list[int]],
+    slots: list[int],
+    draft_head: DraftHead | None = None,
+    parents: list[list[int] | None] | None = None,
+) -> torch.Tensor:
+    """padded_forward's pass, its logits as one tensor [rows, widest row, V] (row i's first len(rows[i]) are its)."""
     width = max(len(row) for row in rows)
     padded = [row + [PAD_TOKEN] * (width - len(row)) for row in rows]
     starts = [cache.lengths[slot] for slot in slots]
@@ -64,7 +69,7 @@ def padded_forward(
         logits = model(batch, cache, slots, invariant=False, head=draft_head.module).cpu()
     for slot, start, row in zip(slots, starts, rows, strict=True):
         cache.set_length(slot, start + len(row))
-    return [logits[i, : len(row)] for i, row in enumerate(rows)]
+    return logits
 
 
 @dataclass
@@ -115,33 +120,51 @@ def ngram_lookup(tokens: list[int], k: int, max_ngram: int = 3, min_ngram: int =
     return []
 
 
+@dataclass(frozen=True)
+class LookupOptions:
+    """How far a lookup may draft for a job and what prices it (suffix drafting, suffix.py)."""
+
+    most: int = 0  # the most tokens a lookup may draft (0: the job's k)
+    alpha: float = 1.0  # the sequence's own chance that a looked-up token is accepted
+    model_alpha: float = 0.0  # ... and that a token its draft model proposed is
+    model_price: float = 0.0  # the draft model's drafting and catch-up for it, over the verify pass (policy)
+    tree: bool = False  # a lookup may propose a token tree (the target verifies trees for this sequence)
+    # what n drafted rows make this step's verify pass cost over none (DraftPolicy.row_cost), or None; and the
+    # sequences the pass verifies
+    row_cost: Callable[[int], float | None] | None = None
+    batch: int = 1
+
+
 @dataclass
 class DraftJob:
-    """One sequence's drafting request for this step: its tokens so far (the last one is not yet verified)."""
+    """One sequence's drafting request for this step: its tokens so far (the last one is not yet verified) and the
+    most the draft model drafts (k); the rest by name."""
 
     slot: int
     tokens: list[int]
     k: int
+    _: KW_ONLY
     params: SamplingParams
     noise: KeyedNoise  # the sequence's sampling noise: a sampled draft races against the target's (noise.py)
     adjustments: LogitAdjustments | None = None  # the request's logit_bias and penalties, if any
     grammar: GrammarMatcher | None = None  # the request's structured-output constraint, if any
     # what the draft model reads instead of `tokens` (a bounded view of a long context: draft_view), or None
     model_tokens: list[int] | None = None
-    key: str | None = None  # the sequence's request id (a suffix drafter keeps a trie per sequence)
-    lookup_k: int = 0  # the most a lookup may draft (suffix drafting; 0: k)
-    lookup_alpha: float = 1.0  # the sequence's own chance that a looked-up token is accepted (suffix drafting)
-    model_alpha: float = 0.0  # ... and that a token the draft model proposed is (suffix drafting)
-    tree: bool = False  # a lookup may propose a token tree (the target verifies trees for this sequence)
-    model_price: float = 0.0  # the draft model's drafting and catch-up for it, over the verify pass (policy)
-    # what n drafted rows make this step's verify pass cost over none (DraftPolicy.row_cost: lookups are priced by
-    # it), or None; and the sequences the pass verifies
-    row_cost: Callable[[int], float | None] | None = None
-    batch: int = 1
+    key: str | None = None  # the sequence's request id (a lookup proposer keeps a trie per sequence)
+    lookup: LookupOptions = LookupOptions()
 
     @property
     def model_view(self) -> list[int]:
         return self.tokens if self.model_tokens is None else self.model_tokens
+
+
+@dataclass
+class DraftCost:
+    """What one propose spent on the draft model."""
+
+    catch_up_seconds: float = 0.0  # feeding the model, alone, the context it lacked
+    catch_up_tokens: int = 0
+    modelled: bool = False  # the model drafted (else every sequence's draft was looked up)
 
 
 DRAFT_SINK = 4  # the first tokens of a context, which a bounded draft context always keeps (attention sinks)
@@ -175,11 +198,11 @@ class BatchedDrafter:
     holds, or copying a longer one another slot holds (so a new request reuses a previous one's shared
     prefix, n choices of one prompt catch up once, and a sequence whose drafting was suspended catches up
     only when drafting resumes; a draft's keys need not match any other computation bit for bit). Feeds
-    too long to batch run alone first; their time is kept in `catch_up_seconds` so the draft policy can
-    tell steady-state drafting cost from catching up.
+    too long to batch run alone first; their time is kept in `spent` so the draft policy can tell steady-state
+    drafting cost from catching up. It is a Proposer (proposer.py) on its own: the `draft` method.
     """
 
-    modelled = True
+    looks_up = False
 
     def __init__(
         self, model: Transformer, target_vocab_size: int, num_slots: int, max_len: int, head_ids: torch.Tensor | None
@@ -191,8 +214,7 @@ class BatchedDrafter:
         self.cache = model.new_cache(num_slots=num_slots, max_len=max_len)
         self.fed: list[list[int]] = [[] for _ in range(num_slots)]  # tokens held in each slot, in order
         self.partitions = [""] * num_slots  # whose tokens each slot holds: only its partition reuses them
-        self.catch_up_seconds = 0.0  # time of the last propose's long feeds ...
-        self.catch_up_tokens = 0  # ... and the tokens they fed
+        self.spent = DraftCost()  # the last propose's long feeds
 
     def admit(self, slot: int, partition: str) -> None:
         """A new request in `slot`, of `partition` (a tenant: engine/requests.py): what the slot holds of another
@@ -231,8 +253,21 @@ class BatchedDrafter:
         rows = head.out_features if self.head.ids is not None else min(head.out_features, target_vocab_size)
         return GreedySteps(model, head, self.head.ids, rows)
 
+    @property
+    def drafter(self) -> BatchedDrafter:
+        return self
+
+    def finished(self, slot: int, output: list[int], partition: str) -> None:
+        """Nothing: the model drafts from each sequence's own context."""
+
+    def forget(self, history: bool = True, prompts: bool = True) -> None:
+        """`prompts`: hold no context, so that the next request catches up as on a fresh engine."""
+        if prompts:
+            for fed in self.fed:
+                fed.clear()
+
     def propose(self, jobs: list[DraftJob]) -> list[Proposal]:
-        self.catch_up_seconds, self.catch_up_tokens = 0.0, 0
+        self.spent = DraftCost(modelled=True)
         todo, caught_up = self._prepare(jobs)
         proposals = self._propose(jobs, todo)
         for proposal, seconds in zip(proposals, caught_up, strict=True):
@@ -304,8 +339,8 @@ class BatchedDrafter:
                 begin = time.perf_counter()
                 self._feed_alone(job.slot, missing[:-CATCH_UP_WIDTH])
                 took = time.perf_counter() - begin
-                self.catch_up_seconds += took
-                self.catch_up_tokens += len(missing) - CATCH_UP_WIDTH
+                self.spent.catch_up_seconds += took
+                self.spent.catch_up_tokens += len(missing) - CATCH_UP_WIDTH
                 missing = missing[-CATCH_UP_WIDTH:]
             todo.append(missing)
             seconds.append(took)
@@ -344,59 +379,30 @@ def _plain_greedy(job: DraftJob) -> bool:
     return job.params.greedy and (job.adjustments is None or not job.adjustments.active) and job.grammar is None
 
 
-class BatchedNgramDrafter:
-    """Prompt lookup for many sequences: no model, so nothing to batch or catch up."""
+class PromptLookups:
+    """Prompt lookup (Lookups, proposer.py): what followed the latest earlier occurrence of a sequence's last n
+    tokens in its own context, n from 3 down to `min_match`. With min_match 1 it is the `ngram` method; with
+    HYBRID_MATCH the `hybrid` method's lookups (code repeats names and lines; shorter matches are left to the draft
+    model)."""
 
-    catch_up_seconds, catch_up_tokens = 0.0, 0
-    modelled = False
+    HYBRID_MATCH = 3
+    always = False  # beside the draft model's drafts only: unpriced, they follow the policy's k
 
-    def admit(self, slot: int, partition: str) -> None:
-        """It reads each sequence's own context only: nothing to partition."""
+    def __init__(self, min_match: int):
+        self.min_match = min_match
 
-    def lag(self, slot: int, tokens: list[int], model_tokens: list[int] | None = None) -> int:
-        return 0
+    def find(self, jobs: list[DraftJob], model: bool) -> list[Proposal | None]:
+        found = [ngram_lookup(job.tokens, job.k, min_ngram=self.min_match) for job in jobs]
+        return [Proposal(torch.tensor(t, dtype=torch.long), looked_up=True) if t else None for t in found]
 
-    def propose(self, jobs: list[DraftJob]) -> list[Proposal]:
-        return [
-            Proposal(torch.tensor(ngram_lookup(job.tokens, job.k), dtype=torch.long), looked_up=True) for job in jobs
-        ]
-
-
-class BatchedHybridDrafter:
-    """Prompt lookup for each sequence whose last MIN_MATCH tokens occurred earlier in its context (free, and
-    then usually right: code repeats names and lines), one batched draft-model pass for the others."""
-
-    MIN_MATCH = 3
-
-    def __init__(self, model: BatchedDrafter):
-        self.model = model
-        self.catch_up_seconds, self.catch_up_tokens = 0.0, 0
-        self.modelled = False
-
-    @property
-    def cache(self) -> KVCache:
-        return self.model.cache
+    def drafts(self, slot: int, tokens: list[int]) -> bool:
+        return bool(ngram_lookup(tokens, 1, min_ngram=self.min_match))
 
     def admit(self, slot: int, partition: str) -> None:
-        self.model.admit(slot, partition)
+        """Nothing: each sequence looks up in its own context."""
 
-    def lag(self, slot: int, tokens: list[int], model_tokens: list[int] | None = None) -> int:
-        """What the draft model must catch up on first; nothing when the lookup drafts for this sequence (the
-        lookup reads the whole context, the model its view of it)."""
-        return 0 if self._lookup(tokens, 1) else self.model.lag(slot, tokens, model_tokens)
+    def finished(self, slot: int, output: list[int], partition: str) -> None:
+        """Nothing: earlier outputs are not read."""
 
-    def propose(self, jobs: list[DraftJob]) -> list[Proposal]:
-        found = [self._lookup(job.tokens, job.k) for job in jobs]
-        rest = [job for job, tokens in zip(jobs, found, strict=True) if not tokens]
-        self.modelled = bool(rest)
-        modelled = iter(self.model.propose(rest) if rest else [])
-        self.catch_up_seconds, self.catch_up_tokens = (
-            (self.model.catch_up_seconds, self.model.catch_up_tokens) if rest else (0.0, 0)
-        )
-        return [
-            Proposal(torch.tensor(tokens, dtype=torch.long), looked_up=True) if tokens else next(modelled)
-            for tokens in found
-        ]
-
-    def _lookup(self, tokens: list[int], k: int) -> list[int]:
-        return ngram_lookup(tokens, k, min_ngram=self.MIN_MATCH)
+    def forget(self) -> None:
+        """Nothing to forget."""

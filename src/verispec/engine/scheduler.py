@@ -24,12 +24,11 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
 
-from ..decoding.acceptance import verify_chain, verify_greedy, verify_tree
+from ..decoding.acceptance import verify_batch
 from ..decoding.adjustments import LogitAdjustments
 from ..decoding.grammar import GrammarCompiler, GrammarMatcher, start_with_grammar_stack
 from ..decoding.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, token_logprobs
@@ -44,19 +43,19 @@ from ..models.loading import LoadedModel
 from .metrics import Metrics
 from .policy import POLICIES, DraftPolicy
 from .prefixes import PrefilledPrompts
+from .proposer import PROPOSERS, Proposer, Setup
 from .proposers import (
     CATCH_UP_WIDTH,
     BatchedDrafter,
-    BatchedHybridDrafter,
-    BatchedNgramDrafter,
     DraftJob,
+    LookupOptions,
     Proposal,
     draft_cut_for,
     draft_view,
-    padded_forward,
+    padded_logits,
 )
 from .requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput, StreamChunk
-from .suffix import DEFAULT_INDEX_TOKENS, LOOKUP_MAX, BatchedSuffixDrafter, SuffixIndex, estimated_alpha
+from .suffix import DEFAULT_INDEX_TOKENS, LOOKUP_MAX, estimated_alpha
 
 log = logging.getLogger("verispec.server")
 
@@ -69,7 +68,7 @@ class SchedulerStoppedError(VerispecError):
     """The scheduler no longer accepts requests (shutting down)."""
 
 
-METHODS = ("draft", "ngram", "hybrid", "suffix")  # the proposers (proposers.py, suffix.py)
+METHODS = tuple(PROPOSERS)  # the ways of drafting, by name (proposer.py)
 
 
 @dataclass
@@ -171,7 +170,7 @@ class Scheduler:
         self.vocab_size = min(vocabs)  # token ids both models can embed
         self._allocate_caches(target, draft)
         self.grammars = GrammarCompiler(self.tokenizer, target.model.config.vocab_size)  # for EngineRequest.grammar
-        mode = self.config.draft_policy if self.drafter is not None else "never"
+        mode = self.config.draft_policy if self.proposer is not None else "never"
         self.policy = DraftPolicy(k_max=self.config.num_speculative_tokens, mode=mode)
         self.running: dict[int, Sequence] = {}
         self.free_slots = list(range(self.config.max_num_seqs))
@@ -191,27 +190,23 @@ class Scheduler:
         # prefill reuse (prefixes.py): to the token where the target's passes are row-invariant (the native stack)
         invariant = target.model.fused_blocks is not None
         self.prefixes = PrefilledPrompts(self.cache, None if invariant else self.config.prefill_chunk)
-        self.drafter: BatchedDrafter | BatchedNgramDrafter | BatchedHybridDrafter | BatchedSuffixDrafter | None = None
-        if method == "ngram":
-            self.drafter = BatchedNgramDrafter()
-        elif method == "suffix" and draft is None:
-            self.drafter = BatchedSuffixDrafter(None, SuffixIndex(self.config.suffix_cache_tokens), slots)
-        elif draft is not None:
+        model = None
+        if draft is not None and method != "ngram":
             vocab = target.model.config.vocab_size
             draft_len = self.max_model_len + max(k, CATCH_UP_WIDTH) + 1
             ids = draft_ids(self.config.draft_vocab, draft.model.config.vocab_size, self.tokenizer.stop_token_ids)
-            self.drafter = BatchedDrafter(draft.model, vocab, slots, draft_len, ids)
-            if method == "hybrid":
-                self.drafter = BatchedHybridDrafter(self.drafter)
-            if method == "suffix":
-                self.drafter = BatchedSuffixDrafter(self.drafter, SuffixIndex(self.config.suffix_cache_tokens), slots)
-        elif method == "hybrid":
-            raise InvalidParameterError("the hybrid speculative method needs a draft model")
+            model = BatchedDrafter(draft.model, vocab, slots, draft_len, ids)
+        self.proposer: Proposer | None = None
+        if method != "draft" or model is not None:  # the draft method without a draft model: plain decoding
+            try:
+                self.proposer = PROPOSERS[method](Setup(model, slots, self.config.suffix_cache_tokens))
+            except ValueError as exc:
+                raise InvalidParameterError(str(exc)) from None
 
     # ---- any thread ---------------------------------------------------------------------------------
     def kv_cache_bytes(self) -> tuple[int, int]:
-        draft_cache = getattr(self.drafter, "cache", None)  # the n-gram drafter has none
-        return self.cache.nbytes(), draft_cache.nbytes() if draft_cache is not None else 0
+        model = self.proposer.drafter if self.proposer is not None else None  # lookups alone keep no cache
+        return self.cache.nbytes(), model.cache.nbytes() if model is not None else 0
 
     def check_prompt(self, prompt_ids: list[int]) -> None:
         """A prompt both models can read that leaves room for a new token; raises InvalidParameterError or
@@ -308,17 +303,15 @@ class Scheduler:
 
     def forget_history(self) -> None:
         """Forget what earlier requests wrote (the suffix drafter's index); prefilled prompts stay reusable."""
-        if isinstance(self.drafter, BatchedSuffixDrafter):
-            self.drafter.forget()
+        if self.proposer is not None:
+            self.proposer.forget(history=True, prompts=False)
 
     def forget_prompts(self) -> None:
         """Reuse no prompt prefilled before, the target's or the draft model's: the next request is prefilled as
         a fresh engine would (the bench's rule, docs/bench.md). Only while nothing runs."""
         self.prefixes.forget()
-        drafter = self.drafter if isinstance(self.drafter, BatchedDrafter) else getattr(self.drafter, "model", None)
-        if drafter is not None:
-            for fed in drafter.fed:
-                fed.clear()
+        if self.proposer is not None:
+            self.proposer.forget(history=False, prompts=True)
 
     def run_until_idle(self, max_steps: int = 100_000) -> None:
         """Run steps in the calling thread until nothing is waiting or running (for tests and tools)."""
@@ -340,7 +333,7 @@ class Scheduler:
         limits = [self._draft_length(seq) for seq in seqs]
         eligible = [(seq, limit) for seq, limit in zip(seqs, limits, strict=True) if limit]
         acceptance = [self.policy.acceptance(seq.stats.accepted, seq.stats.rejected) for seq, _ in eligible]
-        lag = sum(self.drafter.lag(seq.slot, seq.tokens, seq.draft_tokens) for seq, _ in eligible) if eligible else 0
+        lag = sum(self.proposer.lag(seq.slot, seq.tokens, seq.draft_tokens) for seq, _ in eligible) if eligible else 0
         remaining = sum(self._tokens_left(seq) for seq, _ in eligible)
         # a burst is starting: a prompt still prefills, or waits for a free slot (over HTTP a burst's later
         # requests arrive while the first prefills, after this step's admission)
@@ -354,9 +347,10 @@ class Scheduler:
         drafted = time.perf_counter()
         verdicts = self._verify(seqs, proposals, masks)
         verified = time.perf_counter()
-        caught_up = (self.drafter.catch_up_seconds, self.drafter.catch_up_tokens) if any(ks) else (0.0, 0)
+        spent = self.proposer.spent if any(ks) else None
+        caught_up = (spent.catch_up_seconds, spent.catch_up_tokens) if spent is not None else (0.0, 0)
         drafting = sum(1 for k in ks if k)
-        modelled = any(ks) and self.drafter.modelled
+        modelled = spent is not None and spent.modelled
         widest = max((p.tokens.shape[0] for p in proposals if p is not None), default=0)
         if widest <= max(ks):  # a longer lookup's verify pass is not what the policy's k costs: not recorded
             self._record_costs(len(seqs), drafting, max(ks), drafted - begin, verified - drafted, *caught_up, modelled)
@@ -445,8 +439,8 @@ class Scheduler:
         self.running[slot] = seq
         self.metrics.prompt_tokens.inc(len(prompt))
         seq.prefilled = self.prefixes.admit(slot, prompt, request.partition)
-        if self.drafter is not None:
-            self.drafter.admit(slot, request.partition)
+        if self.proposer is not None:
+            self.proposer.admit(slot, request.partition)
         self.metrics.prefill_reused_tokens.inc(seq.prefilled)
 
     def _prefill_chunk(self) -> None:
@@ -480,7 +474,7 @@ class Scheduler:
             self._release(seq, "cancelled")
 
     def _draft_length(self, seq: Sequence) -> int:
-        if self.drafter is None or not seq.request.speculative:
+        if self.proposer is None or not seq.request.speculative:
             return 0
         return max(0, min(self.config.num_speculative_tokens, self._tokens_left(seq) - 1))
 
@@ -493,11 +487,11 @@ class Scheduler:
         return min(self.max_model_len - len(seq.tokens) + 1, seq.request.max_tokens - len(seq.stopper.token_ids))
 
     def _propose(self, seqs: list[Sequence], ks: list[int], limits: list[int]) -> list[Proposal | None]:
-        """Each sequence's proposal (empty where k = 0, but for a suffix drafter's lookups, which cost nothing:
-        the policy's k governs the draft model only; None where the sequence failed). A batched propose that
-        raises is run again job by job, so only the job that raises fails (the drafter's slots stay
-        consistent: what each holds is recorded only after its forward)."""
-        looks_up = isinstance(self.drafter, BatchedSuffixDrafter) and self.policy.mode != "never"
+        """Each sequence's proposal (empty where k = 0, but for a proposer's lookups, which cost nothing to draft
+        and are priced by the rows they add: the policy's k governs the draft model only; None where the sequence
+        failed). A batched propose that raises is run again job by job, so only the job that raises fails (the
+        drafter's slots stay consistent: what each holds is recorded only after its forward)."""
+        looks_up = self.proposer is not None and self.proposer.looks_up and self.policy.mode != "never"
         prices = self._model_prices(seqs, ks) if looks_up else [0.0] * len(seqs)
         # a lookup widens the pass that the others' rows make (the draft model's k + 1, or a plain step's 1)
         row_cost = self.policy.row_cost(len(seqs), max(ks) + 1) if looks_up else None
@@ -510,22 +504,24 @@ class Scheduler:
                     seq.slot,
                     seq.tokens,
                     k,
-                    seq.request.params,
-                    seq.noise,
-                    seq.adjustments,
-                    seq.grammar,
-                    seq.draft_tokens,
-                    seq.request.request_id,
-                    self._lookup_length(seq),
-                    estimated_alpha(seq.stats.accepted_by_lookup, seq.stats.rejected_by_lookup),
-                    estimated_alpha(
-                        seq.stats.accepted - seq.stats.accepted_by_lookup,
-                        seq.stats.rejected - seq.stats.rejected_by_lookup,
+                    params=seq.request.params,
+                    noise=seq.noise,
+                    adjustments=seq.adjustments,
+                    grammar=seq.grammar,
+                    model_tokens=seq.draft_tokens,
+                    key=seq.request.request_id,
+                    lookup=LookupOptions(
+                        most=self._lookup_length(seq),
+                        alpha=estimated_alpha(seq.stats.accepted_by_lookup, seq.stats.rejected_by_lookup),
+                        model_alpha=estimated_alpha(
+                            seq.stats.accepted - seq.stats.accepted_by_lookup,
+                            seq.stats.rejected - seq.stats.rejected_by_lookup,
+                        ),
+                        model_price=prices[i],
+                        tree=self._takes_trees(seq),
+                        row_cost=row_cost,
+                        batch=len(seqs),
                     ),
-                    self._takes_trees(seq),
-                    prices[i],
-                    row_cost,
-                    len(seqs),
                 ),
             )  # fmt: skip
             for i, (seq, k, limit) in enumerate(zip(seqs, ks, limits, strict=True))
@@ -534,19 +530,19 @@ class Scheduler:
         if not jobs:
             return proposals
         try:
-            for (i, _), proposal in zip(jobs, self.drafter.propose([job for _, job in jobs]), strict=True):
+            for (i, _), proposal in zip(jobs, self.proposer.propose([job for _, job in jobs]), strict=True):
                 proposals[i] = proposal
         except Exception:
             log.debug("a batched propose raised; proposing job by job", exc_info=True)
             for i, job in jobs:
-                result = self._guarded(seqs[i], self.drafter.propose, [job])
+                result = self._guarded(seqs[i], self.proposer.propose, [job])
                 proposals[i] = result[0] if result is not None else None
         return proposals
 
     def _model_prices(self, seqs: list[Sequence], ks: list[int]) -> list[float]:
         """Per sequence, what the draft model's k drafts would add to this step (DraftPolicy.model_price), for
         the suffix drafter's choice between a lookup and the model."""
-        model = getattr(self.drafter, "model", None)
+        model = self.proposer.drafter
         drafting = sum(1 for k in ks if k)
         if model is None or not drafting:
             return [0.0] * len(seqs)
@@ -598,8 +594,9 @@ class Scheduler:
     def _verify(
         self, seqs: list[Sequence], proposals: list[Proposal | None], masks: list[torch.Tensor | None]
     ) -> list[Verdict | None]:
-        """One target pass over [pending, drafts] of every sequence still running, then each one's verdict (None
-        for a sequence that failed)."""
+        """One target pass over [pending, drafts] of every sequence still running; the target's own token at every
+        row of every sequence, found for the whole batch at once (_choices); each sequence's verdict from them
+        (acceptance.verify_batch); each cache rolled back to what was accepted. None for a sequence that failed."""
         live = [i for i, proposal in enumerate(proposals) if proposal is not None]
         verdicts: list[Verdict | None] = [None] * len(seqs)
         if not live:
@@ -616,70 +613,91 @@ class Scheduler:
             )
         slots = [seqs[i].slot for i in live]
         begin = time.perf_counter()
-        all_logits = padded_forward(self.target.model, self.cache, rows, slots, parents=parents)
+        logits = padded_logits(self.target.model, self.cache, rows, slots, parents=parents)
         # the pass's rows as computed: every row padded to the widest (what lookups are priced by)
-        self.policy.record_pass(len(rows) * max(len(row) for row in rows), time.perf_counter() - begin)
-        for i, raw in zip(live, all_logits, strict=True):
-            verdicts[i] = self._guarded(seqs[i], self._verdict, seqs[i], proposals[i], raw, masks[i])
+        self.policy.record_pass(logits.shape[0] * logits.shape[1], time.perf_counter() - begin)
+        # each sequence's verification rows: the last k + 1 of its row
+        raws = {i: logits[n, len(row) - proposals[i].tokens.shape[0] - 1 : len(row)] for n, (i, row) in
+                enumerate(zip(live, rows, strict=True))}  # fmt: skip
+        choices = self._choices(seqs, proposals, masks, logits, rows, live, raws)
+        decided = [i for i in live if choices.get(i) is not None]
+        drafts = [proposals[i].tokens.tolist() for i in decided]
+        judged = verify_batch(drafts, [proposals[i].parents for i in decided], [choices[i] for i in decided])
+        for i, draft, (accepted, next_token, path) in zip(decided, drafts, judged, strict=True):
+            verdicts[i] = self._guarded(seqs[i], self._settle, seqs[i], draft, raws[i], accepted, next_token, path)
         return verdicts
 
-    def _verdict(self, seq: Sequence, proposal: Proposal, raw: torch.Tensor, mask: torch.Tensor | None) -> Verdict:
-        """The sequence's rows adjusted by the request's logit_bias and penalties, then masked by its grammar;
-        acceptance; its cache rolled back to the accepted length."""
-        k = proposal.tokens.shape[0]
-        raw = raw[-(k + 1) :]
-        if proposal.parents is not None:
-            return self._tree_verdict(seq, proposal, raw, mask)
-        params = seq.request.params
-        logits = seq.adjustments.apply(raw, proposal.tokens.tolist())
-        if mask is not None:
-            logits = logits.masked_fill(~mask, float("-inf"))
-        if params.greedy:
-            accepted, next_token = verify_greedy(proposal.tokens, logits, argmax_rows)
-        else:
-            rows = range(len(seq.tokens), len(seq.tokens) + k + 1)  # the positions the rows predict
-            accepted, next_token = verify_chain(proposal.tokens.tolist(), self._sampler(seq, logits, rows))
-        self.cache.set_length(seq.slot, len(seq.tokens) + accepted)
-        logprobs = None
-        if seq.request.logprobs is not None:
-            emitted = [*proposal.tokens[:accepted].tolist(), next_token]
-            logprobs = token_logprobs(raw[: accepted + 1], emitted, seq.request.logprobs)
-        return Verdict(accepted, next_token, logprobs)
-
-    def _tree_verdict(self, seq: Sequence, proposal: Proposal, raw: torch.Tensor, mask: torch.Tensor | None) -> Verdict:
-        """A token tree's verdict (verify_tree): rows [root, node 0, ...] adjusted by the request's logit_bias (a
-        tree is drafted only without penalties, which would count each row's own path) and masked by its grammar
-        (each row's mask is its path's: _constrain_tree); its cache keeps the accepted path where a chain's would
-        lie."""
-        params = seq.request.params
-        logits = seq.adjustments.apply(raw)
-        if mask is not None:
-            logits = logits.masked_fill(~mask, float("-inf"))
-        if params.greedy:
-            choices = argmax_rows(logits).tolist()
-            path, next_token = verify_tree(proposal.tokens.tolist(), proposal.parents, lambda row: choices[row])
-        else:
-            positions = [len(seq.tokens)]  # the position each row predicts: the next one, plus its node's depth
-            for parent in proposal.parents:
-                positions.append(positions[parent + 1] + 1)
-            path, next_token = verify_tree(
-                proposal.tokens.tolist(), proposal.parents, self._sampler(seq, logits, positions)
-            )
-        root = len(seq.tokens) - 1
-        self.cache.keep_path(seq.slot, root, [0, *path])
-        tokens = [int(proposal.tokens[row - 1]) for row in path]
-        logprobs = None
-        if seq.request.logprobs is not None:
-            logprobs = token_logprobs(raw[[0, *path]], [*tokens, next_token], seq.request.logprobs)
-        return Verdict(len(path), next_token, logprobs, tokens)
+    def _choices(
+        self, seqs: list[Sequence], proposals: list[Proposal | None], masks: list[torch.Tensor | None],
+        logits: torch.Tensor, rows: list[list[int]], live: list[int], raws: dict[int, torch.Tensor],
+    ) -> dict[int, list[int] | None]:  # fmt: skip
+        """The target's own token at each verification row of each live sequence (None for one that failed): the
+        argmax (greedy) or the keyed draw (sampled) of the row's logits after the request's logit_bias and
+        penalties and its grammar's mask. Greedy rows left as the target wrote them (the common case) take one
+        argmax over the whole pass; a sampled row's draw is one vectorized race over the vocabulary (stacking all
+        rows' races into one tensor measured slower: it copies every row's distribution and noise)."""
+        plain = {i for i in live if self._unadjusted_greedy(seqs[i], masks[i])}
+        choices: dict[int, list[int] | None] = {}
+        if plain:
+            flat = argmax_rows(logits.view(-1, logits.shape[-1])).view(logits.shape[:2]).tolist()
+            for n, (i, row) in enumerate(zip(live, rows, strict=True)):
+                if i in plain:
+                    choices[i] = flat[n][len(row) - proposals[i].tokens.shape[0] - 1 : len(row)]
+        for i in live:
+            if i in choices:
+                continue
+            adjusted = self._guarded(seqs[i], self._adjusted, seqs[i], proposals[i], raws[i], masks[i])
+            if adjusted is None:
+                choices[i] = None
+            elif seqs[i].request.params.greedy:
+                choices[i] = argmax_rows(adjusted).tolist()
+            else:
+                choices[i] = self._drawn(seqs[i], proposals[i], adjusted)
+        return choices
 
     @staticmethod
-    def _sampler(seq: Sequence, logits: torch.Tensor, positions) -> Callable[[int], int]:
-        """The target's sampled token at a row of a verify pass: its keyed draw (decoding/noise.py) from the row's
-        distribution at the position the row predicts, as plain decoding draws it there. Each row's distribution
-        is computed alone, so its bits are those of a plain step's single row."""
-        params = seq.request.params
-        return lambda row: seq.noise.choose(probs_from_logits(logits[row], params), positions[row])
+    def _unadjusted_greedy(seq: Sequence, mask: torch.Tensor | None) -> bool:
+        return seq.request.params.greedy and mask is None and not seq.adjustments.active
+
+    @staticmethod
+    def _adjusted(seq: Sequence, proposal: Proposal, raw: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """The rows adjusted by the request's logit_bias and penalties (a chain's row by row over its drafted
+        tokens; a tree is drafted only without penalties, which would count each row's own path), then masked by
+        its grammar (a tree's each row by its path's: _constrain_tree)."""
+        drafted = proposal.tokens.tolist() if proposal.parents is None else None
+        logits = seq.adjustments.apply(raw, drafted) if drafted is not None else seq.adjustments.apply(raw)
+        return logits if mask is None else logits.masked_fill(~mask, float("-inf"))
+
+    @staticmethod
+    def _drawn(seq: Sequence, proposal: Proposal, logits: torch.Tensor) -> list[int]:
+        """A sampled sequence's token at each row: the keyed draw (decoding/noise.py) from the row's distribution
+        (computed alone, so its bits are those of a plain step's single row) with the noise of the position the row
+        predicts (the next one, plus its node's depth in a tree), as plain decoding draws there."""
+        params, next_position = seq.request.params, len(seq.tokens)
+        if proposal.parents is None:
+            positions = list(range(next_position, next_position + logits.shape[0]))
+        else:
+            positions = [next_position]
+            for parent in proposal.parents:
+                positions.append(positions[parent + 1] + 1)
+        rows = zip(logits, positions, strict=True)
+        return [seq.noise.choose(probs_from_logits(row, params), position) for row, position in rows]
+
+    def _settle(
+        self, seq: Sequence, draft: list[int], raw: torch.Tensor, accepted: int, next_token: int, path: list[int] | None
+    ) -> Verdict:
+        """The verdict's consequences: the cache rolled back to the accepted tokens (a tree keeps its accepted path
+        where a chain's would lie), and the logprobs of the emitted tokens when asked for."""
+        if path is None:
+            self.cache.set_length(seq.slot, len(seq.tokens) + accepted)
+            tokens, rows = draft[:accepted], list(range(accepted + 1))
+        else:
+            self.cache.keep_path(seq.slot, len(seq.tokens) - 1, [0, *path])
+            tokens, rows = [draft[row - 1] for row in path], [0, *path]
+        logprobs = None
+        if seq.request.logprobs is not None:
+            logprobs = token_logprobs(raw[rows], [*tokens, next_token], seq.request.logprobs)
+        return Verdict(accepted, next_token, logprobs, None if path is None else tokens)
 
     def _takes_trees(self, seq: Sequence) -> bool:
         return self.config.token_trees and not seq.adjustments.penalises and self.target.model.takes_trees
@@ -733,8 +751,8 @@ class Scheduler:
         output = GenerationOutput(
             stopper.text, list(stopper.token_ids), reason, seq.stats, seq.request.prompt_ids, seq.logprobs
         )
-        if isinstance(self.drafter, BatchedSuffixDrafter):  # what it wrote, for the requests to come
-            self.drafter.finished(seq.tokens[len(seq.request.prompt_ids) :], seq.request.partition)
+        if self.proposer is not None:  # what it wrote, for the requests to come
+            self.proposer.finished(seq.slot, seq.tokens[len(seq.request.prompt_ids) :], seq.request.partition)
         seq.request.sink(FinishEvent(output, seq.queue_seconds))
         self._release(seq, reason)
 

@@ -24,8 +24,7 @@ import torch
 
 from ..decoding.acceptance import expected_tokens_per_round, smoothed_acceptance
 from ..kernels.suffix import SuffixTrie
-from ..models.model import KVCache
-from .proposers import BatchedDrafter, DraftJob, Proposal
+from .proposers import DraftJob, Proposal
 
 LOOKUP_MAX = 15  # tokens a lookup drafts at most: a verify pass of 16 rows
 MATCH_MAX = 16  # the longest suffix a lookup matches: longer ones rarely predict better
@@ -194,115 +193,80 @@ def _with_branches(
 
 def model_expects(job: DraftJob) -> float:
     """The tokens of the draft model's k drafts expected to be accepted, at the sequence's alpha for them."""
-    return expected_tokens_per_round(job.model_alpha, job.k) - 1
+    return expected_tokens_per_round(job.lookup.model_alpha, job.k) - 1
 
 
 def lookup_pays(lookup: Lookup, job: DraftJob) -> bool:
     """A lookup drafts unless the draft model yields more tokens per second: a round yields its accepted drafts
-    plus the target's own token, and the model's round costs its drafting and catch-up (job.model_price, in
-    verify passes) on top of the verify pass both pay."""
-    return (1 + lookup.expected) * (1 + job.model_price) >= 1 + model_expects(job)
+    plus the target's own token, and the model's round costs its drafting and catch-up (model_price, in verify
+    passes) on top of the verify pass both pay."""
+    return (1 + lookup.expected) * (1 + job.lookup.model_price) >= 1 + model_expects(job)
 
 
-class BatchedSuffixDrafter:
-    """Lookups in each sequence's own context and in the index of earlier requests; the draft model (if any) for
-    the sequences no lookup drafts for. Jobs carry the most a lookup may draft in `lookup_k` (the model drafts
-    `k`)."""
+class SuffixLookups:
+    """Lookups (Lookups, proposer.py) in each sequence's own trie, in the tries of the other running sequences of its
+    partition (a response helps its neighbours while it is written: parallel requests of one agent draft from each
+    other) and in the index of earlier requests' outputs of its partition; each cut to what pays on this machine
+    (priced) and left to the draft model where that yields more (lookup_pays)."""
 
-    def __init__(self, model: BatchedDrafter | None, index: SuffixIndex, num_slots: int):
-        self.model, self.index = model, index
+    always = True  # priced by the rows they add, they draft whatever the draft model's k
+
+    def __init__(self, index: SuffixIndex, num_slots: int):
+        self.index = index
         self.followed: list[_Followed | None] = [None] * num_slots
         self.partitions = [""] * num_slots  # each slot's request's partition (admit)
-        self.catch_up_seconds, self.catch_up_tokens = 0.0, 0
-        self.modelled = False
 
-    @property
-    def cache(self) -> KVCache | None:
-        return self.model.cache if self.model is not None else None
-
-    def lag(self, slot: int, tokens: list[int], model_tokens: list[int] | None = None) -> int:
-        if self.model is None or self._lookup(slot, None, tokens, 1) is not None:
-            return 0
-        return self.model.lag(slot, tokens, model_tokens)
-
-    def propose(self, jobs: list[DraftJob]) -> list[Proposal]:
+    def find(self, jobs: list[DraftJob], model: bool) -> list[Proposal | None]:
+        for job in jobs:  # every running sequence's trie up to date first: each is read by its neighbours
+            self._followed(job.slot, job.key, job.tokens)
+        found = [self._lookup(job.slot, job.tokens, job.lookup.most or job.k, job.lookup.alpha, job.lookup.tree)
+                 for job in jobs]  # fmt: skip
         found = [
-            self._lookup(
-                job.slot,
-                job.key,
-                job.tokens,
-                job.lookup_k or job.k,
-                job.lookup_alpha,
-                job.tree,
-            )
-            for job in jobs
-        ]
-        found = [
-            lookup if lookup is None else priced(lookup, job.row_cost, job.batch)
+            lookup if lookup is None else priced(lookup, job.lookup.row_cost, job.lookup.batch)
             for job, lookup in zip(jobs, found, strict=True)
         ]
-        if self.model is not None:  # a lookup the draft model would beat is left to it
-            found = [
-                lookup if lookup is None or lookup_pays(lookup, job) else None
-                for job, lookup in zip(jobs, found, strict=True)
-            ]
-        # k = 0: the policy found the model's drafts do not pay this step; the lookups alone (free) go on
-        drafts = self.model is not None
-        rest = [job for job, lookup in zip(jobs, found, strict=True) if lookup is None and job.k and drafts]
-        self.modelled = bool(rest)
-        modelled = iter(self.model.propose(rest) if rest else [])
-        model = self.model
-        self.catch_up_seconds, self.catch_up_tokens = (
-            (model.catch_up_seconds, model.catch_up_tokens) if rest and model is not None else (0.0, 0)
-        )
-        empty = Proposal(torch.empty(0, dtype=torch.long), looked_up=True)
-        proposals = []
-        for job, lookup in zip(jobs, found, strict=True):
-            if lookup is not None:
-                tokens = torch.tensor(lookup.tokens, dtype=torch.long)
-                chain = lookup.parents is None or lookup.parents == list(range(-1, len(lookup.tokens) - 1))
-                proposals.append(Proposal(tokens, looked_up=True, parents=None if chain else lookup.parents))
-            elif job.k and self.model is not None:
-                proposals.append(next(modelled))
-            else:
-                proposals.append(empty)
-        return proposals
+        if model:  # a lookup the draft model would beat is left to it
+            found = [None if lookup is None or not lookup_pays(lookup, job) else lookup
+                     for job, lookup in zip(jobs, found, strict=True)]  # fmt: skip
+        return [None if lookup is None else _proposal(lookup) for lookup in found]
+
+    def drafts(self, slot: int, tokens: list[int]) -> bool:
+        return self._lookup(slot, tokens, 1) is not None
 
     def admit(self, slot: int, partition: str) -> None:
-        """A new request in `slot`, of `partition`: it looks up in that partition's earlier outputs only."""
+        """A new request in `slot`, of `partition`: it looks up in that partition's outputs only."""
         self.partitions[slot] = partition
-        if self.model is not None:
-            self.model.admit(slot, partition)
+        self.followed[slot] = None
+
+    def finished(self, slot: int, output: list[int], partition: str) -> None:
+        """A request ended: its output joins the index of earlier requests, in its partition."""
+        self.index.add(output, partition)
+        self.followed[slot] = None
 
     def forget(self) -> None:
         """Drop the index of earlier requests (a bench's warm-up must not leave answers behind)."""
         self.index = SuffixIndex(self.index.max_tokens, self.index.depth)
 
-    def finished(self, output: list[int], partition: str = "") -> None:
-        """A request ended: its output joins the index of earlier requests, in its partition."""
-        self.index.add(output, partition)
+    def _lookup(self, slot: int, tokens: list[int], most: int, alpha: float = 1.0, tree: bool = False) -> Lookup | None:
+        partition = self.partitions[slot]
+        own = self.followed[slot]
+        neighbours = [f.trie for other, f in enumerate(self.followed)
+                      if f is not None and other != slot and self.partitions[other] == partition]  # fmt: skip
+        tries = ([own.trie] if own is not None else []) + neighbours + [self.index.trie(partition)]
+        return best_lookup(tries, tokens, most, alpha, tree)
 
-    def _lookup(
-        self,
-        slot: int,
-        key: str | None,
-        tokens: list[int],
-        most: int,
-        alpha: float = 1.0,
-        tree: bool = False,
-    ) -> Lookup | None:
-        own = self._followed(slot, key, tokens)
-        tries = [own.trie] if own is not None else []
-        return best_lookup([*tries, self.index.trie(self.partitions[slot])], tokens, most, alpha, tree)
-
-    def _followed(self, slot: int, key: str | None, tokens: list[int]) -> _Followed | None:
+    def _followed(self, slot: int, key: str | None, tokens: list[int]) -> _Followed:
         """The slot's own trie, fed up to all but the last of `tokens` (the last has no continuation yet); a new
-        request in the slot starts a new one. Without a key (a cost estimate), the trie as it stands."""
+        request in the slot starts a new one."""
         followed = self.followed[slot]
-        if key is None:
-            return followed
         if followed is None or followed.key != key or followed.fed > len(tokens):
             followed = self.followed[slot] = _Followed(key, SuffixTrie(DEPTH))
         followed.trie.extend(tokens[followed.fed :])
         followed.fed = len(tokens)
         return followed
+
+
+def _proposal(lookup: Lookup) -> Proposal:
+    tokens = torch.tensor(lookup.tokens, dtype=torch.long)
+    chain = lookup.parents is None or lookup.parents == list(range(-1, len(lookup.tokens) - 1))
+    return Proposal(tokens, looked_up=True, parents=None if chain else lookup.parents)
