@@ -334,3 +334,37 @@ def test_in_a_batch_a_lookup_must_pay_for_widening_everyones_pass():
     policy = _measured(ZEN1)
     assert priced(_lookup(0.97, 3), policy.row_cost(1, 1)) is not None
     assert priced(_lookup(0.97, 3), policy.row_cost(4, 1), batch=4) is None
+
+
+def test_passes_slowed_by_other_load_do_not_change_their_widths_cost():
+    """Other load only ever slows a pass: a width costs the least of its last passes, so passes measured while the
+    machine was busy (as many as the quiet ones, 10x as long) price nothing differently."""
+    from verispec.engine.suffix import priced
+
+    policy = _measured(ZEN1)
+    for _ in range(3):
+        policy.record_pass(8, 10 * ZEN1[8])
+    assert policy.pass_seconds(8) == pytest.approx(ZEN1[8])
+    assert len(priced(_lookup(0.97), policy.row_cost(1, 1)).tokens) == 6  # as without the busy pass
+
+
+def test_pass_costs_never_fall_as_the_pass_widens():
+    """A width measured only while the machine was busy (its least pass 5x the others') is pooled with the wider
+    widths (weighted by their passes): no wider pass is priced cheaper than a narrower one, and a width that was
+    measured normally is not priced cheaper than measured either."""
+    policy = _measured(ZEN1)
+    policy.record_pass(5, 5 * ZEN1[4])
+    costs = [policy.pass_seconds(rows) for rows in range(1, 33)]
+    assert all(b >= a for a, b in zip(costs, costs[1:], strict=False))
+    assert policy.pass_seconds(4) == pytest.approx(ZEN1[4])
+    assert policy.pass_seconds(16) >= ZEN1[16]
+
+
+def test_with_no_wider_pass_measured_a_lookup_drafts_unpriced_once_to_measure_one():
+    """Only plain steps measured (one row): no cost is known for any wider pass, so the lookup drafts as found, and
+    its pass is measured; never dropping lookups for want of a measurement that only a lookup can make."""
+    from verispec.engine.suffix import priced
+
+    policy = _measured({1: ZEN1[1]})
+    lookup = _lookup(0.5)
+    assert priced(lookup, policy.row_cost(1, 1)) is lookup

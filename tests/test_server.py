@@ -609,6 +609,7 @@ def test_bench_serve_measures_both_modes_in_alternating_pairs(server, tmp_path):
     assert [(r["concurrency"], r["speculative"]) for r in results] == [(1, True), (1, False), (2, True), (2, False)]
     for r in results:
         assert r["requests"] == 4 and r["tokens"] > 0 and len(r["run_tokens_per_second"]) == 2
+        assert r["latency_p99"] >= r["latency_p50"] and r["peak_rss_mib"] is None  # no RSS of a server not started
         assert (r["draft_step_share"] > 0) == r["speculative"] and (r["mean_accepted_length"] > 1) == r["speculative"]
         # per proposer, from the answers: drafts only with speculation on, never more accepted than drafted
         drafted, accepted = r["drafted_by_proposer"], r["accepted_by_proposer"]

@@ -3,9 +3,9 @@
 It starts `verispec serve` with the given model flags on a free loopback port (or uses --url), then for each
 concurrency C warms up (two waves of C requests of different lengths), then runs the same C greedy chat
 requests at once (one run), with `"speculative": false` and with speculation on, `--repeats` such pairs of runs, and
-prints a Markdown table: total generated tokens/s, per-request latency p50/p95, mean accepted length, the
-share of scheduler steps that drafted (the draft policy's decisions) and each proposer's accepted / drafted
-tokens (from the answers); then on / off per level: the
+prints a Markdown table: total generated tokens/s, per-request latency p50/p95/p99, mean accepted length, the
+share of scheduler steps that drafted (the draft policy's decisions), each proposer's accepted / drafted tokens
+(from the answers) and the started server's peak RSS during each mode's runs; then on / off per level: the
 median of the pairs' ratios, each pair's, and the ratio of the totals. A shared machine slows by up to
 1.5x for a minute at a time; the two runs of a pair are seconds apart, so the median of the pairs' ratios
 is what compares the modes (the totals take every spell whole). Off runs first in every pair: an order
@@ -13,6 +13,11 @@ that alternated (off on, on off, ...) put the same mode on both sides of a pair 
 there hit it in two pairs. Each level ends with a verdict: faster or slower only where a distribution-free
 interval of the median ratio (the sign test's, >= 90 % where the pairs allow; 87.5 % from 4 pairs) lies wholly
 above or below 1, level within the noise otherwise (docs/server.md, "How never slower is judged").
+
+The requests are chat requests from `--dataset` (default `mixed`: short code questions, HumanEval problems, code
+edits and second turns of conversations, interleaved). Every request carries a `cache_salt` of its own, so it
+meets the server as a fresh one would: nothing an earlier request wrote (the suffix index) or prefilled is reused,
+in either mode, though every pair runs the same prompts.
 """
 
 from __future__ import annotations
@@ -29,12 +34,14 @@ import statistics
 import subprocess
 import sys
 import time
+import uuid
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from ..arguments import add_draft_arguments, add_model_arguments
 from ..engine.policy import POLICIES
 from ..errors import VerispecError
+from .datasets import load_requests
 
 PROMPTS = [
     "Write a Python function that checks whether a number is prime.",
@@ -47,6 +54,7 @@ PROMPTS = [
     "Write a Python function that checks whether a string is a palindrome.",
 ]
 STARTUP_TIMEOUT = 900.0
+MIXED = ("code-edit", "multi-turn", "humaneval")  # interleaved with PROMPTS by --dataset mixed
 
 
 @dataclass
@@ -65,6 +73,8 @@ class LevelResult:
     # per proposer ("model", "lookup"), summed over the answers' `verispec` objects
     drafted_by_proposer: dict[str, int] = field(default_factory=dict)
     accepted_by_proposer: dict[str, int] = field(default_factory=dict)
+    latency_p99: float = 0.0
+    peak_rss_mib: float | None = None  # the started server's, during this mode's runs (None with --url)
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,6 +82,11 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     add_draft_arguments(parser)
     parser.add_argument("--url", default=None, help="bench a running server instead of starting one")
     parser.add_argument("--concurrency", default="1,2,4,8", help="comma-separated concurrency levels")
+    parser.add_argument(
+        "--dataset", default="mixed",
+        help="the requests: mixed (short code questions, HumanEval, code edits, second turns, interleaved), "
+        "code (the short code questions alone), or a `verispec bench` dataset",
+    )  # fmt: skip
     parser.add_argument("--requests", type=int, default=0, help="requests per run (default: C, one wave)")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request")
     parser.add_argument("--repeats", type=int, default=4, help="pairs of runs (off, on) per level")
@@ -83,8 +98,9 @@ def run_bench(args: argparse.Namespace) -> int:
     levels = _levels(args.concurrency)
     if args.repeats < 1 or args.requests < 0 or args.max_tokens < 1:
         raise VerispecError("need --repeats >= 1, --requests >= 0 (0: C per run) and --max-tokens >= 1")
-    with _server(args, max(levels)) as url:
-        results, costs = asyncio.run(_bench(url, levels, args))
+    prompts = bench_prompts(args.dataset)
+    with _server(args, max(levels)) as (url, pid):
+        results, costs = asyncio.run(_bench(url, pid, levels, prompts, args))
     print(format_table(results))
     print()
     print(format_costs(costs))
@@ -107,7 +123,7 @@ def _levels(text: str) -> list[int]:
 @contextlib.contextmanager
 def _server(args: argparse.Namespace, slots: int):
     if args.url:
-        yield args.url.rstrip("/")
+        yield args.url.rstrip("/"), None
         return
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -130,7 +146,7 @@ def _server(args: argparse.Namespace, slots: int):
     try:
         url = f"http://127.0.0.1:{port}"
         _wait_healthy(url, proc)
-        yield url
+        yield url, proc.pid
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -153,36 +169,52 @@ def _wait_healthy(url: str, proc: subprocess.Popen) -> None:
     raise VerispecError(f"the server did not become healthy in {STARTUP_TIMEOUT:.0f} s")
 
 
+def bench_prompts(dataset: str) -> list[list[dict]]:
+    """The chat requests of `dataset` (see --dataset), as message lists; requests that need a grammar or tools
+    are left out."""
+    if dataset == "code":
+        return [[{"role": "user", "content": prompt}] for prompt in PROMPTS]
+    if dataset != "mixed":
+        return [r.prompt for r in load_requests(dataset, chat=True) if r.grammar is None and r.chat is None]
+    sources = [[[{"role": "user", "content": prompt}] for prompt in PROMPTS]]
+    sources += [[r.prompt for r in load_requests(name, chat=True) if r.grammar is None] for name in MIXED]
+    return [source[i] for i in range(max(map(len, sources))) for source in sources if i < len(source)]
+
+
 async def _bench(
-    url: str, levels: list[int], args: argparse.Namespace
+    url: str, pid: int | None, levels: list[int], prompts: list[list[dict]], args: argparse.Namespace
 ) -> tuple[list[LevelResult], dict[tuple[str, int, int], float]]:
     import httpx
 
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(3600.0)) as client:
         for speculative in (True, False):  # warm up both modes
-            await _one(client, PROMPTS[0], 8, speculative)
+            await _one(client, prompts[0], 8, speculative)
         results = []
         for concurrency in levels:
             count = args.requests or concurrency
-            await _warm_up(client, concurrency)
+            await _warm_up(client, concurrency, prompts)
             runs: dict[bool, list[_Run]] = {True: [], False: []}
             for _ in range(args.repeats):
                 for speculative in (False, True):
-                    runs[speculative].append(await _run(client, concurrency, count, args.max_tokens, speculative))
+                    _reset_peak_rss(pid)
+                    run = await _run(client, concurrency, prompts[:count], args.max_tokens, speculative)
+                    runs[speculative].append(replace(run, peak_rss_mib=_peak_rss_mib(pid)))
             for speculative in (True, False):
                 results.append(_summarize(concurrency, speculative, runs[speculative]))
                 print(_row(results[-1]), file=sys.stderr, flush=True)
         return results, await _policy_costs(client)
 
 
-async def _warm_up(client, concurrency: int) -> None:
+async def _warm_up(client, concurrency: int, prompts: list[list[dict]]) -> None:
     """Two waves of C requests of different lengths, so the draft policy has measured every batch size from C
     down to 1 (a long-running server has; the benchmark should not charge that one-time exploration to one
     mode). Each batch size lasts at least 16 steps: enough for its plain steps and the draft lengths it tries.
     Two waves, because a batch size's guesses for short drafts scale the costs of the smaller batch sizes,
     which the first wave measures only after it (two sequences tried k = 1 in the first measured run)."""
     for _ in range(2):
-        await asyncio.gather(*(_one(client, PROMPTS[i % len(PROMPTS)], 16 * (i + 1), True) for i in range(concurrency)))
+        await asyncio.gather(
+            *(_one(client, prompts[-1 - i % len(prompts)], 16 * (i + 1), True) for i in range(concurrency))
+        )
 
 
 @dataclass
@@ -194,18 +226,36 @@ class _Run:
     steps: dict[str, float]  # scheduler steps by mode during the run
     drafted: Counter[str]  # drafted tokens by proposer
     accepted: Counter[str]  # accepted tokens by proposer
+    peak_rss_mib: float | None = None
 
 
-async def _run(client, concurrency: int, count: int, max_tokens: int, speculative: bool) -> _Run:
+def _reset_peak_rss(pid: int | None) -> None:
+    """Start the server's peak RSS (VmHWM) afresh (Linux: clear_refs 5); nothing without a started server."""
+    if pid is not None:
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/clear_refs", "w") as refs:
+            refs.write("5")
+
+
+def _peak_rss_mib(pid: int | None) -> float | None:
+    if pid is None:
+        return None
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return None
+
+
+async def _run(client, concurrency: int, prompts: list[list[dict]], max_tokens: int, speculative: bool) -> _Run:
     before = await _steps(client)
     gate = asyncio.Semaphore(concurrency)
 
-    async def limited(i: int) -> tuple[float, dict]:
+    async def limited(messages: list[dict]) -> tuple[float, dict]:
         async with gate:
-            return await _one(client, PROMPTS[i % len(PROMPTS)], max_tokens, speculative)
+            return await _one(client, messages, max_tokens, speculative)
 
     begin = time.perf_counter()
-    answers = await asyncio.gather(*(limited(i) for i in range(count)))
+    answers = await asyncio.gather(*(limited(messages) for messages in prompts))
     seconds = time.perf_counter() - begin
     after = await _steps(client)
     return _Run(
@@ -227,18 +277,20 @@ def _summarize(concurrency: int, speculative: bool, runs: list[_Run]) -> LevelRe
     return LevelResult(
         concurrency=concurrency, speculative=speculative, requests=len(latencies), tokens=tokens, seconds=seconds,
         tokens_per_second=tokens / seconds, latency_p50=statistics.median(latencies),
-        latency_p95=_percentile(latencies, 0.95), mean_accepted_length=tokens / passes if passes else 0.0,
+        latency_p95=_percentile(latencies, 0.95), latency_p99=_percentile(latencies, 0.99),
+        mean_accepted_length=tokens / passes if passes else 0.0,
         draft_step_share=draft / max(1, draft + plain),
         run_tokens_per_second=[run.tokens / run.seconds for run in runs],
         drafted_by_proposer=dict(sum((run.drafted for run in runs), Counter())),
         accepted_by_proposer=dict(sum((run.accepted for run in runs), Counter())),
+        peak_rss_mib=max((run.peak_rss_mib for run in runs if run.peak_rss_mib is not None), default=None),
     )  # fmt: skip
 
 
-async def _one(client, prompt: str, max_tokens: int, speculative: bool) -> tuple[float, dict]:
+async def _one(client, messages: list[dict], max_tokens: int, speculative: bool) -> tuple[float, dict]:
     body = {
-        "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
-        "speculative": speculative,
+        "messages": messages, "max_tokens": max_tokens, "temperature": 0, "speculative": speculative,
+        "cache_salt": uuid.uuid4().hex,  # as a fresh server would meet it (see the module's docstring)
     }  # fmt: skip
     begin = time.perf_counter()
     response = await client.post("/v1/chat/completions", json=body)
@@ -274,16 +326,17 @@ def _percentile(sorted_values: list[float], q: float) -> float:
 
 HEADER = (
     "| concurrency | speculation | requests | tokens | wall s | tokens/s | p50 latency s | p95 latency s "
-    "| mean accepted length | drafting steps | accepted / drafted by proposer |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|"
+    "| p99 latency s | mean accepted length | drafting steps | accepted / drafted by proposer | peak RSS MiB |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
 def _row(r: LevelResult) -> str:
     return (
         f"| {r.concurrency} | {'on' if r.speculative else 'off'} | {r.requests} | {r.tokens} | {r.seconds:.1f} "
-        f"| {r.tokens_per_second:.2f} | {r.latency_p50:.2f} | {r.latency_p95:.2f} | {r.mean_accepted_length:.2f} "
-        f"| {r.draft_step_share:.0%} | {_by_proposer(r)} |"
+        f"| {r.tokens_per_second:.2f} | {r.latency_p50:.2f} | {r.latency_p95:.2f} | {r.latency_p99:.2f} "
+        f"| {r.mean_accepted_length:.2f} | {r.draft_step_share:.0%} | {_by_proposer(r)} "
+        f"| {'—' if r.peak_rss_mib is None else f'{r.peak_rss_mib:.0f}'} |"
     )
 
 

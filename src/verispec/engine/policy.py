@@ -33,9 +33,12 @@ tokens. Rules:
 - A lookup (suffix drafting: tokens copied from text already seen, free to draft) is priced by the measured cost
   of a pass over as many rows as it adds: every target pass is recorded by its rows, and `row_cost` gives what n
   more rows cost over a pass without them (measured, interpolated, or extrapolated along the last two measured
-  widths). On a CPU whose products are compute-bound (AVX2 without VNNI: a pass of 4 rows costs 2.5 plain steps)
-  a lookup that is seldom accepted is cut short or not drafted at all; where a pass of 16 rows costs little more
-  than one, it drafts in full.
+  widths). A width's cost is the least of its last passes (other load only ever slows a pass), and the costs are
+  made non-decreasing in the width (a wider pass never costs less; a width measured only while the machine was
+  busy is pooled with its wider neighbours). With no wider pass measured yet a lookup drafts unpriced, so that
+  one gets measured. On a CPU whose products are compute-bound (AVX2 without VNNI: a pass of 4 rows costs 2.5
+  plain steps) a lookup that is seldom accepted is cut short or not drafted at all; where a pass of 16 rows costs
+  little more than one, it drafts in full.
 
 Why each rule is there (the runs that showed it): docs/server.md, "Why the policy's rules are what they are".
 """
@@ -74,6 +77,23 @@ class _StepTime:
         self.samples.append(sample)
         if len(self.samples) > self.window:
             self.samples.popleft()
+
+
+PASS_WINDOW = 9  # a pass width's cost: the least of its last this many passes
+
+
+def _non_decreasing(points: list[tuple[int, float, int]]) -> list[tuple[int, float]]:
+    """(width, seconds, samples) sorted by width, made non-decreasing in the width by pooling adjacent violators
+    (the least-squares fit weighted by samples): a width that looks dearer than a wider one, because only busy
+    moments measured it, is pooled with it."""
+    pools: list[list[float]] = []  # [seconds x samples, samples, number of widths]
+    for _, seconds, samples in points:
+        pools.append([seconds * samples, samples, 1])
+        while len(pools) > 1 and pools[-2][0] / pools[-2][1] > pools[-1][0] / pools[-1][1]:
+            total, weight, widths = pools.pop()
+            pools[-1] = [pools[-1][0] + total, pools[-1][1] + weight, pools[-1][2] + widths]
+    fitted = [total / weight for total, weight, widths in pools for _ in range(widths)]
+    return [(width, seconds) for (width, _, _), seconds in zip(points, fitted, strict=True)]
 
 
 @dataclass
@@ -121,7 +141,7 @@ class DraftPolicy:
     decay: float = 0.99  # per round, for the server-wide acceptance counts
     verify: dict[tuple[int, int], _StepTime] = field(default_factory=dict)  # (rows, k) -> target pass seconds
     draft: dict[tuple[int, int], _DraftTime] = field(default_factory=dict)  # (drafting rows, k) -> drafting seconds
-    passes: dict[int, _StepTime] = field(default_factory=dict)  # rows of a target pass -> its seconds
+    passes: dict[int, deque[float]] = field(default_factory=dict)  # rows of a target pass -> its last seconds
     # decayed counts of drafting steps that ran the draft model and of those that only looked tokens up
     model_steps: float = 0.0
     lookup_steps: float = 0.0
@@ -319,12 +339,13 @@ class DraftPolicy:
 
     def record_pass(self, rows: int, seconds: float) -> None:
         """A target pass over `rows` rows (all of its sequences', padding included) took `seconds`."""
-        self.passes.setdefault(rows, _StepTime()).add(seconds / self.slowdown)
+        self.passes.setdefault(rows, deque(maxlen=PASS_WINDOW)).append(seconds)
 
     def pass_seconds(self, rows: int) -> float | None:
         """The seconds of a pass over `rows` rows: measured, else interpolated between the nearest measured widths
-        around it, else extrapolated from the two widest below it; None when too little is measured."""
-        measured = sorted((r, t.value) for r, t in self.passes.items() if t.samples)
+        around it, else extrapolated from the two widest below it; None when too little is measured. Measured
+        widths cost the least of their last passes, made non-decreasing in the width (_non_decreasing)."""
+        measured = _non_decreasing(sorted((r, min(t), len(t)) for r, t in self.passes.items() if t))
         for r, seconds in measured:
             if r == rows:
                 return seconds
@@ -335,7 +356,7 @@ class DraftPolicy:
             return t0 + (t1 - t0) * (rows - r0) / (r1 - r0)
         if len(below) >= 2:
             (r0, t0), (r1, t1) = below[-2], below[-1]
-            return t1 + max(0.0, (t1 - t0) / (r1 - r0)) * (rows - r1)
+            return t1 + (t1 - t0) / (r1 - r0) * (rows - r1)
         return None
 
     def row_cost(self, batch: int, width: int):

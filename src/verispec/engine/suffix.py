@@ -114,6 +114,8 @@ def priced(lookup: Lookup, cost, batch: int = 1) -> Lookup | None:
         expected += chance
         factor = cost(n)
         if factor is None:  # unmeasured widths: as long as measured ones say
+            if n == 1:  # no wider pass measured yet: this lookup drafts unpriced, and its pass gets measured
+                return lookup
             break
         if (1 + expected / batch) / factor > best_rate:
             best, best_rate = n, (1 + expected / batch) / factor
