@@ -21,12 +21,16 @@
 /* GGML tensor type ids (ggml.h) of the types with a native kernel (the dense ones, F32, F16 and BF16, meet
  * float32 activations as they are: see vsk_dense.h) */
 enum {
-    VSK_F32 = 0, VSK_F16 = 1, VSK_Q4_0 = 2, VSK_Q4_1 = 3, VSK_Q5_0 = 6, VSK_Q8_0 = 8,
-    VSK_Q4_K = 12, VSK_Q6_K = 14, VSK_BF16 = 30,
+    VSK_F32 = 0, VSK_F16 = 1, VSK_Q4_0 = 2, VSK_Q4_1 = 3, VSK_Q5_0 = 6, VSK_Q8_0 = 8, VSK_Q2_K = 10,
+    VSK_Q3_K = 11, VSK_Q4_K = 12, VSK_Q5_K = 13, VSK_Q6_K = 14, VSK_IQ4_NL = 20, VSK_IQ4_XS = 23, VSK_BF16 = 30,
 };
 
-/* tile formats (vsk_tiles.c): Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K repacked losslessly, 16 weight rows interleaved */
-enum { VSK_T4_0 = 102, VSK_T4_1 = 103, VSK_T5_0 = 106, VSK_T8_0 = 108, VSK_T4_K = 112, VSK_T6_K = 114 };
+/* tile formats (vsk_tiles.c): each quantized type repacked losslessly, 16 weight rows interleaved; a tile form's id
+ * is 100 + its GGUF type's */
+enum {
+    VSK_T4_0 = 102, VSK_T4_1 = 103, VSK_T5_0 = 106, VSK_T8_0 = 108, VSK_T2_K = 110, VSK_T3_K = 111, VSK_T4_K = 112,
+    VSK_T5_K = 113, VSK_T6_K = 114, VSK_TIQ4_NL = 120, VSK_TIQ4_XS = 123,
+};
 
 enum { VSK_ISA_SCALAR = 0, VSK_ISA_AVX2 = 1, VSK_ISA_AVX512 = 2 };
 
