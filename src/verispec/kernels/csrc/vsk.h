@@ -2,8 +2,8 @@
  *
  * y[m][n] = sum_k x[m][k] * W[n][k] for M activation rows (M small: a decode step, a verify pass, or a slice
  * of a prefill) and N weight rows stored in one GGUF block type. Activations are first quantized per row to
- * 8-bit blocks (vsk_act32 for the 32-weight block types, vsk_act256 for the 256-weight K-quants and their
- * tile forms: one scale per 256 values lets a K-quant superblock's sub-block sums meet their integer scales
+ * 8-bit blocks (vsk_act32 for the 32-weight block types, vsk_act256 for the 256-weight K-quants, IQ4_XS and
+ * their tile forms: one scale per 256 values lets a K-quant superblock's sub-block sums meet their integer scales
  * before a single float step per row, as llama.cpp's Q8_K).
  *
  * Rules every path keeps:
@@ -41,8 +41,8 @@ typedef struct {
     int8_t q[32];
 } vsk_act32;
 
-/* bsum[j] = sum of q[16j .. 16j+15] (Q6_K's per-sub-block offset terms), sum32[j] = sum of q[32j .. 32j+31]
- * (Q4_K's minimum terms) */
+/* bsum[j] = sum of q[16j .. 16j+15] (the offset and minimum terms of the types with 16 weights per scale: Q6_K,
+ * Q3_K, Q2_K), sum32[j] = sum of q[32j .. 32j+31] (those of 32 per scale: Q4_K, Q5_K, IQ4_XS's levels + 128) */
 typedef struct {
     float d;
     int16_t bsum[16];
