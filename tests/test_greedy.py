@@ -23,20 +23,23 @@ pytestmark = pytest.mark.skipif(not native.available(), reason="native kernels n
 VOCAB, HIDDEN = 300, 256
 
 
-@pytest.fixture(scope="module")
-def model():
-    """A 2-block model native end to end: Q8_0 embeddings, the stack, the native final norm, a Q4_0 head."""
+@pytest.fixture(scope="module", params=["Q8_0", "Q3_K"])
+def model(request):
+    """A 2-block model native end to end: Q8_0 or Q3_K embeddings, the stack (the second block of the types of
+    Q5_K_M, Q3_K_M, Q2_K and IQ4 files), the native final norm, a Q4_0 head."""
     config = tiny_config(vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=2, intermediate_size=512)
     model = tiny_model(config, seed=0)
+    types = [("Q4_K", "Q5_0", "Q8_0", "Q8_0", "Q4_K", "Q6_K"), ("Q5_K", "Q3_K", "IQ4_NL", "Q2_K", "IQ4_XS", "Q5_K")]
     for i, block in enumerate(model.layers):
-        block.attn.wqkv = _linear(HIDDEN, [("Q4_K", 256), ("Q5_0", 128), ("Q8_0", 128)], 10 * i, bias=True)
-        block.attn.wo = _linear(HIDDEN, [("Q8_0", 256)], 10 * i + 3)
-        block.mlp.w_gate_up = _linear(HIDDEN, [("Q4_K", 1024)], 10 * i + 4)
-        block.mlp.w_down = _linear(512, [("Q6_K", 256)], 10 * i + 6)
+        q, k, v, o, gate_up, down = types[i]
+        block.attn.wqkv = _linear(HIDDEN, [(q, 256), (k, 128), (v, 128)], 10 * i, bias=True)
+        block.attn.wo = _linear(HIDDEN, [(o, 256)], 10 * i + 3)
+        block.mlp.w_gate_up = _linear(HIDDEN, [(gate_up, 1024)], 10 * i + 4)
+        block.mlp.w_down = _linear(512, [(down, 256)], 10 * i + 6)
         block.attn.batch_invariant = True
         block.attn.attend_per_query = native.attention
-    q8_0, q4_0 = int(TYPES["Q8_0"]), int(TYPES["Q4_0"])
-    model.embed = GGUFEmbedding(q8_0, torch.from_numpy(random_blocks(q8_0, VOCAB, HIDDEN, seed=1, scale=0.5)), HIDDEN)
+    embed, q4_0 = int(TYPES[request.param]), int(TYPES["Q4_0"])
+    model.embed = GGUFEmbedding(embed, torch.from_numpy(random_blocks(embed, VOCAB, HIDDEN, seed=1, scale=0.5)), HIDDEN)
     head = torch.from_numpy(random_blocks(q4_0, VOCAB, HIDDEN, seed=2, scale=0.5))
     model.lm_head = NativeLinear(HIDDEN, [(q4_0, head)])
     model.norm = NativeRMSNorm(model.norm.weight.data, config.rms_norm_eps)

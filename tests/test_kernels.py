@@ -13,13 +13,12 @@ from verispec.kernels import native
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="native kernels not compiled")
 
-TYPES = {
-    "Q4_0": GGMLQuantizationType.Q4_0, "Q4_1": GGMLQuantizationType.Q4_1, "Q5_0": GGMLQuantizationType.Q5_0,
-    "Q8_0": GGMLQuantizationType.Q8_0, "Q4_K": GGMLQuantizationType.Q4_K, "Q6_K": GGMLQuantizationType.Q6_K,
-    "F32": GGMLQuantizationType.F32, "F16": GGMLQuantizationType.F16, "BF16": GGMLQuantizationType.BF16,
-}  # fmt: skip
+QUANTIZED = ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
 DENSE = ["F32", "F16", "BF16"]
-_HALF_OFFSETS = {2: (0,), 3: (0, 2), 6: (0,), 8: (0,), 12: (0, 2), 14: (208,)}  # float16 fields per block
+TYPES = {name: GGMLQuantizationType[name] for name in QUANTIZED + DENSE}
+# float16 fields per block
+_HALF_OFFSETS = {2: (0,), 3: (0, 2), 6: (0,), 8: (0,), 20: (0,), 10: (80, 82), 11: (108,), 12: (0, 2), 13: (0, 2),
+                 14: (208,), 23: (0,)}  # fmt: skip
 
 
 def paths() -> list[str]:
@@ -72,6 +71,12 @@ def activations_as_floats(qtype: int, xq: torch.Tensor, k: int) -> np.ndarray:
     return (blocks["q"].astype(np.float64) * blocks["d"].astype(np.float64)[..., None]).reshape(xq.shape[0], k)
 
 
+def within_tolerance(got: np.ndarray, x_used: np.ndarray, w: np.ndarray) -> bool:
+    """Whether a product `got` is x_used @ w.T up to float32 accumulation (relative to the sum of magnitudes)."""
+    error = np.abs(got - x_used @ w.T)
+    return bool(np.all(error <= 2e-5 * (np.abs(x_used) @ np.abs(w).T) + 1e-6))
+
+
 @pytest.mark.parametrize("name", list(TYPES))
 @pytest.mark.parametrize(("m", "n", "k"), [(1, 37, 512), (5, 64, 256), (17, 24, 768)])
 def test_products_match_the_float64_reference(path, name, m, n, k):
@@ -85,10 +90,8 @@ def test_products_match_the_float64_reference(path, name, m, n, k):
     step = np.abs(x.numpy()).reshape(m, -1, block).max(-1, keepdims=True) / 127
     assert np.all(np.abs(x_used - x.numpy()).reshape(m, -1, block) <= step / 2 * 1.0001 + 1e-7)
     w = dequantized(qtype, weight, k)
-    expected = x_used @ w.T
     got = native.matmul(qtype, torch.from_numpy(weight), xq, k).numpy()
-    scale = np.abs(x_used) @ np.abs(w).T
-    assert np.all(np.abs(got - expected) <= 2e-5 * scale + 1e-6), (name, path, np.abs(got - expected).max())
+    assert within_tolerance(got, x_used, w), (name, path, np.abs(got - x_used @ w.T).max())
     assert torch.equal(native.linear(qtype, torch.from_numpy(weight), x), torch.from_numpy(got))
 
 
@@ -111,6 +114,11 @@ def test_dense_products_are_the_same_bits_on_every_path(name, m, k):
     assert all(torch.equal(r, results[0]) for r in results[1:])
 
 
+# a byte of each type's first block that holds weight values (not scales), for the negative control
+_VALUE_BYTE = {"Q4_0": 5, "Q4_1": 7, "Q5_0": 9, "Q8_0": 9, "IQ4_NL": 5, "Q2_K": 20, "Q3_K": 40, "Q4_K": 20,
+               "Q5_K": 60, "Q6_K": 10, "IQ4_XS": 20}  # fmt: skip
+
+
 def test_a_wrong_rule_fails_the_reference_check():
     """Negative control: dropping one sub-block's scale (a plausible unpacking bug) is far outside tolerance."""
     qtype, n, k = int(GGMLQuantizationType.Q4_K), 16, 256
@@ -122,6 +130,26 @@ def test_a_wrong_rule_fails_the_reference_check():
     expected = activations_as_floats(qtype, xq, k) @ w.T
     got = native.matmul(qtype, torch.from_numpy(weight), xq, k).numpy()
     assert np.abs(got - expected).max() > 1e-3 * np.abs(expected).max()
+
+
+@pytest.mark.parametrize("name", QUANTIZED)
+@pytest.mark.parametrize("tiled", [False, True], ids=["rows", "tiles"])
+def test_one_wrong_weight_per_row_fails_the_reference_check(path, name, tiled):
+    """Negative control of the reference tests' tolerance, per type and form: a reference whose rows each differ
+    from the weights in one bit of one value (a bit flipped in each row's first block) is caught, while the true
+    reference passes."""
+    qtype, n, k = int(TYPES[name]), 32, 512
+    weight = random_blocks(qtype, n, k, seed=5)
+    kind, data = native.repack(qtype, torch.from_numpy(weight), k) if tiled else (qtype, torch.from_numpy(weight))
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(1)) * 3
+    xq = native.quantize(kind, x)
+    got = native.matmul(kind, data, xq, k, n).numpy()
+    x_used = activations_as_floats(kind, xq, k)
+    assert within_tolerance(got, x_used, dequantized(qtype, weight, k))
+    wrong = weight.copy()
+    wrong[:, _VALUE_BYTE[name]] ^= 0x04
+    assert not np.array_equal(dequantized(qtype, wrong, k), dequantized(qtype, weight, k))
+    assert not within_tolerance(got, x_used, dequantized(qtype, wrong, k))
 
 
 @pytest.mark.parametrize("name", list(TYPES))
@@ -144,8 +172,8 @@ def test_each_row_is_the_same_bits_whatever_shares_its_call(path, name):
         native.set_threads(threads)
 
 
-# ---- tile forms (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K repacked, 16 rows interleaved) --------------------------------
-TILED = ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"]
+# ---- tile forms (every quantized type repacked, 16 rows interleaved) -------------------------------------------------
+TILED = QUANTIZED
 
 
 @pytest.mark.parametrize("name", TILED)
@@ -156,10 +184,25 @@ def test_tile_products_match_the_float64_reference(path, name, m, n, k):
     tile, tiles = native.repack(qtype, torch.from_numpy(weight), k)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(k)) * 3
     xq = native.quantize(tile, x)
-    expected = activations_as_floats(tile, xq, k) @ dequantized(qtype, weight, k).T
+    x_used, w = activations_as_floats(tile, xq, k), dequantized(qtype, weight, k)
     got = native.matmul(tile, tiles, xq, k, n).numpy()
-    scale = np.abs(activations_as_floats(tile, xq, k)) @ np.abs(dequantized(qtype, weight, k)).T
-    assert np.all(np.abs(got - expected) <= 2e-5 * scale + 1e-6), (name, path, np.abs(got - expected).max())
+    assert within_tolerance(got, x_used, w), (name, path, np.abs(got - x_used @ w.T).max())
+
+
+@pytest.mark.parametrize("name", ["Q2_K", "Q3_K", "Q5_K", "IQ4_XS"])
+def test_the_portable_tile_kernels_compute_the_row_kernels_bits(name):
+    """The tile forms of these types are unpacked to the row layout's portable superblock and dotted by the same
+    function (csrc/vsk_blocks.h): equal bits show the repacking lossless, rows past N included."""
+    qtype, n, k = int(TYPES[name]), 37, 768
+    weight = torch.from_numpy(random_blocks(qtype, n, k, seed=2))
+    tile, tiles = native.repack(qtype, weight, k)
+    x = torch.randn(5, k, generator=torch.Generator().manual_seed(3))
+    before = native.isa()
+    try:
+        native.set_isa("scalar")
+        assert torch.equal(native.linear(tile, tiles, x, n), native.linear(qtype, weight, x))
+    finally:
+        native.set_isa(before)
 
 
 @pytest.mark.parametrize("name", TILED)
@@ -200,24 +243,26 @@ def test_a_native_linear_of_mixed_parts_equals_its_dequantized_matrix():
     from verispec.kernels.linear import NativeLinear
 
     k = 512
-    shapes = (("Q4_K", 48), ("Q5_0", 20), ("Q6_K", 16), ("Q8_0", 8), ("Q4_0", 12), ("Q4_1", 12))
+    shapes = (("Q4_K", 48), ("Q5_0", 20), ("Q6_K", 16), ("Q8_0", 8), ("Q4_0", 12), ("Q4_1", 12), ("Q5_K", 20),
+              ("Q3_K", 16), ("Q2_K", 12), ("IQ4_XS", 24), ("IQ4_NL", 4))  # fmt: skip
     parts = [(int(TYPES[name]), torch.from_numpy(random_blocks(int(TYPES[name]), rows, k, seed=rows)))
              for name, rows in shapes]  # fmt: skip
-    bias = torch.randn(116)
+    out = sum(rows for _, rows in shapes)
+    bias = torch.randn(out)
     layer = NativeLinear(k, parts, bias)
-    assert [kind for kind, _ in layer.kernels] == [112, 106, 114, 108, 102, 103]  # every part in its tile form
+    assert [kind for kind, _ in layer.kernels] == [100 + qtype for qtype, _ in parts]  # every part in its tile form
     x = torch.randn(3, 2, k, generator=torch.Generator().manual_seed(0))
     w = np.concatenate([dequantized(qtype, weight.numpy(), k) for qtype, weight in parts])
     expected = x.reshape(6, k).double().numpy() @ w.T + bias.double().numpy()
     got = layer(x)
-    assert got.shape == (3, 2, 116)
-    assert np.abs(got.reshape(6, 116).double().numpy() - expected).max() < 0.02 * np.abs(expected).max()
+    assert got.shape == (3, 2, out)
+    assert np.abs(got.reshape(6, out).double().numpy() - expected).max() < 0.02 * np.abs(expected).max()
     rows = torch.tensor([0, 5, 47])
     head = NativeLinear(k, parts[:1], bias[:48]).select_rows(rows)
     assert torch.equal(head(x), NativeLinear(k, parts[:1], bias[:48])(x)[..., rows])
 
 
-@pytest.mark.parametrize("name", ["Q8_0", "Q6_K", "F16", "BF16", "Q4_0"])
+@pytest.mark.parametrize("name", ["Q8_0", "Q6_K", "Q5_K", "F16", "BF16", "Q4_0", "IQ4_XS"])
 def test_rows_requantized_to_q4_0_are_ggmls_reference_rounding(name):
     """A draft head's rows made coarser (select_rows(at_most_q4_0=True)): ggml's Q4_0 reference rounding of the
     dequantized rows, bit for bit as the `gguf` package writes it, and only for rows stored wider than Q4_0."""
@@ -231,8 +276,9 @@ def test_rows_requantized_to_q4_0_are_ggmls_reference_rounding(name):
     expected = quantize(dequantized(qtype, weight.numpy()[rows.numpy()], k).astype(np.float32), TYPES["Q4_0"])
     assert np.array_equal(native.requantize_q4_0(qtype, weight, rows, k).numpy(), expected)
     head = NativeLinear(k, [(qtype, weight)]).select_rows(rows, at_most_q4_0=True)
-    assert head.source[0][0] == (qtype if name == "Q4_0" else int(TYPES["Q4_0"]))
-    assert torch.equal(head.source[0][1], weight[rows] if name == "Q4_0" else torch.from_numpy(expected))
+    kept = name in ("Q4_0", "IQ4_XS")  # stored in fewer bytes than Q4_0 already
+    assert head.source[0][0] == (qtype if kept else int(TYPES["Q4_0"]))
+    assert torch.equal(head.source[0][1], weight[rows] if kept else torch.from_numpy(expected))
 
 
 def test_half_precision_rounds_to_nearest_even_as_numpy():

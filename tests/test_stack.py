@@ -25,16 +25,20 @@ def _linear(k: int, parts: list[tuple[str, int]], seed: int, bias: bool = False)
 
 @pytest.fixture(scope="module")
 def model():
-    """A 2-block model whose products are GGUF blocks of several types (tiled and not, dense too: all three
+    """A 2-block model whose products are GGUF blocks of every type, one type per matrix (dense too: all three
     activation formats, mixed within one product), with q/k/v bias."""
     config = tiny_config(hidden_size=256, num_layers=2, intermediate_size=512)  # 4 heads of 64, 2 kv heads
     model = tiny_model(config, seed=0)
+    types = [  # per block: q, k, v, o, gate, up, down
+        ("Q4_K", "Q5_0", "Q6_K", "Q8_0", "Q5_K", "IQ4_NL", "Q3_K"),
+        ("IQ4_XS", "Q4_1", "F16", "BF16", "Q2_K", "Q4_0", "F32"),
+    ]
     for i, block in enumerate(model.layers):
-        v = ("Q6_K", "F16")[i]
-        block.attn.wqkv = _linear(256, [("Q4_K", 256), ("Q5_0", 128), (v, 128)], 10 * i, bias=True)
-        block.attn.wo = _linear(256, [(("Q8_0", "BF16")[i], 256)], 10 * i + 3)
-        block.mlp.w_gate_up = _linear(256, [("Q4_K", 512), ("Q5_0", 512)], 10 * i + 4)
-        block.mlp.w_down = _linear(512, [(("Q6_K", "F32")[i], 256)], 10 * i + 6)
+        q, k, v, o, gate, up, down = types[i]
+        block.attn.wqkv = _linear(256, [(q, 256), (k, 128), (v, 128)], 10 * i, bias=True)
+        block.attn.wo = _linear(256, [(o, 256)], 10 * i + 3)
+        block.mlp.w_gate_up = _linear(256, [(gate, 512), (up, 512)], 10 * i + 4)
+        block.mlp.w_down = _linear(512, [(down, 256)], 10 * i + 6)
         block.attn.batch_invariant = True
         block.attn.attend_per_query = native.attention
     stack = native_stack(config, model)
@@ -63,9 +67,10 @@ def test_the_stack_computes_what_the_blocks_compute(model, path):
     scale = logits[0].abs().max()
     assert scale > 1.0
     assert (logits[1] - logits[0]).abs().max() < 1e-4 * scale
-    for layer in range(2):  # and the keys and values it wrote
-        assert torch.allclose(caches[1].keys[layer][0, :, :26], caches[0].keys[layer][0, :, :26], atol=1e-4)
-        assert torch.allclose(caches[1].values[layer][0, :, :26], caches[0].values[layer][0, :, :26], atol=1e-4)
+    for layer in range(2):  # and the keys and values it wrote, up to an activation's rounding flipped by the steps
+        for kind in ("keys", "values"):  # between the products (a different order of float operations)
+            blocks, stacked = (getattr(c, kind)[layer][0, :, :26] for c in caches)
+            assert torch.allclose(stacked, blocks, atol=1e-3 * blocks.abs().max())
 
 
 def _run(model, stack, cache, rows: list[tuple[int, int, int]]) -> torch.Tensor:

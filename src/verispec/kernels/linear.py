@@ -18,8 +18,9 @@ from . import native
 class NativeLinear(nn.Module):
     """y = x @ W.T + b, W the row-stacked parts [(GGML type, [rows, row bytes] uint8)]; x and y float32.
 
-    Parts whose type has a tile form (Q4_0, Q5_0, Q8_0, Q4_K, Q6_K) are repacked into it when the layer is
-    built (a lossless re-arrangement, see csrc/vsk_tiles.c); the GGUF rows stay referenced for `select_rows`.
+    Parts whose type has a tile form (every quantized type with a kernel: native.TILE_OF) are repacked into it
+    when the layer is built (a lossless re-arrangement, see csrc/vsk_tiles.c); the GGUF rows stay referenced for
+    `select_rows`.
     """
 
     def __init__(

@@ -20,19 +20,21 @@ from ..errors import InvalidParameterError
 
 ISAS = ("scalar", "avx2", "avx512")
 CHOICES = ("auto", *ISAS, "torch")
-# GGML type ids with a native product, as (values, bytes) per block: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, and the
-# dense F32, F16 and BF16 (whose activations are float32 rows: "blocks" of one value)
+# GGML type ids with a native product, as (values, bytes) per block: Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, Q2_K, Q3_K,
+# Q4_K, Q5_K, Q6_K, IQ4_XS, and the dense F32, F16 and BF16 (whose activations are float32 rows: "blocks" of one
+# value)
 QUANT_TYPES = {
-    2: (32, 18), 3: (32, 20), 6: (32, 22), 8: (32, 34), 12: (256, 144), 14: (256, 210),
+    2: (32, 18), 3: (32, 20), 6: (32, 22), 8: (32, 34), 20: (32, 18),
+    10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 23: (256, 136),
     0: (1, 4), 1: (1, 2), 30: (1, 2),
 }  # fmt: skip
 DENSE_TYPES = (0, 1, 30)
 # bytes of one activation block (vsk.h: vsk_act32, vsk_act256; a float for the dense types)
 _ACT_BLOCK = {1: 4, 32: 40, 256: 308}
-# tile forms (csrc/vsk_tiles.c): 16 rows interleaved, lossless; their activations are blocks of 32 values, or of
-# 256 for the K-quants' forms (as the K-quants themselves)
-TILE_OF = {2: 102, 3: 103, 6: 106, 8: 108, 12: 112, 14: 114}
-_ACT_OF_TILE = {102: 32, 103: 32, 106: 32, 108: 32, 112: 256, 114: 256}
+# tile forms (csrc/vsk_tiles.c): 16 rows interleaved, lossless, id 100 + the GGML type's; their activations are
+# blocks of 32 values, or of 256 for the forms of the 256-weight types (as those types themselves)
+TILE_OF = {qtype: 100 + qtype for qtype in (2, 3, 6, 8, 20, 10, 11, 12, 13, 14, 23)}
+_ACT_OF_TILE = {tile: QUANT_TYPES[qtype][0] for qtype, tile in TILE_OF.items()}
 
 _c_p, _c_int, _c_size, _c_f = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_float
 _SIGNATURES = {

@@ -31,9 +31,15 @@ from .gguf_source import undo_rope_permutation
 from .model import Transformer
 from .tokenizer import Tokenizer
 
-FORM = "gguf-tiles5"  # the cache form (converted.converted_folder); change when the tile formats change (5: T4_1)
+# the cache form (converted.converted_folder); change when the tile formats change (5: T4_1; 6: T2_K, T3_K, T5_K,
+# TIQ4_NL, TIQ4_XS)
+FORM = "gguf-tiles6"
 _FLOAT_TYPES = {0: np.float32, 1: np.float16, 30: np.uint16}  # F32, F16, BF16 (bits): their element types
-_HALF_FIELDS = {2: (18, (0,)), 3: (20, (0, 2)), 6: (22, (0,)), 8: (34, (0,)), 12: (144, (0, 2)), 14: (210, (208,))}
+# per quantized type: (block bytes, offsets of its float16 fields)
+_HALF_FIELDS = {
+    2: (18, (0,)), 3: (20, (0, 2)), 6: (22, (0,)), 8: (34, (0,)), 20: (18, (0,)),
+    10: (84, (80, 82)), 11: (110, (108,)), 12: (144, (0, 2)), 13: (176, (0, 2)), 14: (210, (208,)), 23: (136, (0,)),
+}  # fmt: skip
 
 
 def load_native(path: Path, folder: Path, progress: bool = True) -> tuple[Transformer, Tokenizer] | None:

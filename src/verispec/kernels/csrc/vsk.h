@@ -2,8 +2,8 @@
  *
  * y[m][n] = sum_k x[m][k] * W[n][k] for M activation rows (M small: a decode step, a verify pass, or a slice
  * of a prefill) and N weight rows stored in one GGUF block type. Activations are first quantized per row to
- * 8-bit blocks (vsk_act32 for the 32-weight block types, vsk_act256 for the 256-weight K-quants and their
- * tile forms: one scale per 256 values lets a K-quant superblock's sub-block sums meet their integer scales
+ * 8-bit blocks (vsk_act32 for the 32-weight block types, vsk_act256 for the 256-weight K-quants, IQ4_XS and
+ * their tile forms: one scale per 256 values lets a K-quant superblock's sub-block sums meet their integer scales
  * before a single float step per row, as llama.cpp's Q8_K).
  *
  * Rules every path keeps:
@@ -22,12 +22,16 @@
 /* GGML tensor type ids (ggml.h) of the types with a native kernel (the dense ones, F32, F16 and BF16, meet
  * float32 activations as they are: see vsk_dense.h) */
 enum {
-    VSK_F32 = 0, VSK_F16 = 1, VSK_Q4_0 = 2, VSK_Q4_1 = 3, VSK_Q5_0 = 6, VSK_Q8_0 = 8,
-    VSK_Q4_K = 12, VSK_Q6_K = 14, VSK_BF16 = 30,
+    VSK_F32 = 0, VSK_F16 = 1, VSK_Q4_0 = 2, VSK_Q4_1 = 3, VSK_Q5_0 = 6, VSK_Q8_0 = 8, VSK_Q2_K = 10,
+    VSK_Q3_K = 11, VSK_Q4_K = 12, VSK_Q5_K = 13, VSK_Q6_K = 14, VSK_IQ4_NL = 20, VSK_IQ4_XS = 23, VSK_BF16 = 30,
 };
 
-/* tile formats (vsk_tiles.c): Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K repacked losslessly, 16 weight rows interleaved */
-enum { VSK_T4_0 = 102, VSK_T4_1 = 103, VSK_T5_0 = 106, VSK_T8_0 = 108, VSK_T4_K = 112, VSK_T6_K = 114 };
+/* tile formats (vsk_tiles.c): each quantized type repacked losslessly, 16 weight rows interleaved; a tile form's id
+ * is 100 + its GGUF type's */
+enum {
+    VSK_T4_0 = 102, VSK_T4_1 = 103, VSK_T5_0 = 106, VSK_T8_0 = 108, VSK_T2_K = 110, VSK_T3_K = 111, VSK_T4_K = 112,
+    VSK_T5_K = 113, VSK_T6_K = 114, VSK_TIQ4_NL = 120, VSK_TIQ4_XS = 123,
+};
 
 enum { VSK_ISA_SCALAR = 0, VSK_ISA_AVX2 = 1, VSK_ISA_AVX512 = 2 };
 
@@ -38,8 +42,8 @@ typedef struct {
     int8_t q[32];
 } vsk_act32;
 
-/* bsum[j] = sum of q[16j .. 16j+15] (Q6_K's per-sub-block offset terms), sum32[j] = sum of q[32j .. 32j+31]
- * (Q4_K's minimum terms) */
+/* bsum[j] = sum of q[16j .. 16j+15] (the offset and minimum terms of the types with 16 weights per scale: Q6_K,
+ * Q3_K, Q2_K), sum32[j] = sum of q[32j .. 32j+31] (those of 32 per scale: Q4_K, Q5_K, IQ4_XS's levels + 128) */
 typedef struct {
     float d;
     int16_t bsum[16];

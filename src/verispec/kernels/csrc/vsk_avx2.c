@@ -73,12 +73,16 @@ static inline __m256i nibbles(const uint8_t *p) {
     return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), mask), _mm_and_si128(raw, mask));
 }
 
-/* kind 0: signed weights (Q4_0, Q5_0, Q8_0); kind 1: unsigned 0..15 with a minimum (Q4_1) */
+/* signed weights (Q4_0, Q5_0, Q8_0, IQ4_NL's levels), or unsigned 0..15 with a minimum (Q4_1) */
 static inline __m256i unpack32(int type, const uint8_t *b, float *d, float *mn) {
     switch (type) {
     case VSK_Q4_0:
         *d = half(b);
         return _mm256_sub_epi8(nibbles(b + 2), _mm256_set1_epi8(8));
+    case VSK_IQ4_NL:
+        *d = half(b);
+        return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)vsk_iq4_levels)),
+                                   nibbles(b + 2));
     case VSK_Q4_1:
         *d = half(b);
         *mn = half(b + 2);
@@ -136,6 +140,7 @@ SWEEP32(q4_0, VSK_Q4_0, 18)
 SWEEP32(q4_1, VSK_Q4_1, 20)
 SWEEP32(q5_0, VSK_Q5_0, 22)
 SWEEP32(q8_0, VSK_Q8_0, 34)
+SWEEP32(iq4_nl, VSK_IQ4_NL, 18)
 
 /* ---- Q4_K ------------------------------------------------------------------------------------------------ */
 
@@ -291,6 +296,7 @@ vsk_kernel NAME(vsk_kernel)(int type) {
     case VSK_Q4_1: return NAME(kernel_q4_1);
     case VSK_Q5_0: return NAME(kernel_q5_0);
     case VSK_Q8_0: return NAME(kernel_q8_0);
+    case VSK_IQ4_NL: return NAME(kernel_iq4_nl);
     case VSK_Q4_K: return NAME(kernel_q4_k);
     case VSK_Q6_K: return NAME(kernel_q6_k);
     case VSK_F32: return NAME(kernel_f32);

@@ -9,6 +9,10 @@
 
 #define Q4_K_BYTES 144 /* f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles */
 #define Q6_K_BYTES 210 /* 128 bytes low nibbles, 64 bytes high 2 bits, 16 int8 scales, f16 d */
+#define Q5_K_BYTES 176 /* Q4_K's, with 32 bytes of fifth bits before the nibbles */
+#define Q3_K_BYTES 110 /* 32 bytes of third bits, 64 bytes of 2-bit values, 12 bytes of 6-bit scales, f16 d */
+#define Q2_K_BYTES 84  /* 16 bytes of 4-bit scales and mins, 64 bytes of 2-bit values, f16 d, f16 dmin */
+#define IQ4_XS_BYTES 136 /* f16 d, 2 + 4 bytes of 6-bit scales, 128 bytes of nibbles (indices into a table) */
 
 /* the tile forms' blocks of 16 rows (layouts: vsk_tiles.c) */
 #define T4K_BYTES 2368 /* 256 weights */
@@ -17,6 +21,10 @@
 #define T41_BYTES 320  /* 32 weights */
 #define T50_BYTES 352  /* 32 weights */
 #define T80_BYTES 544  /* 32 weights */
+#define T5K_BYTES 2880 /* 256 weights */
+#define T3K_BYTES 1824 /* 256 weights */
+#define T2K_BYTES 1344 /* 256 weights */
+#define TIQ4XS_BYTES 2208 /* 256 weights */
 
 #define MAX_ROWS 16 /* activation rows handled per sweep over the weights; more rows take more sweeps */
 
@@ -80,6 +88,121 @@ static inline void q6_k_values(const uint8_t *blk, uint8_t *q) {
             q[l + 96] = (uint8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
         }
     }
+}
+
+/* IQ4_NL and IQ4_XS: the weight of a 4-bit index i is (its block's scale) x vsk_iq4_levels[i] */
+static const int8_t vsk_iq4_levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+/* Q5_K: the 256 values 0..31 in weight order: Q4_K's nibbles (after the 32 bytes of fifth bits), and the fifth
+ * bit of weight 32b + l in bit b of byte l */
+static inline void q5_k_values(const uint8_t *blk, uint8_t *q) {
+    q4_k_values(blk + 48, q);
+    for (int i = 0; i < 256; i++) q[i] |= (uint8_t)(((blk[16 + i % 32] >> (i / 32)) & 1) << 4);
+}
+
+/* Q3_K: the 256 values 0..7 (the weight is d * scale[v / 16] * (value - 4)): weight 128h + 32s + l has its low
+ * two bits at bit 2s of qs[32h + l] and its third bit at bit (weight / 32) of hmask[l] */
+static inline void q3_k_values(const uint8_t *blk, uint8_t *q) {
+    const uint8_t *hmask = blk, *qs = blk + 32;
+    for (int i = 0; i < 256; i++) {
+        const int low = (qs[32 * (i / 128) + i % 32] >> (2 * (i / 32 % 4))) & 3;
+        q[i] = (uint8_t)(low | (((hmask[i % 32] >> (i / 32)) & 1) << 2));
+    }
+}
+
+/* Q3_K: the 16 scales (6 bits less 32: -32..31), packed in 12 bytes: the low 4 bits of scale j in byte j % 8
+ * (nibble j / 8), the high 2 in byte 8 + j % 4 (bits 2 (j / 4)) */
+static inline void q3_k_scales(const uint8_t *s, int8_t *sc) {
+    for (int j = 0; j < 16; j++) {
+        const int low = (s[j % 8] >> (4 * (j / 8))) & 0x0F, high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+        sc[j] = (int8_t)((low | (high << 4)) - 32);
+    }
+}
+
+/* Q2_K: the 256 values 0..3, laid out as Q3_K's low two bits */
+static inline void q2_k_values(const uint8_t *qs, uint8_t *q) {
+    for (int i = 0; i < 256; i++) q[i] = (qs[32 * (i / 128) + i % 32] >> (2 * (i / 32 % 4))) & 3;
+}
+
+/* IQ4_XS: the 8 sub-block scales (6 bits less 32: the low 4 in a nibble of scales_l, the high 2 in scales_h) and
+ * the 256 indices (sub-block j: weights 32j + l and 32j + 16 + l in the low and high nibble of byte 16j + l) */
+static inline void iq4_xs_values(const uint8_t *blk, int8_t *sc, uint8_t *q) {
+    const uint16_t high = rd16(blk + 2);
+    for (int j = 0; j < 8; j++) {
+        sc[j] = (int8_t)((((blk[4 + j / 2] >> (4 * (j % 2))) & 0x0F) | (((high >> (2 * j)) & 3) << 4)) - 32);
+        for (int l = 0; l < 16; l++) {
+            q[32 * j + l] = blk[8 + 16 * j + l] & 0x0F;
+            q[32 * j + 16 + l] = blk[8 + 16 * j + l] >> 4;
+        }
+    }
+}
+
+/* A superblock of Q2_K, Q3_K, Q5_K or IQ4_XS in one portable form: the weight i is
+ *   d * scale[i / 16] * level(value[i]) - dmin * min[i / 16]
+ * (level: the value itself, value - 4 for Q3_K, vsk_iq4_levels[value] for IQ4_XS; Q5_K's and IQ4_XS's scales
+ * of 32 weights repeated for both halves; dmin and min zero where the type has none). The portable products and
+ * the portable tile kernels of these types both go through it, so they compute the same bits. */
+typedef struct {
+    uint16_t d, dmin; /* float16 bits */
+    int8_t scale[16];
+    uint8_t min[16];
+    uint8_t value[256];
+} vsk_kblock;
+
+static inline int vsk_level(int type, int value) {
+    return type == VSK_Q3_K ? value - 4 : type == VSK_IQ4_XS ? vsk_iq4_levels[value] : value;
+}
+
+/* the GGUF superblock `blk` of `type` */
+static inline void vsk_kblock_of(int type, const uint8_t *blk, vsk_kblock *k) {
+    memset(k, 0, sizeof *k);
+    if (type == VSK_Q2_K) {
+        k->d = rd16(blk + 80);
+        k->dmin = rd16(blk + 82);
+        for (int j = 0; j < 16; j++) {
+            k->scale[j] = (int8_t)(blk[j] & 0x0F);
+            k->min[j] = blk[j] >> 4;
+        }
+        q2_k_values(blk + 16, k->value);
+    } else if (type == VSK_Q3_K) {
+        k->d = rd16(blk + 108);
+        q3_k_scales(blk + 96, k->scale);
+        q3_k_values(blk, k->value);
+    } else if (type == VSK_Q5_K) {
+        uint8_t sc[8], mn[8];
+        k->d = rd16(blk);
+        k->dmin = rd16(blk + 2);
+        q4_k_scales(blk + 4, sc, mn);
+        for (int j = 0; j < 16; j++) {
+            k->scale[j] = (int8_t)sc[j / 2];
+            k->min[j] = mn[j / 2];
+        }
+        q5_k_values(blk, k->value);
+    } else { /* VSK_IQ4_XS */
+        int8_t sc[8];
+        k->d = rd16(blk);
+        iq4_xs_values(blk, sc, k->value);
+        for (int j = 0; j < 16; j++) k->scale[j] = sc[j / 2];
+    }
+}
+
+/* the superblock's product with one activation block: integer sums per 16 weights meet their integer scales, the
+ * minimums meet the activations' sums of 16, then one float step each (|sums| < 2^31: at most 256 x 127 x 127 x 32) */
+static inline float vsk_kblock_dot(int type, const vsk_kblock *k, const vsk_act256 *x) {
+    int32_t isum = 0, msum = 0;
+    for (int j = 0; j < 16; j++) {
+        int32_t s = 0;
+        for (int i = 0; i < 16; i++) s += vsk_level(type, k->value[16 * j + i]) * x->q[16 * j + i];
+        isum += k->scale[j] * s;
+        msum += k->min[j] * x->bsum[j];
+    }
+    const float d = vsk_fp16_to_fp32(k->d), dmin = vsk_fp16_to_fp32(k->dmin);
+    return x->d * (d * (float)isum) - x->d * (dmin * (float)msum);
+}
+
+/* the GGUF block bytes of a type of this family */
+static inline int vsk_kblock_bytes(int type) {
+    return type == VSK_Q2_K ? Q2_K_BYTES : type == VSK_Q3_K ? Q3_K_BYTES : type == VSK_Q5_K ? Q5_K_BYTES : IQ4_XS_BYTES;
 }
 
 /* a vsk_kernel (vsk.h) running `body(variant, ...)`: the tile forms of one family share one body per path */

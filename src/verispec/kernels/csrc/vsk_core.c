@@ -33,8 +33,7 @@ static int best_isa(void) {
 static int current_isa = -1;
 
 static vsk_kernel kernel_for(int isa, int type) {
-    if (type == VSK_T4_K || type == VSK_T6_K || type == VSK_T4_0 || type == VSK_T4_1 || type == VSK_T5_0 ||
-        type == VSK_T8_0) {
+    if (type > 100) { /* a tile form */
         vsk_kernel k = NULL;
         if (isa >= VSK_ISA_AVX512) k = vsk_tile_kernel_avx512(type);
         if (!k && isa >= VSK_ISA_AVX2) k = vsk_tile_kernel_avx2(type);
@@ -72,14 +71,9 @@ VSK_API int vsk_has_kernel(int type) { return kernel_for(VSK_ISA_SCALAR, type) !
 
 void vsk_repack_rows(int type, const uint8_t *src, size_t row_bytes, int N, int K, uint8_t *dst);
 
+/* the tile form of a GGUF type (its id + 100), or -1 */
 static int tile_type(int type) {
-    return type == VSK_Q4_K   ? VSK_T4_K
-           : type == VSK_Q6_K ? VSK_T6_K
-           : type == VSK_Q4_0 ? VSK_T4_0
-           : type == VSK_Q4_1 ? VSK_T4_1
-           : type == VSK_Q5_0 ? VSK_T5_0
-           : type == VSK_Q8_0 ? VSK_T8_0
-                              : -1;
+    return type >= 0 && type < 100 && vsk_tile_kernel_scalar(type + 100) ? type + 100 : -1;
 }
 
 /* bytes of the tile form of an [N, K] matrix of `type`, or 0 when the type has none */
@@ -96,11 +90,15 @@ VSK_API int vsk_repack(int type, const uint8_t *src, size_t row_bytes, int N, in
 
 /* ---- activations ---------------------------------------------------------------------------------------- */
 
-/* the K-quants and their tile forms take one scale per 256 values, the dense types float rows, every other
- * type one scale per 32 values */
+/* the 256-weight types (the K-quants, IQ4_XS) and their tile forms take one scale per 256 values, the dense types
+ * float rows, every other type one scale per 32 values */
 VSK_API int vsk_act_block(int type) {
     if (type == VSK_F32 || type == VSK_F16 || type == VSK_BF16) return 1;
-    return (type == VSK_Q4_K || type == VSK_Q6_K || type == VSK_T4_K || type == VSK_T6_K) ? 256 : 32;
+    const int gguf = type > 100 ? type - 100 : type;
+    return gguf == VSK_Q2_K || gguf == VSK_Q3_K || gguf == VSK_Q4_K || gguf == VSK_Q5_K || gguf == VSK_Q6_K ||
+                   gguf == VSK_IQ4_XS
+               ? 256
+               : 32;
 }
 
 VSK_API size_t vsk_act_row_bytes(int type, int K) {

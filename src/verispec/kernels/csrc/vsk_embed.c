@@ -14,13 +14,18 @@ int vsk_row_to_floats(int type, const uint8_t *row, int K, float *out) {
     case VSK_F32: case VSK_F16: case VSK_BF16:
         for (int i = 0; i < K; i++) out[i] = vsk_dense_value(type, row, i);
         return 0;
-    case VSK_Q4_0: case VSK_Q4_1: case VSK_Q5_0: case VSK_Q8_0: {
-        const int bytes = type == VSK_Q4_0 ? 18 : type == VSK_Q4_1 ? 20 : type == VSK_Q5_0 ? 22 : 34;
+    case VSK_Q4_0: case VSK_Q4_1: case VSK_Q5_0: case VSK_Q8_0: case VSK_IQ4_NL: {
+        const int bytes = type == VSK_Q4_1 ? 20 : type == VSK_Q5_0 ? 22 : type == VSK_Q8_0 ? 34 : 18;
         for (int b = 0; b < K / 32; b++, out += 32) {
             const uint8_t *blk = row + (size_t)b * bytes;
             const float d = half(blk);
             if (type == VSK_Q8_0) {
                 for (int i = 0; i < 32; i++) out[i] = (float)(int8_t)blk[2 + i] * d;
+            } else if (type == VSK_IQ4_NL) {
+                for (int i = 0; i < 16; i++) {
+                    out[i] = d * (float)vsk_iq4_levels[blk[2 + i] & 0x0F];
+                    out[i + 16] = d * (float)vsk_iq4_levels[blk[2 + i] >> 4];
+                }
             } else if (type == VSK_Q4_1) {
                 const float m = half(blk + 2);
                 for (int i = 0; i < 16; i++) {
@@ -58,13 +63,22 @@ int vsk_row_to_floats(int type, const uint8_t *row, int K, float *out) {
             for (int i = 0; i < 256; i++) out[i] = (d * (float)(int8_t)blk[192 + i / 16]) * (float)((int)q[i] - 32);
         }
         return 0;
+    case VSK_Q2_K: case VSK_Q3_K: case VSK_Q5_K: case VSK_IQ4_XS:
+        /* the package's (d * scale) * level - dmin * min; Q3_K and IQ4_XS have no minimum (less 0: the same bits) */
+        for (int b = 0; b < K / 256; b++, out += 256) {
+            vsk_kblock k;
+            vsk_kblock_of(type, row + (size_t)b * (size_t)vsk_kblock_bytes(type), &k);
+            const float d = vsk_fp16_to_fp32(k.d), dmin = vsk_fp16_to_fp32(k.dmin);
+            for (int i = 0; i < 256; i++)
+                out[i] = (d * (float)k.scale[i / 16]) * (float)vsk_level(type, k.value[i]) - dmin * (float)k.min[i / 16];
+        }
+        return 0;
     default: return -1;
     }
 }
 
 VSK_API int vsk_has_rows_to_floats(int type) {
-    return type == VSK_F32 || type == VSK_F16 || type == VSK_BF16 || type == VSK_Q4_0 || type == VSK_Q4_1 || type == VSK_Q5_0 ||
-           type == VSK_Q8_0 || type == VSK_Q4_K || type == VSK_Q6_K;
+    return vsk_row_to_floats(type, NULL, 0, NULL) == 0; /* a row of no values: only the type is looked at */
 }
 
 /* out[i] = row ids[i] of W (rows of `row_bytes` bytes, K values each) as float32; 0, or -1 for another type */

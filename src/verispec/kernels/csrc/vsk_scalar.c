@@ -44,6 +44,15 @@ static inline void unpack_q8_0(const uint8_t *b, int8_t *w, float *d, float *m) 
     memcpy(w, b + 2, 32);
 }
 
+static inline void unpack_iq4_nl(const uint8_t *b, int8_t *w, float *d, float *m) {
+    *d = vsk_fp16_to_fp32(rd16(b));
+    *m = 0.0f;
+    for (int j = 0; j < 16; j++) {
+        w[j] = vsk_iq4_levels[b[2 + j] & 0x0F];
+        w[j + 16] = vsk_iq4_levels[b[2 + j] >> 4];
+    }
+}
+
 typedef void (*unpack32)(const uint8_t *, int8_t *, float *, float *);
 
 static void sweep32(unpack32 unpack, size_t block_bytes, const uint8_t *W, size_t row_bytes, int n0, int n1,
@@ -79,6 +88,7 @@ SWEEP32(q4_0, 18)
 SWEEP32(q4_1, 20)
 SWEEP32(q5_0, 22)
 SWEEP32(q8_0, 34)
+SWEEP32(iq4_nl, 18)
 
 /* ---- K-quants: 256 weights per block ---------------------------------------------------------------- */
 
@@ -143,6 +153,31 @@ static void kernel_q6_k(const uint8_t *W, size_t row_bytes, int n0, int n1, int 
     }
 }
 
+/* Q2_K, Q3_K, Q5_K and IQ4_XS: each superblock in the portable form (vsk_blocks.h), dotted with every row */
+static void kblock_kernel(int type, const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
+                          size_t x_stride, int M, float *y, int ldy) {
+    const int blocks = K / 256;
+    const size_t block_bytes = (size_t)vsk_kblock_bytes(type);
+    for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
+        const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
+        for (int n = n0; n < n1; n++) {
+            float acc[MAX_ROWS] = {0};
+            for (int b = 0; b < blocks; b++) {
+                vsk_kblock k;
+                vsk_kblock_of(type, W + (size_t)n * row_bytes + (size_t)b * block_bytes, &k);
+                for (int m = 0; m < rows; m++)
+                    acc[m] += vsk_kblock_dot(type, &k, (const vsk_act256 *)(xq + (size_t)(r0 + m) * x_stride) + b);
+            }
+            for (int m = 0; m < rows; m++) y[(size_t)(r0 + m) * ldy + n] = acc[m];
+        }
+    }
+}
+
+VSK_ROW_ENTRY(kernel_q2_k, kblock_kernel, VSK_Q2_K)
+VSK_ROW_ENTRY(kernel_q3_k, kblock_kernel, VSK_Q3_K)
+VSK_ROW_ENTRY(kernel_q5_k, kblock_kernel, VSK_Q5_K)
+VSK_ROW_ENTRY(kernel_iq4_xs, kblock_kernel, VSK_IQ4_XS)
+
 /* ---- dense types (F32, F16, BF16) against float32 activations ------------------------------------------- */
 
 /* The dense rule (every path computes these bits): y[m][n] sums x[m][k] w[n][k] in VSK_DENSE_LANES lanes, lane
@@ -177,6 +212,11 @@ vsk_kernel vsk_kernel_scalar(int type) {
     case VSK_Q8_0: return kernel_q8_0;
     case VSK_Q4_K: return kernel_q4_k;
     case VSK_Q6_K: return kernel_q6_k;
+    case VSK_Q2_K: return kernel_q2_k;
+    case VSK_Q3_K: return kernel_q3_k;
+    case VSK_Q5_K: return kernel_q5_k;
+    case VSK_IQ4_NL: return kernel_iq4_nl;
+    case VSK_IQ4_XS: return kernel_iq4_xs;
     case VSK_F32: return kernel_f32;
     case VSK_F16: return kernel_f16;
     case VSK_BF16: return kernel_bf16;

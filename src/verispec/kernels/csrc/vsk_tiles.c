@@ -1,4 +1,4 @@
-/* Tile formats: Q4_K and Q6_K weights repacked losslessly so that one vector instruction serves 16 weight
+/* Tile formats: GGUF weights repacked losslessly so that one vector instruction serves 16 weight
  * rows. A strip holds 16 rows; per 256-weight superblock it stores the rows' float16 factors, their
  * sub-block scales as bytes, and the values interleaved: for every 32 weights of a sub-block, 16 lanes
  * (one per row) of 4 bytes, byte c of lane n of chunk i holding row n's weight 4i + c in its low nibble
@@ -14,6 +14,17 @@
  *   byte); values 0..31, the weight d * (value - 16).
  * T8_0 block of 32 weights (544 bytes): f16 d[16], then per group g of 4 weights 64 bytes, lane n (row n)
  *   holding its 4 weights as unsigned bytes (weight + 128), in the same group order as the nibble forms.
+ * T5_K superblock (2880 bytes): T4_K's, then fifth bits[8][64] (as T5_0's, per sub-block).
+ * T3_K superblock (1824 bytes): f16 d[16], i8 scale[16][16] (less 32 already), crumbs[8][128], third
+ *   bits[8][64] (as T5_0's fifth bits); values 0..7, the weight d * scale * (value - 4). Crumbs: per 32 weights
+ *   two 64-byte chunks, chunk k holding the groups 4k .. 4k + 3 (sub-block 2j + k): byte c of lane n holds row
+ *   n's weight 16k + 4i + c in bits 2i, 2i + 1.
+ * T2_K superblock (1344 bytes, the GGUF's size): f16 d[16], f16 dmin[16], u8 scale | min << 4 [16][16] (the
+ *   GGUF's bytes), crumbs[8][128] (as T3_K's); values 0..3, the weight d * scale * value - dmin * min.
+ * TIQ4_XS superblock (2208 bytes): f16 d[16], i8 scale[8][16] (less 32 already), nibbles[8][256] of indices
+ *   into vsk_iq4_levels; the weight d * scale * level.
+ * TIQ4_NL block of 32 weights (288 bytes): T4_0's layout, the nibbles indices into vsk_iq4_levels; the weight
+ *   d * level.
  * Rows past N are zero (they add nothing and are never stored).
  */
 #include <string.h>
@@ -34,14 +45,16 @@ static void pack_nibbles(const uint8_t values[16][256], int j, uint8_t *out) {
 }
 
 size_t vsk_tile_strip_bytes(int type, int K) {
-    if (type == VSK_T4_0) return (size_t)(K / 32) * T40_BYTES;
+    if (type == VSK_T4_0 || type == VSK_TIQ4_NL) return (size_t)(K / 32) * T40_BYTES;
     if (type == VSK_T4_1) return (size_t)(K / 32) * T41_BYTES;
     if (type == VSK_T5_0) return (size_t)(K / 32) * T50_BYTES;
     if (type == VSK_T8_0) return (size_t)(K / 32) * T80_BYTES;
-    return (size_t)(K / 256) * (type == VSK_T4_K ? T4K_BYTES : T6K_BYTES);
+    const size_t bytes = type == VSK_T4_K ? T4K_BYTES : type == VSK_T6_K ? T6K_BYTES : type == VSK_T5_K ? T5K_BYTES
+                         : type == VSK_T3_K ? T3K_BYTES : type == VSK_T2_K ? T2K_BYTES : TIQ4XS_BYTES;
+    return (size_t)(K / 256) * bytes;
 }
 
-/* Q4_0 (18-byte blocks: f16 d, 16 bytes of nibbles), Q4_1 (20: f16 d, f16 m, 16 of nibbles) and Q5_0 (22:
+/* Q4_0 and IQ4_NL (18-byte blocks: f16 d, 16 bytes of nibbles), Q4_1 (20: f16 d, f16 m, 16 of nibbles) and Q5_0 (22:
  * f16 d, 4 bytes of fifth bits, 16 of nibbles) into T4_0 / T4_1 / T5_0: the same nibble chunks, T5_0 adding
  * its fifth bits after them, T4_1 its minimums */
 static void repack_nibble32(int type, const uint8_t *src, size_t row_bytes, int N, int K, uint8_t *dst) {
@@ -89,9 +102,114 @@ static void repack_q8_0(const uint8_t *src, size_t row_bytes, int N, int K, uint
         }
 }
 
+/* ---- T2_K, T3_K, T5_K and TIQ4_XS: packed from and unpacked to the portable superblock (vsk_kblock) --------- */
+
+/* bit `bit` of the values of sub-block pair j (32 weights) into a 64-byte chunk: group g in bit g of each byte */
+static void pack_bits(const vsk_kblock *k, int j, int bit, uint8_t *out) {
+    for (int g = 0; g < 8; g++)
+        for (int n = 0; n < 16; n++)
+            for (int c = 0; c < 4; c++)
+                out[4 * n + c] |= (uint8_t)(((k[n].value[32 * j + group_index(g, c)] >> bit) & 1) << g);
+}
+
+/* the low two bits of the values of sub-block pair j into two 64-byte chunks of crumbs */
+static void pack_crumbs(const vsk_kblock *k, int j, uint8_t *out) {
+    for (int h = 0; h < 2; h++)
+        for (int n = 0; n < 16; n++)
+            for (int c = 0; c < 4; c++)
+                for (int i = 0; i < 4; i++)
+                    out[64 * h + 4 * n + c] |= (uint8_t)((k[n].value[32 * j + 16 * h + 4 * i + c] & 3) << (2 * i));
+}
+
+static int gguf_of_tile(int tile) { return tile - 100; }
+
+/* the 16 rows' superblocks k[16] into one superblock of a tile form (zeroed before) */
+static void pack_kblocks(int tile, const vsk_kblock *k, uint8_t *out) {
+    uint8_t values[16][256];
+    for (int n = 0; n < 16; n++) {
+        memcpy(out + 2 * n, &k[n].d, 2);
+        if (tile == VSK_T5_K || tile == VSK_T2_K) memcpy(out + 32 + 2 * n, &k[n].dmin, 2);
+        for (int i = 0; i < 256; i++) values[n][i] = k[n].value[i] & 0x0F;
+    }
+    for (int j = 0; j < 16; j++)
+        for (int n = 0; n < 16; n++) {
+            if (tile == VSK_T3_K) out[32 + 16 * j + n] = (uint8_t)k[n].scale[j];
+            if (tile == VSK_T2_K) out[64 + 16 * j + n] = (uint8_t)(k[n].scale[j] | k[n].min[j] << 4);
+            if (j % 2) continue; /* the 32-weight forms: a scale per sub-block pair */
+            if (tile == VSK_TIQ4_XS) out[32 + 8 * j + n] = (uint8_t)k[n].scale[j];
+            if (tile == VSK_T5_K) {
+                out[64 + 8 * j + n] = (uint8_t)k[n].scale[j];
+                out[192 + 8 * j + n] = k[n].min[j];
+            }
+        }
+    for (int j = 0; j < 8; j++) {
+        if (tile == VSK_T5_K) {
+            pack_nibbles((const uint8_t (*)[256])values, j, out + 320 + 256 * j);
+            pack_bits(k, j, 4, out + 2368 + 64 * j);
+        } else if (tile == VSK_TIQ4_XS) {
+            pack_nibbles((const uint8_t (*)[256])values, j, out + 160 + 256 * j);
+        } else {
+            pack_crumbs(k, j, out + (tile == VSK_T3_K ? 288 : 320) + 128 * j);
+            if (tile == VSK_T3_K) pack_bits(k, j, 2, out + 1312 + 64 * j);
+        }
+    }
+}
+
+/* row n's superblock of a tile form: what pack_kblocks packed */
+static void unpack_kblock(int tile, const uint8_t *blk, int n, vsk_kblock *k) {
+    memset(k, 0, sizeof *k);
+    memcpy(&k->d, blk + 2 * n, 2);
+    if (tile == VSK_T5_K || tile == VSK_T2_K) memcpy(&k->dmin, blk + 32 + 2 * n, 2);
+    for (int j = 0; j < 16; j++) {
+        const int pair = j / 2;
+        if (tile == VSK_T3_K) k->scale[j] = (int8_t)blk[32 + 16 * j + n];
+        if (tile == VSK_T2_K) {
+            k->scale[j] = (int8_t)(blk[64 + 16 * j + n] & 0x0F);
+            k->min[j] = blk[64 + 16 * j + n] >> 4;
+        }
+        if (tile == VSK_TIQ4_XS) k->scale[j] = (int8_t)blk[32 + 16 * pair + n];
+        if (tile == VSK_T5_K) {
+            k->scale[j] = (int8_t)blk[64 + 16 * pair + n];
+            k->min[j] = blk[192 + 16 * pair + n];
+        }
+    }
+    for (int j = 0; j < 8; j++)
+        for (int g = 0; g < 8; g++)
+            for (int c = 0; c < 4; c++) {
+                uint8_t *v = &k->value[32 * j + group_index(g, c)];
+                if (tile == VSK_T5_K || tile == VSK_TIQ4_XS) {
+                    const uint8_t byte = blk[(tile == VSK_T5_K ? 320 : 160) + 256 * j + 64 * (g % 4) + 4 * n + c];
+                    *v = g < 4 ? byte & 0x0F : byte >> 4;
+                } else {
+                    const uint8_t byte = blk[(tile == VSK_T3_K ? 288 : 320) + 128 * j + 64 * (g / 4) + 4 * n + c];
+                    *v = (byte >> (2 * (g % 4))) & 3;
+                }
+                if (tile == VSK_T5_K) *v |= (uint8_t)(((blk[2368 + 64 * j + 4 * n + c] >> g) & 1) << 4);
+                if (tile == VSK_T3_K) *v |= (uint8_t)(((blk[1312 + 64 * j + 4 * n + c] >> g) & 1) << 2);
+            }
+}
+
+static void repack_kblocks(int type, const uint8_t *src, size_t row_bytes, int N, int K, uint8_t *dst) {
+    const int tile = type + 100, strips = (N + 15) / 16, blocks = K / 256;
+    const size_t block_bytes = vsk_tile_strip_bytes(tile, 256), in_bytes = (size_t)vsk_kblock_bytes(type);
+    memset(dst, 0, block_bytes * (size_t)blocks * (size_t)strips);
+    for (int t = 0; t < strips; t++)
+        for (int b = 0; b < blocks; b++) {
+            vsk_kblock k[16];
+            memset(k, 0, sizeof k); /* rows past N: all zero */
+            for (int n = 0; n < 16 && 16 * t + n < N; n++)
+                vsk_kblock_of(type, src + (size_t)(16 * t + n) * row_bytes + (size_t)b * in_bytes, &k[n]);
+            pack_kblocks(tile, k, dst + ((size_t)t * blocks + b) * block_bytes);
+        }
+}
+
 /* __attribute__((visibility)) is set on the entry point in vsk_core.c */
 void vsk_repack_rows(int type, const uint8_t *src, size_t row_bytes, int N, int K, uint8_t *dst) {
-    if (type == VSK_Q4_0 || type == VSK_Q4_1 || type == VSK_Q5_0) {
+    if (type == VSK_Q2_K || type == VSK_Q3_K || type == VSK_Q5_K || type == VSK_IQ4_XS) {
+        repack_kblocks(type, src, row_bytes, N, K, dst);
+        return;
+    }
+    if (type == VSK_Q4_0 || type == VSK_Q4_1 || type == VSK_Q5_0 || type == VSK_IQ4_NL) {
         repack_nibble32(type, src, row_bytes, N, K, dst);
         return;
     }
@@ -212,12 +330,45 @@ static void tile_kernel(int type, const uint8_t *W, int n0, int n1, int K, const
 
 VSK_TILE_ENTRY(kernel_t4_k, tile_kernel, VSK_T4_K)
 
+/* T2_K, T3_K, T5_K and TIQ4_XS: each row's superblock unpacked to the portable form and dotted as the row layout's
+ * portable kernel does (vsk_scalar.c), so the same bits */
+static void kblock_tile_kernel(int type, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride,
+                               int M, float *y, int ldy) {
+    const int blocks = K / 256;
+    const size_t block_bytes = vsk_tile_strip_bytes(type, 256);
+    for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
+        for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
+            const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
+            float acc[MAX_ROWS][16] = {{0}};
+            for (int b = 0; b < blocks; b++)
+                for (int n = 0; n < 16; n++) {
+                    vsk_kblock k;
+                    unpack_kblock(type, W + ((size_t)t * blocks + b) * block_bytes, n, &k);
+                    for (int m = 0; m < rows; m++) {
+                        const vsk_act256 *x = (const vsk_act256 *)(xq + (size_t)(r0 + m) * x_stride) + b;
+                        acc[m][n] += vsk_kblock_dot(gguf_of_tile(type), &k, x);
+                    }
+                }
+            store_tile(acc, rows, y + (size_t)r0 * ldy, ldy, t, n1);
+        }
+    }
+}
+
+VSK_TILE_ENTRY(kernel_t2_k, kblock_tile_kernel, VSK_T2_K)
+
+VSK_TILE_ENTRY(kernel_t3_k, kblock_tile_kernel, VSK_T3_K)
+
+VSK_TILE_ENTRY(kernel_t5_k, kblock_tile_kernel, VSK_T5_K)
+
+VSK_TILE_ENTRY(kernel_tiq4_xs, kblock_tile_kernel, VSK_TIQ4_XS)
+
 /* the 32-weight tile forms: T4_0 (values 0..15, the weight d (value - 8)), T4_1 (values 0..15, the weight
- * d value + m), T5_0 (values 0..31, the weight d (value - 16)) and T8_0 (bytes weight + 128) */
+ * d value + m), T5_0 (values 0..31, the weight d (value - 16)), T8_0 (bytes weight + 128) and TIQ4_NL (indices,
+ * taken as their level + 128 like T8_0's bytes) */
 static void tile32_kernel(int type, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride,
                           int M, float *y, int ldy) {
     const int blocks = K / 32;
-    const int offset = type == VSK_T8_0 ? 128 : type == VSK_T5_0 ? 16 : type == VSK_T4_0 ? 8 : 0;
+    const int offset = type == VSK_T8_0 || type == VSK_TIQ4_NL ? 128 : type == VSK_T5_0 ? 16 : type == VSK_T4_0 ? 8 : 0;
     const size_t block_bytes = vsk_tile_strip_bytes(type, 32);
     for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
         for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
@@ -237,6 +388,7 @@ static void tile32_kernel(int type, const uint8_t *W, int n0, int n1, int K, con
                         for (int g = 0; g < 8 && type == VSK_T5_0; g++)
                             for (int c = 0; c < 4; c++)
                                 w[group_index(g, c)] |= (uint8_t)(((blk[288 + 4 * n + c] >> g) & 1) << 4);
+                        for (int i = 0; i < 32 && type == VSK_TIQ4_NL; i++) w[i] = (uint8_t)(vsk_iq4_levels[w[i]] + 128);
                     }
                     for (int m = 0; m < rows; m++) {
                         const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)(r0 + m) * x_stride) + b;
@@ -259,6 +411,8 @@ VSK_TILE_ENTRY(kernel_t5_0, tile32_kernel, VSK_T5_0)
 
 VSK_TILE_ENTRY(kernel_t8_0, tile32_kernel, VSK_T8_0)
 
+VSK_TILE_ENTRY(kernel_tiq4_nl, tile32_kernel, VSK_TIQ4_NL)
+
 VSK_TILE_ENTRY(kernel_t6_k, tile_kernel, VSK_T6_K)
 
 vsk_kernel vsk_tile_kernel_scalar(int type) {
@@ -268,5 +422,10 @@ vsk_kernel vsk_tile_kernel_scalar(int type) {
            : type == VSK_T4_1 ? kernel_t4_1
            : type == VSK_T5_0 ? kernel_t5_0
            : type == VSK_T8_0 ? kernel_t8_0
+           : type == VSK_T2_K ? kernel_t2_k
+           : type == VSK_T3_K ? kernel_t3_k
+           : type == VSK_T5_K ? kernel_t5_k
+           : type == VSK_TIQ4_XS ? kernel_tiq4_xs
+           : type == VSK_TIQ4_NL ? kernel_tiq4_nl
                               : NULL;
 }

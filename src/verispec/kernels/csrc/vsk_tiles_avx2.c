@@ -54,15 +54,108 @@ static inline __m256i byte_pairs(const uint8_t *p, const uint8_t *q, int is_sign
     return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(hi, 16));
 }
 
-/* The K-quant tiles with activations in 256-blocks: per row, superblock and half, the whole superblock is one
- * integer sum (each sub-block's products scaled by its integer scale inside madd; Q4_K's minimums and Q6_K's
- * offset of 32 as sums over the activations' sub-block sums), then one float step with d and the activations'
- * scale. Exact integers: |sum| < 2^31 (Q4_K: 256 x 63 x 15 x 127; Q6_K: 256 x 128 x 63 x 127 plus its offset). */
-static void tile_kernel(int six, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride, int M,
-                        float *y, int ldy) {
-    const int blocks = K / 256;
-    const size_t block_bytes = six ? T6K_BYTES : T4K_BYTES, strip_bytes = (size_t)blocks * block_bytes;
-    const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x30);
+/* The 256-weight tiles with activations in 256-blocks: per row, superblock and half, the whole superblock is one
+ * integer sum (each sub-block's products scaled by its integer scale inside madd; the minimums (T4_K, T5_K, T2_K)
+ * and the values' offset (T6_K 32, T3_K 4) as sums over the activations' sub-block sums), then one float step with
+ * d and the activations' scale. Exact integers: |sum| < 2^31 (at most 256 x 127 x 127 x 32, TIQ4_XS). */
+static inline int sub16(int form) { return form == VSK_T6_K || form == VSK_T3_K || form == VSK_T2_K; }
+
+static inline size_t kblock_bytes(int form) {
+    return form == VSK_T4_K   ? T4K_BYTES
+           : form == VSK_T5_K ? T5K_BYTES
+           : form == VSK_T6_K ? T6K_BYTES
+           : form == VSK_T3_K ? T3K_BYTES
+           : form == VSK_T2_K ? T2K_BYTES
+                              : TIQ4XS_BYTES;
+}
+
+/* bit g of each byte of h moved to bit `to` (shifts of 16-bit lanes: the bits kept never cross a byte) */
+static inline __m256i bit_at(__m256i h, int g, int to) {
+    return g < to ? _mm256_slli_epi16(h, to - g) : _mm256_srli_epi16(h, g - to);
+}
+
+/* the eight 4-weight groups of sub-block pair j (32 weights) of rows 8v .. 8v + 7: unsigned bytes, or for TIQ4_XS
+ * the levels (signed) */
+static inline __attribute__((always_inline)) void unpack_pair(const int form, const uint8_t *blk, int j, int v,
+                                                              __m256i *w) {
+    const __m256i low = _mm256_set1_epi8(0x0F), crumb = _mm256_set1_epi8(3);
+    if (form == VSK_T3_K || form == VSK_T2_K) {
+        const uint8_t *crumbs = blk + (form == VSK_T3_K ? 288 : 320) + 128 * j + 32 * v;
+        for (int k = 0; k < 2; k++) {
+            const __m256i p = _mm256_loadu_si256((const __m256i *)(crumbs + 64 * k));
+            for (int i = 0; i < 4; i++) w[4 * k + i] = _mm256_and_si256(_mm256_srli_epi16(p, 2 * i), crumb);
+        }
+        if (form == VSK_T3_K) {
+            const __m256i h = _mm256_loadu_si256((const __m256i *)(blk + 1312 + 64 * j + 32 * v));
+            for (int g = 0; g < 8; g++)
+                w[g] = _mm256_or_si256(w[g], _mm256_and_si256(bit_at(h, g, 2), _mm256_set1_epi8(4)));
+        }
+        return;
+    }
+    const uint8_t *nibbles = blk + (form == VSK_T6_K ? 288 : form == VSK_TIQ4_XS ? 160 : 320) + 256 * j + 32 * v;
+    for (int i = 0; i < 4; i++) {
+        const __m256i p = _mm256_loadu_si256((const __m256i *)(nibbles + 64 * i));
+        w[i] = _mm256_and_si256(p, low);
+        w[4 + i] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
+    }
+    if (form == VSK_T6_K) {
+        const __m256i two = _mm256_set1_epi8(0x30);
+        for (int k = 0; k < 2; k++) {
+            const __m256i h = _mm256_loadu_si256((const __m256i *)(blk + 2336 + 128 * j + 64 * k + 32 * v));
+            w[4 * k + 0] = _mm256_or_si256(w[4 * k + 0], _mm256_and_si256(_mm256_slli_epi16(h, 4), two));
+            w[4 * k + 1] = _mm256_or_si256(w[4 * k + 1], _mm256_and_si256(_mm256_slli_epi16(h, 2), two));
+            w[4 * k + 2] = _mm256_or_si256(w[4 * k + 2], _mm256_and_si256(h, two));
+            w[4 * k + 3] = _mm256_or_si256(w[4 * k + 3], _mm256_and_si256(_mm256_srli_epi16(h, 2), two));
+        }
+    } else if (form == VSK_T5_K) {
+        const __m256i h = _mm256_loadu_si256((const __m256i *)(blk + 2368 + 64 * j + 32 * v));
+        for (int g = 0; g < 8; g++)
+            w[g] = _mm256_or_si256(w[g], _mm256_and_si256(bit_at(h, g, 4), _mm256_set1_epi8(0x10)));
+    } else if (form == VSK_TIQ4_XS) {
+        const __m256i levels = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)vsk_iq4_levels));
+        for (int g = 0; g < 8; g++) w[g] = _mm256_shuffle_epi8(levels, w[g]);
+    }
+}
+
+/* the scales of sub-block pair j, rows 8v .. 8v + 7, as int16 pairs (s, s) per lane: of groups 0..3 and 4..7 */
+static inline __attribute__((always_inline)) void pair_scales(const int form, const uint8_t *blk, int j, int v,
+                                                              __m256i *scale) {
+    if (!sub16(form)) {
+        const uint8_t *sc = blk + (form == VSK_TIQ4_XS ? 32 : 64) + 16 * j + 8 * v;
+        scale[0] = scale[1] = byte_pairs(sc, sc, form == VSK_TIQ4_XS);
+        return;
+    }
+    for (int k = 0; k < 2; k++) {
+        const uint8_t *sc = blk + (form == VSK_T2_K ? 64 : 32) + 16 * (2 * j + k) + 8 * v;
+        scale[k] = byte_pairs(sc, sc, form != VSK_T2_K);
+        if (form == VSK_T2_K) scale[k] = _mm256_and_si256(scale[k], _mm256_set1_epi16(0x0F)); /* scale | min << 4 */
+    }
+}
+
+/* rows 8v .. 8v + 7's int16 pairs that meet the activations' sub-block sums per superblock: minimums of 32 weights
+ * (T4_K, T5_K: 4 pairs, against sum32) or of 16 (T2_K: 8, against bsum), or the scales of 16 (T6_K, T3_K: 8, the
+ * values' offset); returns the count (0 for TIQ4_XS) */
+static inline __attribute__((always_inline)) int term_pairs(const int form, const uint8_t *blk, int v, __m256i *pairs) {
+    if (form == VSK_TIQ4_XS) return 0;
+    const int count = form == VSK_T4_K || form == VSK_T5_K ? 4 : 8;
+    for (int i = 0; i < count; i++) {
+        if (form == VSK_T4_K || form == VSK_T5_K)
+            pairs[i] = byte_pairs(blk + 192 + 32 * i + 8 * v, blk + 208 + 32 * i + 8 * v, 0);
+        else if (form == VSK_T2_K) /* the high nibbles of scale | min << 4 */
+            pairs[i] = _mm256_srli_epi16(byte_pairs(blk + 64 + 32 * i + 8 * v, blk + 80 + 32 * i + 8 * v, 0), 4);
+        else
+            pairs[i] = byte_pairs(blk + 32 + 32 * i + 8 * v, blk + 48 + 32 * i + 8 * v, 1);
+    }
+    return count;
+}
+
+static inline __attribute__((always_inline)) void tile_kernel(const int form, const uint8_t *W, int n0, int n1, int K,
+                                                              const uint8_t *xq, size_t x_stride, int M, float *y,
+                                                              int ldy) {
+    const int blocks = K / 256, iq4 = form == VSK_TIQ4_XS;
+    const int mins = form == VSK_T4_K || form == VSK_T5_K || form == VSK_T2_K;
+    const size_t block_bytes = kblock_bytes(form), strip_bytes = (size_t)blocks * block_bytes;
+    const size_t pair_bytes = block_bytes / 8;
     for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
         for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
             const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
@@ -70,69 +163,50 @@ static void tile_kernel(int six, const uint8_t *W, int n0, int n1, int K, const 
             for (int m = 0; m < rows; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
             for (int b = 0; b < blocks; b++) {
                 const uint8_t *blk = W + (size_t)t * strip_bytes + (size_t)b * block_bytes;
-                const uint8_t *nibbles = blk + (six ? 288 : 320);
                 __m256i sums[MAX_ROWS][2];
                 for (int m = 0; m < rows; m++) sums[m][0] = sums[m][1] = _mm256_setzero_si256();
                 for (int j = 0; j < 8; j++) {
                     /* keep memory busy while the rows are computed: ask for the data four superblocks ahead,
                      * into L2 (L1's few fill buffers held too few reads in flight: 25 % slower on Sapphire
                      * Rapids, 0686372) */
-                    for (int l = 0; l < (six ? 7 : 5); l++)
-                        _mm_prefetch((const char *)blk + 4 * block_bytes + (size_t)j * (six ? 420 : 296) + 64 * l,
-                                     _MM_HINT_T1);
+                    for (int l = 0; l < (int)((pair_bytes + 63) / 64); l++)
+                        _mm_prefetch((const char *)blk + 4 * block_bytes + (size_t)j * pair_bytes + 64 * l, _MM_HINT_T1);
                     for (int v = 0; v < 2; v++) { /* rows 8v .. 8v + 7 of the tile */
-                        __m256i w[8];
-                        for (int i = 0; i < 4; i++) {
-                            const __m256i p = _mm256_loadu_si256((const __m256i *)(nibbles + 256 * j + 64 * i + 32 * v));
-                            w[i] = _mm256_and_si256(p, low);
-                            w[4 + i] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
-                        }
-                        __m256i scale[2]; /* per group: the scale of its sub-block, as int16 pairs */
-                        if (six) {
-                            const uint8_t *high = blk + 2336 + 128 * j;
-                            for (int k = 0; k < 2; k++) {
-                                const __m256i h = _mm256_loadu_si256((const __m256i *)(high + 64 * k + 32 * v));
-                                w[4 * k + 0] = _mm256_or_si256(w[4 * k + 0], _mm256_and_si256(_mm256_slli_epi16(h, 4), two));
-                                w[4 * k + 1] = _mm256_or_si256(w[4 * k + 1], _mm256_and_si256(_mm256_slli_epi16(h, 2), two));
-                                w[4 * k + 2] = _mm256_or_si256(w[4 * k + 2], _mm256_and_si256(h, two));
-                                w[4 * k + 3] = _mm256_or_si256(w[4 * k + 3], _mm256_and_si256(_mm256_srli_epi16(h, 2), two));
-                                const uint8_t *sc = blk + 32 + 16 * (2 * j + k) + 8 * v;
-                                scale[k] = byte_pairs(sc, sc, 1);
-                            }
-                        } else {
-                            const uint8_t *sc = blk + 64 + 16 * j + 8 * v;
-                            scale[0] = scale[1] = byte_pairs(sc, sc, 0);
-                        }
+                        __m256i w[8], scale[2];
+                        unpack_pair(form, blk, j, v, w);
+                        pair_scales(form, blk, j, v, scale);
                         for (int m = 0; m < rows; m++) {
                             const int8_t *q = ((const vsk_act256 *)(xq + (size_t)(r0 + m) * x_stride) + b)->q + 32 * j;
                             __m256i s = sums[m][v];
-                            for (int g = 0; g < 8; g++)
-                                s = scaled_dot(s, w[g], broadcast4(q + (g < 4 ? 4 * g : 16 + 4 * (g - 4))), scale[g / 4]);
+                            for (int g = 0; g < 8; g++) {
+                                const __m256i a = broadcast4(q + (g < 4 ? 4 * g : 16 + 4 * (g - 4)));
+                                /* TIQ4_XS: maddubs takes unsigned x signed, so the level's magnitude meets the
+                                 * activation carrying the level's sign (pairs below 2^15, as T8_0's) */
+                                s = iq4 ? scaled_dot(s, _mm256_abs_epi8(w[g]), _mm256_sign_epi8(a, w[g]), scale[g / 4])
+                                        : scaled_dot(s, w[g], a, scale[g / 4]);
+                            }
                             sums[m][v] = s;
                         }
                     }
                 }
                 for (int v = 0; v < 2; v++) {
                     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * v)));
-                    __m256i pairs[8]; /* Q4_K: (min_2i, min_2i+1); Q6_K: (scale_2i, scale_2i+1) */
-                    for (int i = 0; i < (six ? 8 : 4); i++)
-                        pairs[i] = six ? byte_pairs(blk + 32 + 32 * i + 8 * v, blk + 48 + 32 * i + 8 * v, 1)
-                                       : byte_pairs(blk + 192 + 32 * i + 8 * v, blk + 208 + 32 * i + 8 * v, 0);
-                    const __m256 dmin = six ? d : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * v)));
+                    const __m256 dmin = mins ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * v))) : d;
+                    __m256i pairs[8];
+                    const int count = term_pairs(form, blk, v, pairs);
                     for (int m = 0; m < rows; m++) {
                         const vsk_act256 *x = (const vsk_act256 *)(xq + (size_t)(r0 + m) * x_stride) + b;
-                        const int16_t *sub = six ? x->bsum : x->sum32;
+                        const int16_t *sub = count == 4 ? x->sum32 : x->bsum; /* the activations' sub-block sums */
                         __m256i terms = _mm256_setzero_si256();
-                        for (int i = 0; i < (six ? 8 : 4); i++)
+                        for (int i = 0; i < count; i++)
                             terms = _mm256_add_epi32(terms, _mm256_madd_epi16(pairs[i], broadcast4((const int8_t *)(sub + 2 * i))));
                         const __m256 dx = _mm256_set1_ps(x->d);
-                        if (six) { /* the values are offset by 32: the superblock's sum less 32 sum_j scale_j bsum_j */
-                            const __m256i total = _mm256_sub_epi32(sums[m][v], _mm256_slli_epi32(terms, 5));
-                            acc[m][v] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(total), acc[m][v]);
-                        } else {
-                            acc[m][v] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(sums[m][v]), acc[m][v]);
+                        __m256i total = sums[m][v];
+                        if (form == VSK_T6_K) total = _mm256_sub_epi32(total, _mm256_slli_epi32(terms, 5));
+                        if (form == VSK_T3_K) total = _mm256_sub_epi32(total, _mm256_slli_epi32(terms, 2));
+                        acc[m][v] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(total), acc[m][v]);
+                        if (mins)
                             acc[m][v] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(terms), acc[m][v]);
-                        }
                     }
                 }
             }
@@ -141,15 +215,24 @@ static void tile_kernel(int six, const uint8_t *W, int n0, int n1, int K, const 
     }
 }
 
-VSK_TILE_ENTRY(kernel_t4_k, tile_kernel, 0)
+VSK_TILE_ENTRY(kernel_t4_k, tile_kernel, VSK_T4_K)
 
-VSK_TILE_ENTRY(kernel_t6_k, tile_kernel, 1)
+VSK_TILE_ENTRY(kernel_t6_k, tile_kernel, VSK_T6_K)
+
+VSK_TILE_ENTRY(kernel_t5_k, tile_kernel, VSK_T5_K)
+
+VSK_TILE_ENTRY(kernel_t3_k, tile_kernel, VSK_T3_K)
+
+VSK_TILE_ENTRY(kernel_t2_k, tile_kernel, VSK_T2_K)
+
+VSK_TILE_ENTRY(kernel_tiq4_xs, tile_kernel, VSK_TIQ4_XS)
 
 /* the 32-weight tile forms, rows 8v .. 8v + 7 of a tile. T4_0: values 0..15 (nibbles), the weight d (value
  * - 8); T4_1: values 0..15, the weight d value + m (the minimum times the activations' sum added); T5_0: values 0..31 (nibbles and a fifth bit), the weight d (value - 16); both dotted through maddubs
  * with the offset taken off. T8_0: maddubs takes unsigned x signed bytes and saturates pairs at 16 bits, so
  * the stored bytes (weight + 128) are flipped back to signed and the weight's magnitude (at most 128) meets
- * the activation carrying the weight's sign: pairs stay below 2^15. */
+ * the activation carrying the weight's sign: pairs stay below 2^15. TIQ4_NL: the nibbles looked up (one shuffle per
+ * group) as their levels (-127..113), then dotted as T8_0's weights. */
 static inline void unpack32(int type, const uint8_t *blk, int v, __m256i *w, __m256i *magnitude) {
     if (type == VSK_T8_0) {
         const __m256i flip = _mm256_set1_epi8((char)0x80);
@@ -165,7 +248,14 @@ static inline void unpack32(int type, const uint8_t *blk, int v, __m256i *w, __m
         w[i] = _mm256_and_si256(p, low);
         w[4 + i] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
     }
-    if (type == VSK_T4_0 || type == VSK_T4_1) return;
+    if (type == VSK_TIQ4_NL) { /* the indices' levels, signed: dotted as T8_0's weights */
+        const __m256i levels = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)vsk_iq4_levels));
+        for (int g = 0; g < 8; g++) {
+            w[g] = _mm256_shuffle_epi8(levels, w[g]);
+            magnitude[g] = _mm256_abs_epi8(w[g]);
+        }
+    }
+    if (type != VSK_T5_0) return;
     const __m256i h = _mm256_loadu_si256((const __m256i *)(blk + 288 + 32 * v));
     w[0] = _mm256_or_si256(w[0], _mm256_and_si256(_mm256_slli_epi16(h, 4), five));
     w[1] = _mm256_or_si256(w[1], _mm256_and_si256(_mm256_slli_epi16(h, 3), five));
@@ -179,11 +269,11 @@ static inline void unpack32(int type, const uint8_t *blk, int v, __m256i *w, __m
 
 static void tile32_kernel(int type, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride,
                           int M, float *y, int ldy) {
-    const int eight = type == VSK_T8_0, blocks = K / 32;
+    const int eight = type == VSK_T8_0 || type == VSK_TIQ4_NL, blocks = K / 32; /* signed weights */
     const int offset = type == VSK_T5_0 ? 16 : type == VSK_T4_0 ? 8 : 0; /* T8_0's products are signed */
     const int one = type == VSK_T4_1;
     const size_t block_bytes = vsk_tile_strip_bytes(type, 32);
-    const int lines = (int)(block_bytes / 64) + 1, ahead = eight ? 6 : 8; /* about 3 KiB ahead */
+    const int lines = (int)(block_bytes / 64) + 1, ahead = type == VSK_T8_0 ? 6 : 8; /* about 3 KiB ahead */
     for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
         for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
             const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
@@ -225,6 +315,8 @@ VSK_TILE_ENTRY(kernel_t5_0, tile32_kernel, VSK_T5_0)
 
 VSK_TILE_ENTRY(kernel_t8_0, tile32_kernel, VSK_T8_0)
 
+VSK_TILE_ENTRY(kernel_tiq4_nl, tile32_kernel, VSK_TIQ4_NL)
+
 vsk_kernel vsk_tile_kernel_avx2(int type) {
     return type == VSK_T4_K   ? kernel_t4_k
            : type == VSK_T6_K ? kernel_t6_k
@@ -232,6 +324,11 @@ vsk_kernel vsk_tile_kernel_avx2(int type) {
            : type == VSK_T4_1 ? kernel_t4_1
            : type == VSK_T5_0 ? kernel_t5_0
            : type == VSK_T8_0 ? kernel_t8_0
+           : type == VSK_T2_K ? kernel_t2_k
+           : type == VSK_T3_K ? kernel_t3_k
+           : type == VSK_T5_K ? kernel_t5_k
+           : type == VSK_TIQ4_XS ? kernel_tiq4_xs
+           : type == VSK_TIQ4_NL ? kernel_tiq4_nl
                               : NULL;
 }
 

@@ -55,84 +55,167 @@ static inline __attribute__((always_inline)) __m512i dot_groups(const int split,
     return split ? _mm512_add_epi32(s, s1) : s;
 }
 
-/* the 16 rows' Q4_K minimums of sub-blocks 2i and 2i + 1 as int16 pairs */
-static inline __m512i min_pairs(const uint8_t *blk, int i) {
-    const uint8_t *a = blk + 192 + 32 * i;
-    const __m512i first = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)a));
-    const __m512i second = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(a + 16)));
+/* bit g of each byte of h moved to bit `to` (shifts of 16-bit lanes: the bits kept never cross a byte) */
+static inline __m512i bit_at(__m512i h, int g, int to) {
+    return g < to ? _mm512_slli_epi16(h, (unsigned)(to - g)) : _mm512_srli_epi16(h, (unsigned)(g - to));
+}
+
+/* The 256-weight forms, told apart by constants (each instance folds them away):
+ *  - sub-blocks of 32 (T4_K, T5_K, TIQ4_XS: one scale per 32 weights) or 16 (T6_K, T3_K, T2_K: the groups 0..3
+ *    and 4..7 of 32 weights have their own scales);
+ *  - an offset of the values (T6_K 32, T3_K 4, TIQ4_XS's levels + 128: 128) that starts each integer sum at
+ *    -offset x the activations' sum;
+ *  - minimums (T4_K, T5_K per 32 weights, T2_K per 16) taken off per superblock. */
+static inline int sub16(int form) { return form == VSK_T6_K || form == VSK_T3_K || form == VSK_T2_K; }
+
+static inline int value_offset(int form) {
+    return form == VSK_T6_K ? 32 : form == VSK_T3_K ? 4 : form == VSK_TIQ4_XS ? 128 : 0;
+}
+
+static inline size_t kblock_bytes(int form) {
+    return form == VSK_T4_K   ? T4K_BYTES
+           : form == VSK_T5_K ? T5K_BYTES
+           : form == VSK_T6_K ? T6K_BYTES
+           : form == VSK_T3_K ? T3K_BYTES
+           : form == VSK_T2_K ? T2K_BYTES
+                              : TIQ4XS_BYTES;
+}
+
+/* superblocks read ahead: about 7 KiB (e599401: three Q4_K or two Q6_K; four of either left a Zen 4's T(1) 3-8%
+ * slower) */
+static inline int kblocks_ahead(int form) {
+    return form == VSK_T6_K || form == VSK_T5_K ? 2 : form == VSK_T3_K ? 4 : form == VSK_T2_K ? 5 : 3;
+}
+
+/* the eight 4-weight groups of sub-block pair j (32 weights) of 16 rows, as unsigned bytes */
+static inline __attribute__((always_inline)) void unpack_pair(const int form, const uint8_t *blk, int j, __m512i *w) {
+    const __m512i low = _mm512_set1_epi8(0x0F), crumb = _mm512_set1_epi8(3);
+    if (form == VSK_T3_K || form == VSK_T2_K) { /* crumbs: two chunks of four groups */
+        const uint8_t *crumbs = blk + (form == VSK_T3_K ? 288 : 320) + 128 * j;
+        for (int k = 0; k < 2; k++) {
+            const __m512i p = _mm512_loadu_si512((const void *)(crumbs + 64 * k));
+            w[4 * k] = _mm512_and_si512(p, crumb);
+            for (int i = 1; i < 4; i++) w[4 * k + i] = _mm512_and_si512(_mm512_srli_epi16(p, 2 * i), crumb);
+        }
+        if (form == VSK_T3_K) { /* the third bits */
+            const __m512i h = _mm512_loadu_si512((const void *)(blk + 1312 + 64 * j)), three = _mm512_set1_epi8(4);
+            for (int g = 0; g < 8; g++) w[g] = or_masked(w[g], bit_at(h, g, 2), three);
+        }
+        return;
+    }
+    const uint8_t *nibbles = blk + (form == VSK_T6_K ? 288 : form == VSK_TIQ4_XS ? 160 : 320) + 256 * j;
+    for (int i = 0; i < 4; i++) {
+        const __m512i p = _mm512_loadu_si512((const void *)(nibbles + 64 * i));
+        w[i] = _mm512_and_si512(p, low);
+        w[4 + i] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
+    }
+    if (form == VSK_T6_K) {
+        const uint8_t *high = blk + 2336 + 128 * j;
+        const __m512i two = _mm512_set1_epi8(0x30);
+        for (int k = 0; k < 2; k++) {
+            const __m512i h = _mm512_loadu_si512((const void *)(high + 64 * k));
+            w[4 * k + 0] = or_masked(w[4 * k + 0], _mm512_slli_epi16(h, 4), two);
+            w[4 * k + 1] = or_masked(w[4 * k + 1], _mm512_slli_epi16(h, 2), two);
+            w[4 * k + 2] = or_masked(w[4 * k + 2], h, two);
+            w[4 * k + 3] = or_masked(w[4 * k + 3], _mm512_srli_epi16(h, 2), two);
+        }
+    } else if (form == VSK_T5_K) {
+        const __m512i h = _mm512_loadu_si512((const void *)(blk + 2368 + 64 * j)), five = _mm512_set1_epi8(0x10);
+        for (int g = 0; g < 8; g++) w[g] = or_masked(w[g], bit_at(h, g, 4), five);
+    } else if (form == VSK_TIQ4_XS) { /* indices to their levels + 128 */
+        const __m512i levels = _mm512_broadcast_i32x4(
+            _mm_add_epi8(_mm_loadu_si128((const __m128i *)vsk_iq4_levels), _mm_set1_epi8((char)0x80)));
+        for (int g = 0; g < 8; g++) w[g] = _mm512_shuffle_epi8(levels, w[g]);
+    }
+}
+
+/* d x the 16 rows' scales of sub-block pair j: of its groups 0..3 (scale[0]) and 4..7 (scale[1], sub16 forms) */
+static inline __attribute__((always_inline)) void pair_scales(const int form, const uint8_t *blk, int j, __m512 d,
+                                                              __m512 *scale) {
+    if (form == VSK_T4_K || form == VSK_T5_K) {
+        scale[0] = _mm512_mul_ps(d, bytes_to_floats(blk + 64 + 16 * j, 0));
+    } else if (form == VSK_TIQ4_XS) {
+        scale[0] = _mm512_mul_ps(d, bytes_to_floats(blk + 32 + 16 * j, 1));
+    } else {
+        for (int k = 0; k < 2; k++) {
+            const uint8_t *s = blk + (form == VSK_T2_K ? 64 : 32) + 16 * (2 * j + k);
+            if (form == VSK_T2_K) { /* the low nibbles of scale | min << 4 */
+                const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)s));
+                scale[k] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(0x0F))));
+            } else {
+                scale[k] = _mm512_mul_ps(d, bytes_to_floats(s, 1));
+            }
+        }
+    }
+}
+
+/* the 16 rows' minimums of sub-blocks 2i and 2i + 1 as int16 pairs: T4_K and T5_K of 32 weights (bytes), T2_K of
+ * 16 (the high nibbles of scale | min << 4) */
+static inline __m512i min_pairs(int form, const uint8_t *blk, int i) {
+    const uint8_t *a = blk + (form == VSK_T2_K ? 64 : 192) + 32 * i;
+    __m512i first = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)a));
+    __m512i second = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(a + 16)));
+    if (form == VSK_T2_K) {
+        first = _mm512_srli_epi32(first, 4);
+        second = _mm512_srli_epi32(second, 4);
+    }
     return _mm512_or_si512(first, _mm512_slli_epi32(second, 16));
 }
 
 /* `rows` (1..8, a constant in each instance, so that each row's sums stay in registers) activation rows of 256-
- * blocks against the K-quant tile strip at `strip`. Per row and superblock: each sub-block's integer sum meets
- * its scale (times the superblock's d) in one multiply-add (Q6_K's offset of 32 starts each sum, from the
- * activations' sums of 16), Q4_K's minimums are one integer dot product over the activations' sums of 32
- * (vpdpwssd), and the superblock meets the activations' scale once. vpdpbusd, multiply-adds and vpdpwssd share
- * the multiply units (AMD Zen 4: one 512-bit operation per cycle between them; broadcasts, conversions and
- * integer adds are beside them), so each of these steps saved is time saved at every row. */
-static inline __attribute__((always_inline)) void tile_rows(const int six, const int rows, const uint8_t *strip,
+ * blocks against the tile strip at `strip` of a 256-weight form. Per row and superblock: each sub-block's integer
+ * sum meets its scale (times the superblock's d) in one multiply-add (an offset of the values starts each sum,
+ * from the activations' sums), the minimums are one integer dot product over the activations' sums (vpdpwssd), and
+ * the superblock meets the activations' scale once. vpdpbusd, multiply-adds and vpdpwssd share the multiply units
+ * (AMD Zen 4: one 512-bit operation per cycle between them; broadcasts, conversions and integer adds are beside
+ * them), so each of these steps saved is time saved at every row. */
+static inline __attribute__((always_inline)) void tile_rows(const int form, const int rows, const uint8_t *strip,
                                                             int blocks, const uint8_t *xq, size_t x_stride,
                                                             float *y, int ldy, int t, int n1) {
-    const size_t block_bytes = six ? T6K_BYTES : T4K_BYTES;
-    const __m512i low = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi8(0x30);
+    const size_t block_bytes = kblock_bytes(form), pair_bytes = block_bytes / 8;
+    const int offset = value_offset(form), mins = form == VSK_T4_K || form == VSK_T5_K ? 4 : form == VSK_T2_K ? 8 : 0;
     __m512 acc[8], sb[8];
     for (int m = 0; m < rows; m++) acc[m] = _mm512_setzero_ps();
     for (int b = 0; b < blocks; b++) {
-        const uint8_t *blk = strip + (size_t)b * block_bytes, *nibbles = blk + (six ? 288 : 320);
+        const uint8_t *blk = strip + (size_t)b * block_bytes;
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
         for (int m = 0; m < rows; m++) sb[m] = _mm512_setzero_ps();
         for (int j = 0; j < 8; j++) {
-            /* keep memory busy while the rows are computed: ask for the data about 7 KiB ahead (three Q4_K or two
-             * Q6_K superblocks), into L2 (L1's few fill buffers held too few reads in flight: 25 % slower on Sapphire
-             * Rapids, 0686372). Four superblocks of either (0686372 to 30c45c9) left a Zen 4's T(1) 3-8% slower
-             * (e599401). */
-            for (int l = 0; l < (six ? 7 : 5); l++)
-                _mm_prefetch((const char *)blk + (six ? 2 : 3) * block_bytes + (size_t)j * (six ? 420 : 296) + 64 * l,
+            /* keep memory busy while the rows are computed: ask for the data about 7 KiB ahead, into L2 (L1's few
+             * fill buffers held too few reads in flight: 25 % slower on Sapphire Rapids, 0686372) */
+            for (int l = 0; l < (int)((pair_bytes + 63) / 64); l++)
+                _mm_prefetch((const char *)blk + kblocks_ahead(form) * block_bytes + (size_t)j * pair_bytes + 64 * l,
                              _MM_HINT_T1);
             __m512i w[8];
-            for (int i = 0; i < 4; i++) {
-                const __m512i p = _mm512_loadu_si512((const void *)(nibbles + 256 * j + 64 * i));
-                w[i] = _mm512_and_si512(p, low);
-                w[4 + i] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
-            }
-            __m512 scale[2]; /* d x the sub-block scale of groups 0..3 and 4..7 */
-            if (six) {
-                const uint8_t *high = blk + 2336 + 128 * j;
-                for (int k = 0; k < 2; k++) {
-                    const __m512i h = _mm512_loadu_si512((const void *)(high + 64 * k));
-                    w[4 * k + 0] = or_masked(w[4 * k + 0], _mm512_slli_epi16(h, 4), two);
-                    w[4 * k + 1] = or_masked(w[4 * k + 1], _mm512_slli_epi16(h, 2), two);
-                    w[4 * k + 2] = or_masked(w[4 * k + 2], h, two);
-                    w[4 * k + 3] = or_masked(w[4 * k + 3], _mm512_srli_epi16(h, 2), two);
-                    scale[k] = _mm512_mul_ps(d, bytes_to_floats(blk + 32 + 16 * (2 * j + k), 1));
-                }
-            } else {
-                scale[0] = _mm512_mul_ps(d, bytes_to_floats(blk + 64 + 16 * j, 0));
-            }
+            unpack_pair(form, blk, j, w);
+            __m512 scale[2];
+            pair_scales(form, blk, j, d, scale);
             for (int m = 0; m < rows; m++) {
                 const vsk_act256 *x = (const vsk_act256 *)(xq + (size_t)m * x_stride) + b;
                 const int8_t *q = x->q + 32 * j;
-                if (six) { /* the values' offset of 32 starts each half's sum: -32 x the activations' sum */
-                    __m512i lo = _mm512_set1_epi32(-32 * x->bsum[2 * j]), hi = _mm512_set1_epi32(-32 * x->bsum[2 * j + 1]);
+                if (sub16(form)) { /* two sums of 16 weights, each its own chain */
+                    __m512i lo = _mm512_set1_epi32(-offset * x->bsum[2 * j]);
+                    __m512i hi = _mm512_set1_epi32(-offset * x->bsum[2 * j + 1]);
                     for (int g = 0; g < 4; g++) lo = _mm512_dpbusd_epi32(lo, w[g], broadcast_group(q, g));
                     for (int g = 4; g < 8; g++) hi = _mm512_dpbusd_epi32(hi, w[g], broadcast_group(q, g));
                     sb[m] = _mm512_fmadd_ps(scale[0], _mm512_cvtepi32_ps(lo), sb[m]);
                     sb[m] = _mm512_fmadd_ps(scale[1], _mm512_cvtepi32_ps(hi), sb[m]);
                 } else {
-                    const __m512i s = dot_groups(rows >= 4, _mm512_setzero_si512(), w, q);
+                    const __m512i s = dot_groups(rows >= 4, _mm512_set1_epi32(-offset * x->sum32[j]), w, q);
                     sb[m] = _mm512_fmadd_ps(scale[0], _mm512_cvtepi32_ps(s), sb[m]);
                 }
             }
         }
-        /* Q4_K: dmin sum_j min_j sum32_j taken off, an integer dot product over the activations' sums */
-        __m512i pairs[4];
-        for (int i = 0; i < 4 && !six; i++) pairs[i] = min_pairs(blk, i);
-        const __m512 dmin = six ? d : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
+        /* dmin sum_j min_j sum_j(activations) taken off, an integer dot product over the activations' sums */
+        __m512i pairs[8];
+        for (int i = 0; i < mins; i++) pairs[i] = min_pairs(form, blk, i);
+        const __m512 dmin = mins ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32))) : d;
         for (int m = 0; m < rows; m++) {
             const vsk_act256 *x = (const vsk_act256 *)(xq + (size_t)m * x_stride) + b;
-            if (!six) {
+            if (mins) {
+                const int16_t *sums = form == VSK_T2_K ? x->bsum : x->sum32;
                 __m512i terms = _mm512_setzero_si512();
-                for (int i = 0; i < 4; i++) terms = _mm512_dpwssd_epi32(terms, pairs[i], broadcast4(x->sum32 + 2 * i));
+                for (int i = 0; i < mins; i++) terms = _mm512_dpwssd_epi32(terms, pairs[i], broadcast4(sums + 2 * i));
                 sb[m] = _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(terms), sb[m]);
             }
             acc[m] = _mm512_fmadd_ps(sb[m], _mm512_set1_ps(x->d), acc[m]);
@@ -142,37 +225,42 @@ static inline __attribute__((always_inline)) void tile_rows(const int six, const
 }
 
 /* rows in groups of up to 8 (an instance of tile_rows per count): a strip is unpacked once per group */
-static void tile_kernel(int six, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride, int M,
-                        float *y, int ldy) {
+static inline __attribute__((always_inline)) void tile_kernel(const int form, const uint8_t *W, int n0, int n1, int K,
+                                                              const uint8_t *xq, size_t x_stride, int M, float *y,
+                                                              int ldy) {
     const int blocks = K / 256;
-    const size_t strip_bytes = (size_t)blocks * (six ? T6K_BYTES : T4K_BYTES);
+    const size_t strip_bytes = (size_t)blocks * kblock_bytes(form);
     for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
         const uint8_t *strip = W + (size_t)t * strip_bytes;
         for (int r0 = 0; r0 < M; r0 += 8) {
             const uint8_t *x = xq + (size_t)r0 * x_stride;
             float *out = y + (size_t)r0 * ldy;
-#define ROWS(r)                                                                                                   \
-    case r:                                                                                                       \
-        if (six)                                                                                                  \
-            tile_rows(1, r, strip, blocks, x, x_stride, out, ldy, t, n1);                                         \
-        else                                                                                                      \
-            tile_rows(0, r, strip, blocks, x, x_stride, out, ldy, t, n1);                                         \
-        break;
             switch (M - r0 < 8 ? M - r0 : 8) {
+#define ROWS(r)                                                                                                   \
+    case r: tile_rows(form, r, strip, blocks, x, x_stride, out, ldy, t, n1); break;
                 ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
-            }
 #undef ROWS
+            }
         }
     }
 }
 
-VSK_TILE_ENTRY(kernel_t4_k, tile_kernel, 0)
+VSK_TILE_ENTRY(kernel_t4_k, tile_kernel, VSK_T4_K)
 
-VSK_TILE_ENTRY(kernel_t6_k, tile_kernel, 1)
+VSK_TILE_ENTRY(kernel_t6_k, tile_kernel, VSK_T6_K)
+
+VSK_TILE_ENTRY(kernel_t5_k, tile_kernel, VSK_T5_K)
+
+VSK_TILE_ENTRY(kernel_t3_k, tile_kernel, VSK_T3_K)
+
+VSK_TILE_ENTRY(kernel_t2_k, tile_kernel, VSK_T2_K)
+
+VSK_TILE_ENTRY(kernel_tiq4_xs, tile_kernel, VSK_TIQ4_XS)
 
 /* the 32-weight tile forms. T4_0: values 0..15 (nibbles), the weight d (value - 8); T4_1: d value + m. T5_0: values 0..31
  * (nibbles and a fifth bit), the weight d (value - 16). T8_0: unsigned bytes (weight + 128), which vpdpbusd
- * takes as they are. Either way the offset times the activations' sum is taken off. */
+ * takes as they are; TIQ4_NL: nibbles looked up (one shuffle per group) as their levels + 128, the same. Either way
+ * the offset times the activations' sum is taken off. */
 static inline void unpack32(int type, const uint8_t *blk, __m512i *w) {
     if (type == VSK_T8_0) {
         for (int g = 0; g < 8; g++) w[g] = _mm512_loadu_si512((const void *)(blk + 32 + 64 * g));
@@ -184,7 +272,12 @@ static inline void unpack32(int type, const uint8_t *blk, __m512i *w) {
         w[i] = _mm512_and_si512(p, low);
         w[4 + i] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
     }
-    if (type == VSK_T4_0 || type == VSK_T4_1) return;
+    if (type == VSK_TIQ4_NL) {
+        const __m512i levels = _mm512_broadcast_i32x4(
+            _mm_add_epi8(_mm_loadu_si128((const __m128i *)vsk_iq4_levels), _mm_set1_epi8((char)0x80)));
+        for (int g = 0; g < 8; g++) w[g] = _mm512_shuffle_epi8(levels, w[g]);
+    }
+    if (type != VSK_T5_0) return;
     const __m512i h = _mm512_loadu_si512((const void *)(blk + 288));
     w[0] = or_masked(w[0], _mm512_slli_epi16(h, 4), five);
     w[1] = or_masked(w[1], _mm512_slli_epi16(h, 3), five);
@@ -202,7 +295,7 @@ static inline __attribute__((always_inline)) void tile32_rows(const int type, co
                                                               int blocks, const uint8_t *xq, size_t x_stride,
                                                               float *y, int ldy, int t, int n1) {
     const int one = type == VSK_T4_1;
-    const int offset = type == VSK_T8_0 ? 128 : type == VSK_T5_0 ? 16 : type == VSK_T4_0 ? 8 : 0;
+    const int offset = type == VSK_T8_0 || type == VSK_TIQ4_NL ? 128 : type == VSK_T5_0 ? 16 : type == VSK_T4_0 ? 8 : 0;
     const size_t block_bytes = vsk_tile_strip_bytes(type, 32);
     /* prefetch into L2 about 6 KiB ahead: 3 KiB (0686372 to 61c27d6) left a Zen 4's draft step 9-18% slower,
      * 12 KiB gained nothing more (in-process alternation, 9dc9d67) */
@@ -256,6 +349,8 @@ VSK_TILE_ENTRY(kernel_t5_0, tile32_kernel, VSK_T5_0)
 
 VSK_TILE_ENTRY(kernel_t8_0, tile32_kernel, VSK_T8_0)
 
+VSK_TILE_ENTRY(kernel_tiq4_nl, tile32_kernel, VSK_TIQ4_NL)
+
 vsk_kernel vsk_tile_kernel_avx512(int type) {
     return type == VSK_T4_K   ? kernel_t4_k
            : type == VSK_T6_K ? kernel_t6_k
@@ -263,6 +358,11 @@ vsk_kernel vsk_tile_kernel_avx512(int type) {
            : type == VSK_T4_1 ? kernel_t4_1
            : type == VSK_T5_0 ? kernel_t5_0
            : type == VSK_T8_0 ? kernel_t8_0
+           : type == VSK_T2_K ? kernel_t2_k
+           : type == VSK_T3_K ? kernel_t3_k
+           : type == VSK_T5_K ? kernel_t5_k
+           : type == VSK_TIQ4_XS ? kernel_tiq4_xs
+           : type == VSK_TIQ4_NL ? kernel_tiq4_nl
                               : NULL;
 }
 
