@@ -342,9 +342,12 @@ class BatchedDrafter:
             keep = held if source == job.slot else common_prefix(fed, tokens, limit=len(tokens) - 1)
             self.cache.set_length(job.slot, keep)
             del fed[keep:]
-            if held > keep and self._room(partial(self.cache.fork, source, job.slot, held), busy):
-                fed += tokens[keep:held]  # another slot held more of these tokens: its blocks are shared
-                keep = held
+            if held > keep:  # another slot holds more of these tokens: its blocks are shared
+                if self._room(partial(self.cache.fork, source, job.slot, held), busy | {source}):
+                    fed += tokens[keep:held]
+                    keep = held
+                else:
+                    self.cache.set_length(job.slot, keep)
             end = min(len(tokens) + max(job.k, CATCH_UP_WIDTH) + 1, self.cache.max_len)  # what this propose writes
             if not self._room(partial(self.cache.ensure, job.slot, end), busy):
                 todo.append(None)

@@ -330,7 +330,11 @@ class KVCache:
         start, size = self.lengths[slot], self.block_size
         if not start < end <= (start // size + 1) * size:
             raise ValueError(f"slot {slot} holds {start} positions: cannot copy up to {end} from one block")
-        self.ensure(slot, end)
+        self.pool.take(block)  # an idle source is not evicted to make room for its copy
+        try:
+            self.ensure(slot, end)
+        finally:
+            self.pool.drop(block)
         own, rows = self.blocks[slot][start // size], slice(start % size, (end - 1) % size + 1)
         for layer in self.keys + self.values:
             layer[own, :, rows].copy_(layer[block, :, rows])
