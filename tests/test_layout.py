@@ -7,10 +7,10 @@ prefix: `models.model` is the model layer, the rest of `models` the weights laye
     0 foundation   errors, decoding/ (acceptance, sampling, adjustments, grammar, logprobs, stopping, stats),
                    models.config, models.rope, models.tokenizer, models.bundled, models.converted
     1 kernels      kernels/ (the native library and its Python face)
-    2 model        models.model (the transformer; knows no weight format)
+    2 model        models.model, models.kv_cache (the transformer and its paged cache; know no weight format)
     3 weights      models/ (quantize, weights, hf_config, gguf_config, gguf_source, hf_source, gguf_native,
                    draft_head, loading), testing
-    4 engine       engine/ (scheduler, proposers, policy, prefixes, metrics, requests)
+    4 engine       engine/ (scheduler, proposers, policy, prefixes, budget, metrics, requests)
     5 generator    generator (one request through the engine)
     6 front ends   arguments, server/, bench/
     7 command line cli, __main__, the package's __init__
@@ -27,7 +27,7 @@ LAYERS = {
     "errors": 0, "decoding": 0, "models.config": 0, "models.rope": 0, "models.tokenizer": 0, "models.gguf_vocab": 0,
     "models.bundled": 0, "models.converted": 0,
     "kernels": 1,
-    "models.model": 2,
+    "models.model": 2, "models.kv_cache": 2,
     "models": 3, "testing": 3,
     "engine": 4,
     "generator": 5,

@@ -557,6 +557,25 @@ def test_full_queue_gets_429_and_disconnects_free_every_slot(server):
     assert freed["verispec_requests_total{finish_reason=cancelled}"] >= 10
 
 
+def test_the_kv_cache_budget_cuts_the_context_and_a_larger_request_gets_a_400():
+    """--kv-cache-memory of 5 blocks of the tiny pair (80 KiB each, both models): the context is what they hold
+    for one sequence; a request beyond it is refused as too long for the context, saying why; one inside runs, and
+    the cache's use is published."""
+    proc = ServerProcess("--model", "tiny", "--speculative-model", "tiny", "--kv-cache-memory", "400KiB")
+    try:
+        context = httpx.get(proc.url + "/v1/models", timeout=10).json()["data"][0]["max_model_len"]
+        assert context == 5 * 64 - 15 - 1  # the suffix drafter's verify rows take 15 positions more
+        ask = {"prompt": "hello " * 40, "max_tokens": context}
+        response = httpx.post(proc.url + "/v1/completions", json=ask, timeout=30)
+        error = _error(response, 400, "context_length_exceeded")
+        assert "KV cache budget" in error["message"] and error["param"] == "max_tokens"
+        ok = httpx.post(proc.url + "/v1/completions", json={**ask, "max_tokens": 8}, timeout=30)
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] <= 8
+        assert proc.metrics()["verispec_kv_cache_usage"] == 0.0  # all given back
+    finally:
+        proc.stop()
+
+
 @needs_smollm2
 def test_mid_stream_disconnect_cancels_and_frees_the_slot(server):
     before = server.metrics()

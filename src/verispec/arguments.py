@@ -53,6 +53,14 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="draft weights (default: int4-all for an int4 target, else as the target)",
     )
     parser.add_argument("--max-model-len", type=int, default=4096, help="context length (tokens) to allocate")
+    parser.add_argument(
+        "--kv-cache-memory",
+        type=memory_size,
+        default=None,
+        help="bytes the KV caches (target and draft together) may take, e.g. 4GiB, 512MiB: requests wait for room "
+        "beyond it; the context is cut to what it holds (default: every slot's --max-model-len, at most half the "
+        "memory available at start; memory is taken as the cache fills)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: all cores)")
 
 
@@ -71,6 +79,16 @@ def resolve_speculative_method(args: argparse.Namespace) -> None:
     if getattr(args, "speculative_method", "") is None:
         no_draft = args.speculative_model.lower() == "none"
         args.speculative_method = "draft" if no_draft else "suffix"
+
+
+def memory_size(text: str) -> int:
+    """An argparse type: bytes, or a size with a unit (4GiB, 512MiB, 1.5GB; engine/budget.py)."""
+    from .engine.budget import parse_memory
+
+    try:
+        return parse_memory(text)
+    except InvalidParameterError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def non_negative_int(text: str) -> int:

@@ -61,6 +61,7 @@ def build_generator(args: argparse.Namespace, with_draft: bool = True):
         adaptive=args.adaptive_k,
         draft_vocab=args.draft_vocab,
         draft_window=args.draft_window,
+        kv_cache_memory=args.kv_cache_memory,
     )
 
 

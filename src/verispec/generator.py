@@ -15,6 +15,7 @@ import torch
 
 from .decoding.grammar import GrammarSpec
 from .decoding.sampling import SamplingParams
+from .engine.budget import parse_memory
 from .engine.requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput, StreamChunk
 from .engine.scheduler import METHODS, Scheduler, SchedulerConfig
 from .errors import InvalidParameterError, VerispecError
@@ -48,11 +49,13 @@ class SpeculativeGenerator:
         draft_vocab: int | None = None,
         draft_window: int = DEFAULT_DRAFT_WINDOW,
         token_trees: bool = False,
+        kv_cache_memory: int | str | None = None,
     ):
         """`adaptive`: the engine's draft policy picks k = 0..num_speculative_tokens per step from measured
         costs (engine/policy.py); False drafts num_speculative_tokens every step. `draft_window`: the draft model
         reads a long prompt's first tokens and its last `draft_window` only (0: all of it). `token_trees`: suffix
-        lookups may propose token trees (SchedulerConfig.token_trees)."""
+        lookups may propose token trees (SchedulerConfig.token_trees). `kv_cache_memory`: bytes (or "4GiB") the KV
+        caches may take (engine/budget.py; None: the whole context, at most half the memory available)."""
         if speculative_method not in SPECULATIVE_METHODS:
             raise InvalidParameterError(
                 f"unknown speculative method '{speculative_method}' (choose from {', '.join(SPECULATIVE_METHODS)})"
@@ -73,6 +76,7 @@ class SpeculativeGenerator:
             speculative_method=speculative_method, draft_vocab=draft_vocab, draft_window=draft_window,
             prefill_chunk=max_seq_len,  # one request: its whole prompt in one pass
             token_trees=token_trees,
+            kv_cache_memory=None if kv_cache_memory is None else parse_memory(kv_cache_memory),
         )  # fmt: skip
         self.target, self.draft = load_pair(target, draft, dtype, device, progress, quantization, draft_quantization)
         self.tokenizer = self.target.tokenizer

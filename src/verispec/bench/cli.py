@@ -74,7 +74,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         model=args.model, draft_model=draft, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         threads=args.threads, output=args.output, plots=not args.no_plots,
         quantization=args.quantization, draft_quantization=args.speculative_quantization, draft_vocab=args.draft_vocab,
-        draft_window=args.draft_window,
+        draft_window=args.draft_window, kv_cache_memory=args.kv_cache_memory,
     )  # fmt: skip
     config = config.checked()
     return replace(config, command=as_command(config, tiny=args.tiny))

@@ -45,6 +45,7 @@ class BenchConfig:
     dtype: str = "float32"
     device: str = "cpu"
     max_model_len: int = 4096
+    kv_cache_memory: int | None = None  # bytes (None: the engine's default, engine/budget.py)
     threads: int | None = None
     quantization: str = "none"
     draft_quantization: str | None = None
@@ -152,6 +153,7 @@ def as_command(config: BenchConfig, tiny: bool = False) -> str:
         "--dtype": (config.dtype, "float32"), "--device": (config.device, "cpu"), "--threads": (config.threads, None),
         "--temperature": (config.temperature, 0.0), "--top-p": (config.top_p, 1.0), "--top-k": (config.top_k, 0),
         "--seed": (config.seed, None), "--max-model-len": (config.max_model_len, 4096),
+        "--kv-cache-memory": (config.kv_cache_memory, None),
         "--quantization": (config.quantization, None),  # always written: its default depends on --dtype
         "--speculative-quantization": (config.draft_quantization, None),
         "--draft-vocab": (config.draft_vocab, DEFAULT_DRAFT_VOCAB),

@@ -56,7 +56,9 @@ def build_methods(
     methods = []
     for method in config.methods:
         if method == "plain":
-            generator = SpeculativeGenerator(target, None, max_seq_len=max_seq_len, progress=False)
+            generator = SpeculativeGenerator(
+                target, None, max_seq_len=max_seq_len, progress=False, kv_cache_memory=config.kv_cache_memory
+            )
             methods.append(Method("plain", 0, generator))
         else:  # draft, ngram, hybrid, auto-*: one method per k
             methods += [_speculative_method(method, target, draft, k, max_seq_len, config) for k in config.ks]
@@ -75,6 +77,6 @@ def _speculative_method(
     generator = SpeculativeGenerator(
         target, draft, num_speculative_tokens=k, max_seq_len=max_seq_len,
         progress=False, speculative_method=base, adaptive=adaptive, draft_vocab=config.draft_vocab,
-        draft_window=config.draft_window, token_trees=trees,
+        draft_window=config.draft_window, token_trees=trees, kv_cache_memory=config.kv_cache_memory,
     )  # fmt: skip
     return Method(method_name(method, k), k, generator)

@@ -142,6 +142,8 @@ def _server(args: argparse.Namespace, slots: int):
         command += ["--speculative-quantization", args.speculative_quantization]
     if args.threads:
         command += ["--threads", str(args.threads)]
+    if args.kv_cache_memory:
+        command += ["--kv-cache-memory", str(args.kv_cache_memory)]
     proc = subprocess.Popen(command, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         url = f"http://127.0.0.1:{port}"

@@ -25,7 +25,9 @@ class Metrics:
         self.rejected = counter("rejected_requests", "Requests refused before running, by error code", "code")
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of admitted requests")
         self.prefill_reused_tokens = counter(
-            "prefill_reused_tokens", "Prompt tokens whose keys and values were copied from another request's prefill"
+            "prefill_reused_tokens",
+            "Prompt tokens whose keys and values came from earlier prefills (shared blocks, or copied) instead of "
+            "being computed",
         )
         self.generation_tokens = counter("generation_tokens", "Generated tokens")
         self.drafted = counter("draft_tokens", "Drafted tokens")
@@ -61,7 +63,10 @@ class Metrics:
             "draft_policy_slowdown", "How much slower than the draft policy's reference speed the machine runs now"
         )
         self.running = gauge("num_requests_running", "Requests holding a sequence slot")
-        self.waiting = gauge("num_requests_waiting", "Requests queued for a slot")
+        self.waiting = gauge("num_requests_waiting", "Requests queued for a slot (or for room in the KV cache)")
+        self.kv_cache_usage = gauge(
+            "kv_cache_usage", "Share of the target's KV cache blocks that running requests hold or have reserved"
+        )
         self.ttft = histogram("time_to_first_token_seconds", "Arrival to first token", _TTFT_BUCKETS)
         self.itl = histogram("inter_token_latency_seconds", "Time between a request's tokens", _ITL_BUCKETS)
         self.latency = histogram("request_latency_seconds", "Arrival to finish", _LATENCY_BUCKETS)

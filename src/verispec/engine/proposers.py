@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass
+from functools import partial
 
 import torch
 
@@ -23,6 +24,7 @@ from ..decoding.sampling import SamplingParams, probs_from_logits
 from ..kernels.greedy import MAX_ROWS as GREEDY_MAX_ROWS
 from ..kernels.greedy import GreedySteps
 from ..models.draft_head import DraftHead
+from ..models.kv_cache import CacheFullError
 from ..models.model import KVCache, Transformer
 
 PAD_TOKEN = 0  # any valid id: padded positions are computed and then forgotten
@@ -195,25 +197,40 @@ class BatchedDrafter:
     (decoding/grammar.py: a sequence whose grammar allows none of the draft head's tokens drafts fewer).
 
     A slot needs no prefill: `propose` feeds whatever the slot lacks, keeping the longest prefix it already
-    holds, or copying a longer one another slot holds (so a new request reuses a previous one's shared
-    prefix, n choices of one prompt catch up once, and a sequence whose drafting was suspended catches up
-    only when drafting resumes; a draft's keys need not match any other computation bit for bit). Feeds
-    too long to batch run alone first; their time is kept in `spent` so the draft policy can tell steady-state
-    drafting cost from catching up. It is a Proposer (proposer.py) on its own: the `draft` method.
+    holds, or forking a longer one another slot holds (KVCache.fork: its blocks shared, copy-free; so a new
+    request reuses a previous one's shared prefix, n choices of one prompt catch up once, and a sequence whose
+    drafting was suspended catches up only when drafting resumes; a draft's keys need not match any other
+    computation bit for bit). Feeds too long to batch run alone first; their time is kept in `spent` so the draft
+    policy can tell steady-state drafting cost from catching up. It is a Proposer (proposer.py) on its own: the
+    `draft` method.
+
+    Its cache is paged like the target's, in `num_blocks` blocks, and is best effort: a slot keeps its blocks
+    after its request (for the next one), and where a job needs blocks and none is free, the slots not drafting
+    in this propose give theirs back, least recently used first; a job that still lacks room drafts nothing this
+    step. Drafts only propose, so room changes how fast a request runs, never what it emits.
     """
 
     looks_up = False
 
     def __init__(
-        self, model: Transformer, target_vocab_size: int, num_slots: int, max_len: int, head_ids: torch.Tensor | None
+        self,
+        model: Transformer,
+        target_vocab_size: int,
+        num_slots: int,
+        max_len: int,
+        head_ids: torch.Tensor | None,
+        num_blocks: int | None = None,
     ):
-        """head_ids: draft only these token ids (a restricted head, see models/draft_head.py); None: all."""
+        """head_ids: draft only these token ids (a restricted head, see models/draft_head.py); None: all.
+        num_blocks: the cache's blocks (None: every slot's max_len)."""
         self.model = model
         self.head = DraftHead(model, target_vocab_size, head_ids)
         self.greedy_steps = self._greedy_steps(model, target_vocab_size)
-        self.cache = model.new_cache(num_slots=num_slots, max_len=max_len)
+        self.cache = model.new_cache(num_slots, max_len, num_blocks)
         self.fed: list[list[int]] = [[] for _ in range(num_slots)]  # tokens held in each slot, in order
         self.partitions = [""] * num_slots  # whose tokens each slot holds: only its partition reuses them
+        self.used = [0] * num_slots  # the propose each slot last drafted in (the least recently used give way)
+        self.proposes = 0
         self.spent = DraftCost()  # the last propose's long feeds
 
     def admit(self, slot: int, partition: str) -> None:
@@ -222,7 +239,7 @@ class BatchedDrafter:
         if self.partitions[slot] != partition:
             self.partitions[slot] = partition
             self.fed[slot].clear()
-            self.cache.set_length(slot, 0)
+            self.cache.release(slot)
 
     def lag(self, slot: int, tokens: list[int], model_tokens: list[int] | None = None) -> int:
         """How many tokens `propose` would feed the slot alone, before drafting for `tokens` (read as
@@ -263,15 +280,21 @@ class BatchedDrafter:
     def forget(self, history: bool = True, prompts: bool = True) -> None:
         """`prompts`: hold no context, so that the next request catches up as on a fresh engine."""
         if prompts:
-            for fed in self.fed:
+            for slot, fed in enumerate(self.fed):
                 fed.clear()
+                self.cache.release(slot)
 
     def propose(self, jobs: list[DraftJob]) -> list[Proposal]:
         self.spent = DraftCost(modelled=True)
+        self.proposes += 1
         todo, caught_up = self._prepare(jobs)
-        proposals = self._propose(jobs, todo)
-        for proposal, seconds in zip(proposals, caught_up, strict=True):
+        roomy = [i for i, missing in enumerate(todo) if missing is not None]
+        drafted = iter(self._propose([jobs[i] for i in roomy], [todo[i] for i in roomy]) if roomy else [])
+        proposals = []
+        for missing, seconds in zip(todo, caught_up, strict=True):
+            proposal = next(drafted) if missing is not None else Proposal(torch.empty(0, dtype=torch.long))
             proposal.catch_up_seconds = seconds
+            proposals.append(proposal)
         return proposals
 
     def _propose(self, jobs: list[DraftJob], todo: list[list[int]]) -> list[Proposal]:
@@ -319,21 +342,30 @@ class BatchedDrafter:
             proposals.append(Proposal(torch.tensor(tokens[: job.k], dtype=torch.long)))
         return proposals
 
-    def _prepare(self, jobs: list[DraftJob]) -> tuple[list[list[int]], list[float]]:
-        """Ready each job's slot: keep the prefix it holds (or copy a longer one another slot holds), feed a long
-        lag alone; returns the tokens each slot still lacks (at least the last one, at most CATCH_UP_WIDTH) and
-        the seconds each job's lag took."""
+    def _prepare(self, jobs: list[DraftJob]) -> tuple[list[list[int] | None], list[float]]:
+        """Ready each job's slot: keep the prefix it holds (or fork a longer one another slot holds), make room for
+        what this propose writes, feed a long lag alone; returns the tokens each slot still lacks (at least the last
+        one, at most CATCH_UP_WIDTH; None for a job without room) and the seconds each job's lag took."""
         todo, seconds = [], []
+        busy = {job.slot for job in jobs}
         for job in jobs:
+            self.used[job.slot] = self.proposes
             fed, tokens = self.fed[job.slot], job.model_view
             source, held = self._held(job.slot, tokens)
             keep = held if source == job.slot else common_prefix(fed, tokens, limit=len(tokens) - 1)
             self.cache.set_length(job.slot, keep)
             del fed[keep:]
-            if held > keep:  # another slot holds more of these tokens: copy its keys and values
-                self.cache.copy(source, job.slot, held)
-                fed += tokens[keep:held]
-                keep = held
+            if held > keep:  # another slot holds more of these tokens: its blocks are shared
+                if self._room(partial(self.cache.fork, source, job.slot, held), busy | {source}):
+                    fed += tokens[keep:held]
+                    keep = held
+                else:
+                    self.cache.set_length(job.slot, keep)
+            end = min(len(tokens) + max(job.k, CATCH_UP_WIDTH) + 1, self.cache.max_len)  # what this propose writes
+            if not self._room(partial(self.cache.ensure, job.slot, end), busy):
+                todo.append(None)
+                seconds.append(0.0)
+                continue
             missing, took = tokens[keep:], 0.0
             if len(missing) > CATCH_UP_WIDTH:
                 begin = time.perf_counter()
@@ -345,6 +377,23 @@ class BatchedDrafter:
             todo.append(missing)
             seconds.append(took)
         return todo, seconds
+
+    def _room(self, make, busy: set[int]) -> bool:
+        """Run `make` (something that takes blocks); where the cache has none left, the slots not in `busy` give
+        theirs back, least recently used first, until it runs; False where it never does."""
+        idle = sorted((slot for slot in range(self.cache.num_slots) if slot not in busy), key=self.used.__getitem__)
+        while True:
+            try:
+                make()
+                return True
+            except CacheFullError:
+                while idle and not self.cache.blocks[idle[0]]:
+                    idle.pop(0)
+                if not idle:
+                    return False
+                slot = idle.pop(0)
+                self.cache.release(slot)
+                self.fed[slot].clear()
 
     def _catch_up(self, jobs: list[DraftJob], todo: list[list[int]]) -> list[torch.Tensor]:
         """Feed each slot the tokens it lacks (`todo`); returns the logits after each."""

@@ -2,10 +2,11 @@
 thread of its own for every request; `generate` and `bench` (SpeculativeGenerator) run its steps in the
 calling thread for a batch of one. Each step, for all running sequences at once:
 
-    admit waiting requests into free slots
+    admit waiting requests into free slots, in order, while the KV cache has room for them (budget.py; the first
+        that does not fit waits, and the ones behind it)
     drop cancelled requests (their slots are free from this step on)
-    prefill one chunk of one admitted prompt (chunks another slot already holds are copied; the draft
-        catches up when it drafts)
+    prefill one chunk of one admitted prompt (what earlier prefills registered is taken instead: prefixes.py; the
+        draft catches up when it drafts)
     decide how many tokens this step drafts (policy.DraftPolicy: k = 0..k_max, what pays at this batch size)
     draft k tokens for every sequence that may draft         proposers.py: one draft pass per position
     cut each draft at the first token its grammar rejects   decoding/grammar.py (structured output)
@@ -39,10 +40,12 @@ from ..decoding.stopping import StopChecker, check_stop
 from ..errors import InvalidParameterError, PromptTooLongError, VerispecError
 from ..kernels.native import argmax_rows
 from ..models.draft_head import draft_ids
+from ..models.kv_cache import BLOCK_SIZE, KVCache
 from ..models.loading import LoadedModel
+from .budget import cache_blocks
 from .metrics import Metrics
 from .policy import POLICIES, DraftPolicy
-from .prefixes import PrefilledPrompts
+from .prefixes import PrefixBlocks, Prompt
 from .proposer import PROPOSERS, Proposer, Setup
 from .proposers import (
     CATCH_UP_WIDTH,
@@ -90,6 +93,9 @@ class SchedulerConfig:
     # lookups may propose token trees, verified in one pass (suffix drafting; requests without penalties, on a
     # target that takes trees: Transformer.takes_trees). Off by default: measured not to pay (docs/repetition.md)
     token_trees: bool = False
+    # bytes the target's and the draft model's KV caches may take together (budget.py); None: every slot's full
+    # context, at most half the memory available at start
+    kv_cache_memory: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_queue < 0 or self.max_model_len < 2:
@@ -110,6 +116,8 @@ class SchedulerConfig:
             raise InvalidParameterError(f"draft_window must be >= 0 (0 = the whole context), got {self.draft_window}")
         if self.draft_vocab is not None and self.draft_vocab < 0:
             raise InvalidParameterError(f"draft_vocab must be >= 0 (0 = the whole vocabulary), got {self.draft_vocab}")
+        if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
+            raise InvalidParameterError(f"kv_cache_memory must be >= 1 byte, got {self.kv_cache_memory}")
 
 
 @dataclass
@@ -175,27 +183,48 @@ class Scheduler:
         self.running: dict[int, Sequence] = {}
         self.free_slots = list(range(self.config.max_num_seqs))
         self.waiting: deque[EngineRequest] = deque()
+        self.waiting_for_blocks = False  # the first waiting request does not fit the KV cache now
+        self._first: tuple[EngineRequest, Prompt] | None = None  # the first waiting request's prompt, as keys
         self.active: dict[str, EngineRequest] = {}  # waiting or running, by request id
         self.cond = threading.Condition()
         self.thread: threading.Thread | None = None
         self.stopping = False
 
     def _allocate_caches(self, target: LoadedModel, draft: LoadedModel | None) -> None:
-        """One slot per sequence; padded rows may run past a sequence's last real position (verify rows are
-        k+1 wide, draft catch-up rows up to CATCH_UP_WIDTH), hence the room beyond max_model_len."""
+        """The caches of both models, paged (models/kv_cache.py) in as many blocks each as the budget pays for
+        (budget.py). A sequence may hold up to max_model_len positions and the room padded rows take past its last
+        real one (verify rows are k+1 wide, draft catch-up rows up to CATCH_UP_WIDTH); where the budget holds fewer
+        for one sequence, the context is cut to what it holds."""
         k, slots = self.config.num_speculative_tokens, self.config.max_num_seqs
         method = self.config.speculative_method
-        widest = max(k, LOOKUP_MAX) if method == "suffix" else k  # the most tokens a verify row set drafts
-        self.cache = target.model.new_cache(num_slots=slots, max_len=self.max_model_len + widest + 1)
+        self.widest = max(k, LOOKUP_MAX) if method == "suffix" else k  # the most tokens a verify row set drafts
+        drafting = draft is not None and method != "ngram"
+        block_bytes = KVCache.block_bytes(target.model.config, target.model.cache_dtype)
+        if drafting:
+            block_bytes += KVCache.block_bytes(draft.model.config, draft.model.cache_dtype)
+        wanted = slots * -(-(self.max_model_len + self.widest + 1) // BLOCK_SIZE)
+        num_blocks = cache_blocks(self.config.kv_cache_memory, wanted, block_bytes, target.model.device)
+        held = num_blocks * BLOCK_SIZE - self.widest - 1  # the longest context one sequence can have
+        self.context_cut = held < self.max_model_len  # the budget, not the models or max_model_len, sets it
+        if held < 2:
+            raise InvalidParameterError(
+                f"a KV cache budget of {num_blocks * block_bytes} bytes holds {num_blocks} blocks of {BLOCK_SIZE} "
+                f"tokens ({block_bytes} bytes each, both models): too few for a sequence"
+            )
+        if self.context_cut:
+            log.warning("the KV cache budget holds %d tokens: the context is cut from %d to %d tokens",
+                        num_blocks * BLOCK_SIZE, self.max_model_len, held)  # fmt: skip
+            self.max_model_len = held
+        self.cache = target.model.new_cache(slots, self.max_model_len + self.widest + 1, num_blocks)
         # prefill reuse (prefixes.py): to the token where the target's passes are row-invariant (the native stack)
         invariant = target.model.fused_blocks is not None
-        self.prefixes = PrefilledPrompts(self.cache, None if invariant else self.config.prefill_chunk)
+        self.prefixes = PrefixBlocks(self.cache, None if invariant else self.config.prefill_chunk)
         model = None
-        if draft is not None and method != "ngram":
+        if drafting:
             vocab = target.model.config.vocab_size
             draft_len = self.max_model_len + max(k, CATCH_UP_WIDTH) + 1
             ids = draft_ids(self.config.draft_vocab, draft.model.config.vocab_size, self.tokenizer.stop_token_ids)
-            model = BatchedDrafter(draft.model, vocab, slots, draft_len, ids)
+            model = BatchedDrafter(draft.model, vocab, slots, draft_len, ids, num_blocks)
         self.proposer: Proposer | None = None
         if method != "draft" or model is not None:  # the draft method without a draft model: plain decoding
             try:
@@ -205,8 +234,13 @@ class Scheduler:
 
     # ---- any thread ---------------------------------------------------------------------------------
     def kv_cache_bytes(self) -> tuple[int, int]:
+        """The most the target's and the draft model's KV caches may take (they take it as blocks are used)."""
         model = self.proposer.drafter if self.proposer is not None else None  # lookups alone keep no cache
         return self.cache.nbytes(), model.cache.nbytes() if model is not None else 0
+
+    def _context(self) -> str:
+        held = " (what the KV cache budget holds)" if self.context_cut else ""
+        return f"the context of {self.max_model_len}{held}"
 
     def check_prompt(self, prompt_ids: list[int]) -> None:
         """A prompt both models can read that leaves room for a new token; raises InvalidParameterError or
@@ -214,8 +248,9 @@ class Scheduler:
         if not prompt_ids:
             raise InvalidParameterError("the prompt encodes to no tokens")
         if len(prompt_ids) >= self.max_model_len:  # first: a million ids are refused without reading them
+            held = " (what the KV cache budget holds)" if self.context_cut else ""
             raise PromptTooLongError(
-                f"the prompt has {len(prompt_ids)} tokens; the context holds {self.max_model_len} "
+                f"the prompt has {len(prompt_ids)} tokens; the context holds {self.max_model_len}{held} "
                 "(prompt + at least 1 new token)"
             )
         if not 0 <= min(prompt_ids) <= max(prompt_ids) < self.vocab_size:
@@ -252,9 +287,7 @@ class Scheduler:
             raise InvalidParameterError(f"logit_bias token ids must be in [0, {logits_width})")
         total = len(request.prompt_ids) + request.max_tokens
         if total > self.max_model_len:
-            raise PromptTooLongError(
-                f"prompt + max_tokens = {total} tokens exceeds the context of {self.max_model_len}"
-            )
+            raise PromptTooLongError(f"prompt + max_tokens = {total} tokens exceeds {self._context()}")
 
     def cancel(self, request_id: str) -> None:
         """Stop a request (its client went away); a waiting one leaves at once, a running one before the next step."""
@@ -338,7 +371,9 @@ class Scheduler:
         # a burst is starting: a prompt still prefills, or waits for a free slot (over HTTP a burst's later
         # requests arrive while the first prefills, after this step's admission)
         with self.cond:
-            joining = len(seqs) < len(self.running) or bool(self.waiting and self.free_slots)
+            joining = len(seqs) < len(self.running) or bool(
+                self.waiting and self.free_slots and not self.waiting_for_blocks
+            )
         k = self.policy.choose_k(len(seqs), acceptance, [limit for _, limit in eligible], lag, remaining, joining)
         ks = [min(k, limit) for limit in limits]
         begin = time.perf_counter()
@@ -406,51 +441,76 @@ class Scheduler:
         metrics.policy_slowdown.set(policy.slowdown)
 
     def _admit(self) -> None:
+        """Admit waiting requests in order while a slot is free and the KV cache has room: a request reserves the
+        blocks its prompt and max_tokens may need (and its padded rows' room), less those it shares with earlier
+        prompts, so that it never lacks one; the first that does not fit waits (and those behind it) until running
+        requests give blocks back."""
         while True:
             with self.cond:
+                self.waiting_for_blocks = False
                 if not self.waiting or not self.free_slots:
+                    self._first = None
                     return
-                request = self.waiting.popleft()
+                request = self.waiting[0]
+            if self._first is None or self._first[0] is not request:
+                self._first = (request, self.prefixes.prompt(request.prompt_ids, request.partition))
+            prompt = self._first[1]
+            shared = self.prefixes.shared_run(prompt)
+            reserve = self._blocks_needed(request) - len(shared)
+            idle = sum(1 for block in shared if not self.cache.pool.refs[block])  # taking them leaves fewer
+            if reserve + idle > self.cache.pool.available():
+                self.waiting_for_blocks = True
+                return
+            with self.cond:
+                if not self.waiting or self.waiting[0] is not request:  # cancelled meanwhile
+                    continue
+                self.waiting.popleft()
                 slot = self.free_slots.pop(0)
             try:
-                self._start_sequence(request, slot)
+                self._start_sequence(request, slot, prompt, shared, reserve)
             except Exception:  # this request alone fails; the running ones go on
                 log.exception("could not start request %s", request.request_id)
                 self._free(request, slot, "error")
                 request.sink(ErrorEvent("internal error starting the request (see the server log)"))
 
-    def _start_sequence(self, request: EngineRequest, slot: int) -> None:
+    def _blocks_needed(self, request: EngineRequest) -> int:
+        """The target cache's blocks a request may fill: its prompt, max_tokens, and padded rows past them."""
+        positions = len(request.prompt_ids) + request.max_tokens + self.widest + 1
+        return self.cache.blocks_for(min(positions, self.cache.max_len))
+
+    def _start_sequence(
+        self, request: EngineRequest, slot: int, prompt: Prompt, shared: list[int], reserve: int
+    ) -> None:
         now = time.perf_counter()
-        prompt = request.prompt_ids
         seq = Sequence(
             request=request,
             slot=slot,
-            tokens=list(prompt),
+            tokens=list(request.prompt_ids),
             stopper=StopChecker(self.tokenizer, request.max_tokens, request.stop, request.ignore_eos),
-            stats=GenerationStats(prompt_tokens=len(prompt)),
+            stats=GenerationStats(prompt_tokens=len(prompt.tokens)),
             noise=request.params.noise(self.target.model.config.vocab_size),
             adjustments=LogitAdjustments(request.params, self.target.model.config.vocab_size),
             grammar=request.grammar.matcher() if request.grammar is not None else None,
             admitted=now,
             queue_seconds=now - request.arrival,
             logprobs=[] if request.logprobs is not None else None,
-            draft_cut=draft_cut_for(len(prompt), self.config.draft_window),
+            draft_cut=draft_cut_for(len(prompt.tokens), self.config.draft_window),
         )
         self.running[slot] = seq
-        self.metrics.prompt_tokens.inc(len(prompt))
-        seq.prefilled = self.prefixes.admit(slot, prompt, request.partition)
+        self.metrics.prompt_tokens.inc(len(prompt.tokens))
+        seq.prefilled = self.prefixes.admit(slot, prompt, shared, reserve)
         if self.proposer is not None:
             self.proposer.admit(slot, request.partition)
         self.metrics.prefill_reused_tokens.inc(seq.prefilled)
 
     def _prefill_chunk(self) -> None:
         """The next chunk of the earliest admitted prompt still prefilling; before it, and for every other
-        prompt still prefilling, the chunks another slot has prefilled already are copied. Chunks are cut at
+        prompt still prefilling, what other prefills registered meanwhile is taken (prefixes.py). Chunks are cut at
         the same places whatever else runs, so a request's cache (and its greedy output) does not depend on
         its neighbours."""
         computed = False
         for seq in [seq for seq in self.running.values() if seq.prefilling]:
-            end = self.prefixes.reuse(seq.slot, seq.request.prompt_ids, seq.prefilled)
+            end = self.prefixes.reuse(seq.slot, seq.prefilled)
             self.metrics.prefill_reused_tokens.inc(end - seq.prefilled)
             seq.prefilled = end
             if seq.prefilling and not computed:
@@ -463,7 +523,7 @@ class Scheduler:
         chunk = seq.request.prompt_ids[seq.prefilled : end]
         ids = torch.tensor([chunk], dtype=torch.long, device=self.target.model.device)
         self.target.model(ids, self.cache, [seq.slot], num_logits=1, invariant=False)
-        self.prefixes.computed(seq.slot, seq.prefilled, chunk)
+        self.prefixes.computed(seq.slot, seq.prefilled, end)
         seq.prefilled = end
         seconds = time.perf_counter() - begin
         seq.stats.time_prefill += seconds
@@ -761,6 +821,8 @@ class Scheduler:
 
     def _free(self, request: EngineRequest, slot: int, reason: str) -> None:
         """The request leaves (running or just admitted); its slot is free from the next step on."""
+        self.cache.release(slot)  # what its prompt registered stays, for the requests to come
+        self.prefixes.finish(slot)
         with self.cond:
             self.running.pop(slot, None)
             self.free_slots.append(slot)
@@ -773,6 +835,8 @@ class Scheduler:
             requests = list(self.waiting) + [seq.request for seq in self.running.values()]
             self.waiting.clear()
             for seq in list(self.running.values()):
+                self.cache.release(seq.slot)
+                self.prefixes.finish(seq.slot)
                 self.free_slots.append(seq.slot)
             self.running.clear()
             self.active.clear()
@@ -783,3 +847,5 @@ class Scheduler:
 
     def _update_gauges(self) -> None:
         self.metrics.set_queue(len(self.running), len(self.waiting))
+        pool = self.cache.pool
+        self.metrics.kv_cache_usage.set((pool.in_use() + pool.reserved) / pool.num_blocks)

@@ -75,6 +75,8 @@ class GreedySteps:
         longest = max(start + len(feed) + steps - 1 for start, feed in zip(starts, feeds, strict=True))
         if longest > cache.max_len:
             raise ValueError(f"sequence of {longest} tokens exceeds the cache's {cache.max_len}")
+        for slot, start, feed in zip(slots, starts, feeds, strict=True):
+            cache.ensure(slot, start + len(feed) + steps - 1)  # every position the steps write, the slot's own
         lib = native.library()
         where = (_c_int * (3 * m))(*slots, *starts, *(len(feed) for feed in feeds))
         tokens = (ctypes.c_int64 * rows)(*(token for feed in feeds for token in feed))

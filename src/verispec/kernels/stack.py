@@ -47,10 +47,17 @@ class _Model(ctypes.Structure):
     ]  # fmt: skip
 
 
+class _Pages(ctypes.Structure):
+    _fields_ = [
+        ("table", _c_p), ("table_stride", _c_int), ("block_size", _c_int), ("block_stride", _c_size),
+        ("head_stride", _c_size),
+    ]  # fmt: skip
+
+
 class _Cache(ctypes.Structure):
     _fields_ = [
-        ("keys", ctypes.POINTER(_c_p)), ("values", ctypes.POINTER(_c_p)), ("slot_stride", _c_size),
-        ("head_stride", _c_size), ("cos", _c_p), ("sin", _c_p), ("half", _c_int), ("table_stride", _c_size),
+        ("keys", ctypes.POINTER(_c_p)), ("values", ctypes.POINTER(_c_p)), ("pages", _Pages), ("cos", _c_p),
+        ("sin", _c_p), ("half", _c_int), ("rope_stride", _c_size),
     ]  # fmt: skip
 
 
@@ -156,7 +163,8 @@ class NativeStack:
         return self._model
 
     def cache_view(self, cache, cos: torch.Tensor, sin: torch.Tensor) -> _Cache:
-        """The library's view of a KV cache, made once per cache (its tensors never move)."""
+        """The library's view of a KV cache (models/kv_cache.py): its pools and its block table, made once per cache
+        (its tensors never move)."""
         made = self._caches.get(cache)
         if made is None:
             keys, values = cache.keys, cache.values
@@ -167,13 +175,14 @@ class NativeStack:
             tables = (cos.float().contiguous(), sin.float().contiguous())
             pointers = ((_c_p * len(keys))(*(k.data_ptr() for k in keys)),
                         (_c_p * len(values))(*(v.data_ptr() for v in values)))  # fmt: skip
-            slots, kv_heads, length, dim = keys[0].shape
-            if tables[0].dim() != 3 or tables[0].shape[1] < length or tables[0].shape[2] != dim:
+            _, kv_heads, block, dim = keys[0].shape
+            if tables[0].dim() != 3 or tables[0].shape[1] < cache.max_len or tables[0].shape[2] != dim:
                 raise ValueError("rotary tables are [tables, at least the cache's length, head dim]")
-            view = _Cache(pointers[0], pointers[1], kv_heads * length * dim, length * dim,
-                          tables[0].data_ptr(), tables[1].data_ptr(), int(dtype == torch.float16),
-                          tables[0].shape[1] * dim)  # fmt: skip
-            made = (view, pointers, tables)
+            table = cache.table
+            pages = _Pages(table.data_ptr(), table.shape[1], block, kv_heads * block * dim, block * dim)
+            view = _Cache(pointers[0], pointers[1], pages, tables[0].data_ptr(), tables[1].data_ptr(),
+                          int(dtype == torch.float16), tables[0].shape[1] * dim)  # fmt: skip
+            made = (view, pointers, tables, table)
             self._caches[cache] = made
         return made[0]
 
@@ -187,9 +196,10 @@ class NativeStack:
 
     def __call__(self, x: torch.Tensor, cache, cos: torch.Tensor, sin: torch.Tensor, slots: list[int],
                  positions: list[int], parents: list[int] | None = None) -> None:  # fmt: skip
-        """x [M, hidden] float32 contiguous, in place; row m is at positions[m] of cache slot slots[m]. `cache`
-        holds per layer `keys` and `values` [slots, kv heads, length, head dim] (float16, or float32); cos/sin are
-        the rotary tables [tables, length, head dim] (Transformer.rope_tables).
+        """x [M, hidden] float32 contiguous, in place; row m is at positions[m] of cache slot slots[m]. `cache` is a
+        KVCache (models/kv_cache.py) of float16 or float32; the blocks the rows are written to are made the slots'
+        own first (KVCache.ensure). cos/sin are the rotary tables [tables, length, head dim]
+        (Transformer.rope_tables).
 
         `parents` makes token trees: parents[m] is the row of row m's parent node, or -1 for a row that follows
         its sequence's previous position. A tree's rows (at most 16) follow its root, parents first; a node sits
@@ -201,6 +211,13 @@ class NativeStack:
             raise ValueError("the native stack takes contiguous float32 rows of the hidden size")
         if parents is not None and len(parents) != m:
             raise ValueError(f"{len(parents)} parents for {m} rows")
+        firsts: dict[int, int] = {}  # per slot: its first row's position and its rows (a tree's are stored in a run)
+        counts: dict[int, int] = {}
+        for slot, position in zip(slots, positions, strict=True):
+            firsts[slot] = min(firsts.get(slot, position), position)
+            counts[slot] = counts.get(slot, 0) + 1
+        for slot, first in firsts.items():
+            cache.ensure(slot, first + counts[slot], first)
         lib = native.library()
         rows = (_c_int * (2 * m))(*slots, *positions)
         tree = None if parents is None else (_c_int * m)(*parents)

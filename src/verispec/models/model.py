@@ -1,4 +1,4 @@
-"""A Llama-family decoder in plain PyTorch, with a slotted KV cache.
+"""A Llama-family decoder in plain PyTorch, over a paged KV cache (kv_cache.py).
 
 What departs from a plain Llama block (q/k norms, post-norms, GeGLU, soft-capping, sliding windows, layers
 without rotary, scaled rotary tables) is read from the config (config.py) and costs nothing where it is off.
@@ -16,58 +16,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
+from .kv_cache import KVCache, lay_out
 from .rope import rotary_table
 
 # `fused_blocks` takes a long pass (a prefill) in calls of at most this many rows, bounding its scratch memory
 FUSED_CHUNK_ROWS = 256
-
-
-class KVCache:
-    """Preallocated keys and values: per layer, [slots, kv_heads, max_len, head_dim]."""
-
-    def __init__(self, config: ModelConfig, num_slots: int, max_len: int, dtype: torch.dtype, device):
-        shape = (num_slots, config.num_kv_heads, max_len, config.head_size)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
-        self.lengths = [0] * num_slots
-        self.max_len = max_len
-
-    @property
-    def num_slots(self) -> int:
-        return len(self.lengths)
-
-    def set_length(self, slot: int, length: int) -> None:
-        if not 0 <= length <= self.lengths[slot]:
-            raise ValueError(f"slot {slot}: cannot set length {length} (holds {self.lengths[slot]})")
-        self.lengths[slot] = length
-
-    def copy(self, source: int, slot: int, end: int) -> None:
-        """Give `slot` the keys and values `source` holds at positions [slot's length, end); its length
-        becomes `end`. Copying from the slot itself keeps what it still holds there."""
-        start = self.lengths[slot]
-        if not start <= end <= self.max_len:
-            raise ValueError(f"slot {slot} holds {start} positions: cannot copy up to {end}")
-        if source != slot:
-            for layer in self.keys + self.values:
-                layer[slot, :, start:end].copy_(layer[source, :, start:end])
-        self.lengths[slot] = end
-
-    def keep_path(self, slot: int, start: int, rows: list[int]) -> None:
-        """After a token tree's pass from `start` (its root there, node i stored at start + i): keep the nodes
-        `rows` (a root-to-node path, rows[0] == 0) at start .. start + len(rows) - 1, where a chain would have
-        them, and drop the rest."""
-        if not rows or rows[0] != 0 or any(b <= a for a, b in zip(rows, rows[1:], strict=False)):
-            raise ValueError(f"{rows} is not a path from a tree's root")
-        if start + rows[-1] >= self.lengths[slot]:
-            raise ValueError(f"slot {slot} holds no tree node {rows[-1]} from position {start}")
-        if rows[-1] != len(rows) - 1:  # else the path already lies where a chain's would
-            index = torch.tensor(rows, device=self.keys[0].device) + start
-            for layer in self.keys + self.values:
-                layer[slot, :, start : start + len(rows)] = layer[slot, :, index]
-        self.lengths[slot] = start + len(rows)
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
 
 
 class RMSNorm(nn.Module):
@@ -114,8 +67,9 @@ class Attention(nn.Module):
         # (a native kernel)
         self.attend_per_query = None
 
-    def forward(self, x, cos, sin, masks, layer_keys, layer_values, slots, starts, invariant):
-        """`cos`/`sin` None: this layer has no rotary embedding; `masks`: per window (0: none), the mask."""
+    def forward(self, x, cos, sin, masks, cache, layer, where, slots, starts, invariant):
+        """`cos`/`sin` None: this layer has no rotary embedding; `masks`: per window (0: none), the mask; `where`:
+        the pass's addresses in the cache (PassPages)."""
         batch, seq, _ = x.shape
         q, k, v = self.wqkv(x).split(
             [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim],
@@ -129,18 +83,14 @@ class Attention(nn.Module):
         if cos is not None:
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
-        for row, (slot, start) in enumerate(zip(slots, starts, strict=True)):
-            layer_keys[slot, :, start : start + seq] = k[row].transpose(0, 1)
-            layer_values[slot, :, start : start + seq] = v[row].transpose(0, 1)
+        layer_keys, layer_values = cache.keys[layer], cache.values[layer]
+        layer_keys[where.written] = k.reshape(batch * seq, self.num_kv_heads, self.head_dim).to(layer_keys.dtype)
+        layer_values[where.written] = v.reshape(batch * seq, self.num_kv_heads, self.head_dim).to(layer_values.dtype)
         q = q.to(layer_keys.dtype)  # the cache may hold float32 (see Transformer.new_cache)
-        if self.batch_invariant and invariant:
-            return self.wo(self._attend_per_query(q, layer_keys, layer_values, slots, starts).to(x.dtype))
         span = max(starts) + seq
-        if batch == 1:
-            keys, values = layer_keys[slots[0], :, :span].unsqueeze(0), layer_values[slots[0], :, :span].unsqueeze(0)
-        else:
-            index = torch.tensor(slots, device=x.device)
-            keys, values = layer_keys[index, :, :span], layer_values[index, :, :span]
+        keys, values = lay_out(layer_keys[where.read], span), lay_out(layer_values[where.read], span)
+        if self.batch_invariant and invariant:
+            return self.wo(self._attend_per_query(q, keys, values, starts).to(x.dtype))
         mask = masks[self.window]
         if self.softcap:
             out = self._softcapped(q.transpose(1, 2), keys, values, mask)
@@ -161,29 +111,31 @@ class Attention(nn.Module):
             scores = scores.masked_fill(~mask, float("-inf"))
         return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), values)
 
-    def _attend_per_query(self, q, layer_keys, layer_values, slots, starts) -> torch.Tensor:
+    def _attend_per_query(self, q, keys, values, starts) -> torch.Tensor:
         """Each query attends to exactly its own prefix, one call per query: the same shapes, hence the
-        same rounding, whether the query is decoded alone or verified beside k others."""
+        same rounding, whether the query is decoded alone or verified beside k others. `keys`/`values`: per row
+        of the batch, its sequence's [kv heads, span, head size]."""
         batch, seq = q.shape[:2]
         if self.attend_per_query is not None:
             rows = [
                 self.attend_per_query(
-                    q[row], layer_keys[slot], layer_values[slot], start, self.scale, self.window, self.softcap
+                    q[row], keys[row].contiguous(), values[row].contiguous(), start, self.scale, self.window,
+                    self.softcap,
                 )
-                for row, (slot, start) in enumerate(zip(slots, starts, strict=True))
-            ]
+                for row, start in enumerate(starts)
+            ]  # fmt: skip
             return torch.stack(rows).reshape(batch, seq, -1)
         grouped = q.view(batch, seq, self.num_kv_heads, -1, self.head_dim)  # [.., kv_heads, group, dim]
         rows = []
-        for row, (slot, start) in enumerate(zip(slots, starts, strict=True)):
+        for row, start in enumerate(starts):
             for t in range(seq):
                 span = start + t + 1
                 first = max(0, span - self.window) if self.window else 0
-                scores = torch.matmul(grouped[row, t], layer_keys[slot, :, first:span].transpose(1, 2)) * self.scale
+                scores = torch.matmul(grouped[row, t], keys[row, :, first:span].transpose(1, 2)) * self.scale
                 if self.softcap:
                     scores = torch.tanh(scores / self.softcap) * self.softcap
                 probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-                rows.append(torch.matmul(probs, layer_values[slot, :, first:span]).reshape(-1))
+                rows.append(torch.matmul(probs, values[row, :, first:span]).reshape(-1))
         return torch.stack(rows).reshape(batch, seq, -1)
 
 
@@ -240,8 +192,8 @@ class Block(nn.Module):
         self.post_attn_norm = RMSNorm(*norm) if config.post_norms else None
         self.post_mlp_norm = RMSNorm(*norm) if config.post_norms else None
 
-    def forward(self, x, cos, sin, masks, layer_keys, layer_values, slots, starts, invariant):
-        h = self.attn(self.attn_norm(x), cos, sin, masks, layer_keys, layer_values, slots, starts, invariant)
+    def forward(self, x, cos, sin, masks, cache, layer, where, slots, starts, invariant):
+        h = self.attn(self.attn_norm(x), cos, sin, masks, cache, layer, where, slots, starts, invariant)
         x = x + (h if self.post_attn_norm is None else self.post_attn_norm(h))
         h = self.mlp(self.mlp_norm(x))
         return x + (h if self.post_mlp_norm is None else self.post_mlp_norm(h))
@@ -280,12 +232,17 @@ class Transformer(nn.Module):
     def device(self) -> torch.device:
         return self.norm.weight.device
 
-    def new_cache(self, num_slots: int = 1, max_len: int | None = None) -> KVCache:
-        """A cache of `kv_dtype`. By default on the CPU it holds float32 whatever the weights: PyTorch's small
-        bfloat16 matmuls are slow there (one decode query's attention took 4x longer in bfloat16)."""
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        """What the KV cache holds: `kv_dtype`, else float32 on a CPU whatever the weights (PyTorch's small bfloat16
+        matmuls are slow there: one decode query's attention took 4x longer in bfloat16), else the weights' dtype."""
+        return self.kv_dtype or (torch.float32 if self.device.type == "cpu" else self.dtype)
+
+    def new_cache(self, num_slots: int = 1, max_len: int | None = None, num_blocks: int | None = None) -> KVCache:
+        """A cache of `cache_dtype` for `num_slots` sequences of up to `max_len` positions, in `num_blocks` blocks
+        (default: enough for every slot to reach max_len; memory is taken as blocks are used, kv_cache.py)."""
         max_len = max_len or self.config.max_position_embeddings
-        dtype = self.kv_dtype or (torch.float32 if self.device.type == "cpu" else self.dtype)
-        return KVCache(self.config, num_slots, max_len, dtype, self.device)
+        return KVCache(self.config, num_slots, max_len, self.cache_dtype, self.device, num_blocks)
 
     def rope_tables(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The rotary cos and sin tables [tables, at least `length` positions, head size] (float64), made once and
@@ -334,6 +291,8 @@ class Transformer(nn.Module):
         starts = [cache.lengths[s] for s in slots]
         if max(starts) + seq > cache.max_len:
             raise ValueError(f"sequence of {max(starts) + seq} tokens exceeds the cache's {cache.max_len}")
+        for slot, start in zip(slots, starts, strict=True):
+            cache.ensure(slot, start + seq)  # the blocks this pass writes, each the slot's own
         offsets = [list(range(seq))] * batch if parents is None else self._tree_offsets(parents, batch, seq)
         cos_full, sin_full = self.rope_tables(cache.max_len)
         x = self.embed(tokens)
@@ -367,10 +326,11 @@ class Transformer(nn.Module):
             else:
                 mask = self._mask(positions, span) if seq > 1 or batch > 1 else None
             masks = {0: mask} | {w: self._window_mask(mask, positions, starts, offsets, span, w) for w in self._windows}
+            where = cache.pass_pages(slots, starts, seq)
             for layer, block in enumerate(self.layers):
                 table = self._layer_tables[layer]
                 cos, sin = tables[table] if table >= 0 else (None, None)
-                x = block(x, cos, sin, masks, cache.keys[layer], cache.values[layer], slots, starts, invariant)
+                x = block(x, cos, sin, masks, cache, layer, where, slots, starts, invariant)
         for slot in slots:
             cache.lengths[slot] += seq
         return self._logits(x, num_logits, head)

@@ -559,8 +559,9 @@ def _max_tokens(
     except InvalidParameterError as exc:
         raise ApiError(400, str(exc), param=prompt_param, code="invalid_value") from None
     if len(prompt_ids) + max_tokens > context:
+        held = " (what the server's KV cache budget holds)" if state.scheduler.context_cut else ""
         message = (
-            f"this model's maximum context length is {context} tokens; the request needs "
+            f"this model's maximum context length is {context} tokens{held}; the request needs "
             f"{len(prompt_ids) + max_tokens} ({len(prompt_ids)} in the prompt, {max_tokens} for the completion)"
         )
         param = "max_tokens" if requested else prompt_param

@@ -141,9 +141,11 @@ def _serve(args: argparse.Namespace) -> int:
     target_bytes, draft_bytes = scheduler.kv_cache_bytes()
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
     logging.getLogger("verispec.server").info(
-        "model %s (draft: %s, k=%d, policy %s) | %d slots x %d tokens | KV cache %.0f MiB target + %.0f MiB draft",
+        "model %s (draft: %s, k=%d, policy %s) | %d slots x %d tokens | KV cache up to %.0f MiB target + %.0f MiB "
+        "draft (%d blocks of %d tokens each, taken as used)",
         name, args.speculative_model, args.num_speculative_tokens, args.draft_policy, args.max_num_seqs,
-        scheduler.max_model_len, target_bytes / 2**20, draft_bytes / 2**20,
+        scheduler.max_model_len, target_bytes / 2**20, draft_bytes / 2**20, scheduler.cache.num_blocks,
+        scheduler.cache.block_size,
     )  # fmt: skip
     if state.tool_format is None:
         logging.getLogger("verispec.server").info(

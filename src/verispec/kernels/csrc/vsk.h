@@ -100,11 +100,27 @@ size_t vsk_act_row_bytes(int type, int K);
  * (F32, F16, BF16), whose activations are the float32 rows themselves */
 int vsk_act_block(int type);
 
+/* where a paged KV cache keeps its keys and values: per layer a pool of blocks [blocks][kvH][block_size][D], and per
+ * cache slot a row of `table` listing its blocks in position order. Position t of slot s, head g, is row
+ * t % block_size of block table[s][t / block_size]. Where blocks lie never changes what is computed from them. */
+typedef struct {
+    const int32_t *table;
+    int table_stride;                 /* entries per slot's row */
+    int block_size;                   /* positions per block */
+    size_t block_stride, head_stride; /* elements: kvH * block_size * D, block_size * D */
+} vsk_pages;
+
+/* the element where position t of slot s, head g starts (its D values follow) */
+static inline size_t vsk_kv_at(const vsk_pages *p, int s, int g, int t, int D) {
+    const size_t block = (size_t)p->table[(size_t)s * p->table_stride + t / p->block_size];
+    return block * p->block_stride + (size_t)g * p->head_stride + (size_t)(t % p->block_size) * D;
+}
+
 /* per query row: the attention of a decode or verify pass (vsk_attention.c) */
 typedef struct {
     const float *q;             /* [M][H][D] */
-    const void *keys, *values;  /* one layer's cache: [slots][kvH][length][D], float32, or IEEE half when `half` */
-    size_t slot_stride, head_stride;
+    const void *keys, *values;  /* one layer's cache pools (vsk_pages), float32, or IEEE half when `half` */
+    vsk_pages pages;
     const int *slot, *pos;      /* per row: its sequence's cache slot, its position */
     int H, kvH, D;
     float scale;

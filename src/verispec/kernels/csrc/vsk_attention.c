@@ -7,7 +7,9 @@
  * Each query's scores, softmax and weighted sum still run in one fixed order of their own (keys by position,
  * dimensions by index), so a row's result is the same bits whatever block it shares.
  *
- * The cache holds float32, or IEEE half (the stack's cache: half the bytes to read); a half is widened exactly. */
+ * The cache holds float32, or IEEE half (the stack's cache: half the bytes to read); a half is widened exactly. It is
+ * paged (vsk_pages): each position's address comes from its sequence's block table, and the keys are still taken
+ * in position order, so where the blocks lie changes no bit. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -21,9 +23,9 @@ static inline float cached(const void *base, size_t at, int half) {
 }
 
 /* where row m's key at logical position t is stored: in place, or (a tree row's ancestors) at its tail */
-static inline size_t stored_at(const vsk_attention_t *a, int m, int t) {
+static inline int stored_at(const vsk_attention_t *a, int m, int t) {
     const int direct = vsk_direct_keys(a, m);
-    return (size_t)(t < direct ? t : a->tail[(size_t)m * VSK_ATTENTION_ROWS + t - direct]);
+    return t < direct ? t : a->tail[(size_t)m * VSK_ATTENTION_ROWS + t - direct];
 }
 
 /* one query (row m, head h) over its keys at logical positions first .. pos[m] (first: 0, or where its window
@@ -31,11 +33,10 @@ static inline size_t stored_at(const vsk_attention_t *a, int m, int t) {
 static void attend_one(const vsk_attention_t *a, int m, int h, float *scores) {
     const int group = a->H / a->kvH, span = a->pos[m] + 1, D = a->D, first = vsk_first_key(a, m);
     const float *q = a->q + ((size_t)m * a->H + h) * D;
-    const size_t base = (size_t)a->slot[m] * a->slot_stride + (size_t)(h / group) * a->head_stride;
     float top = -INFINITY;
     for (int t = first; t < span; t++) {
         float lanes[8] = {0}; /* 8 partial sums, added in one fixed order (D is a multiple of 8) */
-        const size_t key = base + stored_at(a, m, t) * D;
+        const size_t key = vsk_kv_at(&a->pages, a->slot[m], h / group, stored_at(a, m, t), D);
         for (int i = 0; i < D; i += 8)
             for (int l = 0; l < 8; l++) lanes[l] += q[i + l] * cached(a->keys, key + i + l, a->half);
         const float s = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
@@ -52,7 +53,7 @@ static void attend_one(const vsk_attention_t *a, int m, int h, float *scores) {
     for (int i = 0; i < D; i++) o[i] = 0.0f;
     for (int t = first; t < span; t++) {
         const float p = scores[t] / total;
-        const size_t value = base + stored_at(a, m, t) * D;
+        const size_t value = vsk_kv_at(&a->pages, a->slot[m], h / group, stored_at(a, m, t), D);
         for (int i = 0; i < D; i++) o[i] += p * cached(a->values, value + i, a->half);
     }
 }
@@ -104,8 +105,11 @@ VSK_API void vsk_attention(const float *q, int M, int H, int kvH, int D, const f
         rows[m] = 0;
         rows[M + m] = start + m;
     }
-    const vsk_attention_t a = {q,   keys, values, 0,    head_stride, rows,   rows + M, H,
-                               kvH, D,    scale,  out, 0,           NULL,   NULL,     window, softcap};
+    static const int32_t one_block = 0; /* the sequence is one block holding all its positions */
+    const vsk_attention_t a = {.q = q, .keys = keys, .values = values,
+                               .pages = {&one_block, 0, start + M, 0, head_stride},
+                               .slot = rows, .pos = rows + M, .H = H, .kvH = kvH, .D = D, .scale = scale, .out = out,
+                               .window = window, .softcap = softcap};
     vsk_attend(&a, M);
     free(rows);
 }

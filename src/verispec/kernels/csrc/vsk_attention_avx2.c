@@ -39,6 +39,11 @@ static const float *tile_of(const void *cache, size_t at, int n, int D, int half
     return buffer;
 }
 
+/* nothing: this path leaves the tiles to the hardware's prefetcher */
+static inline void prefetch_tile(const void *cache, size_t at, int elements, int half) {
+    (void)cache, (void)at, (void)elements, (void)half;
+}
+
 /* the 8 lanes of each of v[0..7] summed, as one vector: lane j = ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))
  * of v[j], the same tree for every j */
 static inline __m256 lane_sums(const __m256 *v) {

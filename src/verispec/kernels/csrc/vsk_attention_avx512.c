@@ -47,9 +47,9 @@ static inline __m512 exp16(__m512 x) {
     return _mm512_mul_ps(e, _mm512_castsi512_ps(bits));
 }
 
-/* asks for the next tile's lines while this one is computed on (the hardware's prefetcher alone left the cache's
+/* asks for a tile's lines while the one before it is computed on (the hardware's prefetcher alone left the cache's
  * stream well below the machine's read rate) */
-static inline void prefetch_next(const void *cache, size_t at, int elements, int half) {
+static inline void prefetch_tile(const void *cache, size_t at, int elements, int half) {
     const char *p = (const char *)cache + at * (half ? 2 : 4);
     for (int b = 0; b < elements * (half ? 2 : 4); b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
 }
@@ -57,7 +57,6 @@ static inline void prefetch_next(const void *cache, size_t at, int elements, int
 /* keys or values [n][D] of a cache from element `at` as float32 rows: in place when the cache holds float32, else
  * widened into `buffer` (D is a multiple of 16) */
 static const float *tile_of(const void *cache, size_t at, int n, int D, int half, float *buffer) {
-    prefetch_next(cache, at + (size_t)n * D, n * D, half);
     if (!half) return (const float *)cache + at;
     const uint16_t *src = (const uint16_t *)cache + at;
     for (int i = 0; i < n * D; i += 16)

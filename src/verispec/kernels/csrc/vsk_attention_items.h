@@ -1,16 +1,43 @@
 /* The attention's items over tiles, shared by its vector paths (vsk_attention_avx2.c, vsk_attention_avx512.c):
- * included by each after it defines TILE and QUERIES and its own tile_of, tile_scores, softmax and tile_sums, so
- * that these compile for its vectors (the file's target pragma covers them too). */
+ * included by each after it defines TILE and QUERIES and its own tile_of, prefetch_tile, tile_scores, softmax and
+ * tile_sums, so that these compile for its vectors (the file's target pragma covers them too). */
 #ifndef VSK_ATTENTION_ITEMS_H
 #define VSK_ATTENTION_ITEMS_H
 
-/* keys or values [n][D] of a cache at the positions at[0 .. n) (element `base` is position 0) as float32 rows in
- * `buffer`: a tree row's ancestors, which need not lie side by side */
-static const float *gathered(const void *cache, size_t base, const int *at, int n, int D, int half, float *buffer) {
+/* positions t0 .. t0 + n - 1 of slot s's head g in a cache's pool (vsk_pages) as float32 rows [n][D]: a run inside
+ * one block read in place (a float32 cache) or widened into `buffer`; a run over two blocks or more assembled in
+ * `buffer`, block by block. The same values whichever way, so where blocks lie changes no result. */
+static const float *run_of(const vsk_attention_t *a, const void *cache, int s, int g, int t0, int n, float *buffer) {
+    const int B = a->pages.block_size, D = a->D;
+    if (t0 / B == (t0 + n - 1) / B) return tile_of(cache, vsk_kv_at(&a->pages, s, g, t0, D), n, D, a->half, buffer);
+    for (int t = t0; t < t0 + n;) {
+        const int count = B - t % B < t0 + n - t ? B - t % B : t0 + n - t;
+        float *to = buffer + (size_t)(t - t0) * D;
+        const float *got = tile_of(cache, vsk_kv_at(&a->pages, s, g, t, D), count, D, a->half, to);
+        if (got != to) memcpy(to, got, sizeof(float) * (size_t)count * D); /* a float32 cache's rows, read in place */
+        t += count;
+    }
+    return buffer;
+}
+
+/* asks for the lines of positions t0 .. t0 + n - 1 of slot s's head g (the next tile) before they are read */
+static void prefetch_run(const vsk_attention_t *a, const void *cache, int s, int g, int t0, int n) {
+    const int B = a->pages.block_size;
+    for (int t = t0; t < t0 + n;) {
+        const int count = B - t % B < t0 + n - t ? B - t % B : t0 + n - t;
+        prefetch_tile(cache, vsk_kv_at(&a->pages, s, g, t, a->D), count * a->D, a->half);
+        t += count;
+    }
+}
+
+/* keys or values [n][D] of slot s's head g at the positions at[0 .. n) as float32 rows in `buffer`: a tree row's
+ * ancestors, which need not lie side by side */
+static const float *gathered(const vsk_attention_t *a, const void *cache, int s, int g, const int *at, int n,
+                             float *buffer) {
     for (int j = 0; j < n; j++) {
-        float *to = buffer + (size_t)j * D;
-        const float *row = tile_of(cache, base + (size_t)at[j] * D, 1, D, half, to);
-        if (row != to) memcpy(to, row, sizeof(float) * D); /* a float32 cache's row, read in place */
+        float *to = buffer + (size_t)j * a->D;
+        const float *row = tile_of(cache, vsk_kv_at(&a->pages, s, g, at[j], a->D), 1, a->D, a->half, to);
+        if (row != to) memcpy(to, row, sizeof(float) * a->D); /* a float32 cache's row, read in place */
     }
     return buffer;
 }
@@ -53,12 +80,12 @@ static void row_sums(const vsk_attention_t *a, int m, int m0, int g, const float
  * gathered for that row alone (logical positions in order either way, so the same bits). A row's keys are those
  * from its first (vsk_first_key) to its own position. */
 static void attend_block(const vsk_attention_t *a, int m0, int m1, int g, float *scores, int stride, float *tile) {
-    const int group = a->H / a->kvH, D = a->D, shared = vsk_block_keys(a, m0, m1, 1);
+    const int group = a->H / a->kvH, D = a->D, shared = vsk_block_keys(a, m0, m1, 1), s = a->slot[m0];
     const int begin = vsk_block_first_key(a, m0, m1) / TILE * TILE;
-    const size_t base = (size_t)a->slot[m0] * a->slot_stride + (size_t)g * a->head_stride;
     for (int t0 = begin; t0 < shared; t0 += TILE) { /* scores, a tile of keys at a time */
         const int n = shared - t0 < TILE ? shared - t0 : TILE;
-        const float *k = tile_of(a->keys, base + (size_t)t0 * D, n, D, a->half, tile);
+        if (t0 + n < shared) prefetch_run(a, a->keys, s, g, t0 + n, shared - t0 - n < TILE ? shared - t0 - n : TILE);
+        const float *k = run_of(a, a->keys, s, g, t0, n, tile);
         for (int m = m0; m < m1; m++) {
             const int first = vsk_first_key(a, m) > t0 ? vsk_first_key(a, m) : t0;
             const int end = vsk_direct_keys(a, m) < t0 + n ? vsk_direct_keys(a, m) : t0 + n;
@@ -70,7 +97,7 @@ static void attend_block(const vsk_attention_t *a, int m0, int m1, int g, float 
         const int tail = a->pos[m] + 1 - first;
         if (tail <= 0) continue;
         const int *at = a->tail + (size_t)m * VSK_ATTENTION_ROWS + (first - direct);
-        const float *k = gathered(a->keys, base, at, tail, D, a->half, tile);
+        const float *k = gathered(a, a->keys, s, g, at, tail, tile);
         row_scores(a, m, m0, g, k, first, tail, scores, stride);
     }
     for (int m = m0; m < m1; m++)
@@ -83,7 +110,8 @@ static void attend_block(const vsk_attention_t *a, int m0, int m1, int g, float 
         }
     for (int t0 = begin; t0 < shared; t0 += TILE) { /* weighted sums, a tile of values at a time */
         const int n = shared - t0 < TILE ? shared - t0 : TILE;
-        const float *v = tile_of(a->values, base + (size_t)t0 * D, n, D, a->half, tile);
+        if (t0 + n < shared) prefetch_run(a, a->values, s, g, t0 + n, shared - t0 - n < TILE ? shared - t0 - n : TILE);
+        const float *v = run_of(a, a->values, s, g, t0, n, tile);
         for (int m = m0; m < m1; m++) {
             const int first = vsk_first_key(a, m) > t0 ? vsk_first_key(a, m) : t0;
             const int end = vsk_direct_keys(a, m) < t0 + n ? vsk_direct_keys(a, m) : t0 + n;
@@ -95,7 +123,7 @@ static void attend_block(const vsk_attention_t *a, int m0, int m1, int g, float 
         const int tail = a->pos[m] + 1 - first;
         if (tail <= 0) continue;
         const int *at = a->tail + (size_t)m * VSK_ATTENTION_ROWS + (first - direct);
-        const float *v = gathered(a->values, base, at, tail, D, a->half, tile);
+        const float *v = gathered(a, a->values, s, g, at, tail, tile);
         row_sums(a, m, m0, g, v, first, tail, scores, stride);
     }
 }

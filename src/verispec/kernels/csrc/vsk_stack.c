@@ -285,8 +285,8 @@ static void store(void *cache, size_t at, const float *from, int D, int half) {
 }
 
 /* item = row: q/k/v bias, q/k norms, rotary embedding of q and k at the row's position (the block's table), the
- * row's keys and values into its cache slot where it is stored, and its queries packed [H][D] at the row's start
- * (the attention's layout) */
+ * row's keys and values into its cache slot where it is stored (through the slot's block table), and its queries
+ * packed [H][D] at the row's start (the attention's layout) */
 static void rotate_rows(const void *ctx, int begin, int end) {
     const rotate_t *r = ctx;
     const int H = r->md->heads, kvH = r->md->kv_heads, D = r->md->head_dim, width = (H + 2 * kvH) * D;
@@ -301,12 +301,11 @@ static void rotate_rows(const void *ctx, int begin, int end) {
             }
         const int pos = r->rows->pos[m], at = r->rows->at ? r->rows->at[m] : pos;
         if (r->b->rope >= 0) {
-            const size_t table = (size_t)r->b->rope * r->c->table_stride + (size_t)pos * D;
+            const size_t table = (size_t)r->b->rope * r->c->rope_stride + (size_t)pos * D;
             for (int head = 0; head < H + kvH; head++) rotate(row + (size_t)head * D, r->c->cos + table, r->c->sin + table, D);
         }
         for (int head = 0; head < kvH; head++) {
-            const size_t to = (size_t)r->rows->slot[m] * r->c->slot_stride + (size_t)head * r->c->head_stride +
-                              (size_t)at * D;
+            const size_t to = vsk_kv_at(&r->c->pages, r->rows->slot[m], head, at, D);
             store(r->keys, to, row + (size_t)(H + head) * D, D, r->c->half);
             store(r->values, to, row + (size_t)(H + kvH + head) * D, D, r->c->half);
         }
@@ -403,9 +402,10 @@ static int block_forward(const vsk_model *md, const vsk_block *b, void *keys, vo
     for (int m = 0; m < M; m++) /* the queries, packed [M][H][D] for the attention */
         memmove(qkv + (size_t)m * H * D, qkv + (size_t)m * width, sizeof(float) * H * D);
     const float scale = md->scale ? md->scale : 1.0f / sqrtf((float)D);
-    const vsk_attention_t a = {qkv,   keys,      values,       c->slot_stride, c->head_stride, rows->slot,
-                               rows->pos, H,     kvH,          D,              scale,          att,
-                               c->half,   rows->direct, rows->tail, b->window,   md->softcap};
+    const vsk_attention_t a = {.q = qkv, .keys = keys, .values = values, .pages = c->pages, .slot = rows->slot,
+                               .pos = rows->pos, .H = H, .kvH = kvH, .D = D, .scale = scale, .out = att,
+                               .half = c->half, .direct = rows->direct, .tail = rows->tail, .window = b->window,
+                               .softcap = md->softcap};
     const double attention_begin = vsk_seconds();
     vsk_attend(&a, M);
     attention_seconds += vsk_seconds() - attention_begin;
@@ -451,8 +451,8 @@ static int stack_forward(const vsk_model *md, const vsk_cache *c, float *x, int 
 }
 
 /* x [M][hidden] through every block, in place. Row m is at position pos[m] of the sequence in cache slot
- * slot[m]; its keys and values are written there before any row attends, so the rows of one sequence may
- * share a call in position order. `scratch`: vsk_stack_scratch_bytes(md, M), 64-byte aligned.
+ * slot[m] (whose table holds a block for it); its keys and values are written there before any row attends, so
+ * the rows of one sequence may share a call in position order. `scratch`: vsk_stack_scratch_bytes(md, M), 64-byte aligned.
  * 0, or -1 when a weight type has no kernel. */
 VSK_API int vsk_stack_forward(const vsk_model *md, const vsk_cache *c, float *x, int M, const int *slot,
                               const int *pos, uint8_t *scratch) {

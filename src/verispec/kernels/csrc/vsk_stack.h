@@ -47,15 +47,15 @@ typedef struct {
     int experts, experts_per_token, expert_inter, norm_topk;
 } vsk_model;
 
-/* a KV cache: per layer [slots][kvH][length][D] keys and values (float32, or IEEE half when `half`: what the
- * stack writes is rounded to nearest even once, and read back exactly), and the rotary tables [tables][length][D]
- * (`table_stride` floats apart) */
+/* a KV cache: per layer a pool of keys and another of values, paged (vsk_pages: each slot's blocks in its row of the
+ * table; float32, or IEEE half when `half`: what the stack writes is rounded to nearest even once, and read back
+ * exactly), and the rotary tables [tables][length][D] (`rope_stride` floats apart) */
 typedef struct {
     void *const *keys, *const *values;
-    size_t slot_stride, head_stride;
+    vsk_pages pages;
     const float *cos, *sin;
     int half;
-    size_t table_stride;
+    size_t rope_stride;
 } vsk_cache;
 
 /* a pass's rows: cache slot and position of each, and for token trees (else NULL) where each is stored and what
