@@ -10,10 +10,12 @@ from verispec import SpeculativeGenerator
 from verispec.decoding.noise import KeyedNoise
 from verispec.decoding.sampling import SamplingParams
 from verispec.engine.prefixes import reusable_prefill
+from verispec.engine.proposer import PROPOSERS, LookupThenModel
 from verispec.engine.proposers import (
     CATCH_UP_WIDTH,
     BatchedDrafter,
     DraftJob,
+    Proposal,
     draft_cut_for,
     draft_view,
     padded_forward,
@@ -462,3 +464,43 @@ def test_ignore_eos_requests_generate_max_tokens_through_end_tokens():
         ids, max_tokens=12, ignore_eos=True
     )
     assert outputs["drafted"].token_ids == expected.token_ids
+
+
+class Bigram:
+    """The Lookups of docs/architecture.md's example method: after the last earlier occurrence of the sequence's
+    last token, the tokens that followed it."""
+
+    always = True  # drafts even when the draft model's k is 0 (lookups are priced by the rows they add)
+
+    def find(self, jobs, model):
+        return [self._lookup(job) for job in jobs]
+
+    def _lookup(self, job):
+        last, before = job.tokens[-1], job.tokens[:-1]
+        if last not in before:
+            return None
+        start = len(before) - before[::-1].index(last)
+        return Proposal(torch.tensor(job.tokens[start : start + max(job.k, 4)]), looked_up=True)
+
+    def drafts(self, slot, tokens):
+        return tokens[-1] in tokens[:-1]
+
+    def admit(self, slot, partition): ...
+
+    def finished(self, slot, output, partition): ...
+
+    def forget(self): ...
+
+
+def test_a_method_added_to_the_registry_drafts_and_keeps_greedy_output(tiny, monkeypatch):
+    """A new drafting method is one class and one registry entry (engine/proposer.py); the engine runs it like its own
+    and the output is plain decoding's."""
+    monkeypatch.setitem(PROPOSERS, "bigram", lambda setup: LookupThenModel(Bigram(), setup.model))
+    target, draft = tiny
+    plain = SpeculativeGenerator(target, None, max_seq_len=256, progress=False)
+    prompts = ["xyz" * 8, "hello hello hello", "The quick brown fox"]
+    events = _run_scheduler(target, draft, [(p, SamplingParams(), True) for p in prompts], "always", "bigram")
+    for prompt, request_events in zip(prompts, events, strict=True):
+        assert request_events[-1].output.token_ids == plain.generate(prompt, max_tokens=30).token_ids
+    stats = [e[-1].output.stats for e in events]
+    assert sum(s.drafted for s in stats) > 0

@@ -16,6 +16,7 @@ import torch
 from .decoding.grammar import GrammarSpec
 from .decoding.sampling import SamplingParams
 from .engine.budget import parse_memory
+from .engine.proposer import PROPOSERS
 from .engine.requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput, StreamChunk
 from .engine.scheduler import METHODS, Scheduler, SchedulerConfig
 from .errors import InvalidParameterError, VerispecError
@@ -56,9 +57,9 @@ class SpeculativeGenerator:
         reads a long prompt's first tokens and its last `draft_window` only (0: all of it). `token_trees`: suffix
         lookups may propose token trees (SchedulerConfig.token_trees). `kv_cache_memory`: bytes (or "4GiB") the KV
         caches may take (engine/budget.py; None: the whole context, at most half the memory available)."""
-        if speculative_method not in SPECULATIVE_METHODS:
+        if speculative_method not in PROPOSERS:
             raise InvalidParameterError(
-                f"unknown speculative method '{speculative_method}' (choose from {', '.join(SPECULATIVE_METHODS)})"
+                f"unknown speculative method '{speculative_method}' (choose from {', '.join(PROPOSERS)})"
             )
         if speculative_method == "ngram":
             draft = None

@@ -104,9 +104,9 @@ class SchedulerConfig:
             raise InvalidParameterError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
         if self.num_speculative_tokens < 1:
             raise InvalidParameterError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
-        if self.speculative_method not in METHODS:
+        if self.speculative_method not in PROPOSERS:  # the registry as it is now: a method may be added at run time
             raise InvalidParameterError(
-                f"the engine drafts with: {', '.join(METHODS)} (not '{self.speculative_method}')"
+                f"the engine drafts with: {', '.join(PROPOSERS)} (not '{self.speculative_method}')"
             )
         if self.draft_policy not in POLICIES:
             raise InvalidParameterError(f"draft_policy must be one of {', '.join(POLICIES)}, got {self.draft_policy!r}")
