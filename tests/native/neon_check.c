@@ -12,7 +12,7 @@
  *    the one expected), it refuses paths beyond it and the x86 ones, and vsk_linear on each path it accepts gives
  *    the portable path's bits;
  *  - negative control: one flipped weight bit is detected by the same comparison, for every type and path.
- * Exit status 0 when all hold. */
+ * Exit status 0 when all hold. NEON_CHECK_SEED (a nonzero integer) draws other random blocks. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -184,19 +184,41 @@ static void check_layout(const type_t *t, const path_t *p, int tile, vsk_kernel 
                 run(got, W, row_bytes, N, K, xq + (size_t)m * stride, stride, 1, alone, 0);
                 if (!same_bits(want + (size_t)m * N, alone, (size_t)N)) fail("row alone", t->name, p->name, M);
             }
-        if (M == 5) { /* negative control: the flipped bit must show */
+        if (M == 5) { /* negative control: the flipped bit must show, and give the portable kernel's bits */
             run(got, flipped, row_bytes, N, K, xq, stride, M, have, 0);
             checks++;
             if (memcmp(want, have, sizeof(float) * (size_t)M * N) == 0)
                 fail("negative control (a flipped weight bit went unseen)", t->name, p->name, M);
             else
                 controls++;
+            run(ref, flipped, row_bytes, N, K, xq, stride, M, want, 0);
+            if (!same_bits(want, have, (size_t)M * N)) fail("flipped weights", t->name, p->name, M);
         }
         free(x);
         free(xq);
         free(want);
         free(have);
     }
+}
+
+/* flipped: W with one bit of a value byte of weight row 3 flipped, the first (from t->value_byte on) that changes
+ * the portable kernel's result (a flip can be invisible to any kernel: a sub-block whose scale is 0) */
+static void flip_visible(const type_t *t, const uint8_t *W, uint8_t *flipped, size_t row_bytes, int N, int K) {
+    enum { M = 5 };
+    float *x = malloc(sizeof(float) * M * K), want[M * 64], have[M * 64];
+    uint8_t *xq = malloc(vsk_act_row_bytes(t->type, K) * M);
+    random_rows(M, K, x);
+    const size_t stride = quantize_rows(t->type, x, M, K, xq);
+    const vsk_kernel ref = vsk_kernel_scalar(t->type);
+    run(ref, W, row_bytes, N, K, xq, stride, M, want, 0);
+    for (int i = 0; i < 64; i++) {
+        memcpy(flipped, W, row_bytes * N);
+        flipped[row_bytes * 3 + t->value_byte + i / 8] ^= (uint8_t)(1 << (i % 8));
+        run(ref, flipped, row_bytes, N, K, xq, stride, M, have, 0);
+        if (memcmp(want, have, sizeof(float) * M * N) != 0) break;
+    }
+    free(x);
+    free(xq);
 }
 
 static void check_kernels(int have_dot, int have_i8mm) {
@@ -207,8 +229,7 @@ static void check_kernels(int have_dot, int have_i8mm) {
         const size_t row_bytes = (size_t)(K / t->block) * t->bytes;
         uint8_t *W = malloc(row_bytes * N), *flipped = malloc(row_bytes * N);
         random_weights(t, N, K, W);
-        memcpy(flipped, W, row_bytes * N);
-        flipped[row_bytes * 3 + t->value_byte] ^= 0x10; /* weight row 3 */
+        flip_visible(t, W, flipped, row_bytes, N, K);
         const size_t tile_bytes = vsk_repacked_bytes(t->type, N, K);
         uint8_t *T = tile_bytes ? malloc(tile_bytes) : NULL, *Tflipped = tile_bytes ? malloc(tile_bytes) : NULL;
         if (T && (vsk_repack(t->type, W, row_bytes, N, K, T) < 0 || vsk_repack(t->type, flipped, row_bytes, N, K, Tflipped) < 0))
@@ -317,6 +338,8 @@ static void check_dispatch(int expected, const char *asked) {
 }
 
 int main(int argc, char **argv) {
+    const char *seed = getenv("NEON_CHECK_SEED"); /* another draw of the random blocks (nonzero) */
+    if (seed && strtoull(seed, NULL, 0)) state = strtoull(seed, NULL, 0);
     const unsigned long hwcap = getauxval(AT_HWCAP), hwcap2 = getauxval(AT_HWCAP2);
     const int dot = (hwcap & HWCAP_ASIMDDP) != 0, i8mm = dot && (hwcap2 & HWCAP2_I8MM) != 0;
     printf("neon_check: this CPU: sdot %s, smmla %s; paths run: portable, neon%s%s\n", dot ? "yes" : "no",

@@ -44,7 +44,7 @@ static inline uint8x16_t bits_to_bytes(uint32_t bits16) {
 
 /* the block's weights 0..15 and 16..31: signed values (Q4_0, Q5_0, Q8_0, IQ4_NL's levels), or 0..15 with a
  * minimum (Q4_1) */
-static inline void unpack32(int type, const uint8_t *b, int8x16_t *w, float *d, float *mn) {
+VSK_NEON_INLINE void unpack32(int type, const uint8_t *b, int8x16_t *w, float *d, float *mn) {
     *d = half(b);
     if (type == VSK_Q8_0) {
         w[0] = vld1q_s8((const int8_t *)b + 2);
@@ -75,8 +75,8 @@ static inline void unpack32(int type, const uint8_t *b, int8x16_t *w, float *d, 
 /* The portable step per row and block, acc += (d x->d) (float)s + mn (x->d (float)(its sum)), for four rows at
  * once: their integer sums gathered into one vector. (The minimum's term is added only for Q4_1: for the other
  * types it is 0 x a finite value, and adding a zero changes no accumulator that started at +0.) */
-static void sweep32(int type, size_t block_bytes, const uint8_t *W, size_t row_bytes, int n0, int n1, int K,
-                    const uint8_t *xq, size_t x_stride, int M, float *y, int ldy) {
+VSK_NEON_INLINE void sweep32(int type, size_t block_bytes, const uint8_t *W, size_t row_bytes, int n0, int n1, int K,
+                             const uint8_t *xq, size_t x_stride, int M, float *y, int ldy) {
     const int blocks = K / 32, with_min = type == VSK_Q4_1;
     for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
         const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS, quads = (rows + 3) / 4;
@@ -242,7 +242,7 @@ static inline uint8x16_t bit_of(const uint8_t *bits, int j, int to) {
     return vandq_u8(vshlq_u8(v, vdupq_n_s8((int8_t)(to - j / 2))), vdupq_n_u8((uint8_t)(1 << to)));
 }
 
-static inline void kblock_neon(int type, const uint8_t *blk, kblock_t *k) {
+VSK_NEON_INLINE void kblock_neon(int type, const uint8_t *blk, kblock_t *k) {
     const uint8x16_t low = vdupq_n_u8(0x0F);
     if (type == VSK_Q2_K) {
         k->d = half(blk + 80);
@@ -285,8 +285,8 @@ static inline void kblock_neon(int type, const uint8_t *blk, kblock_t *k) {
     }
 }
 
-static void kblock_kernel(int type, const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
-                          size_t x_stride, int M, float *y, int ldy) {
+VSK_NEON_INLINE void kblock_kernel(int type, const uint8_t *W, size_t row_bytes, int n0, int n1, int K,
+                                   const uint8_t *xq, size_t x_stride, int M, float *y, int ldy) {
     const int blocks = K / 256, mins = type == VSK_Q2_K || type == VSK_Q5_K;
     const size_t block_bytes = (size_t)vsk_kblock_bytes(type);
     for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
@@ -321,7 +321,7 @@ VSK_ROW_ENTRY(NAME(kernel_iq4_xs), kblock_kernel, VSK_IQ4_XS)
 /* ---- dense types (F32, F16, BF16): the rule of vsk_scalar.c, the 16 lanes in four vectors --------------- */
 
 /* weights k .. k + 15 of a dense row as float32 (float16 and bfloat16 widen exactly) */
-static inline void dense16(int type, const uint8_t *row, int k, float32x4_t *w) {
+VSK_NEON_INLINE void dense16(int type, const uint8_t *row, int k, float32x4_t *w) {
     for (int v = 0; v < 4; v++) {
         if (type == VSK_F32) {
             w[v] = vld1q_f32((const float *)row + k + 4 * v);
@@ -334,8 +334,8 @@ static inline void dense16(int type, const uint8_t *row, int k, float32x4_t *w) 
 
 #define DENSE_ROWS 4 /* activation rows per sweep over a weight row (their lanes stay in registers) */
 
-static void dense_kernel(int type, const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
-                         size_t x_stride, int M, float *y, int ldy) {
+VSK_NEON_INLINE void dense_kernel(int type, const uint8_t *W, size_t row_bytes, int n0, int n1, int K,
+                                  const uint8_t *xq, size_t x_stride, int M, float *y, int ldy) {
     const int body = K / VSK_DENSE_LANES * VSK_DENSE_LANES;
     for (int n = n0; n < n1; n++) {
         const uint8_t *row = W + (size_t)n * row_bytes;

@@ -12,6 +12,10 @@
 #include <arm_neon.h>
 #include <string.h>
 
+/* the kernels' bodies take their type as a constant of each entry point (vsk_blocks.h: VSK_ROW_ENTRY, VSK_TILE_ENTRY):
+ * inlined there, their switches on it fold away */
+#define VSK_NEON_INLINE static inline __attribute__((always_inline))
+
 /* int32 lanes += the products of the signed bytes a x b, some lanes taking each (only the lanes' total is
  * used): sdot, or widening multiplies, an int16 lane holding two products (|a b| <= 128 x 127: at most 32512,
  * the activations' bytes being -127..127) */

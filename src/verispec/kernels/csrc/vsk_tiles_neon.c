@@ -53,7 +53,7 @@ static inline uint8x16_t crumb(const uint8_t *crumbs, int i, int v) {
  * T5_0 value - 16, T8_0 the GGUF's byte, TIQ4_NL and TIQ4_XS their level, T3_K value - 4, T2_K and T5_K their
  * value). The portable kernels dot the unsigned values and take the offset off with the activations' sums: the
  * same integers. */
-static inline void unpack_sub(int type, const uint8_t *blk, int j, sub_t *w) {
+VSK_NEON_INLINE void unpack_sub(int type, const uint8_t *blk, int j, sub_t *w) {
     const int8x16_t levels = vld1q_s8(vsk_iq4_levels);
     for (int i = 0; i < 8; i++)
         for (int v = 0; v < 4; v++) {
@@ -183,8 +183,8 @@ static inline void store_tile(float32x4_t (*acc)[4], int rows, float *y, int ldy
 /* T4_K and T6_K, as tile_kernel in vsk_tiles.c: per superblock and lane, sb sums (d x scale) x (the sub-block's
  * integer sum) over the sub-blocks in order, then takes off dmin x (minimums . sum32) (T4_K) or (32 d) x
  * (scales . bsum) (T6_K), and the accumulator gains sb x the activations' d */
-static void tile_kernel(int type, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride, int M,
-                        float *y, int ldy) {
+VSK_NEON_INLINE void tile_kernel(int type, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride,
+                                 int M, float *y, int ldy) {
     const int blocks = K / 256, six = type == VSK_T6_K;
     const size_t strip_bytes = vsk_tile_strip_bytes(type, K), block_bytes = six ? T6K_BYTES : T4K_BYTES;
     for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
@@ -228,7 +228,8 @@ static void tile_kernel(int type, const uint8_t *W, int n0, int n1, int K, const
                     /* T6_K: the scales of the 16 sub-blocks; T4_K: the minimums of the 8 */
                     int32x4_t c[16];
                     const int count = six ? 16 : 8;
-                    for (int j = 0; j < count; j++) c[j] = six ? bytes4(blk + 32 + 16 * j + 4 * v, 1) : bytes4(blk + 192 + 16 * j + 4 * v, 0);
+                    for (int j = 0; j < count; j++)
+                        c[j] = six ? bytes4(blk + 32 + 16 * j + 4 * v, 1) : bytes4(blk + 192 + 16 * j + 4 * v, 0);
                     const float32x4_t factor = six ? vmulq_n_f32(d[v], 32.0f) : halves(blk + 32, v);
                     for (int m = 0; m < rows; m++) {
                         const int16_t *sub = six ? x[m]->bsum : x[m]->sum32;
@@ -249,8 +250,8 @@ VSK_TILE_ENTRY(kernel_t6_k, tile_kernel, VSK_T6_K)
 
 /* T2_K, T3_K, T5_K and TIQ4_XS, as vsk_kblock_dot (vsk_blocks.h) per lane: isum = scales . (sums per 16 weights),
  * msum = minimums . bsum, then x->d (d isum) - x->d (dmin msum) added to the accumulator */
-static void kblock_tile_kernel(int type, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride,
-                               int M, float *y, int ldy) {
+VSK_NEON_INLINE void kblock_tile_kernel(int type, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq,
+                                        size_t x_stride, int M, float *y, int ldy) {
     const int blocks = K / 256, mins = type == VSK_T2_K || type == VSK_T5_K;
     const size_t block_bytes = vsk_tile_strip_bytes(type, 256);
     for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
@@ -315,8 +316,8 @@ VSK_TILE_ENTRY(kernel_tiq4_xs, kblock_tile_kernel, VSK_TIQ4_XS)
 /* the 32-weight forms, as tile32_kernel in vsk_tiles.c: acc += (d x->d) s [+ m (x->d (its sum)) for T4_1]. (The
  * other forms' minimum term is 0 x a finite value: adding that zero changes no accumulator, which starts at +0
  * and so is never -0.) */
-static void tile32_kernel(int type, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride,
-                          int M, float *y, int ldy) {
+VSK_NEON_INLINE void tile32_kernel(int type, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq,
+                                   size_t x_stride, int M, float *y, int ldy) {
     const int blocks = K / 32, with_min = type == VSK_T4_1;
     const size_t block_bytes = vsk_tile_strip_bytes(type, 32);
     for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
