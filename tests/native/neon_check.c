@@ -12,7 +12,8 @@
  *    the one expected), it refuses paths beyond it and the x86 ones, and vsk_linear on each path it accepts gives
  *    the portable path's bits;
  *  - negative control: one flipped weight bit is detected by the same comparison, for every type and path.
- * Exit status 0 when all hold. NEON_CHECK_SEED (a nonzero integer) draws other random blocks. */
+ * With --digest it prints a hash of the portable path's results instead (the script compares the AArch64 build's
+ * with an x86-64 build's). Exit status 0 when all hold. NEON_CHECK_SEED (a nonzero integer) draws other random blocks. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -337,9 +338,48 @@ static void check_dispatch(int expected, const char *asked) {
     vsk_set_isa(best);
 }
 
+/* --digest: a hash of the portable path's results (activation quantization, row and tile kernels of every type) on
+ * fixed random blocks, so that builds for two architectures can be compared: the same digest on x86-64 and on
+ * AArch64 means the portable path, and so every NEON path, gives the x86-64 portable build's bits */
+static uint64_t digest_bytes(uint64_t h, const void *p, size_t n) {
+    for (size_t i = 0; i < n; i++) h = (h ^ ((const uint8_t *)p)[i]) * 0x100000001B3ull;
+    return h;
+}
+
+static int digest(void) {
+    enum { N = 37, M = 7 };
+    uint64_t h = 0xCBF29CE484222325ull;
+    for (int ti = 0; ti < TYPE_COUNT; ti++) {
+        const type_t *t = &TYPES[ti];
+        const int K = t->block == 1 ? 500 : 512;
+        const size_t row_bytes = (size_t)(K / t->block) * t->bytes, tile_bytes = vsk_repacked_bytes(t->type, N, K);
+        uint8_t *W = malloc(row_bytes * N), *T = malloc(tile_bytes + 1), *xq = malloc(vsk_act_row_bytes(t->type, K) * M);
+        float *x = malloc(sizeof(float) * M * K), y[M * N];
+        random_weights(t, N, K, W);
+        random_rows(M, K, x);
+        const size_t stride = quantize_rows(t->type, x, M, K, xq);
+        h = digest_bytes(h, xq, stride * M);
+        run(vsk_kernel_scalar(t->type), W, row_bytes, N, K, xq, stride, M, y, 0);
+        h = digest_bytes(h, y, sizeof y);
+        if (tile_bytes) {
+            vsk_repack(t->type, W, row_bytes, N, K, T);
+            h = digest_bytes(h, T, tile_bytes);
+            run(vsk_tile_kernel_scalar(t->type + 100), T, 0, N, K, xq, stride, M, y, 0);
+            h = digest_bytes(h, y, sizeof y);
+        }
+        free(W);
+        free(T);
+        free(xq);
+        free(x);
+    }
+    printf("neon_check: portable digest %016llx\n", (unsigned long long)h);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *seed = getenv("NEON_CHECK_SEED"); /* another draw of the random blocks (nonzero) */
     if (seed && strtoull(seed, NULL, 0)) state = strtoull(seed, NULL, 0);
+    if (argc > 1 && strcmp(argv[1], "--digest") == 0) return digest();
     const unsigned long hwcap = getauxval(AT_HWCAP), hwcap2 = getauxval(AT_HWCAP2);
     const int dot = (hwcap & HWCAP_ASIMDDP) != 0, i8mm = dot && (hwcap2 & HWCAP2_I8MM) != 0;
     printf("neon_check: this CPU: sdot %s, smmla %s; paths run: portable, neon%s%s\n", dot ? "yes" : "no",
