@@ -26,7 +26,7 @@ from verispec.models.loading import load_model
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument("--isas", default=native.best_isa(), help="comma-separated kernel paths (scalar, avx2, avx512)")
+    parser.add_argument("--isas", default=native.best_isa(), help="comma-separated kernel paths (native.ISAS)")
     parser.add_argument("--contexts", default="512,2048,4000")
     parser.add_argument("--no-prefill", action="store_true")
     args = parser.parse_args()

@@ -22,7 +22,7 @@ _HALF_OFFSETS = {2: (0,), 3: (0, 2), 6: (0,), 8: (0,), 20: (0,), 10: (80, 82), 1
 
 
 def paths() -> list[str]:
-    return list(native.ISAS[: native.ISAS.index(native.best_isa()) + 1]) if native.available() else []
+    return native.runnable_isas() if native.available() else []
 
 
 @pytest.fixture(params=paths())

@@ -1,7 +1,9 @@
 """ctypes binding of the compiled kernel library (csrc/), and which path it runs.
 
-`VERISPEC_KERNELS` picks the path: `auto` (default: the best this CPU runs), `avx512` (AVX-512 VNNI),
-`avx2`, `scalar`, or `torch` (PyTorch's kernels, as when no library was compiled). The library runs its own
+`VERISPEC_KERNELS` picks the path: `auto` (default: the best this CPU runs), `scalar` (portable C), on x86-64
+`avx512` (AVX-512 VNNI) or `avx2`, on AArch64 `neon_i8mm` (smmla), `neon_dot` (sdot) or `neon`, or `torch`
+(PyTorch's kernels, as when no library was compiled). A CPU runs `scalar` and the paths of its own family up to
+its best. The library runs its own
 thread pool, sized like PyTorch's (`torch.set_num_threads`, `--threads`).
 """
 
@@ -18,7 +20,9 @@ import torch
 
 from ..errors import InvalidParameterError
 
-ISAS = ("scalar", "avx2", "avx512")
+# the library's path ids (vsk.h): the portable path, the x86-64 family, the AArch64 family
+ISAS = ("scalar", "avx2", "avx512", "neon", "neon_dot", "neon_i8mm")
+_FAMILIES = (("avx2", "avx512"), ("neon", "neon_dot", "neon_i8mm"))
 CHOICES = ("auto", *ISAS, "torch")
 # GGML type ids with a native product, as (values, bytes) per block: Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, Q2_K, Q3_K,
 # Q4_K, Q5_K, Q6_K, IQ4_XS, and the dense F32, F16 and BF16 (whose activations are float32 rows: "blocks" of one
@@ -111,7 +115,7 @@ def available() -> bool:
 
 
 def isa() -> str:
-    """The path products run on: scalar, avx2, avx512, or torch."""
+    """The path products run on: one of ISAS, or torch."""
     lib = library()
     return "torch" if lib is None else ISAS[lib.vsk_get_isa()]
 
@@ -124,6 +128,13 @@ def set_isa(name: str) -> None:
 
 def best_isa() -> str:
     return ISAS[_lib().vsk_best_isa()]
+
+
+def runnable_isas() -> list[str]:
+    """The paths this CPU runs: the portable one, then those of its own family up to its best."""
+    best = best_isa()
+    family = next((f for f in _FAMILIES if best in f), ())
+    return ["scalar", *family[: family.index(best) + 1]] if family else ["scalar"]
 
 
 def set_threads(count: int) -> None:

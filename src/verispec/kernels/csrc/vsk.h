@@ -33,7 +33,13 @@ enum {
     VSK_T5_K = 113, VSK_T6_K = 114, VSK_TIQ4_NL = 120, VSK_TIQ4_XS = 123,
 };
 
-enum { VSK_ISA_SCALAR = 0, VSK_ISA_AVX2 = 1, VSK_ISA_AVX512 = 2 };
+/* the paths: portable C, then the x86-64 family and the AArch64 family (a CPU runs the portable path and those
+ * of its own family up to its best); NEON is plain Advanced SIMD, NEON_DOT adds sdot (FEAT_DotProd), NEON_I8MM
+ * adds smmla (FEAT_I8MM) */
+enum {
+    VSK_ISA_SCALAR = 0, VSK_ISA_AVX2 = 1, VSK_ISA_AVX512 = 2, VSK_ISA_NEON = 3, VSK_ISA_NEON_DOT = 4,
+    VSK_ISA_NEON_I8MM = 5,
+};
 
 /* quantized activations: q[i] * d ~ x[i]; half[h] = sum of q[16h .. 16h+15] (the offset and minimum terms) */
 typedef struct {
@@ -64,6 +70,12 @@ vsk_kernel vsk_tile_kernel_avx512(int type);
 size_t vsk_tile_strip_bytes(int type, int K); /* bytes of 16 rows */
 vsk_kernel vsk_kernel_avx2(int type);
 vsk_kernel vsk_kernel_avx512(int type);
+/* the NEON paths (NULL off AArch64, or where the compiler lacked the instructions' flag) */
+vsk_kernel vsk_kernel_neon(int type);
+vsk_kernel vsk_kernel_neon_dot(int type);
+vsk_kernel vsk_tile_kernel_neon(int type);
+vsk_kernel vsk_tile_kernel_neon_dot(int type);
+vsk_kernel vsk_tile_kernel_neon_i8mm(int type);
 
 float vsk_fp16_to_fp32(uint16_t h);
 uint16_t vsk_fp32_to_fp16(float f);
@@ -185,5 +197,6 @@ typedef void (*vsk_task)(const void *ctx, int begin, int end);
 vsk_task vsk_attention_task_avx2(void); /* NULL off x86-64; items of a vsk_attention_job */
 vsk_task vsk_attention_task_avx512(void); /* the same on 512-bit vectors, for head sizes that are a multiple of 16 */
 int vsk_get_isa(void);
+int vsk_isa_neon(int isa); /* whether a path is one of the NEON family */
 
 #endif

@@ -89,8 +89,11 @@ void vsk_attend(const vsk_attention_t *a, int M) {
     first[blocks] = M;
     const vsk_attention_job job = {a, first, blocks};
     const int isa = vsk_get_isa();
-    vsk_task vector = isa >= VSK_ISA_AVX512 && a->D % 16 == 0 ? vsk_attention_task_avx512() : NULL;
-    if (!vector && isa >= VSK_ISA_AVX2) vector = vsk_attention_task_avx2();
+    vsk_task vector = NULL;
+    if (!vsk_isa_neon(isa)) { /* the NEON family runs the portable items */
+        if (isa >= VSK_ISA_AVX512 && a->D % 16 == 0) vector = vsk_attention_task_avx512();
+        if (!vector && isa >= VSK_ISA_AVX2) vector = vsk_attention_task_avx2();
+    }
     vsk_parallel_for(vector ? vector : attention_items, &job, blocks * a->kvH);
     free(first);
 }

@@ -18,6 +18,29 @@
 
 /* ---- which path ----------------------------------------------------------------------------------------- */
 
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMD
+#define HWCAP_ASIMD (1UL << 1)
+#endif
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1UL << 20)
+#endif
+#ifndef HWCAP2_I8MM
+#define HWCAP2_I8MM (1UL << 13)
+#endif
+#elif defined(__aarch64__) && defined(__APPLE__)
+#include <sys/sysctl.h>
+
+static int sysctl_flag(const char *name) {
+    int value = 0;
+    size_t size = sizeof value;
+    return sysctlbyname(name, &value, &size, NULL, 0) == 0 && value != 0;
+}
+#endif
+
+int vsk_isa_neon(int isa) { return isa >= VSK_ISA_NEON && isa <= VSK_ISA_NEON_I8MM; }
+
 static int best_isa(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
@@ -26,23 +49,42 @@ static int best_isa(void) {
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
         return VSK_ISA_AVX512;
     if (avx2) return VSK_ISA_AVX2;
+#elif defined(__aarch64__)
+    /* Advanced SIMD is part of every AArch64 core Linux and macOS run on; sdot and smmla are optional, asked of
+     * the kernel (Linux: the auxiliary vector; macOS: sysctl), and taken only where this build has their kernels */
+    int simd = 1, dot = 0, i8mm = 0;
+#if defined(__linux__)
+    const unsigned long hwcap = getauxval(AT_HWCAP), hwcap2 = getauxval(AT_HWCAP2);
+    simd = (hwcap & HWCAP_ASIMD) != 0;
+    dot = (hwcap & HWCAP_ASIMDDP) != 0;
+    i8mm = (hwcap2 & HWCAP2_I8MM) != 0;
+#elif defined(__APPLE__)
+    dot = sysctl_flag("hw.optional.arm.FEAT_DotProd");
+    i8mm = sysctl_flag("hw.optional.arm.FEAT_I8MM");
+#endif
+    if (!simd || !vsk_kernel_neon(VSK_Q8_0)) return VSK_ISA_SCALAR;
+    if (!dot || !vsk_kernel_neon_dot(VSK_Q8_0) || !vsk_tile_kernel_neon_dot(VSK_T8_0)) return VSK_ISA_NEON;
+    if (!i8mm || !vsk_tile_kernel_neon_i8mm(VSK_T8_0)) return VSK_ISA_NEON_DOT;
+    return VSK_ISA_NEON_I8MM;
 #endif
     return VSK_ISA_SCALAR;
 }
 
 static int current_isa = -1;
 
+/* the kernel of a type on a path: the path's own, else the best below it in its family, else the portable one */
 static vsk_kernel kernel_for(int isa, int type) {
-    if (type > 100) { /* a tile form */
-        vsk_kernel k = NULL;
-        if (isa >= VSK_ISA_AVX512) k = vsk_tile_kernel_avx512(type);
-        if (!k && isa >= VSK_ISA_AVX2) k = vsk_tile_kernel_avx2(type);
-        return k ? k : vsk_tile_kernel_scalar(type);
-    }
+    const int tile = type > 100; /* a tile form */
     vsk_kernel k = NULL;
-    if (isa >= VSK_ISA_AVX512) k = vsk_kernel_avx512(type);
-    if (!k && isa >= VSK_ISA_AVX2) k = vsk_kernel_avx2(type);
-    if (!k) k = vsk_kernel_scalar(type);
+    if (vsk_isa_neon(isa)) {
+        if (isa >= VSK_ISA_NEON_I8MM && tile) k = vsk_tile_kernel_neon_i8mm(type);
+        if (!k && isa >= VSK_ISA_NEON_DOT) k = tile ? vsk_tile_kernel_neon_dot(type) : vsk_kernel_neon_dot(type);
+        if (!k) k = tile ? vsk_tile_kernel_neon(type) : vsk_kernel_neon(type);
+    } else {
+        if (isa >= VSK_ISA_AVX512) k = tile ? vsk_tile_kernel_avx512(type) : vsk_kernel_avx512(type);
+        if (!k && isa >= VSK_ISA_AVX2) k = tile ? vsk_tile_kernel_avx2(type) : vsk_kernel_avx2(type);
+    }
+    if (!k) k = tile ? vsk_tile_kernel_scalar(type) : vsk_kernel_scalar(type);
     return k;
 }
 
@@ -53,15 +95,19 @@ VSK_API int vsk_get_isa(void) {
     return current_isa;
 }
 
-/* 0, or -1 when this CPU cannot run that path */
+/* 0, or -1 when this CPU cannot run that path: the portable path, or one of its own family up to its best */
 VSK_API int vsk_set_isa(int isa) {
-    if (isa < VSK_ISA_SCALAR || isa > best_isa()) return -1;
+    const int best = best_isa();
+    const int runs = isa == VSK_ISA_SCALAR ||
+                     (isa > VSK_ISA_SCALAR && isa <= best && vsk_isa_neon(isa) == vsk_isa_neon(best));
+    if (!runs) return -1;
     current_isa = isa;
     return 0;
 }
 
 const vsk_row_ops *vsk_rows(void) {
-    const vsk_row_ops *vector = vsk_get_isa() >= VSK_ISA_AVX2 ? vsk_rows_avx2() : NULL;
+    const int isa = vsk_get_isa();
+    const vsk_row_ops *vector = vsk_isa_neon(isa) ? vsk_rows_neon() : isa >= VSK_ISA_AVX2 ? vsk_rows_avx2() : NULL;
     return vector ? vector : vsk_rows_portable();
 }
 
@@ -172,6 +218,8 @@ static struct {
 static inline void relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
 #endif
 }
 

@@ -23,6 +23,7 @@ typedef struct {
 const vsk_row_ops *vsk_rows(void);
 const vsk_row_ops *vsk_rows_portable(void);
 const vsk_row_ops *vsk_rows_avx2(void); /* NULL off x86-64 */
+const vsk_row_ops *vsk_rows_neon(void); /* NULL off AArch64 */
 
 /* the dense products' lanes (vsk_scalar.c: the rule), added by the same tree */
 #define VSK_DENSE_LANES 16
