@@ -189,6 +189,21 @@ def test_tile_products_match_the_float64_reference(path, name, m, n, k):
     assert within_tolerance(got, x_used, w), (name, path, np.abs(got - x_used @ w.T).max())
 
 
+@pytest.mark.parametrize("name", TILED)
+def test_tile_products_at_the_activations_extremes_match_the_float64_reference(path, name):
+    """Every activation at +-127 of its block's scale (one sign per 32 values): the integer sums are at their largest,
+    where a kernel summing pairs in 16 bits (the AVX2 path) would wrap if it summed more than its bound allows."""
+    qtype, n, k = int(TYPES[name]), 32, 1024
+    weight = random_blocks(qtype, n, k, seed=11)
+    tile, tiles = native.repack(qtype, torch.from_numpy(weight), k)
+    signs = torch.tensor([1.0, -1.0, -1.0, 1.0]).repeat_interleave(32).repeat(k // 128)
+    x = torch.stack([signs, -signs, torch.ones(k)]) * 5
+    xq = native.quantize(tile, x)
+    x_used, w = activations_as_floats(tile, xq, k), dequantized(qtype, weight, k)
+    got = native.matmul(tile, tiles, xq, k, n).numpy()
+    assert within_tolerance(got, x_used, w), (name, path, np.abs(got - x_used @ w.T).max())
+
+
 @pytest.mark.parametrize("name", ["Q2_K", "Q3_K", "Q5_K", "IQ4_XS"])
 def test_the_portable_tile_kernels_compute_the_row_kernels_bits(name):
     """The tile forms of these types are unpacked to the row layout's portable superblock and dotted by the same

@@ -40,12 +40,6 @@ static inline __m256i dot(__m256i acc, __m256i u, __m256i s) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 }
 
-/* acc + scale x (u . s) per 32-bit lane: the pair sums of maddubs meet the lane's scale (int16, in both halves)
- * in madd, so a sub-block's scale costs nothing beyond the dot product */
-static inline __m256i scaled_dot(__m256i acc, __m256i u, __m256i s, __m256i scale) {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scale));
-}
-
 /* 8 lanes' bytes p[0..7] as int16 pairs (p[i], q[i]) per 32-bit lane, sign-extended or not */
 static inline __m256i byte_pairs(const uint8_t *p, const uint8_t *q, int is_signed) {
     const __m128i a = _mm_loadl_epi64((const __m128i *)p), b = _mm_loadl_epi64((const __m128i *)q);
@@ -149,10 +143,30 @@ static inline __attribute__((always_inline)) int term_pairs(const int form, cons
     return count;
 }
 
+/* How many groups' maddubs pairs are summed in int16 before one madd takes them to 32 bits (1: each group its own
+ * madd). With unsigned values below 2^b and activations of magnitude at most 128 a pair is at most
+ * 2 x (2^b - 1) x 128, so `run` pairs stay below 2^15 and the int16 adds never wrap: the integer sums, and so every
+ * bit of the results, are the ones a madd per group gives, with one multiply-add instruction fewer per group summed.
+ * Runs never cross a scale's groups (4 for the 16-weight sub-blocks). On CPUs without VNNI maddubs and madd share
+ * the multiply units, which bound a pass over several rows: 16 of them per row and 32 weights become 9 (T4_K). */
+static inline int int16_run(int form) {
+    switch (form) {
+    case VSK_T4_K: /* 0..15: 8 x 3840 */
+    case VSK_T4_0:
+    case VSK_T4_1: return 8;
+    case VSK_T5_K: /* 0..31: 4 x 7936 */
+    case VSK_T5_0:
+    case VSK_T3_K: /* 0..7, a scale per 4 groups */
+    case VSK_T2_K: return 4;
+    case VSK_T6_K: return 2; /* 0..63: 2 x 16128 */
+    default: return 1;       /* signed levels' magnitudes up to 128 (TIQ4_XS, T8_0, TIQ4_NL) */
+    }
+}
+
 static inline __attribute__((always_inline)) void tile_kernel(const int form, const uint8_t *W, int n0, int n1, int K,
                                                               const uint8_t *xq, size_t x_stride, int M, float *y,
                                                               int ldy) {
-    const int blocks = K / 256, iq4 = form == VSK_TIQ4_XS;
+    const int blocks = K / 256, iq4 = form == VSK_TIQ4_XS, run = int16_run(form);
     const int mins = form == VSK_T4_K || form == VSK_T5_K || form == VSK_T2_K;
     const size_t block_bytes = kblock_bytes(form), strip_bytes = (size_t)blocks * block_bytes;
     const size_t pair_bytes = block_bytes / 8;
@@ -178,12 +192,17 @@ static inline __attribute__((always_inline)) void tile_kernel(const int form, co
                         for (int m = 0; m < rows; m++) {
                             const int8_t *q = ((const vsk_act256 *)(xq + (size_t)(r0 + m) * x_stride) + b)->q + 32 * j;
                             __m256i s = sums[m][v];
-                            for (int g = 0; g < 8; g++) {
-                                const __m256i a = broadcast4(q + (g < 4 ? 4 * g : 16 + 4 * (g - 4)));
-                                /* TIQ4_XS: maddubs takes unsigned x signed, so the level's magnitude meets the
-                                 * activation carrying the level's sign (pairs below 2^15, as T8_0's) */
-                                s = iq4 ? scaled_dot(s, _mm256_abs_epi8(w[g]), _mm256_sign_epi8(a, w[g]), scale[g / 4])
-                                        : scaled_dot(s, w[g], a, scale[g / 4]);
+                            for (int g0 = 0; g0 < 8; g0 += run) {
+                                __m256i pairs = _mm256_setzero_si256();
+                                for (int g = g0; g < g0 + run; g++) {
+                                    const __m256i a = broadcast4(q + (g < 4 ? 4 * g : 16 + 4 * (g - 4)));
+                                    /* TIQ4_XS: maddubs takes unsigned x signed, so the level's magnitude meets the
+                                     * activation carrying the level's sign (pairs below 2^15, as T8_0's) */
+                                    const __m256i p = iq4 ? _mm256_maddubs_epi16(_mm256_abs_epi8(w[g]), _mm256_sign_epi8(a, w[g]))
+                                                          : _mm256_maddubs_epi16(w[g], a);
+                                    pairs = g == g0 ? p : _mm256_add_epi16(pairs, p);
+                                }
+                                s = _mm256_add_epi32(s, _mm256_madd_epi16(pairs, scale[g0 / 4]));
                             }
                             sums[m][v] = s;
                         }
@@ -271,7 +290,7 @@ static void tile32_kernel(int type, const uint8_t *W, int n0, int n1, int K, con
                           int M, float *y, int ldy) {
     const int eight = type == VSK_T8_0 || type == VSK_TIQ4_NL, blocks = K / 32; /* signed weights */
     const int offset = type == VSK_T5_0 ? 16 : type == VSK_T4_0 ? 8 : 0; /* T8_0's products are signed */
-    const int one = type == VSK_T4_1;
+    const int one = type == VSK_T4_1, run = int16_run(type);
     const size_t block_bytes = vsk_tile_strip_bytes(type, 32);
     const int lines = (int)(block_bytes / 64) + 1, ahead = type == VSK_T8_0 ? 6 : 8; /* about 3 KiB ahead */
     for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
@@ -292,9 +311,16 @@ static void tile32_kernel(int type, const uint8_t *W, int n0, int n1, int K, con
                     for (int m = 0; m < rows; m++) {
                         const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)(r0 + m) * x_stride) + b;
                         __m256i s = _mm256_set1_epi32(-offset * (x->half[0] + x->half[1]));
-                        for (int g = 0; g < 8; g++)
-                            s = eight ? dot(s, magnitude[g], _mm256_sign_epi8(broadcast_group(x, g), w[g]))
-                                      : dot(s, w[g], broadcast_group(x, g));
+                        if (eight)
+                            for (int g = 0; g < 8; g++)
+                                s = dot(s, magnitude[g], _mm256_sign_epi8(broadcast_group(x, g), w[g]));
+                        else
+                            for (int g0 = 0; g0 < 8; g0 += run) { /* int16 sums of `run` groups (int16_run) */
+                                __m256i pairs = _mm256_maddubs_epi16(w[g0], broadcast_group(x, g0));
+                                for (int g = g0 + 1; g < g0 + run; g++)
+                                    pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(w[g], broadcast_group(x, g)));
+                                s = _mm256_add_epi32(s, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+                            }
                         acc[m][v] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x->d)), _mm256_cvtepi32_ps(s), acc[m][v]);
                         if (one) /* T4_1's minimums times the activations' sum */
                             acc[m][v] = _mm256_fmadd_ps(mins, _mm256_set1_ps(x->d * (float)(x->half[0] + x->half[1])),
