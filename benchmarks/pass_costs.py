@@ -6,9 +6,10 @@ T(n)/T(1); the prefill rate over that context; c (one draft step / T(1)); and wh
 products, attention, the rest: the native stack's own counters). Then llama.cpp's `llama-bench` pp1..pp16 on the
 target file (tokens/s, as T(n)/T(1) and as verispec's tokens/s over it), where its binaries are built.
 
-    python benchmarks/pass_costs.py [--repeats 9] [--paths avx512,avx2,scalar]
+    python benchmarks/pass_costs.py [--repeats 9] [--paths avx512,avx2]     (add scalar: about 5 minutes more)
 
-Times are medians of interleaved repeats (bench/costs.py); the scalar path is slow, so it runs a third of them.
+Times are medians of interleaved repeats (bench/costs.py); the scalar path is slow (a 128-token prefill takes
+about a minute), so it runs one. Each path's rows are printed as soon as it is measured.
 """
 
 from __future__ import annotations
@@ -77,10 +78,24 @@ def llama_bench() -> dict[int, float] | None:
     return {row["n_prompt"]: row["avg_ts"] for row in json.loads(out.stdout)}
 
 
+def print_path(run: dict) -> None:
+    """A path's two table rows: its ratios and splits, then its tokens/s at each width."""
+    t = {int(n): s for n, s in run["T"].items()}
+    ratios = " | ".join(f"{t[n] / t[1]:.2f}" for n in WIDTHS[1:])
+    split = {int(n): s for n, s in run["split"].items()}
+    shares = [f"{split[n]['products']:.0%}, {split[n]['attention']:.0%}" for n in (1, 4)]
+    print(f"| {run['path']} | {t[1] * 1e3:.1f} | {ratios} | {run['prefill_tokens_per_s']:.0f} | {run['c']:.2f} | "
+          f"{shares[0]} | {shares[1]} |")  # fmt: skip
+    print(
+        f"|  tokens/s | {1 / t[1]:.1f} | " + " | ".join(f"{n / t[n]:.1f}" for n in WIDTHS[1:]) + " | | | | |",
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument("--paths", default="avx512,avx2,scalar")
+    parser.add_argument("--paths", default="avx512,avx2")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child: this path only
     args = parser.parse_args()
     if args.one:
@@ -88,29 +103,20 @@ def main() -> None:
         return
     cpuinfo = Path("/proc/cpuinfo")
     flags = cpuinfo.read_text() if cpuinfo.exists() else ""
-    runs = {}
+    header = " | ".join(f"T({n})/T(1)" for n in WIDTHS[1:])
+    print(f"| path | T(1) ms | {header} | prefill tok/s | c | T(1): products, attention | T(4): products, attention |")
+    print("|---" * (6 + len(WIDTHS) - 1) + "|", flush=True)
     for path in args.paths.split(","):
         if path == "avx512" and "avx512_vnni" not in flags:
             continue
-        repeats = max(3, args.repeats // 3) if path == "scalar" else args.repeats
+        repeats = 1 if path == "scalar" else args.repeats
         env = {**os.environ, "VERISPEC_KERNELS": path}
         child = [sys.executable, __file__, "--one", "--repeats", str(repeats)]
         done = subprocess.run(child, env=env, capture_output=True, text=True)
         if done.returncode:
             print(f"{path}: failed: {done.stderr.strip().splitlines()[-1:]}")
             continue
-        runs[path] = json.loads(done.stdout.strip().splitlines()[-1])
-    header = " | ".join(f"T({n})/T(1)" for n in WIDTHS[1:])
-    print(f"| path | T(1) ms | {header} | prefill tok/s | c | T(1): products, attention | T(4): products, attention |")
-    print("|---" * (6 + len(WIDTHS) - 1) + "|")
-    for path, run in runs.items():
-        t = {int(n): s for n, s in run["T"].items()}
-        ratios = " | ".join(f"{t[n] / t[1]:.2f}" for n in WIDTHS[1:])
-        split = {int(n): s for n, s in run["split"].items()}
-        shares = [f"{split[n]['products']:.0%}, {split[n]['attention']:.0%}" for n in (1, 4)]
-        print(f"| {path} | {t[1] * 1e3:.1f} | {ratios} | {run['prefill_tokens_per_s']:.0f} | {run['c']:.2f} | "
-              f"{shares[0]} | {shares[1]} |")  # fmt: skip
-        print(f"|  tokens/s | {1 / t[1]:.1f} | " + " | ".join(f"{n / t[n]:.1f}" for n in WIDTHS[1:]) + " | | | | |")
+        print_path(json.loads(done.stdout.strip().splitlines()[-1]))
     peer = llama_bench()
     if peer:
         blanks = " | | | | |"
