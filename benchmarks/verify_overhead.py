@@ -1,6 +1,8 @@
 """What verification costs beyond the target's pass: on the bundled pair, 8 sequences decoded together, each
 drafting 3 tokens a step (4 rows each: the draft model, draft_policy "always"), the time of Scheduler._verify
-less the time of its target pass, as a share of the whole step, greedy and sampled.
+less the time of its target pass, as a share of the whole step, greedy and sampled; and the part of it spent
+drawing the sampled rows' keyed noise (decoding/noise.py: one Exp(1) draw per vocabulary entry for each position
+not drawn before, by the draft model or an earlier pass).
 
     python benchmarks/verify_overhead.py [--sequences 8] [--k 3] [--tokens 64]
 
@@ -15,6 +17,7 @@ import time
 
 import verispec
 import verispec.engine.scheduler as scheduler_module
+from verispec.decoding.noise import KeyedNoise
 from verispec.engine.requests import EngineRequest
 from verispec.engine.scheduler import Scheduler, SchedulerConfig
 
@@ -44,8 +47,9 @@ class Timer:
             self.seconds += time.perf_counter() - begin
 
 
-def measure(target, draft, args, temperature: float) -> tuple[float, float, float, int]:
-    """Median per step of (step, verification without its pass, the pass) seconds, and the steps measured."""
+def measure(target, draft, args, temperature: float) -> tuple[float, float, float, float, int]:
+    """Median per step of (step, verification without its pass, the pass, the noise drawn during verification)
+    seconds, and the steps measured."""
     config = SchedulerConfig(
         max_num_seqs=args.sequences, max_model_len=1024, num_speculative_tokens=args.k, draft_policy="always"
     )
@@ -53,8 +57,20 @@ def measure(target, draft, args, temperature: float) -> tuple[float, float, floa
     forward_name = "padded_logits" if hasattr(scheduler_module, "padded_logits") else "padded_forward"
     forward = Timer(getattr(scheduler_module, forward_name))
     verify = Timer(scheduler._verify)
+    draws = Timer(KeyedNoise.exponentials)
+    in_verify = [0.0]
+
+    def verify_counting_noise(*a, **k):
+        before = draws.seconds
+        try:
+            return verify(*a, **k)
+        finally:
+            in_verify[0] += draws.seconds - before
+
+    original_draws = KeyedNoise.exponentials
+    KeyedNoise.exponentials = lambda self, position: draws(self, position)  # type: ignore[method-assign]
     setattr(scheduler_module, forward_name, forward)
-    scheduler._verify = verify  # type: ignore[method-assign]
+    scheduler._verify = verify_counting_noise  # type: ignore[method-assign]
     try:
         for i in range(args.sequences):
             prompt = PROMPTS[i % len(PROMPTS)]
@@ -63,7 +79,7 @@ def measure(target, draft, args, temperature: float) -> tuple[float, float, floa
             scheduler.submit(EngineRequest(f"{i}", ids, params, args.tokens, lambda event: None, ignore_eos=True))
         rows = []
         while True:
-            forward.seconds = verify.seconds = 0.0
+            forward.seconds = verify.seconds = in_verify[0] = 0.0
             begin = time.perf_counter()
             if not scheduler.step():
                 break
@@ -71,10 +87,11 @@ def measure(target, draft, args, temperature: float) -> tuple[float, float, floa
             # steps of the whole batch verifying (not prefill, not the batch draining)
             running = list(scheduler.running.values())
             if forward.seconds and len(running) == args.sequences and not any(s.prefilling for s in running):
-                rows.append((step, verify.seconds - forward.seconds, forward.seconds))
+                rows.append((step, verify.seconds - forward.seconds, forward.seconds, in_verify[0]))
     finally:
         setattr(scheduler_module, forward_name, forward.function)
-    return (*(statistics.median(r[j] for r in rows) for j in range(3)), len(rows))
+        KeyedNoise.exponentials = original_draws  # type: ignore[method-assign]
+    return (*(statistics.median(r[j] for r in rows) for j in range(4)), len(rows))
 
 
 def main() -> None:
@@ -86,11 +103,12 @@ def main() -> None:
     target = verispec.load_model("target", quantization="gguf", progress=False)
     draft = verispec.load_model("draft", quantization="gguf", progress=False)
     print(f"{args.sequences} sequences x {args.k + 1} rows, {scheduler_module.__file__}")
-    print(f"{'decoding':<9} {'steps':>5} {'step ms':>8} {'pass ms':>8} {'verify-pass ms':>15} {'share':>6}")
+    print(f"{'decoding':<9} {'steps':>5} {'step ms':>8} {'pass ms':>8} {'verify-pass ms':>15} {'share':>6} "
+          f"{'of it noise ms':>15} {'share less noise':>17}")  # fmt: skip
     for name, temperature in (("greedy", 0.0), ("sampled", 0.8)):
-        step, overhead, forward, steps = measure(target, draft, args, temperature)
+        step, overhead, forward, noise, steps = measure(target, draft, args, temperature)
         print(f"{name:<9} {steps:>5} {step * 1e3:>8.1f} {forward * 1e3:>8.1f} {overhead * 1e3:>15.2f} "
-              f"{overhead / step:>6.1%}")  # fmt: skip
+              f"{overhead / step:>6.1%} {noise * 1e3:>15.2f} {(overhead - noise) / step:>17.1%}")  # fmt: skip
 
 
 if __name__ == "__main__":
