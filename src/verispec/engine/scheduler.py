@@ -207,9 +207,11 @@ class Scheduler:
         held = num_blocks * BLOCK_SIZE - self.widest - 1  # the longest context one sequence can have
         self.context_cut = held < self.max_model_len  # the budget, not the models or max_model_len, sets it
         if held < 2:
+            budget = num_blocks * block_bytes if self.config.kv_cache_memory is None else self.config.kv_cache_memory
             raise InvalidParameterError(
-                f"a KV cache budget of {num_blocks * block_bytes} bytes holds {num_blocks} blocks of {BLOCK_SIZE} "
-                f"tokens ({block_bytes} bytes each, both models): too few for a sequence"
+                f"a KV cache budget of {budget} bytes holds {num_blocks} blocks of {BLOCK_SIZE} "
+                f"tokens ({block_bytes} bytes each, both models): too few for a sequence; give at least "
+                f"{-(-(self.widest + 3) // BLOCK_SIZE) * block_bytes} bytes"
             )
         if self.context_cut:
             log.warning("the KV cache budget holds %d tokens: the context is cut from %d to %d tokens",
