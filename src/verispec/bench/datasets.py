@@ -11,8 +11,8 @@ library's sources (long_context.py): summarise a module, list what raises ValueE
 `code-edit`, `multi-turn`, `agent-loop`: answers that repeat text already seen (repetition.py): a function back
 with a small change, a revised second turn, a session of JSON tool calls (structured output).
 
-`agent-runs`: real agent runs (an agent reading the standard library's sources through three tools, recorded by
-benchmarks/record_agent_runs.py), each step the chat request the server saw: the conversation so far, the tools and
+`agent-runs`: real agent runs (a coding agent editing the standard library's sources through four tools, recorded
+by benchmarks/record_agent_runs.py), each step the chat request the server saw: the conversation so far, the tools and
 the tool choice. A run is a session: its steps meet an engine that keeps what the run's earlier steps prefilled and
 wrote, and each run starts on a fresh one.
 
