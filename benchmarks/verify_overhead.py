@@ -57,7 +57,6 @@ def measure(target, draft, args, temperature: float) -> tuple[float, float, floa
     forward_name = "padded_logits" if hasattr(scheduler_module, "padded_logits") else "padded_forward"
     forward = Timer(getattr(scheduler_module, forward_name))
     verify = Timer(scheduler._verify)
-    draws = Timer(KeyedNoise.exponentials)
     in_verify = [0.0]
 
     def verify_counting_noise(*a, **k):
@@ -67,8 +66,11 @@ def measure(target, draft, args, temperature: float) -> tuple[float, float, floa
         finally:
             in_verify[0] += draws.seconds - before
 
-    original_draws = KeyedNoise.exponentials
-    KeyedNoise.exponentials = lambda self, position: draws(self, position)  # type: ignore[method-assign]
+    # the noise's drawing method: log_exponentials (current), exponentials (older checkouts)
+    draw_name = "log_exponentials" if hasattr(KeyedNoise, "log_exponentials") else "exponentials"
+    original_draws = getattr(KeyedNoise, draw_name)
+    draws = Timer(original_draws)
+    setattr(KeyedNoise, draw_name, lambda self, position: draws(self, position))
     setattr(scheduler_module, forward_name, forward)
     scheduler._verify = verify_counting_noise  # type: ignore[method-assign]
     try:
@@ -90,7 +92,7 @@ def measure(target, draft, args, temperature: float) -> tuple[float, float, floa
                 rows.append((step, verify.seconds - forward.seconds, forward.seconds, in_verify[0]))
     finally:
         setattr(scheduler_module, forward_name, forward.function)
-        KeyedNoise.exponentials = original_draws  # type: ignore[method-assign]
+        setattr(KeyedNoise, draw_name, original_draws)
     return (*(statistics.median(r[j] for r in rows) for j in range(4)), len(rows))
 
 

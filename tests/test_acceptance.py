@@ -6,6 +6,7 @@ empirical and the exact distribution. For N = 20000 over <= 16 outcomes the samp
 that plausible mistakes exceed the bound, so the tests can fail.
 """
 
+import math
 from collections import Counter
 
 import pytest
@@ -13,7 +14,7 @@ import torch
 
 from verispec.decoding.acceptance import verify_chain, verify_greedy, verify_tree
 from verispec.decoding.noise import KeyedNoise
-from verispec.decoding.sampling import SamplingParams, probs_from_logits
+from verispec.decoding.sampling import SamplingParams, keyed_draw, probs_from_logits
 
 from distributions import random_distribution, total_variation
 
@@ -64,6 +65,39 @@ def test_a_keyed_draw_follows_its_distribution(params):
     # the same (seed, position) gives the same draw; another position is another draw
     assert KeyedNoise(5, VOCAB).choose(p, 7) == KeyedNoise(5, VOCAB).choose(p, 7)
     assert len({KeyedNoise(5, VOCAB).choose(p, position) for position in range(50)}) > 1
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.7),
+        SamplingParams(temperature=1.3, top_k=4),
+        SamplingParams(top_p=0.8, temperature=1),
+    ],
+)
+def test_the_draw_from_logits_follows_the_filtered_distribution(params):
+    """What decoding runs (keyed_draw: the race over the filtered logits, temperature scaling the noise, no
+    softmax) follows the distribution probs_from_logits gives, and is the race over those probabilities with the
+    same noise (up to float rounding between the two forms)."""
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(VOCAB, generator=g) * 2
+    p = probs_from_logits(logits, params)
+    draws = [keyed_draw(logits, params, KeyedNoise(seed, VOCAB), 7) for seed in range(SAMPLES)]
+    assert total_variation(Counter(draws), dict(enumerate(p.tolist())), SAMPLES) < TOLERANCE
+    same = sum(draw == KeyedNoise(seed, VOCAB).choose(p, 7) for seed, draw in enumerate(draws))
+    assert same >= SAMPLES - 2
+    assert not {draw for draw in draws if p[draw] == 0}  # never a token the filters dropped
+
+
+def test_the_noise_is_finite_and_exponential_over_a_large_vocabulary():
+    """Every key's log E is finite (a uniform of exactly 0 or 1 would give an infinite key), and E's moments and
+    median are Exp(1)'s."""
+    noise = KeyedNoise(11, 151_936)
+    logs = torch.cat([noise.log_exponentials(position) for position in range(8)])
+    assert torch.isfinite(logs).all()
+    draws = logs.double().exp()
+    assert abs(float(draws.mean()) - 1) < 0.005 and abs(float(draws.std()) - 1) < 0.005
+    assert abs(float(draws.median()) - math.log(2)) < 0.005
 
 
 def test_negative_control_a_uniform_race_is_detected():
@@ -199,7 +233,7 @@ def test_negative_control_a_tree_walk_that_favours_drafted_children_is_detected(
     p = torch.stack([random_distribution(6, generator) for _ in range(len(TREE_TOKENS) + 1)])
 
     def biased(p, row, noise):
-        if row == 0 and float(noise.exponentials(99)[0]) < 0.7:  # about half the time
+        if row == 0 and float(noise.log_exponentials(99)[0]) < math.log(0.7):  # about half the time
             return TREE_TOKENS[0]
         return _keyed(p, row, noise)
 

@@ -67,24 +67,35 @@ class SamplingParams:
         return KeyedNoise(random_seed() if self.seed is None else self.seed, vocab)
 
 
-def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Distribution over the last axis after temperature, top-k and top-p (float32).
-
-    Greedy params give a one-hot distribution at the argmax, so greedy is the temperature -> 0 limit.
-    """
+def filtered_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """float32 logits with -inf for the tokens top-k and top-p drop (sampled params). Temperature is not applied:
+    it scales the logits and never reorders them; top-p's mass is that of softmax(logits / temperature)."""
     logits = logits.float()
-    if params.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    logits = logits / params.temperature
     if 0 < params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if params.top_p < 1:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_logits, order = torch.sort(logits / params.temperature, dim=-1, descending=True)
         sorted_probs = sorted_logits.softmax(-1)
         mass_before = sorted_probs.cumsum(-1) - sorted_probs
         drop_sorted = mass_before >= params.top_p  # keeps the smallest prefix whose mass reaches top_p
         drop_sorted[..., 0] = False  # and always the most likely token: a top_p that is 0 in float32 means that one
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
-    return logits.softmax(-1)
+    return logits
+
+
+def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Distribution over the last axis after temperature, top-k and top-p (float32).
+
+    Greedy params give a one-hot distribution at the argmax, so greedy is the temperature -> 0 limit.
+    """
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    return (filtered_logits(logits, params) / params.temperature).softmax(-1)
+
+
+def keyed_draw(logits: torch.Tensor, params: SamplingParams, noise: KeyedNoise, position: int) -> int:
+    """The sampled token at `position` ([vocab] logits, sampled params): the keyed race (decoding/noise.py) over the
+    filtered distribution, without computing it."""
+    return noise.race(filtered_logits(logits, params), params.temperature, position)

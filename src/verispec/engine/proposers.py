@@ -20,7 +20,7 @@ import torch
 from ..decoding.adjustments import LogitAdjustments
 from ..decoding.grammar import GrammarMatcher
 from ..decoding.noise import KeyedNoise
-from ..decoding.sampling import SamplingParams, probs_from_logits
+from ..decoding.sampling import SamplingParams, keyed_draw
 from ..kernels.greedy import MAX_ROWS as GREEDY_MAX_ROWS
 from ..kernels.greedy import GreedySteps
 from ..models.draft_head import DraftHead
@@ -420,7 +420,7 @@ class BatchedDrafter:
                 return None
         if job.params.greedy:
             return int(logits.argmax())
-        return job.noise.choose(probs_from_logits(logits, job.params), len(job.tokens) + len(drafted))
+        return keyed_draw(logits, job.params, job.noise, len(job.tokens) + len(drafted))
 
 
 def _plain_greedy(job: DraftJob) -> bool:

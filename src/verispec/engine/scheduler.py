@@ -34,7 +34,7 @@ from ..decoding.adjustments import LogitAdjustments
 from ..decoding.grammar import GrammarCompiler, GrammarMatcher, start_with_grammar_stack
 from ..decoding.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, token_logprobs
 from ..decoding.noise import KeyedNoise
-from ..decoding.sampling import probs_from_logits
+from ..decoding.sampling import keyed_draw
 from ..decoding.stats import GenerationStats, proposer_name
 from ..decoding.stopping import StopChecker, check_stop
 from ..errors import InvalidParameterError, PromptTooLongError, VerispecError
@@ -732,8 +732,8 @@ class Scheduler:
 
     @staticmethod
     def _drawn(seq: Sequence, proposal: Proposal, logits: torch.Tensor) -> list[int]:
-        """A sampled sequence's token at each row: the keyed draw (decoding/noise.py) from the row's distribution
-        (computed alone, so its bits are those of a plain step's single row) with the noise of the position the row
+        """A sampled sequence's token at each row: the keyed draw (decoding/noise.py) from the row's logits
+        (raced alone, so its bits are those of a plain step's single row) with the noise of the position the row
         predicts (the next one, plus its node's depth in a tree), as plain decoding draws there."""
         params, next_position = seq.request.params, len(seq.tokens)
         if proposal.parents is None:
@@ -743,7 +743,7 @@ class Scheduler:
             for parent in proposal.parents:
                 positions.append(positions[parent + 1] + 1)
         rows = zip(logits, positions, strict=True)
-        return [seq.noise.choose(probs_from_logits(row, params), position) for row, position in rows]
+        return [keyed_draw(row, params, seq.noise, position) for row, position in rows]
 
     def _settle(
         self, seq: Sequence, draft: list[int], raw: torch.Tensor, accepted: int, next_token: int, path: list[int] | None
