@@ -36,6 +36,7 @@ from pathlib import Path
 import httpx
 
 from verispec.bench.llamacpp_native import binaries
+from verispec.bench.peer_tools import PeerUnavailableError
 from verispec.models.bundled import bundled_path
 from verispec.models.tokenizer import Tokenizer
 from verispec.server.tools import request_prompt
@@ -69,8 +70,20 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _server() -> Path:
+    """llama-server beside llama.cpp's other programs, or exit naming how to build it."""
+    try:
+        server = binaries() / "llama-server"
+    except PeerUnavailableError as exc:
+        raise SystemExit(str(exc)) from None
+    if not os.access(server, os.X_OK):
+        raise SystemExit(f"no llama-server in {server.parent}: build it with `cmake --build <llama.cpp>/build --target "
+                         "llama-server` (docs/bench.md)")  # fmt: skip
+    return server
+
+
 def _start(setting: list[str], target: Path, draft: Path, port: int, log) -> subprocess.Popen:
-    server = str(binaries() / "llama-server")
+    server = str(_server())
     args = [a.replace("{draft}", str(draft)) for a in setting]
     command = [server, "-m", str(target), "-t", "2", "-tb", "2", "-c", "8192", "-np", "1", "--port", str(port),
                "--jinja", "--no-webui", *args]  # fmt: skip
@@ -159,7 +172,15 @@ def main() -> None:
     parser.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated: " + ", ".join(SETTINGS))
     parser.add_argument("--output", type=Path, help="JSON file of every step's figures")
     args = parser.parse_args()
+    unknown = set(args.settings.split(",")) - set(SETTINGS)
+    if unknown:
+        parser.error(f"unknown settings {', '.join(sorted(unknown))} (use {', '.join(SETTINGS)})")
+    if not args.verispec_results.is_file():
+        parser.error(f"no such file: {args.verispec_results}")
     verispec = json.loads(args.verispec_results.read_text())
+    if not str(verispec.get("command", "")).count("agent-runs"):
+        parser.error(f"{args.verispec_results} is not the results of `verispec bench --dataset agent-runs`")
+    _server()
     target, draft = bundled_path("target"), bundled_path("draft")
     runs = _runs(verispec, args.sessions)
     replayed = {p["index"] for p in verispec["prompts"][: sum(len(steps) for steps in runs)]}
