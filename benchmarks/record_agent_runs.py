@@ -157,7 +157,12 @@ def run(url: str, task: str, tool_steps: int, max_tokens: int) -> list[dict]:
         body = {"messages": list(messages), "tools": TOOLS, "tool_choice": "none" if final else "required",
                 "temperature": 0, "max_tokens": max_tokens}  # fmt: skip
         steps.append(json.loads(json.dumps(body)))
-        reply = httpx.post(url + "/v1/chat/completions", json=body, timeout=600).json()
+        try:
+            reply = httpx.post(url + "/v1/chat/completions", json=body, timeout=600).json()
+        except httpx.HTTPError as exc:
+            raise SystemExit(f"cannot reach the server at {url}: {exc}") from None
+        if "choices" not in reply:
+            raise SystemExit(f"the server refused step {step}: {reply}")
         message = reply["choices"][0]["message"]
         if final or not message.get("tool_calls"):
             break
