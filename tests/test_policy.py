@@ -228,6 +228,35 @@ def test_draft_policy_prices_a_first_catch_up_from_the_prefill_before_paying_it(
     assert fresh(None).choose_k(1, [0.8], [3], lag_tokens=1500, remaining_tokens=64) == 3
 
 
+def test_the_catch_up_is_spread_over_the_tokens_the_lookups_leave_to_the_draft_model():
+    """A sequence whose lookups give most of its tokens (an answer that copies its prompt) does not read a long
+    prompt into the draft model for the few tokens no lookup finds; one whose lookups give none does (the
+    control). The looked-up tokens are priced as catch-up too: the draft reads them before it drafts again. A
+    sequence's own record outweighs the server-wide share once it has a few rounds."""
+
+    def fresh() -> DraftPolicy:
+        policy = DraftPolicy(k_max=3, probe_every=1000)
+        for _ in range(4):
+            policy.record(1, 0, 0, *_cpu_like_costs(1, 0))  # plain: 1 token in 0.1 s
+        policy.record_prefill(0.05 * 1500, 1500)  # a caught-up token priced at 0.025 s
+        return policy
+
+    def choice(policy: DraftPolicy, looked_up: int, generated: int) -> int:
+        covered = 512 * policy.lookup_coverage(looked_up, generated)
+        return policy.choose_k(1, [0.8], [3], lag_tokens=256, remaining_tokens=512 - covered, covered_tokens=covered)
+
+    assert choice(fresh(), 0, 100) == 3  # no lookups: 512 tokens carry the catch-up
+    assert choice(fresh(), 96, 100) == 0  # 83 % expected from lookups: 88 tokens would carry 680
+    server = fresh()
+    assert server.lookup_coverage(0, 0) == 0.0  # no rounds yet: no share expected
+    for _ in range(100):
+        server.record_round(9, 9, looked_up=True)  # nine looked-up tokens and the target's own
+    assert server.lookup_coverage(0, 0) == pytest.approx(0.9, abs=0.01)
+    assert choice(server, 0, 0) == 0  # a new sequence starts from the server's share
+    assert server.lookup_coverage(0, 200) < 0.1  # its own record outweighs it
+    assert choice(server, 0, 200) == 3
+
+
 def test_draft_policy_learns_acceptance_from_rounds():
     policy = DraftPolicy()
     assert policy.acceptance(0, 0) == pytest.approx(0.6)  # the prior

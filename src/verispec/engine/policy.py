@@ -13,7 +13,10 @@ tokens. Rules:
 - The step runs the k with the most tokens per second; a k > 0 must beat plain decoding by `margin`.
 - Resuming drafting first costs the draft's catch-up on the tokens it skipped (BatchedDrafter.lag, priced
   at the measured seconds per caught-up token and kept out of draft(S, k)); that price is spread over the
-  tokens the drafting sequences may still generate, so a sequence near its end does not resume.
+  tokens the drafting sequences may still generate less those their lookups are expected to give
+  (`lookup_coverage`), and those looked-up tokens are priced as catch-up too (the draft reads them before it
+  drafts again): a sequence near its end does not resume, and one that copies its prompt does not read that
+  prompt, and then every copied stretch, into the draft model for the few tokens no lookup finds.
 - A k is chosen per batch size, not just on or off: whether k+1 rows cost one block of a CPU matmul or
   more, or fill a GPU, the measurements show.
 - Times are kept at the machine's reference speed. Each step's time over its cell's gives the machine's
@@ -147,6 +150,10 @@ class DraftPolicy:
     lookup_steps: float = 0.0
     accepted: float = 3.0  # server-wide decayed counts of accepted drafts and of rejections (prior: a = 0.6)
     rejected: float = 2.0
+    # server-wide decayed counts of generated tokens and of those that were accepted lookups (prior: none)
+    tokens: float = 0.0
+    looked_up_tokens: float = 0.0
+    coverage_weight: float = 16.0  # a sequence's own lookup coverage counts against the server's as this many tokens
     catch_up: _StepTime = field(default_factory=_StepTime)  # draft seconds per caught-up token
     prefill: _StepTime = field(default_factory=_StepTime)  # target seconds per prefilled prompt token
     # until the draft has caught up once, a caught-up token is priced at this share of a prefilled one: a draft
@@ -168,11 +175,12 @@ class DraftPolicy:
 
     def choose_k(
         self, batch: int, acceptance: list[float], limits: list[int], lag_tokens: int = 0,
-        remaining_tokens: int | None = None, joining: bool = False,
+        remaining_tokens: float | None = None, joining: bool = False, covered_tokens: float = 0.0,
     ) -> int:  # fmt: skip
         """The k this step drafts. `acceptance` and `limits` (the most each may draft, >= 1) are those of the
         sequences that may draft; `lag_tokens` is what the draft must catch up on first, and `remaining_tokens`
-        the most those sequences may still generate (None: unknown), each summed over them. `joining`: a prompt
+        the most those sequences may still generate less `covered_tokens`, what their lookups are expected to
+        give (which the draft reads before it drafts again; None: unknown), each summed over them. `joining`: a prompt
         is still prefilling or waiting for a free slot, so a burst is starting; drafting for the sequences
         already decoding would only finish them before the joining ones (the burst ends no sooner) and read
         their prompts into the draft."""
@@ -187,9 +195,10 @@ class DraftPolicy:
         rates = {k: tokens[k] / seconds[k] for k in seconds}
         if 0 not in rates:
             return 0  # a batch size starts with plain steps: the baseline every draft length must beat
-        worth = self._rates_after_catch_up(rates, lag_tokens, remaining_tokens)
+        to_read = lag_tokens + covered_tokens
+        worth = self._rates_after_catch_up(rates, to_read, remaining_tokens)
         guesses = {k: tokens[k] / self._guess_seconds(batch, len(acceptance), k) for k in tokens if k not in rates}
-        for k, guess in sorted(self._rates_after_catch_up(guesses, lag_tokens, remaining_tokens).items(), reverse=True):
+        for k, guess in sorted(self._rates_after_catch_up(guesses, to_read, remaining_tokens).items(), reverse=True):
             if guess > max(worth.values()) * (1 + self.margin):
                 # might win: measure it, beside enough other steps that its first samples count as paired
                 return k if len(self.recent) >= self.paired_steps else 0
@@ -199,14 +208,14 @@ class DraftPolicy:
         return self._maybe_probe(batch, choice, rates, seconds, lag_tokens)
 
     def _rates_after_catch_up(
-        self, rates: dict[int, float], lag_tokens: int, remaining_tokens: int | None
+        self, rates: dict[int, float], lag_tokens: float, remaining_tokens: float | None
     ) -> dict[int, float]:
-        """Drafting rates with the draft's catch-up spread over the tokens still to come: resuming drafting
-        near the end of a long sequence costs more than it can win back."""
+        """Drafting rates with the draft's catch-up on `lag_tokens` spread over the `remaining_tokens` it would
+        draft: resuming drafting near the end of a long sequence costs more than it can win back."""
         price = self._catch_up_token_price()
-        if not lag_tokens or not remaining_tokens or not price:
+        if not lag_tokens or remaining_tokens is None or not price:
             return rates
-        per_token = lag_tokens * price / remaining_tokens
+        per_token = lag_tokens * price / max(remaining_tokens, 1.0)
         return {k: 1 / (1 / rate + per_token) if k else rate for k, rate in rates.items()}
 
     def seconds(self, batch: int, drafting: int, k: int) -> float | None:
@@ -377,8 +386,18 @@ class DraftPolicy:
 
         return cost
 
-    def record_round(self, drafted: int, accepted: int) -> None:
-        """One sequence's round: `accepted` of `drafted` tokens kept."""
+    def lookup_coverage(self, looked_up: int, generated: int) -> float:
+        """The share of a sequence's tokens still to come that its lookups are expected to give, from the
+        `looked_up` of its `generated` tokens that were accepted lookups, starting from the server-wide share
+        counted as `coverage_weight` tokens."""
+        prior = self.looked_up_tokens / self.tokens if self.tokens else 0.0
+        return (looked_up + self.coverage_weight * prior) / (generated + self.coverage_weight)
+
+    def record_round(self, drafted: int, accepted: int, looked_up: bool = False) -> None:
+        """One sequence's round: `accepted` of `drafted` tokens kept (`looked_up`: drafted by a lookup), and
+        the target's own token."""
+        self.tokens = self.decay * self.tokens + accepted + 1
+        self.looked_up_tokens = self.decay * self.looked_up_tokens + (accepted if looked_up else 0)
         if drafted:
             self.accepted = self.decay * self.accepted + accepted
             self.rejected = self.decay * self.rejected + (accepted < drafted)

@@ -369,14 +369,20 @@ class Scheduler:
         eligible = [(seq, limit) for seq, limit in zip(seqs, limits, strict=True) if limit]
         acceptance = [self.policy.acceptance(seq.stats.accepted, seq.stats.rejected) for seq, _ in eligible]
         lag = sum(self.proposer.lag(seq.slot, seq.tokens, seq.draft_tokens) for seq, _ in eligible) if eligible else 0
-        remaining = sum(self._tokens_left(seq) for seq, _ in eligible)
+        # the tokens still to come: the lookups' expected share of them, which the draft model must read before
+        # it drafts again, and the rest, which it would draft
+        left = [(self._tokens_left(seq), self._coverage(seq)) for seq, _ in eligible]
+        covered = sum(tokens * share for tokens, share in left)
+        remaining = sum(tokens * (1 - share) for tokens, share in left)
         # a burst is starting: a prompt still prefills, or waits for a free slot (over HTTP a burst's later
         # requests arrive while the first prefills, after this step's admission)
         with self.cond:
             joining = len(seqs) < len(self.running) or bool(
                 self.waiting and self.free_slots and not self.waiting_for_blocks
             )
-        k = self.policy.choose_k(len(seqs), acceptance, [limit for _, limit in eligible], lag, remaining, joining)
+        k = self.policy.choose_k(
+            len(seqs), acceptance, [limit for _, limit in eligible], lag, remaining, joining, covered
+        )
         ks = [min(k, limit) for limit in limits]
         begin = time.perf_counter()
         proposals = self._propose(seqs, ks, limits)
@@ -543,6 +549,10 @@ class Scheduler:
     def _lookup_length(self, seq: Sequence) -> int:
         """The most a lookup may draft for the sequence this step (suffix drafting; the model drafts k)."""
         return max(0, min(LOOKUP_MAX, self._tokens_left(seq) - 1))
+
+    def _coverage(self, seq: Sequence) -> float:
+        """The share of the sequence's tokens still to come that its lookups are expected to give."""
+        return self.policy.lookup_coverage(seq.stats.accepted_by_lookup, seq.stats.new_tokens)
 
     def _tokens_left(self, seq: Sequence) -> int:
         """The most tokens the sequence may still generate (max_tokens, or the context, whichever ends first)."""
@@ -771,7 +781,7 @@ class Scheduler:
         seq.stats.record_round(k, accepted, proposal.looked_up)
         seq.stats.time_catch_up += proposal.catch_up_seconds
         self.metrics.record_round(k, accepted, proposer_name(proposal.looked_up))
-        self.policy.record_round(k, accepted)
+        self.policy.record_round(k, accepted, proposal.looked_up)
         drafted = proposal.tokens[:accepted].tolist() if verdict.path is None else verdict.path
         emitted = [*drafted, verdict.next_token]
         if seq.grammar is not None:
