@@ -236,6 +236,51 @@ def test_tree_rows_beside_another_sequence_are_the_same_bits(model, path):
     assert torch.equal(mixed[:2], run(other))
 
 
+def test_rows_without_padding_are_the_bits_of_the_padded_pass(model, path):
+    """`forward_rows` lays the rows of a verify pass end to end (a chain of 3, one token, a token tree) where
+    `forward` pads them to the widest: every row's logits are the same bits, and so is the step after it (the
+    keys and values it wrote). Each row depends on its own tokens alone: changing one row's token changes that
+    row's logits, and no other's."""
+    model, stack = model
+    weight = model.embed.weight if model.lm_head is None else model.lm_head.weight
+
+    def head(x: torch.Tensor) -> torch.Tensor:  # a row at a time, as the native heads compute
+        flat = x.reshape(-1, x.shape[-1])
+        rows = torch.cat([torch.nn.functional.linear(flat[i : i + 1], weight) for i in range(flat.shape[0])])
+        return rows.reshape(*x.shape[:-1], -1)
+
+    rows = [[5, 6, 7], [8], list(TREE_TOKENS)]
+    trees = [None, None, list(TREE_PARENTS)]
+    width = max(map(len, rows))
+    cache = _prefilled(model, [list(range(30, 72)), list(range(200, 209)), list(range(100, 133))])
+    starts = list(cache.lengths[:3])
+    model.fused_blocks = stack
+    try:
+        padded = model(
+            torch.tensor([row + [0] * (width - len(row)) for row in rows]), cache, [0, 1, 2], head=head,
+            parents=[[-1] * width if t is None else t + [-1] * (width - len(t)) for t in trees],
+        )  # fmt: skip
+        for slot, row in enumerate(rows[:2]):
+            cache.set_length(slot, starts[slot] + len(row))
+        after_padded = model(torch.tensor([[99], [98]]), cache, [0, 1], head=head)
+        for slot in range(3):
+            cache.set_length(slot, starts[slot])
+        ragged = model.forward_rows(rows, cache, [0, 1, 2], parents=trees, head=head)
+        assert [cache.lengths[slot] - starts[slot] for slot in range(3)] == [3, 1, len(TREE_TOKENS)]
+        after_ragged = model(torch.tensor([[99], [98]]), cache, [0, 1], head=head)
+        for slot in range(3):
+            cache.set_length(slot, starts[slot])
+        changed = model.forward_rows([[5, 6, 7], [9], list(TREE_TOKENS)], cache, [0, 1, 2], parents=trees, head=head)
+    finally:
+        model.fused_blocks = None
+    offsets = [0, 3, 4]
+    for n, row in enumerate(rows):
+        assert torch.equal(ragged[offsets[n] : offsets[n] + len(row)], padded[n, : len(row)]), n
+    assert torch.equal(after_ragged, after_padded)
+    assert not torch.equal(changed[3], ragged[3])
+    assert torch.equal(changed[:3], ragged[:3]) and torch.equal(changed[4:], ragged[4:])
+
+
 @pytest.mark.parametrize(
     "parents",
     [[-1, 2, 0], [-1, 0, 0, 5], [0, -1], [-1, *range(16)]],

@@ -1,6 +1,6 @@
 """The draft model as a proposer (BatchedDrafter), prompt lookup (PromptLookups), and what every proposer shares:
-a job (DraftJob), a proposal (Proposal), padded batched forwards. The interface and the methods by name are in
-proposer.py; suffix drafting's lookups in suffix.py.
+a job (DraftJob), a proposal (Proposal), padded batched forwards and the target's verify pass (pass_logits). The
+interface and the methods by name are in proposer.py; suffix drafting's lookups in suffix.py.
 
 The draft model's forwards run over rows of different lengths, right-padded to a common width. Padding
 cannot change a real token's result: each row reads only its own cache slot, a query attends only to key
@@ -10,6 +10,7 @@ so padded keys are never read again (they are overwritten before any later read)
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass
@@ -72,6 +73,21 @@ def padded_logits(
     for slot, start, row in zip(slots, starts, rows, strict=True):
         cache.set_length(slot, start + len(row))
     return logits
+
+
+def pass_logits(
+    model: Transformer, cache: KVCache, rows: list[list[int]], slots: list[int], parents: list[list[int] | None]
+) -> tuple[torch.Tensor, list[int]]:
+    """A verify pass: one forward of all `rows` (row i appends to slot i; `parents` as padded_forward's). Returns
+    the logits of the rows it computed [rows, V] on the CPU and where each of `rows` ends among them. On the
+    native stack the rows are laid end to end (Transformer.forward_rows: no padding, the same bits); elsewhere
+    they are padded to the widest, and the padding is computed too."""
+    if model.fused_blocks is not None:
+        logits = model.forward_rows(rows, cache, slots, parents).cpu()
+        return logits, list(itertools.accumulate(len(row) for row in rows))
+    padded = padded_logits(model, cache, rows, slots, parents=parents)
+    width = padded.shape[1]
+    return padded.view(-1, padded.shape[-1]), [n * width + len(row) for n, row in enumerate(rows)]
 
 
 @dataclass

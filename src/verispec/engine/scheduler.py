@@ -10,7 +10,7 @@ calling thread for a batch of one. Each step, for all running sequences at once:
     decide how many tokens this step drafts (policy.DraftPolicy: k = 0..k_max, what pays at this batch size)
     draft k tokens for every sequence that may draft         proposers.py: one draft pass per position
     cut each draft at the first token its grammar rejects   decoding/grammar.py (structured output)
-    run the target ONCE over [pending, d1..dk] for all rows  padded_forward, rows right-padded
+    run the target ONCE over [pending, d1..dk] for all rows  pass_logits: end to end on the native stack, else padded
     per sequence: adjust each row (logit_bias, penalties: decoding/adjustments.py) and mask it (its grammar), accept
         by acceptance.verify_*, roll its cache back to the accepted length, take logprobs if asked
     emit the accepted tokens one by one through its StopChecker; finished sequences leave
@@ -55,7 +55,7 @@ from .proposers import (
     Proposal,
     draft_cut_for,
     draft_view,
-    padded_logits,
+    pass_logits,
 )
 from .requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput, StreamChunk
 from .suffix import DEFAULT_INDEX_TOKENS, LOOKUP_MAX, estimated_alpha
@@ -566,6 +566,8 @@ class Scheduler:
         looks_up = self.proposer is not None and self.proposer.looks_up and self.policy.mode != "never"
         prices = self._model_prices(seqs, ks) if looks_up else [0.0] * len(seqs)
         # a lookup widens the pass that the others' rows make (the draft model's k + 1, or a plain step's 1)
+        # priced as if the pass were padded even where pass_logits lays its rows end to end: priced alone beside
+        # the others' rows, several sequences' lookups together made passes wider than paid (docs/results-log.md)
         row_cost = self.policy.row_cost(len(seqs), max(ks) + 1) if looks_up else None
         empty = Proposal(torch.empty(0, dtype=torch.long))
         proposals: list[Proposal | None] = [empty] * len(seqs)
@@ -685,13 +687,13 @@ class Scheduler:
             )
         slots = [seqs[i].slot for i in live]
         begin = time.perf_counter()
-        logits = padded_logits(self.target.model, self.cache, rows, slots, parents=parents)
-        # the pass's rows as computed: every row padded to the widest (what lookups are priced by)
-        self.policy.record_pass(logits.shape[0] * logits.shape[1], time.perf_counter() - begin)
+        logits, ends = pass_logits(self.target.model, self.cache, rows, slots, parents)
+        # the pass's rows as computed (padding included where there is any): what lookups are priced by
+        self.policy.record_pass(logits.shape[0], time.perf_counter() - begin)
         # each sequence's verification rows: the last k + 1 of its row
-        raws = {i: logits[n, len(row) - proposals[i].tokens.shape[0] - 1 : len(row)] for n, (i, row) in
-                enumerate(zip(live, rows, strict=True))}  # fmt: skip
-        choices = self._choices(seqs, proposals, masks, logits, rows, live, raws)
+        spans = {i: (end - proposals[i].tokens.shape[0] - 1, end) for i, end in zip(live, ends, strict=True)}
+        raws = {i: logits[start:end] for i, (start, end) in spans.items()}
+        choices = self._choices(seqs, proposals, masks, logits, spans, live, raws)
         decided = [i for i in live if choices.get(i) is not None]
         drafts = [proposals[i].tokens.tolist() for i in decided]
         judged = verify_batch(drafts, [proposals[i].parents for i in decided], [choices[i] for i in decided])
@@ -701,7 +703,7 @@ class Scheduler:
 
     def _choices(
         self, seqs: list[Sequence], proposals: list[Proposal | None], masks: list[torch.Tensor | None],
-        logits: torch.Tensor, rows: list[list[int]], live: list[int], raws: dict[int, torch.Tensor],
+        logits: torch.Tensor, spans: dict[int, tuple[int, int]], live: list[int], raws: dict[int, torch.Tensor],
     ) -> dict[int, list[int] | None]:  # fmt: skip
         """The target's own token at each verification row of each live sequence (None for one that failed): the
         argmax (greedy) or the keyed draw (sampled) of the row's logits after the request's logit_bias and
@@ -711,10 +713,9 @@ class Scheduler:
         plain = {i for i in live if self._unadjusted_greedy(seqs[i], masks[i])}
         choices: dict[int, list[int] | None] = {}
         if plain:
-            flat = argmax_rows(logits.view(-1, logits.shape[-1])).view(logits.shape[:2]).tolist()
-            for n, (i, row) in enumerate(zip(live, rows, strict=True)):
-                if i in plain:
-                    choices[i] = flat[n][len(row) - proposals[i].tokens.shape[0] - 1 : len(row)]
+            flat = argmax_rows(logits).tolist()
+            for i in plain:
+                choices[i] = flat[spans[i][0] : spans[i][1]]
         for i in live:
             if i in choices:
                 continue

@@ -335,6 +335,53 @@ class Transformer(nn.Module):
             cache.lengths[slot] += seq
         return self._logits(x, num_logits, head)
 
+    @torch.inference_mode()
+    def forward_rows(
+        self,
+        rows: list[list[int]],
+        cache: KVCache,
+        slots: list[int],
+        parents: list[list[int] | None] | None = None,
+        head: nn.Module | None = None,
+    ) -> torch.Tensor:
+        """`forward` without padding, for a model with `fused_blocks` (whose passes are row-invariant): row i's
+        tokens append to slot i, the rows laid end to end; returns float32 logits [sum of the rows' lengths, V],
+        row i's from the sum of the lengths before it. `parents` as in `forward`, one list (or None, a chain) per
+        row; `head` as in `forward`. A row's logits are the bits `forward` gives it padded to any width: padding
+        only adds rows."""
+        if self.fused_blocks is None:
+            raise ValueError("rows without padding need the native stack")
+        parents = parents or [None] * len(rows)
+        starts = [cache.lengths[s] for s in slots]
+        for slot, start, row in zip(slots, starts, rows, strict=True):
+            if start + len(row) > cache.max_len:
+                raise ValueError(f"sequence of {start + len(row)} tokens exceeds the cache's {cache.max_len}")
+            cache.ensure(slot, start + len(row))
+        offsets = [
+            list(range(len(row))) if tree is None else self._tree_offsets([tree], 1, len(row))[0]
+            for row, tree in zip(rows, parents, strict=True)
+        ]
+        cos_full, sin_full = self.rope_tables(cache.max_len)
+        x = self.embed(torch.tensor([t for row in rows for t in row], dtype=torch.long, device=self.device))
+        x = x.float().contiguous()
+        row_slots = [slot for slot, row in zip(slots, rows, strict=True) for _ in row]
+        row_positions = [start + t for start, row in zip(starts, offsets, strict=True) for t in row]
+        if any(tree is not None for tree in parents):  # one call, so that every parent is in it
+            bases = [sum(len(row) for row in rows[:i]) for i in range(len(rows))]
+            flat = [
+                -1 if tree is None or tree[j] < 0 else base + tree[j]
+                for base, row, tree in zip(bases, rows, parents, strict=True)
+                for j in range(len(row))
+            ]
+            self.fused_blocks(x, cache, cos_full, sin_full, row_slots, row_positions, flat)
+        else:
+            for begin in range(0, x.shape[0], FUSED_CHUNK_ROWS):  # rows in order
+                chunk = slice(begin, begin + FUSED_CHUNK_ROWS)
+                self.fused_blocks(x[chunk], cache, cos_full, sin_full, row_slots[chunk], row_positions[chunk])
+        for slot, row in zip(slots, rows, strict=True):
+            cache.lengths[slot] += len(row)
+        return self._logits(x.to(self.dtype), None, head)
+
     @property
     def takes_trees(self) -> bool:
         """Whether a verify pass may hold token trees (`forward`'s parents): the native stack takes them, and so
