@@ -370,9 +370,12 @@ class DraftPolicy:
 
     def row_cost(self, batch: int, width: int):
         """A function n -> what a pass of `batch` sequences costs when one of them drafts n tokens, over the pass
-        without them: rows are padded to the widest, so n drafts make the pass batch x max(width, n + 1) rows
-        (`width`: the widest of the others). None while the pass without them is unmeasured (a lookup then drafts
-        unpriced, and its pass is measured)."""
+        without them, priced as if every row were padded to the widest: n drafts make the pass batch x max(width,
+        n + 1) rows (`width`: the widest of the others). On the native stack the pass computes no padding, but a
+        lookup priced by its own rows alone, beside the others as they were, made passes wider than paid once
+        several sequences drafted long lookups in one step (docs/results-log.md, "Verify passes without
+        padding"). None while the pass without them is unmeasured (a lookup then drafts unpriced, and its pass
+        is measured)."""
         base = self.pass_seconds(batch * width)
         if base is None or self.mode != "auto":
             return None
