@@ -300,12 +300,12 @@ class Transformer(nn.Module):
             x = x.reshape(batch * seq, -1).float().contiguous()
             row_slots = [slot for slot in slots for _ in range(seq)]
             row_positions = [start + t for start, row in zip(starts, offsets, strict=True) for t in row]
-            if parents is not None:  # a verify pass: one call, so that every parent is in it
-                rows = [-1 if p < 0 else b * seq + p for b, row in enumerate(parents) for p in row]
-                self.fused_blocks(x, cache, cos_full, sin_full, row_slots, row_positions, rows)
-            for begin in range(0, batch * seq if parents is None else 0, FUSED_CHUNK_ROWS):  # rows in order
-                chunk = slice(begin, begin + FUSED_CHUNK_ROWS)
-                self.fused_blocks(x[chunk], cache, cos_full, sin_full, row_slots[chunk], row_positions[chunk])
+            flat = (
+                None
+                if parents is None
+                else [-1 if p < 0 else b * seq + p for b, row in enumerate(parents) for p in row]
+            )
+            self._run_fused(x, cache, row_slots, row_positions, flat)
             x = x.view(batch, seq, -1).to(self.dtype)
         else:
             if parents is not None and invariant and any(layer.attn.batch_invariant for layer in self.layers):
@@ -361,26 +361,37 @@ class Transformer(nn.Module):
             list(range(len(row))) if tree is None else self._tree_offsets([tree], 1, len(row))[0]
             for row, tree in zip(rows, parents, strict=True)
         ]
-        cos_full, sin_full = self.rope_tables(cache.max_len)
         x = self.embed(torch.tensor([t for row in rows for t in row], dtype=torch.long, device=self.device))
         x = x.float().contiguous()
         row_slots = [slot for slot, row in zip(slots, rows, strict=True) for _ in row]
         row_positions = [start + t for start, row in zip(starts, offsets, strict=True) for t in row]
-        if any(tree is not None for tree in parents):  # one call, so that every parent is in it
+        flat = None
+        if any(tree is not None for tree in parents):
             bases = [sum(len(row) for row in rows[:i]) for i in range(len(rows))]
             flat = [
                 -1 if tree is None or tree[j] < 0 else base + tree[j]
                 for base, row, tree in zip(bases, rows, parents, strict=True)
                 for j in range(len(row))
             ]
-            self.fused_blocks(x, cache, cos_full, sin_full, row_slots, row_positions, flat)
-        else:
-            for begin in range(0, x.shape[0], FUSED_CHUNK_ROWS):  # rows in order
-                chunk = slice(begin, begin + FUSED_CHUNK_ROWS)
-                self.fused_blocks(x[chunk], cache, cos_full, sin_full, row_slots[chunk], row_positions[chunk])
+        self._run_fused(x, cache, row_slots, row_positions, flat)
         for slot, row in zip(slots, rows, strict=True):
             cache.lengths[slot] += len(row)
         return self._logits(x.to(self.dtype), None, head)
+
+    def _run_fused(
+        self, x: torch.Tensor, cache: KVCache, row_slots: list[int], row_positions: list[int], parents: list[int] | None
+    ) -> None:
+        """The native stack over the rows `x` [rows, hidden], in place: with token trees (`parents`, each row's
+        parent row among them or -1) in one call, so that every parent is in it; else in calls of at most
+        FUSED_CHUNK_ROWS rows in order (the stack's scratch stays bounded; its passes are row-invariant, so the cut
+        changes no bit)."""
+        cos_full, sin_full = self.rope_tables(cache.max_len)
+        if parents is not None:
+            self.fused_blocks(x, cache, cos_full, sin_full, row_slots, row_positions, parents)
+            return
+        for begin in range(0, x.shape[0], FUSED_CHUNK_ROWS):
+            chunk = slice(begin, begin + FUSED_CHUNK_ROWS)
+            self.fused_blocks(x[chunk], cache, cos_full, sin_full, row_slots[chunk], row_positions[chunk])
 
     @property
     def takes_trees(self) -> bool:
