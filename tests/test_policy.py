@@ -266,6 +266,23 @@ def test_draft_policy_learns_acceptance_from_rounds():
     assert policy.acceptance(96, 4) > 0.9  # a sequence's own record outweighs the server-wide rate
 
 
+def test_the_draft_models_k_follows_its_own_acceptance_not_the_lookups():
+    """k governs the draft model, so the server-wide rate a new sequence starts from counts the model's rounds
+    alone: copied text accepted in full must not make a model that is seldom right look worth resuming (on long
+    prompts this read each prompt into the draft model and lost 6 %)."""
+    policy = DraftPolicy()
+    for _ in range(500):
+        policy.record_round(8, 8, looked_up=True)  # lookups: every copied token accepted
+    assert policy.acceptance(0, 0) == pytest.approx(0.6)  # still the prior
+    for _ in range(500):
+        policy.record_round(2, 0)  # the model: its first token rejected every round
+    assert policy.acceptance(0, 0) < 0.05
+    lookups_too = DraftPolicy()  # the control: were lookups counted, the rate would be theirs
+    for _ in range(500):
+        lookups_too.record_round(8, 8)
+    assert lookups_too.acceptance(0, 0) > 0.95
+
+
 def test_a_hybrid_proposers_lookups_and_model_steps_are_priced_apart():
     """A hybrid proposer drafts by free lookups on some steps and by the draft model on others. Each k's drafting
     is priced as the share of model steps times the model's cost: when the few steps that measured k = 2 happen

@@ -148,7 +148,7 @@ class DraftPolicy:
     # decayed counts of drafting steps that ran the draft model and of those that only looked tokens up
     model_steps: float = 0.0
     lookup_steps: float = 0.0
-    accepted: float = 3.0  # server-wide decayed counts of accepted drafts and of rejections (prior: a = 0.6)
+    accepted: float = 3.0  # server-wide decayed counts of the draft model's accepted drafts and rejections (a = 0.6)
     rejected: float = 2.0
     # server-wide decayed counts of generated tokens and of those that were accepted lookups (prior: none)
     tokens: float = 0.0
@@ -169,7 +169,8 @@ class DraftPolicy:
             raise ValueError(f"draft policy must be one of {', '.join(POLICIES)}, got {self.mode!r}")
 
     def acceptance(self, accepted: int, rejected: int) -> float:
-        """A sequence's acceptance rate after `accepted` accepted drafts and `rejected` rejections."""
+        """A sequence's acceptance rate of the draft model's drafts after `accepted` of them accepted and
+        `rejected` rejections (its lookups' not counted)."""
         prior = self.accepted / (self.accepted + self.rejected)
         return smoothed_acceptance(accepted, rejected, prior, self.prior_weight)
 
@@ -398,9 +399,10 @@ class DraftPolicy:
 
     def record_round(self, drafted: int, accepted: int, looked_up: bool = False) -> None:
         """One sequence's round: `accepted` of `drafted` tokens kept (`looked_up`: drafted by a lookup), and
-        the target's own token."""
+        the target's own token. The acceptance counts are the draft model's alone: k governs the model, and a
+        lookup's acceptance says nothing of the model's (copied text is accepted far more often)."""
         self.tokens = self.decay * self.tokens + accepted + 1
         self.looked_up_tokens = self.decay * self.looked_up_tokens + (accepted if looked_up else 0)
-        if drafted:
+        if drafted and not looked_up:
             self.accepted = self.decay * self.accepted + accepted
             self.rejected = self.decay * self.rejected + (accepted < drafted)

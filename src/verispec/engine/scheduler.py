@@ -367,7 +367,8 @@ class Scheduler:
             return True
         limits = [self._draft_length(seq) for seq in seqs]
         eligible = [(seq, limit) for seq, limit in zip(seqs, limits, strict=True) if limit]
-        acceptance = [self.policy.acceptance(seq.stats.accepted, seq.stats.rejected) for seq, _ in eligible]
+        # k governs the draft model: its own acceptance, not the lookups' (copied text is accepted far more often)
+        acceptance = [self.policy.acceptance(*self._model_record(seq)) for seq, _ in eligible]
         lag = sum(self.proposer.lag(seq.slot, seq.tokens, seq.draft_tokens) for seq, _ in eligible) if eligible else 0
         # the tokens still to come: the lookups' expected share of them, which the draft model must read before
         # it drafts again, and the rest, which it would draft
@@ -558,6 +559,12 @@ class Scheduler:
         """The most tokens the sequence may still generate (max_tokens, or the context, whichever ends first)."""
         return min(self.max_model_len - len(seq.tokens) + 1, seq.request.max_tokens - len(seq.stopper.token_ids))
 
+    @staticmethod
+    def _model_record(seq: Sequence) -> tuple[int, int]:
+        """The sequence's accepted drafts and rejections of the draft model's rounds (its lookups' taken out)."""
+        stats = seq.stats
+        return stats.accepted - stats.accepted_by_lookup, stats.rejected - stats.rejected_by_lookup
+
     def _propose(self, seqs: list[Sequence], ks: list[int], limits: list[int]) -> list[Proposal | None]:
         """Each sequence's proposal (empty where k = 0, but for a proposer's lookups, which cost nothing to draft
         and are priced by the rows they add: the policy's k governs the draft model only; None where the sequence
@@ -587,10 +594,7 @@ class Scheduler:
                     lookup=LookupOptions(
                         most=self._lookup_length(seq),
                         alpha=estimated_alpha(seq.stats.accepted_by_lookup, seq.stats.rejected_by_lookup),
-                        model_alpha=estimated_alpha(
-                            seq.stats.accepted - seq.stats.accepted_by_lookup,
-                            seq.stats.rejected - seq.stats.rejected_by_lookup,
-                        ),
+                        model_alpha=estimated_alpha(*self._model_record(seq)),
                         model_price=prices[i],
                         tree=self._takes_trees(seq),
                         row_cost=row_cost,
