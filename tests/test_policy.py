@@ -269,7 +269,7 @@ def test_draft_policy_learns_acceptance_from_rounds():
 def test_the_draft_models_k_follows_its_own_acceptance_not_the_lookups():
     """k governs the draft model, so the server-wide rate a new sequence starts from counts the model's rounds
     alone: copied text accepted in full must not make a model that is seldom right look worth resuming (on long
-    prompts this read each prompt into the draft model and lost 6 %)."""
+    prompts it could read each prompt into the draft model for drafts mostly rejected)."""
     policy = DraftPolicy()
     for _ in range(500):
         policy.record_round(8, 8, looked_up=True)  # lookups: every copied token accepted
