@@ -562,8 +562,8 @@ class Scheduler:
     @staticmethod
     def _model_record(seq: Sequence) -> tuple[int, int]:
         """The sequence's accepted drafts and rejections of the draft model's rounds (its lookups' taken out)."""
-        stats = seq.stats
-        return stats.accepted - stats.accepted_by_lookup, stats.rejected - stats.rejected_by_lookup
+        model = seq.stats.by_proposer()["model"]
+        return model.accepted, model.rejected
 
     def _propose(self, seqs: list[Sequence], ks: list[int], limits: list[int]) -> list[Proposal | None]:
         """Each sequence's proposal (empty where k = 0, but for a proposer's lookups, which cost nothing to draft
