@@ -87,6 +87,18 @@ def test_every_native_path_computes_what_transformers_computes(name, architectur
     assert_close(_prefill_then_decode(model, tokens()), expected)
 
 
+def test_a_gemma3_config_with_attention_soft_capping_is_read_as_transformers_reads_it(tmp_path):
+    """Gemma 3 configs may carry attn_logit_softcapping; transformers' Gemma 3 (and llama.cpp's gemma3) never apply it.
+    Capping by it (what verispec did) moved these logits by 1e-3 where every other family is within 5e-7."""
+    from architectures import make_model, reference_logits, save
+
+    model = make_model("gemma3", attn_logit_softcapping=0.5, final_logit_softcapping=10.0)
+    expected, ids = reference_logits(model, tokens()), tokens()
+    ours = load_model(save(model, tmp_path / "capped"), "float32", progress=False).model
+    assert ours.config.attn_softcap == 0.0 and ours.config.final_softcap == 10.0
+    assert_close(ours(ids, ours.new_cache(max_len=ids.shape[1]), [0])[0], expected)
+
+
 def test_leaving_out_rope_scaling_is_caught(architecture, tmp_path):
     """The control for the tolerance: the llama3 model read as if its config had no rope scaling (what verispec did
     before) is far outside it."""

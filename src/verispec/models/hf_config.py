@@ -188,8 +188,12 @@ def _experts(f: _Fields, family: str, layers: int) -> dict:
 
 
 def _softcap(f: _Fields, key: str, family: str, gemma2_default: float) -> float:
-    """Gemma 2 caps unless its config says null (transformers' defaults); Gemma 3 only where it says so."""
+    """Gemma 2 caps unless its config says null (transformers' defaults); Gemma 3 caps its final logits where its
+    config says so, and never its attention scores: transformers' Gemma 3 reads attn_logit_softcapping and does not
+    apply it, nor does llama.cpp's gemma3 (the field is read and left out, as the GGUF path leaves it)."""
     value = f.field(key, gemma2_default if family == "gemma2" else None) or 0.0
+    if family == "gemma3" and key == "attn_logit_softcapping":
+        return 0.0
     if value and family not in ("gemma2", "gemma3"):
         raise f.refuse(key, value, f"soft-capping is computed for Gemma only, not {family}")
     return float(value)
