@@ -4,7 +4,7 @@ Every `import` and `from ... import` inside src/verispec counts, those inside fu
 import is still a dependency). Layers, from the ground up (a module takes the layer of its longest listed
 prefix: `models.model` is the model layer, the rest of `models` the weights layer):
 
-    0 foundation   errors, decoding/ (acceptance, sampling, adjustments, grammar, logprobs, stopping, stats),
+    0 foundation   errors, json_text, decoding/ (acceptance, sampling, adjustments, grammar, logprobs, stopping, stats),
                    models.config, models.rope, models.tokenizer, models.bundled, models.converted
     1 kernels      kernels/ (the native library and its Python face)
     2 model        models.model, models.kv_cache (the transformer and its paged cache; know no weight format)
@@ -24,8 +24,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "verispec"
 
 LAYERS = {
-    "errors": 0, "decoding": 0, "models.config": 0, "models.rope": 0, "models.tokenizer": 0, "models.gguf_vocab": 0,
-    "models.bundled": 0, "models.converted": 0,
+    "errors": 0, "json_text": 0, "decoding": 0, "models.config": 0, "models.rope": 0, "models.tokenizer": 0,
+    "models.gguf_vocab": 0, "models.bundled": 0, "models.converted": 0,
     "kernels": 1,
     "models.model": 2, "models.kv_cache": 2,
     "models": 3, "testing": 3,

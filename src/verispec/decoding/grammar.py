@@ -31,6 +31,7 @@ from functools import cached_property
 import torch
 
 from ..errors import InvalidParameterError
+from ..json_text import JsonTextError, parse_json
 from ..models.tokenizer import Tokenizer
 
 KINDS = ("json_object", "json_schema", "regex", "grammar", "choice")
@@ -62,7 +63,7 @@ def check_limits(kind: str, value: str) -> None:
         _check_schema(value)
     elif kind == "grammar" and (rules := count_rules(value)) > MAX_GRAMMAR_RULES:
         raise GrammarError(f"the grammar defines {rules} rules; the limit is {MAX_GRAMMAR_RULES}")
-    elif kind == "choice" and (count := len(json.loads(value))) > MAX_CHOICES:
+    elif kind == "choice" and (count := len(parse_json(value, "the choice"))) > MAX_CHOICES:
         raise GrammarError(f"the choice has {count} strings; the limit is {MAX_CHOICES}")
 
 
@@ -77,10 +78,10 @@ _LINE_BREAKS = str.maketrans({"\r": "\n", "\f": "\n", "\v": "\n"})
 
 def _check_schema(text: str) -> None:
     try:
-        schema = json.loads(text)
-    except RecursionError:
-        raise GrammarError(f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels") from None
-    except ValueError:
+        schema = parse_json(text, "the JSON schema")
+    except JsonTextError as exc:
+        if "nests deeper" in str(exc):
+            raise GrammarError(f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels") from None
         return  # not JSON: the library says so when it compiles
     stack, definitions, references = [(schema, 1)], 0, set()
     while stack:  # depth first, without recursion
@@ -156,8 +157,8 @@ class GrammarSpec:
             raise InvalidParameterError(f"unknown grammar kind {self.kind!r} (choose from {', '.join(KINDS)})")
         if self.kind == "choice":
             try:
-                choices = json.loads(self.value)
-            except ValueError:
+                choices = parse_json(self.value, "the choice")
+            except JsonTextError:
                 choices = None
             if not isinstance(choices, list) or not choices or not all(isinstance(c, str) and c for c in choices):
                 # an empty choice would make an empty answer a right one, indistinguishable from a failure
@@ -173,8 +174,8 @@ class GrammarSpec:
         if kind != "json_schema":
             return kind, value
         try:
-            schema = json.loads(value)
-        except (ValueError, RecursionError):
+            schema = parse_json(value, "the JSON schema")
+        except JsonTextError:
             return kind, value  # the library says what is wrong with it
         if isinstance(schema, dict) and "x-guidance" not in schema:
             value = json.dumps({"x-guidance": {"whitespace_pattern": JSON_WHITESPACE}, **schema})

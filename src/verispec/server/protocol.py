@@ -262,6 +262,17 @@ class FunctionDefinition(_Strict):
     parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object; None: no arguments
     strict: bool | None = None  # verispec always keeps the arguments within the schema
 
+    @field_validator("parameters")
+    @classmethod
+    def _an_object_schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A call's arguments are a JSON object (OpenAI's rule, and what a conversation sends back): a schema of
+        anything else would have the model write arguments the next request must refuse."""
+        kind = (value or {}).get("type", "object")
+        if kind != "object" and not (isinstance(kind, list) and kind == ["object"]):
+            raise ValueError(f"a function's parameters must be the JSON schema of an object (type 'object'), "
+                             f"not of type {json.dumps(kind)[:40]}")  # fmt: skip
+        return value
+
 
 class ToolDefinition(_Strict):
     type: Literal["function"]

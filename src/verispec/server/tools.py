@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from ..decoding.detokenizer import IncrementalText
 from ..decoding.grammar import JSON_WHITESPACE
+from ..json_text import JsonTextError, parse_json
 from ..models.tokenizer import Tokenizer
 from .protocol import (
     ApiError,
@@ -157,21 +158,20 @@ def _refuse_calls_in_history(body: ChatCompletionRequest) -> None:
 def template_messages(body: ChatCompletionRequest) -> list[dict]:
     """The conversation as chat templates read it: OpenAI's "developer" is "system", an assistant's tool calls
     carry their arguments as objects (transformers' form), a legacy function result is a tool message. Raises
-    ApiError naming the message for a call whose arguments are not a JSON object, or a tool result without the id
-    of the call it answers."""
-    out = []
+    ApiError naming the field for a call whose arguments are not a JSON object (or nest too deep), or a tool result
+    that answers no earlier call (as OpenAI does: its tool_call_id must be the id of a call before it)."""
+    out, call_ids = [], set()
     for i, message in enumerate(body.messages):
         role = {"developer": "system", "function": "tool"}.get(message.role, message.role)
         entry: dict = {"role": role, "content": message.text()}
-        calls = list(message.tool_calls or [])
+        calls = [(call, f"messages.{i}.tool_calls.{j}") for j, call in enumerate(message.tool_calls or [])]
         if message.function_call is not None:
-            calls.append(message.function_call)
+            calls.append((message.function_call, f"messages.{i}.function_call"))
         if calls:
-            entry["tool_calls"] = [_template_call(call, f"messages.{i}.tool_calls.{j}") for j, call in enumerate(calls)]
+            entry["tool_calls"] = [_template_call(call, param) for call, param in calls]
+            call_ids |= {call.id for call, _ in calls if getattr(call, "id", None)}
         if message.role == "tool":
-            if not message.tool_call_id:
-                raise ApiError(400, "a tool message needs the tool_call_id of the call it answers",
-                               param=f"messages.{i}.tool_call_id", code="invalid_value")  # fmt: skip
+            _check_answers_a_call(message.tool_call_id, call_ids, f"messages.{i}.tool_call_id")
             entry["tool_call_id"] = message.tool_call_id
         if message.name is not None:
             entry["name"] = message.name
@@ -179,14 +179,25 @@ def template_messages(body: ChatCompletionRequest) -> list[dict]:
     return out
 
 
+def _check_answers_a_call(call_id: str | None, call_ids: set[str], param: str) -> None:
+    if not call_id:
+        raise ApiError(400, "a tool message needs the tool_call_id of the call it answers", param=param,
+                       code="invalid_value")  # fmt: skip
+    if call_id not in call_ids:
+        message = f"tool_call_id '{call_id[:64]}' answers no tool call of an earlier assistant message"
+        raise ApiError(400, message, param=param, code="invalid_value")
+
+
 def _template_call(call, param: str) -> dict:
     function = call.function if hasattr(call, "function") else call
+    where = ".function.arguments" if hasattr(call, "function") else ".arguments"
     try:
-        arguments = json.loads(function.arguments) if function.arguments.strip() else {}
-    except ValueError:
-        arguments = None
+        arguments = parse_json(function.arguments, "a tool call's arguments") if function.arguments.strip() else {}
+    except JsonTextError as exc:
+        raise ApiError(400, str(exc), param=f"{param}{where}", code="invalid_value") from None
     if not isinstance(arguments, dict):
-        raise ApiError(400, "a tool call's arguments must be a JSON object", param=param, code="invalid_value")
+        raise ApiError(400, "a tool call's arguments must be a JSON object", param=f"{param}{where}",
+                       code="invalid_value")  # fmt: skip
     entry = {"type": "function", "function": {"name": function.name, "arguments": arguments}}
     if getattr(call, "id", None):
         entry["id"] = call.id
