@@ -168,9 +168,44 @@ def test_a_removed_sequence_leaves_no_continuation_and_the_index_stays_bounded()
     trie.add([1, 2, 3, 4], -1)
     assert trie.match([1, 2, 3])[1] == 0 and trie.match([7, 8])[1] == 2
     index = SuffixIndex(max_tokens=10, depth=6)
+    index.admitted(), index.admitted()  # a partition requests come back to: kept up to the whole index
     for i in range(20):
         index.add([i, i + 1, i + 2, i + 3])
     assert index.tokens <= 10 and index.trie().match([19, 20, 21])[1] == 3 and index.trie().match([1, 2])[1] == 0
+
+
+def test_a_flood_of_one_off_partitions_keeps_within_its_share_and_leaves_a_returning_tenants_history():
+    """10,000 requests each in a partition of its own (a new cache_salt each) once took a trie of ~35 KB each, and
+    pushed every other tenant's history out of one shared first-in-first-out order."""
+    from verispec.engine.suffix import TRIAL_SHARE, SuffixIndex
+
+    index = SuffixIndex(max_tokens=4096, depth=8, max_partitions=64)
+    for _ in range(2):
+        index.admitted("tenant")
+    index.add(list(range(1000, 1100)), "tenant")
+    for i in range(10_000):
+        index.admitted(f"salt {i}")
+        index.add([i % 50, 7, 8, 9, i % 13], f"salt {i}")
+    assert len(index.partitions) <= 64 and index.trial_tokens <= 4096 // TRIAL_SHARE
+    assert index.trie("tenant").match([1000, 1001, 1002])[1] == 3  # the returning tenant's history stays
+    # the control: the same history left on trial goes first, as any one-off partition's
+    index.add(list(range(2000, 2100)), "newcomer")
+    for i in range(10_000, 10_200):
+        index.add([i % 50, 7, 8, 9], f"salt {i}")
+    assert "newcomer" not in index.partitions and index.trie("tenant").match([1000, 1001])[1] == 2
+
+
+def test_past_its_tokens_the_index_takes_from_the_tenant_holding_the_most():
+    from verispec.engine.suffix import SuffixIndex
+
+    index = SuffixIndex(max_tokens=100, depth=6)
+    for name in ("big", "small"):
+        index.admitted(name), index.admitted(name)
+    index.add(list(range(60)), "big")
+    index.add(list(range(200, 230)), "small")
+    index.add(list(range(100, 140)), "big")  # 130 > 100: big gives its oldest sequence up
+    assert index.tokens == 70 and index.trie("small").match([200, 201])[1] == 2
+    assert index.trie("big").match([0, 1])[1] == 0 and index.trie("big").match([100, 101])[1] == 2
 
 
 # ---- the drafter through the engine ---------------------------------------------------------------------------

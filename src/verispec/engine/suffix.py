@@ -17,7 +17,7 @@ acceptance rule whatever it proposes.
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +25,7 @@ import torch
 from ..decoding.acceptance import expected_tokens_per_round, smoothed_acceptance
 from ..kernels.suffix import SuffixTrie
 from .proposers import DraftJob, Proposal
+from .requests import is_private
 
 LOOKUP_MAX = 15  # tokens a lookup drafts at most: a verify pass of 16 rows
 MATCH_MAX = 16  # the longest suffix a lookup matches: longer ones rarely predict better
@@ -38,47 +39,113 @@ PRIOR, PRIOR_WEIGHT = 0.8, 5
 DEFAULT_INDEX_TOKENS = 1 << 16  # tokens of earlier requests kept (--suffix-cache-tokens): ~1.5 KB each in the trie
 
 
+DEFAULT_INDEX_PARTITIONS = 256  # partitions whose outputs are kept (each trie costs under 1 KB empty)
+TRIAL_SHARE = 8  # partitions no request has come back to hold at most 1/TRIAL_SHARE of the index's tokens
+REMEMBERED_VISITS = 4096  # partitions whose visits are counted (their names only), least recently seen forgotten
+
+
+@dataclass
+class _Partition:
+    trie: SuffixTrie
+    sequences: deque[list[int]]  # oldest first
+    tokens: int = 0
+    returned: bool = False  # a second request of this partition was admitted: what it holds is read
+
+
 class SuffixIndex:
     """Earlier sequences, one trie per partition (a tenant: requests of one partition draft only from each other's
-    outputs, engine/requests.py); when they hold more than `max_tokens` in all, the oldest are removed, whatever
-    their partition (and a trie is rebuilt once most of its nodes are dead). Touched only by the engine's thread."""
+    outputs, engine/requests.py), bounded in tokens (`max_tokens` in all) and in partitions (`max_partitions`).
 
-    def __init__(self, max_tokens: int = DEFAULT_INDEX_TOKENS, depth: int = DEPTH):
-        self.max_tokens, self.depth = max_tokens, depth
-        self.tries: dict[str, SuffixTrie] = {}
-        self.sequences: deque[tuple[str, list[int]]] = deque()  # oldest first
-        self.held: dict[str, int] = {}  # tokens per partition
+    Fair between tenants: a partition of which a single request has been admitted so far (one request's output, a
+    tenant's first, or a partition made per request, such as a new cache_salt each time) is "on trial"; trial
+    partitions hold at most max_tokens // TRIAL_SHARE tokens together and are the first to go, least recently used
+    first, whole. Past that, the partition holding the most tokens gives up its oldest sequence. So a flood of
+    one-off partitions churns the trial share alone, a tenant's second request makes its partition kept, and the
+    history a tenant comes back to stays. A trie is rebuilt once most of its nodes are dead. Touched only by the
+    engine's thread."""
+
+    def __init__(
+        self, max_tokens: int = DEFAULT_INDEX_TOKENS, depth: int = DEPTH, max_partitions: int = DEFAULT_INDEX_PARTITIONS
+    ):
+        self.max_tokens, self.depth, self.max_partitions = max_tokens, depth, max(1, max_partitions)
+        self.partitions: OrderedDict[str, _Partition] = OrderedDict()  # least recently used first
+        self.visits: OrderedDict[str, int] = OrderedDict()  # requests admitted per partition
         self.tokens = 0
+        self.trial_tokens = 0
         self._empty = SuffixTrie(depth)  # what a partition without sequences looks up in
 
     def trie(self, partition: str = "") -> SuffixTrie:
-        return self.tries.get(partition, self._empty)
+        held = self.partitions.get(partition)
+        return self._empty if held is None else held.trie
+
+    def admitted(self, partition: str = "") -> None:
+        """A request of `partition` was admitted: from the second on, what the partition holds is a tenant's."""
+        self.visits[partition] = self.visits.pop(partition, 0) + 1
+        if len(self.visits) > REMEMBERED_VISITS:
+            self.visits.popitem(last=False)
+        held = self.partitions.get(partition)
+        if held is not None:
+            self.partitions.move_to_end(partition)
+            if not held.returned and self.visits[partition] > 1:
+                held.returned = True
+                self.trial_tokens -= held.tokens
 
     def add(self, tokens: list[int], partition: str = "") -> None:
         if not tokens or not self.max_tokens:
             return
-        tokens = tokens[-self.max_tokens :]
-        self.tries.setdefault(partition, SuffixTrie(self.depth)).add(tokens)
-        self.sequences.append((partition, tokens))
-        self.held[partition] = self.held.get(partition, 0) + len(tokens)
-        self.tokens += len(tokens)
-        while self.tokens > self.max_tokens:
-            self._remove_oldest()
-        trie = self.tries[partition]
-        if trie.nodes > 4 * max(trie.live, 1024):  # mostly dead nodes: start over from what is kept
-            self.tries[partition] = trie = SuffixTrie(self.depth)
-            for owner, sequence in self.sequences:
-                if owner == partition:
-                    trie.add(sequence)
+        held = self.partitions.get(partition)
+        if held is None:
+            returned = self.visits.get(partition, 0) > 1
+            held = self.partitions[partition] = _Partition(SuffixTrie(self.depth), deque(), returned=returned)
+        self.partitions.move_to_end(partition)
+        tokens = tokens[-(self.max_tokens if held.returned else self._trial_limit()) :]
+        held.trie.add(tokens)
+        held.sequences.append(tokens)
+        self._count(held, len(tokens))
+        self._bound()
+        if held.trie.nodes > 4 * max(held.trie.live, 1024):  # mostly dead nodes: start over from what is kept
+            held.trie = SuffixTrie(self.depth)
+            for sequence in held.sequences:
+                held.trie.add(sequence)
 
-    def _remove_oldest(self) -> None:
-        partition, oldest = self.sequences.popleft()
-        self.tokens -= len(oldest)
-        self.held[partition] -= len(oldest)
-        if self.held[partition]:
-            self.tries[partition].add(oldest, -1)
-        else:  # the partition's last sequence: its trie goes
-            del self.tries[partition], self.held[partition]
+    def _trial_limit(self) -> int:
+        return max(1, self.max_tokens // TRIAL_SHARE)
+
+    def _count(self, held: _Partition, tokens: int) -> None:
+        held.tokens += tokens
+        self.tokens += tokens
+        if not held.returned:
+            self.trial_tokens += tokens
+
+    def _bound(self) -> None:
+        """Remove sequences until the index is within its bounds: trial partitions first (least recently used
+        first, whole), then the oldest sequence of the partition holding the most tokens (or, over the count of
+        partitions, the least recently used one)."""
+        while (
+            len(self.partitions) > self.max_partitions
+            or self.trial_tokens > self._trial_limit()
+            or self.tokens > self.max_tokens
+        ):
+            trial = next((name for name, held in self.partitions.items() if not held.returned), None)
+            if trial is not None:
+                self._drop(trial)
+            elif len(self.partitions) > self.max_partitions:
+                self._drop(next(iter(self.partitions)))
+            else:
+                self._remove_oldest(max(self.partitions, key=lambda name: self.partitions[name].tokens))
+
+    def _drop(self, partition: str) -> None:
+        held = self.partitions.pop(partition)
+        self._count(held, -held.tokens)
+
+    def _remove_oldest(self, partition: str) -> None:
+        held = self.partitions[partition]
+        if len(held.sequences) == 1:
+            self._drop(partition)
+            return
+        oldest = held.sequences.popleft()
+        held.trie.add(oldest, -1)
+        self._count(held, -len(oldest))
 
 
 @dataclass
@@ -239,15 +306,18 @@ class SuffixLookups:
         """A new request in `slot`, of `partition`: it looks up in that partition's outputs only."""
         self.partitions[slot] = partition
         self.followed[slot] = None
+        self.index.admitted(partition)
 
     def finished(self, slot: int, output: list[int], partition: str) -> None:
-        """A request ended: its output joins the index of earlier requests, in its partition."""
-        self.index.add(output, partition)
+        """A request ended: its output joins the index of earlier requests, in its partition (a private one,
+        which no later request can read, PRIVATE in engine/requests.py, keeps nothing)."""
+        if not is_private(partition):
+            self.index.add(output, partition)
         self.followed[slot] = None
 
     def forget(self) -> None:
         """Drop the index of earlier requests (a bench's warm-up must not leave answers behind)."""
-        self.index = SuffixIndex(self.index.max_tokens, self.index.depth)
+        self.index = SuffixIndex(self.index.max_tokens, self.index.depth, self.index.max_partitions)
 
     def _lookup(self, slot: int, tokens: list[int], most: int, alpha: float = 1.0, tree: bool = False) -> Lookup | None:
         partition = self.partitions[slot]

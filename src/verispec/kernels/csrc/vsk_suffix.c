@@ -15,6 +15,12 @@
 
 #define VSK_API __attribute__((visibility("default")))
 
+/* Node indices are int32 (a node is 24 bytes, not 32): a trie holds at most MAX_NODES nodes, and making one more
+ * fails as running out of memory does. */
+#define MAX_NODES INT32_MAX
+/* A new trie starts this small (under 1 KB) and doubles as it grows: the server keeps one per tenant. */
+#define FIRST_NODES 16
+
 typedef struct {
     int32_t token, parent, first_child, next_sibling;
     int64_t count;
@@ -48,6 +54,7 @@ static int64_t lookup(const vsk_suffix *t, int32_t parent, int32_t token) {
 }
 
 static int grow(vsk_suffix *t) {
+    if (t->used + 1 > MAX_NODES) return -1; /* nodes link each other by int32 indices */
     if (t->used + 1 > t->capacity) {
         const int64_t capacity = t->capacity * 2;
         node_t *nodes = realloc(t->nodes, sizeof(node_t) * (size_t)capacity);
@@ -94,8 +101,8 @@ VSK_API vsk_suffix *vsk_suffix_new(int depth) {
     vsk_suffix *t = calloc(1, sizeof(vsk_suffix));
     if (!t) return NULL;
     t->depth = depth;
-    t->capacity = 1024;
-    t->slots = 4096;
+    t->capacity = FIRST_NODES;
+    t->slots = 4 * FIRST_NODES;
     t->nodes = malloc(sizeof(node_t) * (size_t)t->capacity);
     t->table = calloc((size_t)t->slots, sizeof(int64_t));
     if (!t->nodes || !t->table) {
