@@ -319,3 +319,107 @@ def test_the_draft_cache_gives_way_and_a_job_without_room_drafts_nothing(long_pa
     assert not drafter.fed[0] and drafter.fed[1]
     proposals = drafter.propose([job(2, c + [1] * 10), job(0, b)])  # slot 2 takes slot 1's; slot 0 finds none
     assert [p.tokens.numel() for p in proposals] == [2, 0] and not drafter.fed[1]
+
+
+# ---- blocks taken as written, preemption, answers kept, tenants served fairly (a row-invariant target) ------------
+@pytest.fixture
+def invariant(model):
+    """The native test model on its stack (row-invariant: decoding writes a prefill's bits), as a loaded target."""
+    model, stack = model
+    model.fused_blocks = stack
+    yield tiny_loaded(model)
+    model.fused_blocks = None
+
+
+def _invariant_config(**overrides) -> SchedulerConfig:
+    values = {"max_num_seqs": 3, "max_model_len": 480, "prefill_chunk": 32, "speculative_method": "suffix",
+              "draft_policy": "always"}  # fmt: skip
+    return SchedulerConfig(**(values | overrides))
+
+
+def _submit(scheduler: Scheduler, name: str, prompt: list[int], max_tokens: int, outputs: dict, **options) -> None:
+    sink = lambda event: outputs.update({name: event.output}) if isinstance(event, FinishEvent) else None  # noqa: E731
+    scheduler.submit(EngineRequest(name, prompt, SamplingParams(**options.pop("params", {})), max_tokens, sink,
+                                   ignore_eos=True, **options))  # fmt: skip
+
+
+def _alone(target, prompt: list[int], max_tokens: int, **params) -> list[int]:
+    outputs: dict = {}
+    scheduler = Scheduler(target, None, _invariant_config(max_num_seqs=1))
+    _submit(scheduler, "alone", prompt, max_tokens, outputs, params=params)
+    scheduler.run_until_idle()
+    return outputs["alone"].token_ids
+
+
+def test_a_request_reserves_its_prompt_not_its_max_tokens(invariant):
+    """A request that may write to the end of the context (a chat without max_tokens) once reserved all of it, and the
+    next request waited for it to end; now each takes blocks as it writes, and both run together."""
+    block_bytes = KVCache.block_bytes(invariant.model.config, invariant.model.cache_dtype)
+    scheduler = Scheduler(invariant, None, _invariant_config(kv_cache_memory=10 * block_bytes))
+    assert scheduler.on_demand
+    long, short = [(3 * i + 1) % 250 for i in range(70)], [(5 * i + 2) % 250 for i in range(30)]
+    outputs: dict = {}
+    _submit(scheduler, "long", long, scheduler.max_model_len - len(long), outputs)
+    _submit(scheduler, "short", short, 16, outputs)
+    scheduler.step()
+    assert len(scheduler.running) == 2 and scheduler.cache.pool.reserved <= 4
+    while "short" not in outputs:
+        scheduler.step()
+    assert "long" not in outputs and outputs["short"].token_ids == _alone(invariant, short, 16)
+    scheduler.run_until_idle()
+    assert outputs["long"].token_ids == _alone(invariant, long, len(outputs["long"].token_ids))
+
+
+@pytest.mark.parametrize("params", [{}, {"temperature": 0.9, "seed": 7}], ids=["greedy", "sampled"])
+def test_a_sequence_preempted_for_blocks_resumes_to_the_output_it_has_alone(invariant, params):
+    """Three sequences that need more blocks than the budget holds: the youngest gives its blocks back whenever one
+    runs out, and resumes later, prefilling what it lost (what it decoded stays registered); every output is the one
+    it has alone, greedy or sampled with a seed. The control: the budget fits them all, and nothing is preempted."""
+    block_bytes = KVCache.block_bytes(invariant.model.config, invariant.model.cache_dtype)
+    prompts = [[(a * i + 2) % 250 for i in range(90)] for a in (3, 5, 7)]
+    for blocks, preempted in ((9, True), (40, False)):
+        scheduler = Scheduler(invariant, None, _invariant_config(kv_cache_memory=blocks * block_bytes))
+        outputs: dict = {}
+        for i, prompt in enumerate(prompts):
+            _submit(scheduler, str(i), prompt, 150, outputs, params=params)
+        scheduler.run_until_idle()
+        assert (scheduler.metrics.preemptions._value.get() > 0) == preempted
+        for i, prompt in enumerate(prompts):
+            assert outputs[str(i)].token_ids == _alone(invariant, prompt, 150, **params), (blocks, i)
+        assert scheduler.cache.pool.reserved == 0 and scheduler.cache.pool.in_use() == 0
+
+
+def test_an_answer_is_reused_by_the_next_turn_and_decodes_as_a_fresh_engine(invariant):
+    """The blocks decoding filled are registered: a next turn whose prompt holds the answer prefills only what is new,
+    to the bits a fresh engine computes (its output the same); the answer's blocks are not another partition's."""
+    scheduler = Scheduler(invariant, None, _invariant_config(max_num_seqs=1))
+    prompt = [(7 * i + 3) % 250 for i in range(40)]
+    first = _run(scheduler, prompt, "tenant", max_tokens=150, ignore_eos=True)[0]
+    turn = prompt + first.token_ids + [11, 12, 13]
+    second, reused = _run(scheduler, turn, "tenant", max_tokens=20, ignore_eos=True)
+    assert reused >= (len(prompt) + len(first.token_ids)) // BLOCK_SIZE * BLOCK_SIZE  # what decoding filled
+    assert second.stats.cached_tokens == reused
+    fresh = _run(Scheduler(invariant, None, _invariant_config(max_num_seqs=1)), turn, max_tokens=20, ignore_eos=True)
+    assert second.token_ids == fresh[0].token_ids
+    assert _run(scheduler, turn, "other tenant", max_tokens=1)[1] == 0
+
+
+def test_one_tenants_burst_does_not_hold_another_tenants_request(invariant):
+    """Tenant a fills every slot and queues more; tenant b's one request is admitted next (the youngest of a's is
+    preempted) and ends long before a's burst; every output is the one it has alone."""
+    scheduler = Scheduler(invariant, None, _invariant_config(max_num_seqs=2))
+    prompts = [[(a * i + 1) % 250 for i in range(60)] for a in range(3, 9)]
+    outputs: dict = {}
+    finished: list[str] = []
+    for i, prompt in enumerate(prompts):
+        _submit(scheduler, f"a{i}", prompt, 40, outputs, tenant="a")
+    scheduler.step()
+    _submit(scheduler, "b", prompts[0][::-1], 8, outputs, tenant="b")
+    scheduler.step()
+    assert {seq.request.tenant for seq in scheduler.running.values()} == {"a", "b"}
+    while scheduler.step():
+        finished += [name for name in outputs if name not in finished]
+    assert finished.index("b") <= 1
+    assert outputs["b"].token_ids == _alone(invariant, prompts[0][::-1], 8)
+    for i, prompt in enumerate(prompts):
+        assert outputs[f"a{i}"].token_ids == _alone(invariant, prompt, 40)

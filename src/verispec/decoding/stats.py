@@ -47,6 +47,7 @@ def split_by_proposer(total: ProposerCounts, lookup: ProposerCounts) -> dict[str
 @dataclass
 class GenerationStats:
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt's, those whose keys and values came from the prefix cache
     new_tokens: int = 0
     target_passes: int = 0  # decode passes of the target (prefill not counted): plain decoding has one per token
     drafted: int = 0

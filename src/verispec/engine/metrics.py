@@ -29,6 +29,11 @@ class Metrics:
             "Prompt tokens whose keys and values came from earlier prefills (shared blocks, or copied) instead of "
             "being computed",
         )
+        self.preemptions = counter(
+            "preemptions",
+            "Sequences taken out to give their KV blocks back (the cache ran out, or another tenant's turn); each "
+            "resumes later, prefilling what it lost",
+        )
         self.generation_tokens = counter("generation_tokens", "Generated tokens")
         self.drafted = counter("draft_tokens", "Drafted tokens")
         self.accepted = counter("accepted_tokens", "Drafted tokens the target accepted")

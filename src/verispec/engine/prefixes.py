@@ -20,12 +20,17 @@ reference; for a model that is not row-invariant the run is cut back to a chunk 
 run, it copies the longest equal start another registered block of the same parent key holds (to the token, or to a
 chunk end both share). While its prompt prefills, each step it takes what other prefills registered meanwhile (n
 choices of one prompt, admitted together, prefill it once). Registered blocks outlive their requests: unreferenced,
-they stay until a block is needed and none is free, then the least recently used goes first (kv_cache.py). Only
-prefilled positions are registered: decoding writes after them.
+they stay until a block is needed and none is free (kv_cache.py says which goes first).
+
+Answers. On a row-invariant model a block that decoding filled holds the bits a prefill of the same tokens would
+write, so it is registered too, under the key its tokens and every token before them give (`decoded`): the next
+turn of a chat, or an agent's next step, whose prompt holds the answer just written, prefills only what is new.
+(Elsewhere decoding's bits are not a prefill's, and only prefilled positions are registered.)
 
 A request reuses only what requests of its own partition prefilled (a tenant, engine/requests.py): the partition is
 hashed into the first key, so no block of another partition is ever found. A prefill that goes faster because
-another tenant sent the same prompt would tell that it did.
+another tenant sent the same prompt would tell that it did. A private partition's blocks are shared while its request
+runs (its n choices) and given back when it ends: no later request could find them.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from dataclasses import dataclass
 from hashlib import blake2b
 
 from ..models.kv_cache import BlockRecord, KVCache
+from .requests import is_private
 
 
 def reusable_prefill(
@@ -81,6 +87,7 @@ class Prompt:
     prefill: list[int]
     root: bytes
     keys: list[bytes]
+    owner: str = ""  # its partition
 
     @property
     def end(self) -> int:
@@ -109,6 +116,7 @@ class PrefixBlocks:
     def __init__(self, cache: KVCache, chunk: int | None):
         self.cache, self.chunk = cache, chunk
         self.prompts: dict[int, Prompt] = {}  # per slot: the prompt its request prefills
+        self.decoded_keys: dict[int, list[bytes]] = {}  # per slot: the keys of the full blocks decoding filled
 
     def prompt(self, tokens: list[int], partition: str = "") -> Prompt:
         name = partition.encode()
@@ -124,7 +132,7 @@ class PrefixBlocks:
                 parts += [stop.to_bytes(8, "little"), _token_bytes(tokens[high:stop])]
             parent = _digest(*parts)
             keys.append(parent)
-        return Prompt(tokens, tokens[:end], root, keys)
+        return Prompt(tokens, tokens[:end], root, keys, partition)
 
     def shared_run(self, prompt: Prompt, start: int = 0) -> list[int]:
         """The registered full blocks a prompt would share from position `start` (a multiple of the block size) on,
@@ -216,12 +224,32 @@ class PrefixBlocks:
                 continue  # shared, or registered as far already
             key = prompt.keys[index] if held == size else None
             made = BlockRecord(prompt.parent(index), prompt.tokens[low : low + held], prompt.end, key)
-            if not pool.register(block, made):
-                pool.unregister(block)  # another block holds this one's keys and values: it is registered alone
+            self._record(block, made, prompt.owner)
+
+    def _record(self, block: int, record: BlockRecord, owner: str) -> None:
+        record.owner, record.keep = owner, not is_private(owner)
+        if not self.cache.pool.register(block, record):
+            self.cache.pool.unregister(block)  # another block holds this one's keys and values: it is registered alone
+
+    def decoded(self, slot: int, tokens: list[int]) -> None:
+        """Register the slot's full blocks that decoding filled (its cache holding `tokens`' first positions), on a
+        row-invariant model: their bits are what a prefill of those tokens writes."""
+        prompt, cache, size = self.prompts.get(slot), self.cache, self.cache.block_size
+        if prompt is None or self.chunk is not None:
+            return
+        keys = self.decoded_keys.setdefault(slot, [])
+        first = len(prompt.keys) + len(keys)  # the first full block not yet registered
+        for index in range(first, min(cache.lengths[slot], len(tokens)) // size):
+            parent = (prompt.keys + keys)[index - 1] if index else prompt.root
+            block_tokens = tokens[index * size : (index + 1) * size]
+            keys.append(_digest(parent, _token_bytes(block_tokens)))
+            made = BlockRecord(parent, block_tokens, (index + 1) * size, keys[-1])
+            self._record(cache.blocks[slot][index], made, prompt.owner)
 
     def finish(self, slot: int) -> None:
         """The slot's request left (what it registered stays)."""
         self.prompts.pop(slot, None)
+        self.decoded_keys.pop(slot, None)
 
     def forget(self) -> None:
         """Hold nothing reusable (the next prompt is prefilled as a fresh engine would)."""

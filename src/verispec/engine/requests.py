@@ -50,6 +50,14 @@ class ErrorEvent:
 
 Event = StreamChunk | FinishEvent | ErrorEvent
 
+PRIVATE = "private:"  # a partition beginning so belongs to one request: no later request can read what it leaves
+
+
+def is_private(partition: str) -> bool:
+    """Whether no later request can share `partition`: then nothing of its request is kept once it ends (its output
+    is not indexed for lookups, its prompt's blocks are not kept for reuse)."""
+    return partition.startswith(PRIVATE)
+
 
 @dataclass
 class EngineRequest:
@@ -64,7 +72,9 @@ class EngineRequest:
     logprobs: int | None = None  # None: no logprobs; N: each token's logprob and its N most likely alternatives
     grammar: Grammar | None = None  # structured output: every generated token within this grammar
     # what the request may draft from and reuse: requests of one partition share earlier outputs (suffix drafting)
-    # and prefilled prompts; requests of different partitions nothing (the server's --cache-sharing: a tenant)
+    # and prefilled prompts; requests of different partitions nothing (the server's --cache-sharing: a tenant);
+    # a PRIVATE one is the request's own (its n choices share it)
     partition: str = ""
+    tenant: str = ""  # who is served fairly: admission takes turns between tenants (engine/admission.py)
     arrival: float = field(default_factory=time.perf_counter)
     cancelled: bool = False

@@ -2,8 +2,9 @@
 thread of its own for every request; `generate` and `bench` (SpeculativeGenerator) run its steps in the
 calling thread for a batch of one. Each step, for all running sequences at once:
 
-    admit waiting requests into free slots, in order, while the KV cache has room for them (budget.py; the first
-        that does not fit waits, and the ones behind it)
+    admit waiting requests into free slots while the KV cache has room for their prompts, the tenant running the
+        fewest sequences first (admission.py; budget.py); the rest of a sequence's blocks are taken as it writes,
+        and where none is left the youngest sequence is preempted: it gives its blocks back and resumes later
     drop cancelled requests (their slots are free from this step on)
     prefill one chunk of one admitted prompt (what earlier prefills registered is taken instead: prefixes.py; the
         draft catches up when it drafts)
@@ -24,7 +25,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, replace
 
 import torch
@@ -40,8 +40,9 @@ from ..decoding.stopping import StopChecker, check_stop
 from ..errors import InvalidParameterError, PromptTooLongError, VerispecError
 from ..kernels.native import argmax_rows
 from ..models.draft_head import draft_ids
-from ..models.kv_cache import BLOCK_SIZE, KVCache
+from ..models.kv_cache import BLOCK_SIZE, CacheFullError, KVCache
 from ..models.loading import LoadedModel
+from .admission import WaitingQueue, fairness_victim
 from .budget import cache_blocks
 from .metrics import Metrics
 from .policy import POLICIES, DraftPolicy
@@ -133,7 +134,8 @@ class Sequence:
     admitted: float
     last_emit: float | None = None
     queue_seconds: float = 0.0
-    prefilled: int = 0  # prompt tokens (all but the last) in the target cache
+    prefilled: int = 0  # tokens of `context` (all but the last) in the target cache
+    context: list[int] | None = None  # what its prefill reads: the prompt, or after a preemption all of `tokens`
     logprobs: list[TokenLogprob] | None = None  # the emitted tokens', when the request asks for them
     draft_cut: int = 0  # where the draft model's view of the context resumes after its sink (proposers.draft_cut_for)
 
@@ -144,7 +146,11 @@ class Sequence:
 
     @property
     def prefilling(self) -> bool:
-        return self.prefilled < len(self.request.prompt_ids) - 1
+        return self.prefilled < len(self.prefill_ids) - 1
+
+    @property
+    def prefill_ids(self) -> list[int]:
+        return self.request.prompt_ids if self.context is None else self.context
 
 
 @dataclass
@@ -182,9 +188,10 @@ class Scheduler:
         self.policy = DraftPolicy(k_max=self.config.num_speculative_tokens, mode=mode)
         self.running: dict[int, Sequence] = {}
         self.free_slots = list(range(self.config.max_num_seqs))
-        self.waiting: deque[EngineRequest] = deque()
-        self.waiting_for_blocks = False  # the first waiting request does not fit the KV cache now
-        self._first: tuple[EngineRequest, Prompt] | None = None  # the first waiting request's prompt, as keys
+        # requests, and sequences preempted to give their blocks back, per tenant (admission.py)
+        self.waiting: WaitingQueue[EngineRequest | Sequence] = WaitingQueue()
+        self.waiting_for_blocks = False  # the next waiting request does not fit the KV cache now
+        self._first: tuple[EngineRequest | Sequence, Prompt] | None = None  # the next one's prompt, as keys
         self.active: dict[str, EngineRequest] = {}  # waiting or running, by request id
         self.cond = threading.Condition()
         self.thread: threading.Thread | None = None
@@ -221,6 +228,10 @@ class Scheduler:
         # prefill reuse (prefixes.py): to the token where the target's passes are row-invariant (the native stack)
         invariant = target.model.fused_blocks is not None
         self.prefixes = PrefixBlocks(self.cache, None if invariant else self.config.prefill_chunk)
+        # blocks taken as they are written, a sequence preempted where none is left: where a prefill of its tokens
+        # writes the bits decoding wrote (row-invariant passes), so that a resumed sequence goes on exactly; else
+        # each request reserves its whole length when admitted
+        self.on_demand = invariant
         model = None
         if drafting:
             vocab = target.model.config.vocab_size
@@ -274,7 +285,7 @@ class Scheduler:
                 )
             for request in requests:
                 self.active[request.request_id] = request
-                self.waiting.append(request)
+                self.waiting.append(request, request.tenant, request.arrival)
             self._update_gauges()
             self.cond.notify()
 
@@ -298,8 +309,9 @@ class Scheduler:
             if request is None:
                 return
             request.cancelled = True
-            if request in self.waiting:
-                self.waiting.remove(request)
+            waiting = next((item for item in self.waiting if _request_of(item) is request), None)
+            if waiting is not None:
+                self.waiting.remove(waiting)
                 del self.active[request_id]
                 self.metrics.record_finish("cancelled", time.perf_counter() - request.arrival)
                 self._update_gauges()
@@ -388,6 +400,8 @@ class Scheduler:
         begin = time.perf_counter()
         proposals = self._propose(seqs, ks, limits)
         masks = self._constrain(seqs, proposals)
+        if self.on_demand:
+            self._make_room(seqs, proposals)
         drafted = time.perf_counter()
         verdicts = self._verify(seqs, proposals, masks)
         verified = time.perf_counter()
@@ -450,42 +464,101 @@ class Scheduler:
         metrics.policy_slowdown.set(policy.slowdown)
 
     def _admit(self) -> None:
-        """Admit waiting requests in order while a slot is free and the KV cache has room: a request reserves the
-        blocks its prompt and max_tokens may need (and its padded rows' room), less those it shares with earlier
-        prompts, so that it never lacks one; the first that does not fit waits (and those behind it) until running
-        requests give blocks back."""
+        """Admit waiting requests (and preempted sequences) while a slot is free and the KV cache has room, the tenant
+        running the fewest sequences first (admission.py). A request reserves the blocks its prompt and its first
+        step's rows need, less those it shares with earlier prompts (without on-demand blocks: its whole length); the
+        rest it takes as it writes (_make_room), and admission leaves a block per running sequence for that. Where the
+        next one does not fit it waits, and those behind it, unless its tenant runs at least two sequences fewer
+        than another: then that tenant's youngest sequence is preempted to make room."""
         while True:
             with self.cond:
                 self.waiting_for_blocks = False
-                if not self.waiting or not self.free_slots:
+                found = self.waiting.first(self._running_per_tenant())
+                if found is None:
                     self._first = None
                     return
-                request = self.waiting[0]
-            if self._first is None or self._first[0] is not request:
-                self._first = (request, self.prefixes.prompt(request.prompt_ids, request.partition))
-            prompt = self._first[1]
+            item, tenant = found
+            prompt = self._prompt_of(item)
             shared = self.prefixes.shared_run(prompt)
-            reserve = self._blocks_needed(request) - len(shared)
+            reserve = self._blocks_needed(item) - len(shared)
             idle = sum(1 for block in shared if not self.cache.pool.refs[block])  # taking them leaves fewer
-            if reserve + idle > self.cache.pool.available():
-                self.waiting_for_blocks = True
+            headroom = len(self.running) if self.on_demand else 0
+            fits = reserve + idle + headroom <= self.cache.pool.available()
+            if not (self.free_slots and fits):
+                if self._preempt_for(tenant):
+                    continue
+                self.waiting_for_blocks = bool(self.free_slots)
                 return
             with self.cond:
-                if not self.waiting or self.waiting[0] is not request:  # cancelled meanwhile
+                if not self.waiting.remove(item):  # cancelled meanwhile
                     continue
-                self.waiting.popleft()
                 slot = self.free_slots.pop(0)
-            try:
-                self._start_sequence(request, slot, prompt, shared, reserve)
-            except Exception:  # this request alone fails; the running ones go on
-                log.exception("could not start request %s", request.request_id)
-                self._free(request, slot, "error")
-                request.sink(ErrorEvent("internal error starting the request (see the server log)"))
+            self._place(item, slot, prompt, shared, reserve)
 
-    def _blocks_needed(self, request: EngineRequest) -> int:
-        """The target cache's blocks a request may fill: its prompt, max_tokens, and padded rows past them."""
-        positions = len(request.prompt_ids) + request.max_tokens + self.widest + 1
+    def _place(
+        self, item: EngineRequest | Sequence, slot: int, prompt: Prompt, shared: list[int], reserve: int
+    ) -> None:
+        request = _request_of(item)
+        try:
+            if isinstance(item, Sequence):
+                self._resume(item, slot, prompt, shared, reserve)
+            else:
+                self._start_sequence(item, slot, prompt, shared, reserve)
+        except Exception:  # this request alone fails; the running ones go on
+            log.exception("could not start request %s", request.request_id)
+            self._free(request, slot, "error")
+            request.sink(ErrorEvent("internal error starting the request (see the server log)"))
+
+    def _prompt_of(self, item: EngineRequest | Sequence) -> Prompt:
+        """The next waiting item's context as the prefix cache keys it (kept while it stays the next)."""
+        if self._first is None or self._first[0] is not item:
+            request = _request_of(item)
+            tokens = list(item.tokens) if isinstance(item, Sequence) else request.prompt_ids  # a copy: tokens grow
+            self._first = (item, self.prefixes.prompt(tokens, request.partition))
+        return self._first[1]
+
+    def _running_per_tenant(self) -> dict[str, int]:
+        running: dict[str, int] = {}
+        for seq in self.running.values():
+            running[seq.request.tenant] = running.get(seq.request.tenant, 0) + 1
+        return running
+
+    def _blocks_needed(self, item: EngineRequest | Sequence) -> int:
+        """The target cache's blocks a request reserves when admitted: its context and its first step's padded rows;
+        without on-demand blocks, its prompt, max_tokens and the padded rows past them."""
+        if isinstance(item, Sequence):
+            positions = len(item.tokens) + self.widest + 1
+        else:
+            positions = len(item.prompt_ids) + self.widest + 1 + (0 if self.on_demand else item.max_tokens)
         return self.cache.blocks_for(min(positions, self.cache.max_len))
+
+    def _preempt_for(self, tenant: str) -> bool:
+        """Preempt the youngest sequence of the tenant running the most, where `tenant` (whose request is next) runs
+        at least two fewer (admission.fairness_victim); False where none is."""
+        if not self.on_demand:
+            return False
+        victim = fairness_victim(tenant, self._running_per_tenant())
+        if victim is None:
+            return False
+        self._preempt(max((seq for seq in self.running.values() if seq.request.tenant == victim),
+                          key=lambda seq: seq.admitted))  # fmt: skip
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Take a running sequence out to give its blocks back. What it decoded stays registered (prefixes.py) and its
+        state is kept (tokens, stop checker, grammar, noise, statistics); it waits first of its tenant's to be admitted
+        again, then prefills its whole context, taking whatever of it is still registered. Its output does not
+        change: on a row-invariant model a prefill writes the bits its decoding wrote."""
+        self.prefixes.decoded(seq.slot, seq.tokens)
+        self.cache.release(seq.slot)
+        self.prefixes.finish(seq.slot)
+        self.metrics.preemptions.inc()
+        log.info("request %s preempted to free KV blocks (resumes later)", seq.request.request_id)
+        with self.cond:
+            self.running.pop(seq.slot, None)
+            self.free_slots.append(seq.slot)
+            self.waiting.appendleft(seq, seq.request.tenant, seq.request.arrival)
+            self._update_gauges()
 
     def _start_sequence(
         self, request: EngineRequest, slot: int, prompt: Prompt, shared: list[int], reserve: int
@@ -510,26 +583,60 @@ class Scheduler:
         seq.prefilled = self.prefixes.admit(slot, prompt, shared, reserve)
         if self.proposer is not None:
             self.proposer.admit(slot, request.partition)
-        self.metrics.prefill_reused_tokens.inc(seq.prefilled)
+        self._count_reused(seq, seq.prefilled)
+
+    def _resume(self, seq: Sequence, slot: int, prompt: Prompt, shared: list[int], reserve: int) -> None:
+        seq.slot, seq.context = slot, prompt.tokens
+        self.running[slot] = seq
+        seq.prefilled = self.prefixes.admit(slot, prompt, shared, reserve)
+        if self.proposer is not None:
+            self.proposer.admit(slot, seq.request.partition)
+
+    def _make_room(self, seqs: list[Sequence], proposals: list[Proposal | None]) -> None:
+        """Blocks for every sequence's rows of this step (its pending token and drafts), taken before the pass; where
+        the pool has none left, the youngest running sequence is preempted (its proposal dropped), the sequence
+        itself where it is the youngest."""
+        for i, seq in enumerate(seqs):
+            if proposals[i] is None:
+                continue
+            end = min(len(seq.tokens) + proposals[i].tokens.shape[0], self.cache.max_len)
+            while True:
+                try:
+                    self.cache.ensure(seq.slot, end)
+                    break
+                except CacheFullError:
+                    victim = max(self.running.values(), key=lambda other: other.admitted)
+                    if victim in seqs:
+                        proposals[seqs.index(victim)] = None
+                    self._preempt(victim)
+                    if victim is seq:
+                        break
 
     def _prefill_chunk(self) -> None:
-        """The next chunk of the earliest admitted prompt still prefilling; before it, and for every other
-        prompt still prefilling, what other prefills registered meanwhile is taken (prefixes.py). Chunks are cut at
-        the same places whatever else runs, so a request's cache (and its greedy output) does not depend on
-        its neighbours."""
-        computed = False
-        for seq in [seq for seq in self.running.values() if seq.prefilling]:
+        """The next chunk of the prompt with the fewest tokens left to prefill (a short request is not held behind
+        long ones; the earliest admitted on a tie); before it, and for every other prompt still prefilling, what
+        other prefills registered meanwhile is taken (prefixes.py). Chunks are cut at the same places whatever else
+        runs, so a request's cache (and its greedy output) does not depend on its neighbours."""
+        prefilling = [seq for seq in self.running.values() if seq.prefilling]
+        for seq in prefilling:
             end = self.prefixes.reuse(seq.slot, seq.prefilled)
-            self.metrics.prefill_reused_tokens.inc(end - seq.prefilled)
+            self._count_reused(seq, end - seq.prefilled)
             seq.prefilled = end
-            if seq.prefilling and not computed:
-                self._guarded(seq, self._compute_chunk, seq)
-                computed = True
+        left = [seq for seq in prefilling if seq.prefilling]
+        if left:
+            seq = min(left, key=lambda seq: (len(seq.prefill_ids) - seq.prefilled, seq.admitted))
+            self._guarded(seq, self._compute_chunk, seq)
+
+    def _count_reused(self, seq: Sequence, tokens: int) -> None:
+        """Prompt tokens taken from the prefix cache (a resumed sequence's own context is not its prompt)."""
+        if seq.context is None:
+            seq.stats.cached_tokens += tokens
+            self.metrics.prefill_reused_tokens.inc(tokens)
 
     def _compute_chunk(self, seq: Sequence) -> None:
         begin = time.perf_counter()
-        end = min(seq.prefilled + self.config.prefill_chunk, len(seq.request.prompt_ids) - 1)
-        chunk = seq.request.prompt_ids[seq.prefilled : end]
+        end = min(seq.prefilled + self.config.prefill_chunk, len(seq.prefill_ids) - 1)
+        chunk = seq.prefill_ids[seq.prefilled : end]
         ids = torch.tensor([chunk], dtype=torch.long, device=self.target.model.device)
         self.target.model(ids, self.cache, [seq.slot], num_logits=1, invariant=False)
         self.prefixes.computed(seq.slot, seq.prefilled, end)
@@ -810,6 +917,7 @@ class Scheduler:
             if seq.stopper.finished:
                 self._finish(seq)
                 return
+        self.prefixes.decoded(seq.slot, seq.tokens)
 
     def _record_token_time(self, seq: Sequence) -> None:
         now = time.perf_counter()
@@ -830,6 +938,7 @@ class Scheduler:
         )
         if self.proposer is not None:  # what it wrote, for the requests to come
             self.proposer.finished(seq.slot, seq.tokens[len(seq.request.prompt_ids) :], seq.request.partition)
+        self.prefixes.decoded(seq.slot, seq.tokens)
         seq.request.sink(FinishEvent(output, seq.queue_seconds))
         self._release(seq, reason)
 
@@ -849,7 +958,7 @@ class Scheduler:
 
     def _fail_all(self, message: str) -> None:
         with self.cond:
-            requests = list(self.waiting) + [seq.request for seq in self.running.values()]
+            requests = [_request_of(item) for item in self.waiting] + [seq.request for seq in self.running.values()]
             self.waiting.clear()
             for seq in list(self.running.values()):
                 self.cache.release(seq.slot)
@@ -866,3 +975,7 @@ class Scheduler:
         self.metrics.set_queue(len(self.running), len(self.waiting))
         pool = self.cache.pool
         self.metrics.kv_cache_usage.set((pool.in_use() + pool.reserved) / pool.num_blocks)
+
+
+def _request_of(item: EngineRequest | Sequence) -> EngineRequest:
+    return item.request if isinstance(item, Sequence) else item

@@ -19,13 +19,17 @@ are handed out again before untouched ones.
 Sharing. A block's reference count is the number of slots listing it. A block may be registered as holding a
 prompt's keys and values for later requests (engine/prefixes.py decides which, under which key): a full block under
 its key, shared copy-free; any registered block as a source its first positions can be copied from. An unreferenced
-registered block stays in the pool, least recently used first, and is evicted only when a block is needed and none
-is free. A slot about to write into a block another slot also lists copies it first (copy on write); writing over a
-registered block's content unregisters it.
+registered block stays in the pool, and is evicted only when a block is needed and none is free: first the least
+recently used of those no later request has taken (a prompt nobody sent again), then, of those that served a later
+request, the least recently used of the owner (a tenant, engine/requests.py) that keeps the most of them idle. So one
+tenant's flood of new prompts evicts its own and other new prompts, not another tenant's prompt that is reused.
+A block of an owner that keeps nothing (a private partition) is given back free as soon as no slot lists it. A slot
+about to write into a block another slot also lists copies it first (copy on write); writing over a registered block's
+content unregisters it.
 
-Reservations. A slot may reserve blocks (the scheduler reserves what a request may need when it admits it): reserved
-blocks are handed out to that slot alone, so a running request never lacks one. Beyond its reservation a slot takes
-what no reservation holds; where nothing is left `ensure` raises CacheFullError.
+Reservations. A slot may reserve blocks (the scheduler reserves what a request needs when it admits it): reserved
+blocks are handed out to that slot alone. Beyond its reservation a slot takes what no reservation holds; where nothing
+is left `ensure` raises CacheFullError (the scheduler then preempts a sequence: engine/scheduler.py).
 """
 
 from __future__ import annotations
@@ -56,20 +60,25 @@ class BlockRecord:
     tokens: list[int]
     prefill_end: int
     key: bytes | None = None
+    owner: str = ""  # whose it is (a partition): eviction is fair between owners
+    keep: bool = True  # kept for later requests once unreferenced (False: a private partition's)
 
 
 class BlockPool:
     """The bookkeeping of a cache's blocks: reference counts, the free ones, the registered ones and their index.
 
     A block is in use (referenced by slots), free (handed out before and holding nothing registered), idle
-    (registered, unreferenced: evicted least recently used first), or untouched (never handed out)."""
+    (registered, unreferenced: evicted by `_evict`'s order), or untouched (never handed out)."""
 
     def __init__(self, num_blocks: int, zero):
         self.num_blocks = num_blocks
         self.refs = [0] * num_blocks
         self.touched = 0  # blocks [0, touched) have been handed out at least once
         self.free: list[int] = []
-        self.idle: OrderedDict[int, None] = OrderedDict()
+        self.idle: OrderedDict[int, None] = OrderedDict()  # every idle block, least recently used first
+        self.reused: set[int] = set()  # registered blocks a slot took after the one that wrote them
+        self._untaken: OrderedDict[int, None] = OrderedDict()  # idle blocks not in `reused`, least recent first
+        self._taken: dict[str, OrderedDict[int, None]] = {}  # owner -> its idle blocks in `reused`, least recent first
         self.reserved = 0  # blocks reserved by slots and not yet handed out
         self.records: dict[int, BlockRecord] = {}
         self.full: dict[bytes, int] = {}  # key -> the full block registered under it
@@ -92,7 +101,7 @@ class BlockPool:
             self.touched += 1
             self._zero(block)
         elif self.idle:
-            block, _ = self.idle.popitem(last=False)
+            block = self._evict()
             self._forget(block)
         else:
             raise CacheFullError("every block of the KV cache is in use")
@@ -100,19 +109,52 @@ class BlockPool:
         return block
 
     def take(self, block: int) -> None:
-        """One more reference to a block (in use, or idle: then no longer idle)."""
+        """One more reference to a block (in use, or idle: then no longer idle); a registered block taken so is
+        reused (a later request, or another choice of the same, reads what its first writer left)."""
         if self.refs[block] == 0:
-            del self.idle[block]
+            self._leave_idle(block)
+        if block in self.records:
+            self.reused.add(block)
         self.refs[block] += 1
 
     def drop(self, block: int) -> None:
-        """One reference fewer; unreferenced, a registered block turns idle (the most recently used), another free."""
+        """One reference fewer; unreferenced, a registered block kept for later turns idle (the most recently used),
+        another free."""
         self.refs[block] -= 1
         if self.refs[block] == 0:
-            if block in self.records:
-                self.idle[block] = None
-            else:
+            record = self.records.get(block)
+            if record is not None and not record.keep:
+                self._forget(block)
+                record = None
+            if record is None:
                 self.free.append(block)
+                return
+            self.idle[block] = None
+            if block in self.reused:
+                self._taken.setdefault(record.owner, OrderedDict())[block] = None
+            else:
+                self._untaken[block] = None
+
+    def _leave_idle(self, block: int) -> None:
+        del self.idle[block]
+        if block in self._untaken:
+            del self._untaken[block]
+            return
+        owner = self.records[block].owner
+        del self._taken[owner][block]
+        if not self._taken[owner]:
+            del self._taken[owner]
+
+    def _evict(self) -> int:
+        """The idle block to evict (it leaves the idle ones): the least recently used never reused, else the least
+        recently used reused one of the owner keeping the most of them idle."""
+        if self._untaken:
+            block = next(iter(self._untaken))
+        else:
+            owner = max(self._taken, key=lambda name: len(self._taken[name]))
+            block = next(iter(self._taken[owner]))
+        self._leave_idle(block)
+        return block
 
     def register(self, block: int, record: BlockRecord) -> bool:
         """Record what `block` holds (replacing what it held); False, and nothing recorded, where another block is
@@ -131,13 +173,14 @@ class BlockPool:
         """Forget what `block` holds; an idle block becomes free."""
         if block not in self.records:
             return
-        self._forget(block)
         if self.refs[block] == 0:
-            del self.idle[block]
+            self._leave_idle(block)
             self.free.append(block)
+        self._forget(block)
 
     def _forget(self, block: int) -> None:
         record = self.records.pop(block, None)
+        self.reused.discard(block)
         if record is None:
             return
         if record.key is not None and self.full.get(record.key) == block:

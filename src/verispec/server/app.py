@@ -44,7 +44,7 @@ from .limits import (
     PARSE_ON_LOOP_BYTES,
 )
 from .openapi import openapi_schema
-from .partitions import partition_of
+from .partitions import partition_of, tenant_of
 from .protocol import MAX_MESSAGES, ApiError, ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, new_id
 from .responses import Job, chat_chunks, chat_completion_body, completion_body, completion_chunks, event_error
 from .responses_api import ResponsesRequest, chat_request, response_body, response_events
@@ -474,6 +474,7 @@ def _submit(
     job_id = new_id(kind or ("chatcmpl" if prompt_param == "messages" else "cmpl"))
     key = key_index(state.api_keys, authorization) if state.api_keys else None
     partition = partition_of(state.cache_sharing, key, body.user, body.cache_salt, job_id)
+    tenant = tenant_of(key, body.user)
     count = body.sequences()
     sink = AsyncSink(count)
     logprobs = body.top_logprobs_asked()
@@ -483,6 +484,7 @@ def _submit(
             job_id if count == 1 else f"{job_id}-{i}", prompt_ids, _choice_params(params, i), max_tokens,
             sink.choice(i), body.stop_list(), body.speculative, ignore_eos=body.ignore_eos,
             logprobs=0 if ranking and logprobs is None else logprobs, grammar=grammar, partition=partition,
+            tenant=tenant,
         )
         for i in range(count)
     ]  # fmt: skip

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 
+from ..engine.requests import PRIVATE
+
 SHARING = ("global", "key", "user", "none")
 
 
@@ -30,6 +32,12 @@ def partition_of(sharing: str, key: int | None, user: str | None, salt: str | No
         owner = ["key", key]
     elif sharing == "user" and user is not None:
         owner = ["key", key, "user", user]
-    else:  # none, or user without a user
-        owner = ["request", request_id]
+    else:  # none, or user without a user: the request's own, which no later request can read
+        return PRIVATE + json.dumps([request_id, salt])
     return json.dumps([*owner, salt])  # unambiguous: no user or salt can spell another's partition
+
+
+def tenant_of(key: int | None, user: str | None) -> str:
+    """Who a request is served fairly as (engine/admission.py): its API key, and its `user` where it sends one (an
+    application serving many people through one key names them there)."""
+    return json.dumps(["key", key, "user", user])
