@@ -86,6 +86,42 @@ def test_reference_counts_never_free_a_block_in_use_and_idle_blocks_go_least_rec
     assert sorted(cache.blocks[1][:3]) == [1, 2, 3] and cache.blocks[1][3] == 0 and not pool.full
 
 
+def test_eviction_takes_blocks_nobody_reused_first_then_from_the_owner_keeping_the_most():
+    """A flood of new prompts (registered, never taken again) once pushed a tenant's reused prompt out of one shared
+    least-recently-used order; now never-reused blocks go first, and among reused ones the owner keeping the most idle
+    gives first. A private owner's block is free as soon as no slot lists it."""
+    cache = KVCache(tiny_config(), 3, 64, torch.float32, "cpu", num_blocks=6, block_size=16)
+    pool = cache.pool
+
+    def registered(slot: int, owner: str, count: int, keep: bool = True) -> list[int]:
+        cache.ensure(slot, 16 * count)
+        for block in cache.blocks[slot]:
+            pool.register(block, BlockRecord(b"p", [block], 64, b"k%d" % block, owner, keep))
+        return list(cache.blocks[slot])
+
+    reused = registered(0, "a", 1)[0]
+    cache.release(0)
+    assert cache.share(1, reused)  # a later request takes it
+    cache.release(1)
+    flood = registered(2, "b", 4)  # newer, but nobody took them again
+    cache.release(2)
+    taken = [pool.allocate() for _ in range(5)]  # the one untouched block, then the four of the flood
+    assert reused not in taken and set(flood) <= set(taken) and pool.records[reused].owner == "a"
+    for block in taken:
+        pool.drop(block)
+    for owner, count in (("c", 1), ("d", 2)):  # reused blocks of two owners: d keeps the most idle
+        blocks = registered(0, owner, count)
+        cache.release(0)
+        for block in blocks:
+            pool.take(block)
+            pool.drop(block)
+    victims = {pool.records[block].owner for block in pool.idle if block in pool.reused}
+    assert victims >= {"a", "c", "d"} and pool.records[pool._evict()].owner == "d"
+    private = registered(2, "private", 1, keep=False)[0]
+    cache.release(2)
+    assert private in pool.free and private not in pool.records
+
+
 def test_reserved_blocks_are_handed_to_their_slot_alone():
     cache = KVCache(tiny_config(), 2, 128, torch.float32, "cpu", num_blocks=4, block_size=16)
     assert cache.reserve(0, 3) and not cache.reserve(1, 2)
