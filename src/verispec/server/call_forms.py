@@ -1,0 +1,336 @@
+"""Tool calls written without the template's markers, as models of the Hermes family write them under
+`tool_choice: "auto"` (Qwen2.5-Coder was not trained on its template's `<tool_call>` tags; vLLM issue #32926 found its
+calls in code blocks): a fenced JSON block, a bare JSON answer, the template's own example with doubled braces
+(`{{"name": ..., "arguments": ...}}`), or `<tools>`/`<tool_call>` spelled as text. Each is a call only where it names a
+declared tool and its arguments conform to that tool's schema; anything else stays text, as it was written.
+
+    find_calls(text, declared)   a finished answer: (content, calls), or None where it holds no call
+    LooseStream                  a growing answer: content as far as it cannot become a call, calls once complete
+
+Only parsing: what the model writes (and greedy output) is the same with or without it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+FENCE_LINE = re.compile(r"(?m)^[ \t]*```[ \t]*([A-Za-z0-9_+.-]*)[ \t]*$\n?")
+CALL_LANGUAGES = ("", "json", "JSON", "tool_call", "tool_code")
+TAGGED = re.compile(r"<(tools|tool_call|function_call)>\s*(.*?)\s*</\1>", re.S)
+OPEN_TAG = re.compile(r"<(tools|tool_call|function_call)>")
+TAG_PREFIXES = ("<tools>", "<tool_call>", "<function_call>")
+MAX_SCHEMA_DEPTH = 64
+
+
+@dataclass(frozen=True)
+class Found:
+    name: str
+    arguments: str  # JSON text of the arguments object
+
+
+@dataclass(frozen=True)
+class Declared:
+    """The tools a request declared: name -> the JSON schema of its arguments (None: no arguments)."""
+
+    schemas: dict[str, dict | None]
+    parallel: bool = True
+
+
+def find_calls(text: str, declared: Declared) -> tuple[str | None, list[Found]] | None:
+    """(content, calls) of a finished answer holding calls in one of the loose forms; None where it holds none."""
+    regions = _regions(text, declared)
+    if regions is None:
+        return None
+    content, calls, at = [], [], 0
+    for start, end, found in regions:
+        content.append(text[at:start])
+        calls += found
+        at = end
+    content.append(text[at:])
+    if not declared.parallel and len(calls) > 1:
+        return None
+    joined = "".join(content).strip()
+    return joined or None, calls
+
+
+def _regions(text: str, declared: Declared) -> list[tuple[int, int, list[Found]]] | None:
+    """The spans of `text` that are calls, in order; None where none is."""
+    regions = []
+    for fence in fences(text):
+        if fence.closed and fence.language in CALL_LANGUAGES and (found := calls_in(fence.body(text), declared)):
+            regions.append((fence.start, fence.end, found))
+    for match in TAGGED.finditer(text):
+        if found := calls_in(match.group(2), declared):
+            regions.append((match.start(), match.end(), found))
+    if not regions:
+        bare = text.strip()
+        found = calls_in(bare, declared) if bare[:1] in "{[" else None
+        if found:
+            start = text.index(bare[0])
+            return [(start, start + len(bare), found)]
+        return None
+    regions.sort()
+    kept, end = [], -1
+    for region in regions:  # a tag inside a fence (or the reverse) counts once
+        if region[0] >= end:
+            kept.append(region)
+            end = region[1]
+    return kept
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A fenced block: from its opening line's start to its closing line's end (`closed`), or to the text's end."""
+
+    start: int
+    body_start: int
+    body_end: int
+    end: int
+    language: str
+    closed: bool
+
+    def body(self, text: str) -> str:
+        return text[self.body_start : self.body_end]
+
+
+def fences(text: str) -> list[Fence]:
+    """The fenced blocks of `text` in order, fence lines paired as Markdown pairs them (an opening line may name a
+    language; a closing line is the fence alone)."""
+    found, lines = [], list(FENCE_LINE.finditer(text))
+    i = 0
+    while i < len(lines):
+        opening = lines[i]
+        start = opening.start() + opening.group(0).index("```")  # blanks before it are the line's, not the block's
+        closing = next((line for line in lines[i + 1 :] if not line.group(1)), None)
+        if closing is None:
+            found.append(Fence(start, opening.end(), len(text), len(text), opening.group(1), False))
+            break
+        found.append(Fence(start, opening.end(), closing.start(), closing.end(), opening.group(1), True))
+        i = lines.index(closing) + 1
+    return found
+
+
+def calls_in(text: str, declared: Declared) -> list[Found] | None:
+    """The calls a JSON text holds: one call object, a list of them, or objects one after another (each naming a
+    declared tool, its arguments conforming); None where it is anything else."""
+    text = text.strip()
+    if text.startswith("{{") and text.endswith("}}"):  # the template's example, its doubled braces copied
+        text = text[1:-1]
+    values = _json_values(text)
+    if values is None:
+        return None
+    if len(values) == 1 and isinstance(values[0], list):
+        values = values[0]
+    found = [_call(value, declared) for value in values]
+    return found if found and all(found) else None  # type: ignore[return-value]
+
+
+def _json_values(text: str) -> list[Any] | None:
+    decoder, values, at = json.JSONDecoder(), [], 0
+    while at < len(text):
+        try:
+            value, at = decoder.raw_decode(text, at)
+        except (ValueError, RecursionError):
+            return None
+        values.append(value)
+        while at < len(text) and text[at] in " \t\r\n,;":
+            at += 1
+    return values or None
+
+
+def _call(value: Any, declared: Declared) -> Found | None:
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return None
+    key = "arguments" if "arguments" in value else "parameters" if "parameters" in value else None
+    if set(value) - {"name", key} or value["name"] not in declared.schemas:
+        return None
+    arguments = value.get(key, {}) if key else {}
+    if isinstance(arguments, str):  # some models write the arguments as a JSON string, as the API sends them
+        try:
+            arguments = json.loads(arguments)
+        except (ValueError, RecursionError):
+            return None
+    schema = declared.schemas[value["name"]] or {"type": "object", "properties": {}, "additionalProperties": False}
+    if not isinstance(arguments, dict) or not conforms(arguments, schema):
+        return None
+    return Found(value["name"], json.dumps(arguments, ensure_ascii=False))
+
+
+def conforms(value: Any, schema: Any, depth: int = 0) -> bool:
+    """Whether `value` conforms to `schema` in what tool schemas use: type, enum, const, properties, required,
+    additionalProperties, items, anyOf/oneOf/allOf, minimum/maximum, min/maxLength, min/maxItems. A keyword outside
+    these ($ref, pattern, format) is not checked: this tells a call from prose, it is not a validator."""
+    if not isinstance(schema, dict) or depth > MAX_SCHEMA_DEPTH:
+        return True
+    if "const" in schema and value != schema["const"]:
+        return False
+    if "enum" in schema and isinstance(schema["enum"], list) and value not in schema["enum"]:
+        return False
+    if "type" in schema and not _typed(value, schema["type"]):
+        return False
+    if any(not conforms(value, part, depth + 1) for part in schema.get("allOf", []) or []):
+        return False
+    for key in ("anyOf", "oneOf"):
+        options = schema.get(key)
+        if isinstance(options, list) and options and not any(conforms(value, o, depth + 1) for o in options):
+            return False
+    if isinstance(value, dict):
+        return _object_conforms(value, schema, depth)
+    if isinstance(value, list):
+        if not _within(len(value), schema, "minItems", "maxItems"):
+            return False
+        return all(conforms(item, schema.get("items"), depth + 1) for item in value)
+    if isinstance(value, str):
+        return _within(len(value), schema, "minLength", "maxLength")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return _within(value, schema, "minimum", "maximum")
+    return True
+
+
+def _object_conforms(value: dict, schema: dict, depth: int) -> bool:
+    properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    required = schema.get("required") if isinstance(schema.get("required"), list) else []
+    if any(key not in value for key in required):
+        return False
+    extra = schema.get("additionalProperties", True)
+    for key, item in value.items():
+        if key in properties:
+            if not conforms(item, properties[key], depth + 1):
+                return False
+        elif extra is False or (isinstance(extra, dict) and not conforms(item, extra, depth + 1)):
+            return False
+    return True
+
+
+def _typed(value: Any, kind: Any) -> bool:
+    kinds = kind if isinstance(kind, list) else [kind]
+    checks = {
+        "object": isinstance(value, dict), "array": isinstance(value, list), "string": isinstance(value, str),
+        "boolean": isinstance(value, bool), "null": value is None,
+        "integer": isinstance(value, int) and not isinstance(value, bool)
+        or isinstance(value, float) and value.is_integer(),
+        "number": isinstance(value, int | float) and not isinstance(value, bool),
+    }  # fmt: skip
+    return any(checks.get(k, True) for k in kinds)
+
+
+def _within(size: float, schema: dict, low: str, high: str) -> bool:
+    lowest, highest = schema.get(low), schema.get(high)
+    if isinstance(lowest, int | float) and size < lowest:
+        return False
+    return not (isinstance(highest, int | float) and size > highest)
+
+
+# ---- streaming ------------------------------------------------------------------------------------------------
+class LooseStream:
+    """A growing answer read for loose calls: `update(text)` returns the content that can no longer become part of a
+    call (held back from where a fence, a tag or a bare JSON answer begins until it is complete and judged) and the
+    calls found since; `finish(text)` releases the rest. Sent content is never taken back."""
+
+    def __init__(self, declared: Declared):
+        self.declared = declared
+        self.sent = 0  # characters of `text` accounted for (sent as content, or consumed as a call)
+        self.calls: list[Found] = []
+
+    def update(self, text: str, final: bool = False) -> tuple[str, list[Found]]:
+        content, found = "", []
+        while self.sent < len(text):
+            start = self._candidate(text)
+            if start is None:  # nothing that can become a call: all of it is content
+                held = 0 if final else max(_partial_tag(text[self.sent :]), _partial_fence(text, self.sent))
+                content += text[self.sent : len(text) - held]
+                self.sent = len(text) - held
+                break
+            content += text[self.sent : start]
+            self.sent = start
+            judged = self._judge(text, start, final)
+            if judged is None:  # not complete yet
+                break
+            end, calls = judged
+            if calls:
+                found += calls
+            else:
+                content += text[start:end]
+            self.sent = end
+        if not self.declared.parallel and len(self.calls) + len(found) > 1:
+            found = found[: max(0, 1 - len(self.calls))]
+        self.calls += found
+        return content, found
+
+    def finish(self, text: str) -> tuple[str, list[Found]]:
+        return self.update(text, final=True)
+
+    def _candidate(self, text: str) -> int | None:
+        """Where the next region that may be a call begins (at or after `sent`), or None. A fenced block that cannot
+        hold a call is content: released as it comes, nothing in it starts a region."""
+        starts = []
+        for fence in fences(text):
+            if fence.end <= self.sent:
+                continue
+            if fence.start >= self.sent and _could_be_call_fence(text, fence):
+                starts.append(fence.start)
+                break
+            if not fence.closed:  # inside an open block of code: nothing after it starts a region yet
+                return None
+        rest = text[self.sent :]
+        if (tag := OPEN_TAG.search(rest)) is not None and not _inside_fence(text, self.sent + tag.start()):
+            starts.append(self.sent + tag.start())
+        if not text[: self.sent].strip() and rest.lstrip()[:1] in ("{", "["):
+            starts.append(self.sent + len(rest) - len(rest.lstrip()))
+        return min(starts) if starts else None
+
+    def _judge(self, text: str, start: int, final: bool) -> tuple[int, list[Found]] | None:
+        """(where the region from `start` ends, its calls (none: it is content)), or None while it is not complete."""
+        fence = next((f for f in fences(text) if f.start == start), None)
+        if fence is not None:
+            if not fence.closed:
+                return (len(text), []) if final else None
+            return fence.end, calls_in(fence.body(text), self.declared) or []
+        rest = text[start:]
+        if rest.startswith("<"):
+            match = TAGGED.match(rest)
+            if match is None:
+                return (start + len(rest), []) if final else None
+            return start + match.end(), calls_in(match.group(2), self.declared) or []
+        if not final:  # a bare JSON answer is a call only if it is the whole answer
+            return None
+        found = calls_in(rest, self.declared)
+        return start + len(rest), found or []
+
+
+def _could_be_call_fence(text: str, fence: Fence) -> bool:
+    """A fenced block whose language and first characters do not rule out a JSON call (an open one's language may
+    still be being written)."""
+    opening = text[fence.start : fence.body_start]
+    if not fence.closed and not opening.endswith("\n"):
+        written = fence.language
+        return any(language.startswith(written) for language in CALL_LANGUAGES)
+    if fence.language not in CALL_LANGUAGES:
+        return False
+    first = fence.body(text).lstrip()[:1]
+    return first in ("", "{", "[")
+
+
+def _inside_fence(text: str, at: int) -> bool:
+    return any(fence.body_start <= at < fence.body_end for fence in fences(text))
+
+
+def _partial_fence(text: str, sent: int) -> int:
+    """The length of a fence's beginning (a line of blanks and fewer than three backticks) that `text` ends with, past
+    `sent` (held back: it may open a call's block)."""
+    line_start = text.rfind("\n") + 1
+    line = text[line_start:]
+    if line_start >= sent and line.strip(" \t") in ("`", "``"):
+        return len(line)
+    return 0
+
+
+def _partial_tag(text: str) -> int:
+    """The length of a tag's beginning that `text` ends with (held back: it may open a call)."""
+    for size in range(min(len(text), max(map(len, TAG_PREFIXES)) - 1), 0, -1):
+        if any(tag.startswith(text[-size:]) for tag in TAG_PREFIXES):
+            return size
+    return 0
