@@ -45,7 +45,9 @@ class ServerProcess:
         command = [sys.executable, "-m", "verispec", "serve", "--port", str(self.port), "--threads", "2", *args]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         key = args[args.index("--api-key") + 1] if "--api-key" in args else os.environ.get("VERISPEC_API_KEY")
-        self.headers = {"Authorization": f"Bearer {key}"} if key else {}  # /metrics needs it, as /v1/ does
+        if "--metrics-key" in args:
+            key = args[args.index("--metrics-key") + 1]
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}  # what /metrics needs
         self.log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"verispec-serve-{self.port}.log", "w+")  # noqa: SIM115
         self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self._wait_healthy()

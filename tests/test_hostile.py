@@ -521,7 +521,7 @@ def test_one_tenant_cannot_see_anothers_answer_or_prompt():
     prompt got its answer in 0.39x the time, and its stats said so."""
     proc = ServerProcess(
         "--model", "tiny", "--speculative-model", "none", "--speculative-method", "suffix", "--max-model-len", "512",
-        "--api-key", "victim", "--api-key", "attacker",
+        "--api-key", "victim", "--api-key", "attacker", "--metrics-key", "operator",
     )  # fmt: skip
     prompt = "The quarterly numbers, confidential: " + "revenue up, costs down, " * 6
     ask = {"prompt": prompt, "max_tokens": 64, "temperature": 0, "ignore_eos": True}
@@ -531,9 +531,12 @@ def test_one_tenant_cannot_see_anothers_answer_or_prompt():
         headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
         reply = httpx.post(proc.url + ROUTES["completion"], json={**ask, **extra}, headers=headers, timeout=TIMEOUT)
         assert reply.status_code == 200, reply.text
-        return reply.json(), proc.metrics()["verispec_prefill_reused_tokens_total"] - before
+        reused = proc.metrics()["verispec_prefill_reused_tokens_total"] - before
+        assert reply.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == reused  # told to the requester too
+        return reply.json(), reused
 
     try:
+        assert httpx.get(proc.url + "/metrics", headers={"Authorization": "Bearer victim"}).status_code == 401
         victim, reused = send("victim")
         assert reused == 0
         for key, extra in (("attacker", {}), ("victim", {"cache_salt": "other"})):

@@ -52,7 +52,13 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         choices=QUANTIZATIONS,
         help="draft weights (default: int4-all for an int4 target, else as the target)",
     )
-    parser.add_argument("--max-model-len", type=int, default=4096, help="context length (tokens) to allocate")
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=4096,
+        help="context length (tokens) per sequence (serve's default: the models' trained context, cut to what "
+        "--kv-cache-memory holds)",
+    )
     parser.add_argument(
         "--kv-cache-memory",
         type=memory_size,

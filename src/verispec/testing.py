@@ -30,6 +30,22 @@ def byte_tokenizer() -> Tokenizer:
     return Tokenizer(raw, EOS_TEXT, "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<assistant>")
 
 
+# a template that shows tools and teaches the hermes call format (server/tools.py detects it), for the tiny pair
+TOOL_TEMPLATE = (
+    "{% if tools %}<tools>{% for t in tools %}{{ t.function.name }};{% endfor %}</tools>"
+    '<tool_call>{"name": "", "arguments": {}}</tool_call>{% endif %}'
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+    '{% for c in m.tool_calls or [] %}<tool_call>{"name": "{{ c.function.name }}", "arguments": '
+    "{{ c.function.arguments | tojson }}}</tool_call>{% endfor %}{% endfor %}<assistant>"
+)
+
+
+def tool_tokenizer() -> Tokenizer:
+    """The byte tokenizer with TOOL_TEMPLATE: the tiny pair can answer requests with tools."""
+    tokenizer = byte_tokenizer()
+    return Tokenizer(tokenizer.raw, EOS_TEXT, TOOL_TEMPLATE)
+
+
 def tiny_config(vocab_size: int = 257, hidden_size: int = 64, num_layers: int = 2, **overrides) -> ModelConfig:
     values = dict(
         vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers, num_heads=4, num_kv_heads=2,

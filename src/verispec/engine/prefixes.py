@@ -113,8 +113,8 @@ class PrefixBlocks:
     """The target cache's prefix reuse. `chunk`: the prefill chunk of a model whose passes are not row-invariant,
     None for one whose are."""
 
-    def __init__(self, cache: KVCache, chunk: int | None):
-        self.cache, self.chunk = cache, chunk
+    def __init__(self, cache: KVCache, chunk: int | None, answers: bool = True):
+        self.cache, self.chunk, self.answers = cache, chunk, answers
         self.prompts: dict[int, Prompt] = {}  # per slot: the prompt its request prefills
         self.decoded_keys: dict[int, list[bytes]] = {}  # per slot: the keys of the full blocks decoding filled
 
@@ -235,7 +235,7 @@ class PrefixBlocks:
         """Register the slot's full blocks that decoding filled (its cache holding `tokens`' first positions), on a
         row-invariant model: their bits are what a prefill of those tokens writes."""
         prompt, cache, size = self.prompts.get(slot), self.cache, self.cache.block_size
-        if prompt is None or self.chunk is not None:
+        if prompt is None or self.chunk is not None or not self.answers:
             return
         keys = self.decoded_keys.setdefault(slot, [])
         first = len(prompt.keys) + len(keys)  # the first full block not yet registered

@@ -79,7 +79,7 @@ METHODS = tuple(PROPOSERS)  # the ways of drafting, by name (proposer.py)
 class SchedulerConfig:
     max_num_seqs: int = 8  # sequences decoded together (cache slots)
     max_queue: int = 64  # requests waiting for a slot
-    max_model_len: int = 4096  # prompt + generated tokens per sequence
+    max_model_len: int | None = 4096  # prompt + generated tokens per sequence; None: the models' trained context
     num_speculative_tokens: int = 4
     draft_policy: str = "auto"  # auto | always | never (see policy.py)
     # draft: a draft model proposes; ngram: prompt lookup (no draft model); hybrid: prompt lookup where the
@@ -94,12 +94,15 @@ class SchedulerConfig:
     # lookups may propose token trees, verified in one pass (suffix drafting; requests without penalties, on a
     # target that takes trees: Transformer.takes_trees). Off by default: measured not to pay (docs/repetition.md)
     token_trees: bool = False
+    # register the blocks decoding fills, so that a next turn holding the answer prefills only what is new
+    # (prefixes.py; on a row-invariant target)
+    answer_reuse: bool = True
     # bytes the target's and the draft model's KV caches may take together (budget.py); None: every slot's full
     # context, at most half the memory available at start
     kv_cache_memory: int | None = None
 
     def __post_init__(self) -> None:
-        if self.max_num_seqs < 1 or self.max_queue < 0 or self.max_model_len < 2:
+        if self.max_num_seqs < 1 or self.max_queue < 0 or (self.max_model_len is not None and self.max_model_len < 2):
             raise InvalidParameterError("need max_num_seqs >= 1, max_queue >= 0 and max_model_len >= 2")
         if self.prefill_chunk < 1:
             raise InvalidParameterError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
@@ -175,7 +178,9 @@ class Scheduler:
         self.target = target
         self.tokenizer = target.tokenizer
         self.metrics = metrics or Metrics()
-        limits = [self.config.max_model_len, target.model.config.max_position_embeddings]
+        limits = [target.model.config.max_position_embeddings]
+        if self.config.max_model_len is not None:
+            limits.append(self.config.max_model_len)
         if draft is not None:
             self.tokenizer.check_compatible(draft.tokenizer)
             limits.append(draft.model.config.max_position_embeddings)
@@ -227,7 +232,9 @@ class Scheduler:
         self.cache = target.model.new_cache(slots, self.max_model_len + self.widest + 1, num_blocks)
         # prefill reuse (prefixes.py): to the token where the target's passes are row-invariant (the native stack)
         invariant = target.model.fused_blocks is not None
-        self.prefixes = PrefixBlocks(self.cache, None if invariant else self.config.prefill_chunk)
+        self.prefixes = PrefixBlocks(
+            self.cache, None if invariant else self.config.prefill_chunk, answers=self.config.answer_reuse
+        )
         # blocks taken as they are written, a sequence preempted where none is left: where a prefill of its tokens
         # writes the bits decoding wrote (row-invariant passes), so that a resumed sequence goes on exactly; else
         # each request reserves its whole length when admitted

@@ -1,9 +1,9 @@
 """Suffix drafting (SuffixDecoding, Oliaro et al. 2025): drafts that cost nothing, looked up in text the engine
 has already seen — the request's own prompt and output so far, and the outputs of earlier requests.
 
-    SuffixIndex           earlier requests' outputs (and, optionally, prompts) in one suffix trie, bounded in
-                          tokens: the oldest sequences leave first
-    BatchedSuffixDrafter  per sequence: the longest suffix of its context found in its own trie or in the index;
+    SuffixIndex           earlier requests' outputs, a suffix trie per partition, bounded in tokens and
+                          partitions, fairly between tenants
+    SuffixLookups         per sequence: the longest suffix of its context found in its own trie or in the index;
                           when found with enough confidence, the most frequent continuation, as long as the match
                           warrants; else the draft model (when there is one), else nothing
 

@@ -44,10 +44,12 @@ from .limits import (
     PARSE_ON_LOOP_BYTES,
 )
 from .openapi import openapi_schema
-from .partitions import partition_of, tenant_of
+from .partitions import partition_of, store_scope, tenant_of
 from .protocol import MAX_MESSAGES, ApiError, ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, new_id
 from .responses import Job, chat_chunks, chat_completion_body, completion_body, completion_chunks, event_error
-from .responses_api import ResponsesRequest, chat_request, response_body, response_events
+from .responses_api import LEFT_OUT_HEADER, Plan, plan, response_body, response_events, truncated
+from .responses_protocol import ResponsesRequest
+from .responses_store import ResponseStore, StoredResponse
 from .tools import ToolFormat, ToolRequest, detect, marker_bias, template_messages, tool_grammar, tool_request
 
 log = logging.getLogger("verispec.server")
@@ -63,7 +65,8 @@ class ServerState:
     scheduler: Scheduler
     model_name: str
     draining: bool = False  # set on SIGTERM: new requests get 503 while running ones finish
-    api_keys: tuple[str, ...] = ()  # when set, /v1/ routes and /metrics need one of them as a bearer token
+    api_keys: tuple[str, ...] = ()  # when set, /v1/ routes need one of them as a bearer token
+    metrics_key: str | None = None  # /metrics needs it (else, with one API key, that key; with several, closed)
     cache_sharing: str = "key"  # which requests share earlier outputs and prefilled prompts (partitions.py)
     allowed_hosts: frozenset[str] | None = None  # names the Host (and any Origin) header may carry; None: any
     started: int = field(default_factory=lambda: int(time.time()))
@@ -75,6 +78,7 @@ class ServerState:
     _grammar_workers: GrammarWorkers | None = None
     _tokens_per_message: int | None = None
     tool_format: ToolFormat | None = None  # how the model writes tool calls (tools.py), from its chat template
+    responses: ResponseStore = field(default_factory=ResponseStore)  # stored responses (responses_store.py)
 
     def __post_init__(self) -> None:
         self.tool_format = detect(self.scheduler.tokenizer.chat_template)
@@ -112,11 +116,12 @@ def create_app(state: ServerState) -> FastAPI:
     _add_error_handlers(app, state)
     app.add_middleware(
         Guard, api_keys=state.api_keys, allowed_hosts=state.allowed_hosts,
-        refused=lambda label: state.scheduler.metrics.rejected.labels(code=label).inc(),
+        refused=lambda label: state.scheduler.metrics.rejected.labels(code=label).inc(), metrics_key=state.metrics_key,
     )  # fmt: skip
     app.openapi = lambda: openapi_schema(app)
     _add_info_routes(app, state)
     _add_generation_routes(app, state)
+    _add_responses_routes(app, state)
     return app
 
 
@@ -193,9 +198,11 @@ class Guard:
     cancel on it. The cluster's ingress (server/cluster/ingress.py) puts the same guard in front of its replicas."""
 
     def __init__(
-        self, app, api_keys: tuple[str, ...], allowed_hosts: frozenset[str] | None, refused: Callable[[str], None]
-    ) -> None:
+        self, app, api_keys: tuple[str, ...], allowed_hosts: frozenset[str] | None, refused: Callable[[str], None],
+        metrics_key: str | None = None,
+    ) -> None:  # fmt: skip
         self.app, self.allowed_hosts, self.refused, self.api_keys = app, allowed_hosts, refused, api_keys
+        self.metrics_key = metrics_key
 
     async def __call__(self, scope, receive, send) -> None:
         refused = self._refusal(scope) if scope["type"] == "http" else None
@@ -221,13 +228,31 @@ class Guard:
                 if _hostname(text.split("://", 1)[-1].split("/")[0]) not in allowed:
                     message = f"requests from pages of {text} are refused (see --allowed-hosts)"
                     return ApiError(403, message, code="invalid_origin"), "invalid_origin"
-        if self.api_keys and _needs_key(scope["path"]):
-            given = headers.get("authorization", b"")
-            if key_index(self.api_keys, given) is None:
-                message = "a valid API key is needed: send the header 'Authorization: Bearer <key>'"
-                error = ApiError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-                return error, "invalid_api_key" if given else "missing_api_key"
+        given = headers.get("authorization", b"")
+        if scope["path"] == "/metrics":
+            return self._metrics_refusal(given)
+        if self.api_keys and _needs_key(scope["path"]) and key_index(self.api_keys, given) is None:
+            return _key_refusal(given)
         return None
+
+    def _metrics_refusal(self, given: bytes) -> tuple[ApiError, str] | None:
+        """/metrics shows the whole server's traffic: with --metrics-key, that key opens it; else with one API key
+        (one tenant) that key, and with several, nothing (one tenant would see another's requests)."""
+        if self.metrics_key is not None:
+            return None if key_index((self.metrics_key,), given) is not None else _key_refusal(given)
+        if len(self.api_keys) > 1:
+            message = "/metrics shows every tenant's traffic: with several API keys it needs a key of its own " \
+                "(--metrics-key)"  # fmt: skip
+            return ApiError(403, message, code="metrics_key_needed"), "metrics_key_needed"
+        if self.api_keys and key_index(self.api_keys, given) is None:
+            return _key_refusal(given)
+        return None
+
+
+def _key_refusal(given: bytes) -> tuple[ApiError, str]:
+    message = "a valid API key is needed: send the header 'Authorization: Bearer <key>'"
+    error = ApiError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+    return error, "invalid_api_key" if given else "missing_api_key"
 
 
 def key_index(keys: tuple[str, ...], authorization: bytes) -> int | None:
@@ -241,9 +266,8 @@ def key_index(keys: tuple[str, ...], authorization: bytes) -> int | None:
 
 
 def _needs_key(path: str) -> bool:
-    """With an API key set: every /v1/ route, and /metrics (what runs, and in a cluster its processes); /health
-    stays open for load balancers."""
-    return (path + "/").startswith("/v1/") or path == "/metrics"
+    """With an API key set: every /v1/ route (/metrics has its own rule); /health stays open for load balancers."""
+    return (path + "/").startswith("/v1/")
 
 
 # ---- info -------------------------------------------------------------------------------------------------
@@ -293,14 +317,101 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
         outputs, queue_seconds = await _result(request, state, job)
         return JSONResponse(chat_completion_body(job, outputs, queue_seconds).model_dump())
 
+
+def _add_responses_routes(app: FastAPI, state: ServerState) -> None:
+    """The Responses API: a request runs as the chat request it means (responses_api.py); with `store` (the default)
+    its response is kept, for previous_response_id and the GET, DELETE and input_items routes, within its scope."""
+
     @app.post("/v1/responses")
     async def responses(request: Request) -> Response:
         body = await _parse(request, ResponsesRequest)
-        job = await _start_chat(state, chat_request(body), request, "resp")
+        scope = _store_scope(state, request, body.user)
+        earlier = []
+        if body.previous_response_id is not None:
+            stored = await _off_loop(state.responses.get, scope, body.previous_response_id)
+            if stored is None:
+                message = f"no stored response with id '{body.previous_response_id[:64]}' (unknown, expired or deleted)"
+                raise ApiError(404, message, param="previous_response_id", code="not_found")
+            earlier = stored.conversation
+        made = plan(body, earlier, lambda item_id: state.responses.item(scope, item_id))
+        made, job = await _start_responses(state, made, request)
+        headers = {LEFT_OUT_HEADER: ", ".join(made.left_out)} if made.left_out else None
+
+        def keep(response: dict) -> None:
+            if body.store:
+                conversation = [*made.items, *response["output"]]
+                state.responses.put(scope, StoredResponse(response["id"], response, made.new_items, conversation))
+
         if body.stream:
-            return _sse(state, job, response_events(body, job), typed=True)
+            return _sse(state, job, response_events(made, job, keep), typed=True, headers=headers)
         outputs, _ = await _result(request, state, job)
-        return JSONResponse(response_body(body, job, outputs[0]))
+        answer = response_body(made, job, outputs[0])
+        await _off_loop(keep, answer)
+        return JSONResponse(answer, headers=headers)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str, request: Request) -> JSONResponse:
+        stored = await _stored(state, request, response_id)
+        return JSONResponse(stored.response)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str, request: Request) -> JSONResponse:
+        if not await _off_loop(state.responses.delete, _store_scope(state, request, None), response_id):
+            raise _no_response(response_id)
+        return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+    @app.get("/v1/responses/{response_id}/input_items")
+    async def input_items(
+        response_id: str, request: Request, limit: int = 20, order: str = "desc", after: str | None = None
+    ) -> JSONResponse:
+        if not 1 <= limit <= 100 or order not in ("asc", "desc"):
+            raise ApiError(400, "limit must be in [1, 100] and order asc or desc", param="limit" if order in (
+                "asc", "desc") else "order", code="invalid_value")  # fmt: skip
+        stored = await _stored(state, request, response_id)
+        return JSONResponse(_page(stored.conversation[: len(stored.conversation) - len(stored.response["output"])],
+                                  limit, order, after))  # fmt: skip
+
+
+def _page(items: list[dict], limit: int, order: str, after: str | None) -> dict:
+    ordered = items[::-1] if order == "desc" else list(items)
+    if after is not None:
+        ids = [item.get("id") for item in ordered]
+        ordered = ordered[ids.index(after) + 1 :] if after in ids else []
+    page = ordered[:limit]
+    return {"object": "list", "data": page, "first_id": page[0].get("id") if page else None,
+            "last_id": page[-1].get("id") if page else None, "has_more": len(ordered) > limit}  # fmt: skip
+
+
+async def _stored(state: ServerState, request: Request, response_id: str) -> StoredResponse:
+    stored = await _off_loop(state.responses.get, _store_scope(state, request, None), response_id)
+    if stored is None:
+        raise _no_response(response_id)
+    return stored
+
+
+def _no_response(response_id: str) -> ApiError:
+    return ApiError(404, f"no stored response with id '{response_id[:64]}' (unknown, expired or deleted)",
+                    param="response_id", code="not_found")  # fmt: skip
+
+
+def _store_scope(state: ServerState, request: Request, user: str | None) -> str:
+    key = key_index(state.api_keys, _authorization(request)) if state.api_keys else None
+    return store_scope(state.cache_sharing, key, user)
+
+
+async def _start_responses(state: ServerState, made: Plan, request: Request) -> tuple[Plan, Job]:
+    """The plan's chat request started; with truncation "auto", a prompt longer than the context drops its oldest
+    turns until it fits. Refusals name the Responses field."""
+    while True:
+        try:
+            return made, await _start_chat(state, made.chat, request, "resp")
+        except ApiError as exc:
+            if exc.code == "context_length_exceeded" and made.body.truncation == "auto":
+                shorter = truncated(made)
+                if shorter is not None:
+                    made = shorter
+                    continue
+            raise made.in_responses_terms(exc) from None
 
 
 async def _start_chat(state: ServerState, body: ChatCompletionRequest, request: Request, kind: str = "chatcmpl") -> Job:
@@ -425,11 +536,9 @@ async def _grammar(
     checked in a worker process and compiled off the event loop (server/grammars.py); 400 naming the field for a
     bad one, or one over the limits; 499 when the client leaves meanwhile."""
     constraints = body.constraints()
-    calls = tool_grammar(tools, state.scheduler.tokenizer) if tools is not None else None
-    if calls is not None:
-        if constraints:
-            message = "structured output and tool calls cannot be asked for together"
-            raise ApiError(400, message, param=constraints[0][0], code="invalid_value")
+    if tools is not None and tools.choice != "none":
+        answer = _structured_answer(constraints)
+        calls = tool_grammar(tools, state.scheduler.tokenizer, answer if tools.choice == "auto" else None)
         constraints = [("functions" if tools.legacy else "tools", "grammar", calls)]
     if not constraints:
         return None, None
@@ -445,6 +554,18 @@ async def _grammar(
         raise ApiError(400, str(exc), param=param, code="invalid_value") from None
     except ClientGoneError:
         raise ApiError(499, "client closed the request", code="client_closed") from None
+
+
+def _structured_answer(constraints: list[tuple[str, str, str]]) -> str | None:
+    """The JSON schema (text; "" for any object) a structured answer asked for beside tools must follow, or None; with
+    tools, structured output is a JSON schema or json_object (the grammar is "a call or the schema's object")."""
+    if not constraints:
+        return None
+    param, kind, value = constraints[0]
+    if len(constraints) > 1 or kind not in ("json_schema", "json_object"):
+        message = "beside tools, structured output is one JSON schema or json_object (a call or that object)"
+        raise ApiError(400, message, param=param, code="invalid_value")
+    return value if kind == "json_schema" else ""
 
 
 def _submit(
@@ -601,7 +722,9 @@ def _cancel(state: ServerState, job: Job) -> None:
         state.scheduler.cancel(request.request_id)
 
 
-def _sse(state: ServerState, job: Job, chunks: AsyncIterator, typed: bool = False) -> StreamingResponse:
+def _sse(
+    state: ServerState, job: Job, chunks: AsyncIterator, typed: bool = False, headers: dict[str, str] | None = None
+) -> StreamingResponse:
     """Server-sent events: chunks as `data:` lines ending with [DONE] (chat and completions), or, `typed`, (event
     type, data) pairs as `event:` and `data:` lines (the Responses API)."""
 
@@ -619,5 +742,5 @@ def _sse(state: ServerState, job: Job, chunks: AsyncIterator, typed: bool = Fals
         finally:  # also on cancellation when the client disconnects
             _cancel(state, job)
 
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})}
     return StreamingResponse(body(), media_type="text/event-stream", headers=headers)

@@ -27,6 +27,9 @@ from .partitions import SHARING
 
 def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
+    # a server meets agents' long prompts (Codex sends 6k tokens before the first word): the models' own context,
+    # its blocks taken as requests write them
+    parser.set_defaults(max_model_len=None)
     add_draft_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     parser.add_argument("--port", type=int, default=8000)
@@ -51,6 +54,13 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
         "pass (default off: measured not to pay on our datasets; docs/repetition.md)",
     )
     parser.add_argument(
+        "--answer-reuse",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep the KV blocks of what the model wrote for the next turn of its conversation (default on; "
+        "--no-answer-reuse: prompts only, as before)",
+    )
+    parser.add_argument(
         "--draft-policy", default="auto", choices=POLICIES, help="auto: draft only while it pays (docs/server.md)"
     )
     parser.add_argument(
@@ -58,6 +68,26 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         help="require 'Authorization: Bearer <key>' on every /v1/ route and /metrics; repeat it for several keys, "
         "each a tenant of its own under --cache-sharing key (default: $VERISPEC_API_KEY, comma-separated; none: open)",
+    )
+    parser.add_argument(
+        "--metrics-key",
+        default=None,
+        help="require 'Authorization: Bearer <key>' on /metrics (server-wide figures: they show one tenant's traffic "
+        "to another). Default: with one --api-key or none, that key; with several, /metrics is closed until this is "
+        "set (default: $VERISPEC_METRICS_KEY)",
+    )
+    parser.add_argument(
+        "--responses-store",
+        default=None,
+        metavar="PATH",
+        help="an SQLite file keeping the Responses API's stored responses across restarts (default: kept in memory)",
+    )
+    parser.add_argument(
+        "--responses-store-limits",
+        default=None,
+        metavar="COUNT,BYTES,DAYS",
+        help="the most responses kept, their bytes and the days each is kept (default 10000,256MiB,30); past a bound "
+        "the oldest of the scope holding the most goes first",
     )
     parser.add_argument(
         "--cache-sharing",
@@ -121,6 +151,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from .app import ServerState, allowed_hosts_for, create_app
     from .http import bounded_protocol
+    from .responses_store import ResponseStore
 
     hosts = _access_arguments(args)  # before the models load: a mistake here costs no wait
     _check_limits(args)
@@ -133,7 +164,8 @@ def _serve(args: argparse.Namespace) -> int:
         return serve_cluster(args, name, allowed_hosts_for(args.host, hosts))
     scheduler = build_scheduler(args)
     state = ServerState(
-        scheduler, name, api_keys=args.api_key, cache_sharing=args.cache_sharing,
+        scheduler, name, api_keys=args.api_key, cache_sharing=args.cache_sharing, metrics_key=args.metrics_key,
+        responses=ResponseStore(args.responses_store, args.responses_store_limits),
         allowed_hosts=allowed_hosts_for(args.host, hosts),
         max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout, grammar_timeout=args.grammar_timeout,
         grammar_processes=args.grammar_workers, parse_special=args.parse_special,
@@ -178,12 +210,37 @@ def _access_arguments(args: argparse.Namespace) -> list[str] | None:
     if args.api_key is not None and len(keys) < len(args.api_key):
         raise VerispecError("--api-key is empty: give the key, or leave the flag out for an open server")
     args.api_key = tuple(keys)  # what the app and a cluster's replicas take
+    if args.metrics_key is None:
+        args.metrics_key = os.environ.get("VERISPEC_METRICS_KEY", "").strip() or None
+    args.responses_store_limits = _store_limits(args.responses_store_limits)
     if args.allowed_hosts is None:
         return None
     hosts = [h.strip() for h in args.allowed_hosts.split(",") if h.strip()]
     if not hosts:
         raise VerispecError("--allowed-hosts names no host: give names (comma-separated), or '*' for any")
     return hosts
+
+
+def _store_limits(text: str | None):
+    """--responses-store-limits COUNT,BYTES,DAYS (each may be left empty: its default)."""
+    from ..engine.budget import parse_memory
+    from .responses_store import StoreLimits
+
+    if text is None:
+        return StoreLimits()
+    parts = [part.strip() for part in text.split(",")]
+    if len(parts) != 3:
+        raise VerispecError(f"--responses-store-limits is COUNT,BYTES,DAYS (e.g. 10000,256MiB,30), got {text!r}")
+    default = StoreLimits()
+    try:
+        count = int(parts[0]) if parts[0] else default.max_count
+        size = parse_memory(parts[1]) if parts[1] else default.max_bytes
+        age = float(parts[2]) * 86400 if parts[2] else default.max_age
+    except ValueError as exc:
+        raise VerispecError(f"--responses-store-limits: {exc}") from None
+    if count < 1 or age <= 0:
+        raise VerispecError(f"--responses-store-limits: a count of at least 1 and days above 0, got {text!r}")
+    return StoreLimits(count, size, age)
 
 
 def _check_limits(args: argparse.Namespace) -> None:

@@ -28,6 +28,7 @@ def build_scheduler(args: argparse.Namespace):
         speculative_method=args.speculative_method, draft_vocab=args.draft_vocab, draft_window=args.draft_window,
         prefill_chunk=args.prefill_chunk, suffix_cache_tokens=args.suffix_cache_tokens,
         token_trees=args.token_trees, kv_cache_memory=args.kv_cache_memory,
+        answer_reuse=getattr(args, "answer_reuse", True),
     )  # fmt: skip
     if args.speculative_method == "hybrid" and args.speculative_model.lower() == "none":
         raise VerispecError("the hybrid speculative method needs a draft model (--speculative-model)")

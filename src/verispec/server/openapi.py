@@ -15,7 +15,8 @@ from typing import Any
 from fastapi import FastAPI
 
 from .protocol import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, ErrorResponse
-from .responses_api import ResponseObject, ResponsesRequest
+from .responses_api import ResponseObject
+from .responses_protocol import ResponsesRequest
 
 REQUEST_MODELS = {
     "/v1/completions": CompletionRequest,
@@ -44,6 +45,9 @@ POST_ERRORS = {
     "429": "every sequence slot and queue place is taken; retry after Retry-After seconds",
     "503": "the server is shutting down",
 }
+STORE_ERRORS = {"404": "no stored response (or item) with that id in this scope: unknown, expired or deleted"}
+METRICS_ERRORS = {"401": "the metrics key (or the one API key) is missing or wrong",
+                  "403": "several API keys and no --metrics-key: /metrics is closed"}  # fmt: skip
 HEADERS = {
     "401": {"WWW-Authenticate": {"schema": {"type": "string"}}},
     "429": {"Retry-After": {"schema": {"type": "string"}}},
@@ -95,6 +99,10 @@ def _build(app: FastAPI) -> dict:
                 errors["400"] = POST_ERRORS["400"] + "; or " + GUARD_ERRORS["400"]
             if path == "/health":
                 errors = errors | {"503": "the scheduler is not running"}
+            if path.startswith("/v1/responses"):
+                errors = errors | STORE_ERRORS
+            if path == "/metrics":
+                errors = errors | METRICS_ERRORS
             operation["responses"].pop("422", None)  # FastAPI's own validation shape is never sent
             for status, description in errors.items():
                 operation["responses"][status] = _error_response(description, error, status)

@@ -41,3 +41,12 @@ def tenant_of(key: int | None, user: str | None) -> str:
     """Who a request is served fairly as (engine/admission.py): its API key, and its `user` where it sends one (an
     application serving many people through one key names them there)."""
     return json.dumps(["key", key, "user", user])
+
+
+def store_scope(sharing: str, key: int | None, user: str | None) -> str:
+    """Whose stored responses a request reads and writes (server/responses_store.py): everyone's under global sharing;
+    else its API key's, and under user sharing its `user`'s within the key (a response stored without a user is the
+    key's). Another scope asking for a response's id gets the 404 an unknown id gets."""
+    if sharing == "global":
+        return json.dumps(["all"])
+    return json.dumps(["key", key, "user", user if sharing == "user" else None])

@@ -344,10 +344,15 @@ class ChatCompletionRequest(_GenerationRequest):
 
 
 # ---- responses ----------------------------------------------------------------------------------------
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int  # prompt tokens whose keys and values came from the prefix cache (engine/prefixes.py)
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class VerispecStats(BaseModel):

@@ -26,6 +26,7 @@ from .protocol import (
     CompletionChoice,
     CompletionLogprobs,
     Delta,
+    PromptTokensDetails,
     TokenLogprobEntry,
     TopLogprob,
     Usage,
@@ -108,8 +109,14 @@ def _pending_logprobs(job: Job, event: StreamChunk, pending: list[TokenLogprob])
 
 
 def usage(outputs: list[GenerationOutput]) -> Usage:
+    """Tokens of the prompt (once, whatever n), of every answer, and of the prompt served from the prefix cache before
+    the request (the fewest any choice took: the others also take what the first of them prefilled)."""
     prompt, completion = len(outputs[0].prompt_ids), sum(len(output.token_ids) for output in outputs)
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    cached = PromptTokensDetails(cached_tokens=min(output.stats.cached_tokens for output in outputs))
+    return Usage(
+        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+        prompt_tokens_details=cached,
+    )  # fmt: skip
 
 
 def best(job: Job, outputs: list[GenerationOutput]) -> list[GenerationOutput]:
@@ -157,9 +164,10 @@ def _message(job: Job, output: GenerationOutput, choice: int) -> tuple[Assistant
     tools = job.tools
     if tools is None or tools.choice == "none":
         return AssistantMessage(content=output.text), output.finish_reason
-    content, parsed = parse_calls(tools.format, job.tokenizer.decode(output.token_ids, keep_special=True))
+    text = job.tokenizer.decode(output.token_ids, keep_special=True)
+    content, parsed = parse_calls(tools, text, cut=output.finish_reason == "length")
     if not parsed:
-        return AssistantMessage(content=output.text), output.finish_reason
+        return AssistantMessage(content=output.text if content == text else content), output.finish_reason
     calls = answer_calls(tools, parsed, choice)
     reason = (
         output.finish_reason if output.finish_reason != "stop" else "function_call" if tools.legacy else "tool_calls"
@@ -241,7 +249,7 @@ async def chat_chunks(job: Job) -> AsyncIterator[BaseModel | dict]:
             stats = VerispecStats.from_stats(event.output.stats, event.queue_seconds)
             reason = event.output.finish_reason
             if index in streams:
-                for delta in _tool_deltas(job, streams[index].finish()):
+                for delta in _tool_deltas(job, streams[index].finish(cut=reason == "length")):
                     yield chunk(index, delta)
                 if streams[index].calls and reason == "stop":
                     reason = "function_call" if job.tools.legacy else "tool_calls"

@@ -1,12 +1,18 @@
-"""OpenAI's Responses API (`POST /v1/responses`), stateless: a request is turned into the chat request it means
-(instructions, input items, function tools, text format) and runs through the same engine and tool calling as
-/v1/chat/completions; its answer is a Response object, or its stream of typed events.
+"""OpenAI's Responses API (`/v1/responses`): a request is turned into the chat request it means and runs through the
+same engine and tool calling as /v1/chat/completions; its answer is a Response object, or its stream of typed events;
+with `store` (the default) the response is kept (responses_store.py) for `previous_response_id`, `GET`, `DELETE` and
+`input_items`.
 
-What it takes: `input` as text or items (messages with text content, `function_call` and `function_call_output`
-items; `reasoning` items are skipped), `instructions`, function `tools` (flat, as the Responses API writes them),
-`tool_choice`, `parallel_tool_calls`, `max_output_tokens`, `temperature`, `top_p`, `text.format` (text, json_object,
-json_schema), `stream`, and `user`, `metadata`, `store` (accepted; verispec keeps no responses). What it refuses:
-`previous_response_id` (send the whole conversation as input), tools other than functions, non-text input.
+What a request becomes (`plan`): `instructions` a system message; input items, after the stored conversation of
+`previous_response_id`, chat messages in order (a call joining the assistant message before it; reasoning items
+skipped: verispec's models do not read them; `item_reference`s found in the store); tools flattened: function tools
+as they are, a `namespace`'s tools under their own names, a `custom` tool a function of one string `input` (its regex
+format enforced as that string's pattern; a Lark grammar shown in its description, not enforced: a grammar over the
+JSON-escaped text is not what the library checks), `local_shell` a function of its action; hosted tools
+(`web_search`, `file_search`, ...), which the server cannot run, left out of what the model sees and named in the
+`X-Verispec-Tools-Left-Out` header. Every refusal names the Responses field at fault (`input.3.arguments`,
+`text.format`, `max_output_tokens`), never the chat field it became. `truncation: "auto"` drops the oldest turns until
+the prompt fits.
 """
 
 from __future__ import annotations
@@ -14,37 +20,41 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
-from typing import Any, Literal
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..engine.requests import ErrorEvent, FinishEvent, GenerationOutput
-from .protocol import ApiError, ChatCompletionRequest, _Strict
+from .protocol import ApiError, ChatCompletionRequest
 from .responses import Job, event_error, usage
+from .responses_protocol import (
+    AdditionalToolsItem,
+    CustomTool,
+    FunctionTool,
+    HostedTool,
+    ItemReference,
+    LocalShellTool,
+    NamedToolChoice,
+    NamespaceTool,
+    ResponsesRequest,
+    UnknownItem,
+)
 from .tools import ToolStream, answer_calls, parse_calls
 
-
-class ResponsesRequest(_Strict):
-    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
-
-    model: str | None = None
-    input: str | list[dict[str, Any]]
-    instructions: str | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
-    parallel_tool_calls: bool = True
-    max_output_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    text: dict[str, Any] | None = None
-    stream: bool = False
-    store: bool | None = None  # accepted: verispec keeps no responses whatever it says
-    previous_response_id: str | None = None
-    user: str | None = Field(default=None, max_length=256)
-    metadata: dict[str, Any] | None = None
-    seed: int | None = None  # extension, as in chat completions
-    speculative: bool = True  # extension, as in chat completions
+LEFT_OUT_HEADER = "X-Verispec-Tools-Left-Out"  # the hosted tools a request named that the model was not shown
+LOCAL_SHELL = "local_shell"
+LOCAL_SHELL_PARAMETERS = {
+    "type": "object",
+    "properties": {
+        "command": {"type": "array", "items": {"type": "string"}, "description": "the command and its arguments"},
+        "working_directory": {"type": "string"},
+        "timeout_ms": {"type": "integer"},
+    },
+    "required": ["command"],
+    "additionalProperties": False,
+}
 
 
 class ResponseObject(BaseModel):
@@ -53,132 +63,308 @@ class ResponseObject(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     id: str
-    object: Literal["response"]
+    object: str
     created_at: int
-    status: Literal["in_progress", "completed", "incomplete"]
+    status: str
     model: str
     output: list[dict[str, Any]]
     usage: dict[str, Any] | None
 
 
-def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
-    """The chat request a Responses request means; raises ApiError naming the field it cannot take."""
-    if body.previous_response_id is not None:
-        message = "verispec keeps no responses: send the whole conversation as input (previous_response_id)"
-        raise ApiError(400, message, param="previous_response_id", code="unsupported_parameter")
-    messages = [{"role": "system", "content": body.instructions}] if body.instructions else []
-    messages += _messages(body.input)
+@dataclass
+class Plan:
+    """A Responses request as the chat request it means, and what answering it in Responses terms needs."""
+
+    body: ResponsesRequest
+    chat: ChatCompletionRequest
+    items: list[dict]  # the conversation's input items: the stored ones of previous_response_id, then this request's
+    new_items: list[dict]  # this request's input items (with ids), as stored
+    kinds: dict[str, str]  # tool name -> function | custom | local_shell
+    left_out: list[str]  # hosted tools not offered
+    origins: list[str] = field(default_factory=list)  # per chat message: the Responses field it came from
+    call_origins: dict[tuple[int, int], str] = field(default_factory=dict)  # (message, call) -> its item
+    tool_origins: list[str] = field(default_factory=list)  # per chat tool: the Responses field it came from
+    dropped_turns: int = 0  # turns truncation dropped
+
+    def in_responses_terms(self, error: ApiError) -> ApiError:
+        """The error with its param named as the Responses API names it."""
+        error.param = _responses_param(error.param, self)
+        return error
+
+
+def plan(body: ResponsesRequest, earlier: list[dict], find_item: Callable[[str], dict | None]) -> Plan:
+    """The chat request `body` means after the conversation `earlier` (previous_response_id's); raises ApiError
+    naming the Responses field it cannot take."""
+    if body.background:
+        raise ApiError(400, "background responses are not supported: send the request and wait for its answer",
+                       param="background", code="unsupported_parameter")  # fmt: skip
+    new_items, extra_tools = _input_items(body, find_item)
+    tools, kinds, left_out, tool_origins = _tools([*(body.tools or []), *extra_tools])
+    items = [*earlier, *new_items]
+    messages, origins, call_origins = _messages(body, items, len(earlier))
+    made = Plan(body, None, items, new_items, kinds, left_out, origins, call_origins, tool_origins)  # type: ignore[arg-type]
+    made.chat = _chat(made, messages, tools)
+    return made
+
+
+def truncated(made: Plan) -> Plan | None:
+    """`made` with its oldest turn dropped (truncation "auto": from the first message after the system ones to the
+    next user message, so no call is left without its result), or None when nothing is left to drop."""
+    messages = made.chat.messages
+    first = next((i for i, m in enumerate(messages) if m.role not in ("system", "developer")), None)
+    if first is None:
+        return None
+    end = next((i for i in range(first + 1, len(messages)) if messages[i].role == "user"), None)
+    if end is None:
+        return None
+    chat = made.chat.model_copy(update={"messages": messages[:first] + messages[end:]})
+    origins = made.origins[:first] + made.origins[end:]
+    calls = {(i - (end - first) if i >= end else i, j): where for (i, j), where in made.call_origins.items()
+             if not first <= i < end}  # fmt: skip
+    return Plan(made.body, chat, made.items, made.new_items, made.kinds, made.left_out, origins, calls,
+                made.tool_origins, made.dropped_turns + 1)  # fmt: skip
+
+
+# ---- input ------------------------------------------------------------------------------------------------------
+def _input_items(body: ResponsesRequest, find_item: Callable[[str], dict | None]) -> tuple[list[dict], list]:
+    """This request's items as kept (references resolved, ids given where missing) and the tools its
+    additional_tools items add."""
+    if isinstance(body.input, str):
+        return [{"type": "message", "role": "user", "content": body.input, "id": _id("msg")}], []
+    items, tools = [], []
+    for i, item in enumerate(body.input):
+        if isinstance(item, AdditionalToolsItem):
+            tools += _typed_tools(item.tools, f"input.{i}.tools")
+        elif isinstance(item, ItemReference):
+            found = find_item(item.id)
+            if found is None:
+                raise ApiError(404, f"no stored item with id '{item.id[:64]}'", param=f"input.{i}.id",
+                               code="not_found")  # fmt: skip
+            items.append(found)
+        elif isinstance(item, UnknownItem):
+            raise ApiError(400, f"input items of type {item.type[:40]!r} are not supported", param=f"input.{i}.type",
+                           code="unsupported_parameter")  # fmt: skip
+        else:
+            kept = item.model_dump(exclude_none=True, by_alias=True)
+            kept.setdefault("id", _id("item"))
+            items.append(kept)
+    return items, tools
+
+
+def _typed_tools(raw: list[dict], param: str) -> list:
+    from pydantic import TypeAdapter
+
+    from .responses_protocol import Tool
+
+    try:
+        return TypeAdapter(list[Tool]).validate_python(raw, strict=True)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in error["loc"][:2])
+        raise ApiError(422, f"invalid request: {param}.{where}: {error['msg']}", param=f"{param}.{where}",
+                       code="invalid_value") from None  # fmt: skip
+
+
+def _messages(body: ResponsesRequest, items: list[dict], earlier: int) -> tuple[list[dict], list[str], dict]:
+    """The chat messages of `instructions` and `items` (the first `earlier` of them previous_response_id's), each
+    message's Responses field, and each history call's."""
+    messages, origins, calls = [], [], {}
+    if body.instructions:
+        messages.append({"role": "system", "content": body.instructions})
+        origins.append("instructions")
+    for index, item in enumerate(items):
+        where = "previous_response_id" if index < earlier else f"input.{_input_index(body, index - earlier)}"
+        _add_item(messages, origins, calls, item, where)
+    return messages, origins, calls
+
+
+def _chat(made: Plan, messages: list[dict], tools: list[dict]) -> ChatCompletionRequest:
+    body = made.body
     chat = {
         "model": body.model, "messages": messages, "max_completion_tokens": body.max_output_tokens,
         "temperature": body.temperature, "top_p": body.top_p, "parallel_tool_calls": body.parallel_tool_calls,
-        "user": body.user, "seed": body.seed, "speculative": body.speculative,
+        "user": body.user, "seed": body.seed, "speculative": body.speculative, "cache_salt": body.cache_salt,
     }  # fmt: skip
-    if body.tools:
-        chat["tools"] = [_chat_tool(tool, i) for i, tool in enumerate(body.tools)]
+    if tools:
+        chat["tools"] = tools
     if body.tool_choice is not None:
         chat["tool_choice"] = _chat_tool_choice(body.tool_choice)
-    if body.text and (response_format := _response_format(body.text)) is not None:
-        chat["response_format"] = response_format
+    if body.text is not None and body.text.format is not None and (fmt := _response_format(body)) is not None:
+        chat["response_format"] = fmt
     try:
         return ChatCompletionRequest.model_validate(chat)
     except ValidationError as exc:
         error = exc.errors(include_url=False)[0]
-        where = ".".join(str(p) for p in error["loc"])
-        raise ApiError(400, f"invalid request: {where}: {error['msg']}", param="input", code="invalid_value") from None
+        param = _responses_param(".".join(str(p) for p in error["loc"]), made)
+        raise ApiError(422, f"invalid request: {param}: {error['msg']}", param=param, code="invalid_value") from None
 
 
-def _messages(items: str | list[dict[str, Any]]) -> list[dict]:
-    """Chat messages from `input`: a text is one user message; items in order, a function call joining the
-    assistant message before it."""
-    if isinstance(items, str):
-        return [{"role": "user", "content": items}]
-    messages: list[dict] = []
-    for i, item in enumerate(items):
-        kind = item.get("type", "message" if "role" in item else None)
-        if kind == "message":
-            role = item.get("role")
-            if role not in ("user", "system", "developer", "assistant"):
-                raise ApiError(400, f"a message's role cannot be {str(role)[:32]!r}", param=f"input.{i}.role",
-                               code="invalid_value")  # fmt: skip
-            messages.append({"role": role, "content": _text(item.get("content"), f"input.{i}.content")})
-        elif kind == "function_call":
-            call = {"id": item.get("call_id"), "type": "function",
-                    "function": {"name": item.get("name"), "arguments": item.get("arguments", "")}}  # fmt: skip
-            last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
-                last["tool_calls"].append(call)
-            else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
-            output = item.get("output")
-            text = output if isinstance(output, str) else _text(output, f"input.{i}.output")
-            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": text})
-        elif kind != "reasoning":  # a model's own reasoning items: nothing verispec's models read
-            raise ApiError(400, f"input items of type {str(kind)[:32]!r} are not supported", param=f"input.{i}",
-                           code="unsupported_parameter")  # fmt: skip
-    return messages
+def _input_index(body: ResponsesRequest, kept_index: int) -> int:
+    """The position in `input` of the `kept_index`-th kept item (additional_tools items are not kept)."""
+    if isinstance(body.input, str):
+        return 0
+    positions = [i for i, item in enumerate(body.input) if not isinstance(item, AdditionalToolsItem)]
+    return positions[kept_index] if kept_index < len(positions) else kept_index
+
+
+def _add_item(messages: list[dict], origins: list[str], calls: dict, item: dict, where: str) -> None:
+    """One input item as chat messages (appended), each with the field it came from."""
+    kind = item.get("type", "message")
+    if kind == "message":
+        messages.append({"role": item["role"], "content": _text(item.get("content"), f"{where}.content")})
+        origins.append(where)
+    elif kind in ("function_call", "custom_tool_call", "local_shell_call"):
+        _add_call(messages, origins, calls, _history_call(item), where)
+    elif kind in ("function_call_output", "custom_tool_call_output", "local_shell_call_output"):
+        output = item.get("output")
+        text = output if isinstance(output, str) else _text(output, f"{where}.output")
+        call_id = item.get("call_id") or item.get("id")
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": text})
+        origins.append(where)
+    elif kind != "reasoning":  # a model's own reasoning: nothing verispec's models read
+        raise ApiError(400, f"input items of type {str(kind)[:40]!r} are not supported", param=f"{where}.type",
+                       code="unsupported_parameter")  # fmt: skip
+
+
+def _history_call(item: dict) -> dict:
+    """An earlier call as a chat tool call: a custom tool's input and a shell action as the function's arguments."""
+    kind = item["type"]
+    if kind == "custom_tool_call":
+        arguments = json.dumps({"input": item["input"]}, ensure_ascii=False)
+    elif kind == "local_shell_call":
+        action = {k: v for k, v in item["action"].items() if k != "type"}
+        return {"id": item["call_id"], "type": "function",
+                "function": {"name": LOCAL_SHELL, "arguments": json.dumps(action, ensure_ascii=False)}}  # fmt: skip
+    else:
+        arguments = item.get("arguments", "")
+    return {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": arguments}}
+
+
+def _add_call(messages: list[dict], origins: list[str], calls: dict, call: dict, where: str) -> None:
+    last = messages[-1] if messages else None
+    if last is not None and last["role"] == "assistant" and "tool_calls" in last:
+        last["tool_calls"].append(call)
+    else:
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        origins.append(where)
+    calls[len(messages) - 1, len(messages[-1]["tool_calls"]) - 1] = where
 
 
 def _text(content: Any, param: str) -> str:
     if isinstance(content, str):
         return content
-    if isinstance(content, list) and all(isinstance(p, dict) for p in content):
-        kinds = {p.get("type") for p in content}
-        if kinds <= {"input_text", "output_text", "text"}:
-            return "".join(str(p.get("text", "")) for p in content)
-    raise ApiError(400, "content must be text (input_text or output_text parts)", param=param,
-                   code="unsupported_parameter")  # fmt: skip
+    parts = content or []
+    for j, part in enumerate(parts):
+        if "text" not in part:
+            raise ApiError(400, f"content parts of type {str(part.get('type'))[:32]!r} are not supported: text is",
+                           param=f"{param}.{j}.type", code="unsupported_parameter")  # fmt: skip
+    return "".join(part["text"] for part in parts)
 
 
-def _chat_tool(tool: dict[str, Any], index: int) -> dict:
-    if tool.get("type") != "function":
-        message = f"tools of type {str(tool.get('type'))[:32]!r} are not supported: function tools are"
-        raise ApiError(400, message, param=f"tools.{index}.type", code="unsupported_parameter")
-    fields = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
-    return {"type": "function", "function": fields}
+# ---- tools ------------------------------------------------------------------------------------------------------
+def _tools(tools: list) -> tuple[list[dict], dict[str, str], list[str], list[str]]:
+    """(chat tools, name -> kind, hosted tools left out, each chat tool's Responses field)."""
+    chat, kinds, left_out, origins = [], {}, [], []
+    for i, tool in enumerate(tools):
+        where = f"tools.{i}"
+        members = [(tool, where)]
+        if isinstance(tool, NamespaceTool):
+            members = [(member, f"{where}.tools.{j}") for j, member in enumerate(tool.tools)]
+        for member, origin in members:
+            if isinstance(member, HostedTool):
+                left_out.append(member.type)
+                continue
+            function, kind = _as_function(member)
+            chat.append({"type": "function", "function": function})
+            kinds[function["name"]] = kind
+            origins.append(origin)
+    return chat, kinds, left_out, origins
 
 
-def _chat_tool_choice(choice: str | dict[str, Any]) -> str | dict:
+def _as_function(tool: FunctionTool | CustomTool | LocalShellTool) -> tuple[dict, str]:
+    if isinstance(tool, FunctionTool):
+        return tool.model_dump(exclude_none=True, exclude={"type"}), "function"
+    if isinstance(tool, LocalShellTool):
+        description = "Run a command on the user's machine: the command and its arguments as a list."
+        return {"name": LOCAL_SHELL, "description": description, "parameters": LOCAL_SHELL_PARAMETERS}, LOCAL_SHELL
+    text: dict[str, Any] = {"type": "string", "description": "the tool's input, free-form text"}
+    description = tool.description or ""
+    if tool.format is not None and tool.format.type == "grammar" and tool.format.definition:
+        if tool.format.syntax == "regex":  # the whole input (a JSON schema's pattern is searched for anywhere)
+            text["pattern"] = f"^(?:{tool.format.definition})$"
+        else:
+            description += f"\n\nThe input follows this Lark grammar:\n{tool.format.definition}"
+    parameters = {"type": "object", "properties": {"input": text}, "required": ["input"], "additionalProperties": False}
+    return {"name": tool.name, "description": description, "parameters": parameters}, "custom"
+
+
+def _chat_tool_choice(choice: Any) -> str | dict:
     if isinstance(choice, str):
         return choice
-    if choice.get("type") == "function":
-        return {"type": "function", "function": {"name": choice.get("name")}}
-    raise ApiError(400, "tool_choice must be none, auto, required or a function", param="tool_choice",
-                   code="invalid_value")  # fmt: skip
+    if isinstance(choice, NamedToolChoice):
+        return {"type": "function", "function": {"name": choice.name}}
+    message = f"tool_choice {str(choice.type)[:40]!r} names a tool the server cannot run (none, auto, required, or " \
+        "a function or custom tool)"  # fmt: skip
+    raise ApiError(400, message, param="tool_choice", code="unsupported_parameter")
 
 
-def _response_format(text: dict[str, Any]) -> dict | None:
-    fmt = text.get("format") or {"type": "text"}
-    kind = fmt.get("type")
-    if kind == "text":
+def _response_format(body: ResponsesRequest) -> dict | None:
+    fmt = body.text.format
+    if fmt.type == "text":
         return None
-    if kind == "json_object":
+    if fmt.type == "json_object":
         return {"type": "json_object"}
-    if kind == "json_schema":
-        return {
-            "type": "json_schema",
-            "json_schema": {
-                "name": fmt.get("name", "response"),
-                "schema": fmt.get("schema"),
-                "strict": fmt.get("strict"),
-            },
-        }
-    raise ApiError(400, f"text.format type {str(kind)[:32]!r} is not supported", param="text.format",
-                   code="invalid_value")  # fmt: skip
+    if fmt.schema_ is None:
+        raise ApiError(400, "a json_schema format needs its schema", param="text.format.schema", code="invalid_value")
+    return {"type": "json_schema",
+            "json_schema": {"name": fmt.name or "response", "schema": fmt.schema_, "strict": fmt.strict}}  # fmt: skip
+
+
+def _responses_param(param: str | None, made: Plan) -> str | None:
+    """A chat request's field as the Responses request named it."""
+    if param is None:
+        return None
+    head, _, rest = param.partition(".")
+    renamed = {"max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens",
+               "response_format": "text.format", "messages": "input", "prompt": "input"}  # fmt: skip
+    if head == "messages" and rest:
+        index, _, inner = rest.partition(".")
+        if index.isdigit() and int(index) < len(made.origins):
+            return _message_field(made, int(index), inner)
+    if head == "tools" and rest:
+        index, _, inner = rest.partition(".")
+        if index.isdigit() and int(index) < len(made.tool_origins):
+            origin = made.tool_origins[int(index)]
+            return origin + ("." + inner.removeprefix("function.") if inner and inner != "function" else "")
+    return renamed.get(head, head) + (f".{rest}" if rest and head not in renamed else "")
+
+
+def _message_field(made: Plan, index: int, inner: str) -> str:
+    origin = made.origins[index]
+    parts = inner.split(".")
+    if parts[0] == "tool_calls" and len(parts) > 1 and parts[1].isdigit():
+        call = made.call_origins.get((index, int(parts[1])), origin)
+        return call + (".arguments" if "arguments" in parts else "")
+    if parts[0] == "tool_call_id":
+        return f"{origin}.call_id"
+    if parts[0] == "content":
+        return f"{origin}.content"
+    return origin
 
 
 # ---- the answer -------------------------------------------------------------------------------------------------
-def _items(job: Job, output: GenerationOutput) -> list[dict]:
-    """The answer's output items: a message with its text, then each function call."""
+def output_items(job: Job, output: GenerationOutput, kinds: dict[str, str]) -> list[dict]:
+    """The answer's output items: a message with its text, then each call (function_call, custom_tool_call,
+    local_shell_call by the kind of the tool it names)."""
     content, calls = output.text, []
     if job.tools is not None and job.tools.choice != "none":
-        found, parsed = parse_calls(job.tools.format, job.tokenizer.decode(output.token_ids, keep_special=True))
-        if parsed:
+        text = job.tokenizer.decode(output.token_ids, keep_special=True)
+        found, parsed = parse_calls(job.tools, text, cut=output.finish_reason == "length")
+        if parsed or found != text:
             content, calls = found or "", answer_calls(job.tools, parsed)
     items = [_message_item(_id("msg"), content, "completed")] if content or not calls else []
-    items += [
-        _call_item(_id("fc"), call.id, call.function.name, call.function.arguments, "completed") for call in calls
-    ]
+    status = "incomplete" if output.finish_reason == "length" else "completed"
+    items += [_call_item(call.id, call.function.name, call.function.arguments, kinds, status) for call in calls]
     return items
 
 
@@ -187,33 +373,52 @@ def _message_item(item_id: str, text: str, status: str) -> dict:
     return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": parts}
 
 
-def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict:
-    return {"type": "function_call", "id": item_id, "call_id": call_id, "name": name, "arguments": arguments,
+def _call_item(call_id: str, name: str, arguments: str, kinds: dict[str, str], status: str) -> dict:
+    kind = kinds.get(name, "function")
+    if kind == "custom":
+        value = _arguments(arguments)
+        text = value.get("input") if isinstance(value, dict) and isinstance(value.get("input"), str) else arguments
+        return {"type": "custom_tool_call", "id": _id("ctc"), "call_id": call_id, "name": name, "input": text,
+                "status": status}  # fmt: skip
+    if kind == LOCAL_SHELL:
+        value = _arguments(arguments)
+        action = {"type": "exec", **(value if isinstance(value, dict) else {"command": []})}
+        return {"type": "local_shell_call", "id": _id("lsc"), "call_id": call_id, "action": action, "status": status}
+    return {"type": "function_call", "id": _id("fc"), "call_id": call_id, "name": name, "arguments": arguments,
             "status": status}  # fmt: skip
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
 
 
 def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def response_object(
-    body: ResponsesRequest, job: Job, output: GenerationOutput | None, items: list[dict], status: str
-) -> dict:
+def response_object(made: Plan, job: Job, output: GenerationOutput | None, items: list[dict], status: str) -> dict:
     """A Response object (OpenAI's shape) in `status` (in_progress, completed, incomplete)."""
+    body = made.body
+    text = body.text.model_dump(exclude_none=True, by_alias=True) if body.text is not None else {}
+    text.setdefault("format", {"type": "text"})
     response = {
         "id": job.id, "object": "response", "created_at": int(time.time()), "status": status, "model": job.model,
         "output": items, "error": None, "incomplete_details": None, "instructions": body.instructions,
         "max_output_tokens": body.max_output_tokens, "metadata": body.metadata or {},
-        "parallel_tool_calls": body.parallel_tool_calls, "previous_response_id": None, "store": False,
-        "temperature": 1.0 if body.temperature is None else body.temperature, "top_p": body.top_p,
-        "tool_choice": body.tool_choice or "auto", "tools": body.tools or [],
-        "text": body.text or {"format": {"type": "text"}}, "truncation": "disabled", "user": body.user,
-        "usage": None,
+        "parallel_tool_calls": body.parallel_tool_calls, "previous_response_id": body.previous_response_id,
+        "store": body.store, "temperature": 1.0 if body.temperature is None else body.temperature,
+        "top_p": body.top_p, "tool_choice": _echo(body.tool_choice) or "auto",
+        "tools": [tool.model_dump(exclude_none=True, by_alias=True) for tool in body.tools or []],
+        "text": text, "truncation": body.truncation, "user": body.user, "usage": None,
+        "reasoning": body.reasoning.model_dump(exclude_none=True) if body.reasoning else {"effort": None},
     }  # fmt: skip
     if output is not None:
         used = usage([output])
         response["usage"] = {
-            "input_tokens": used.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens": used.prompt_tokens, "input_tokens_details": {"cached_tokens": output.stats.cached_tokens},
             "output_tokens": used.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": used.total_tokens,
         }  # fmt: skip
@@ -222,16 +427,22 @@ def response_object(
     return response
 
 
-def response_body(body: ResponsesRequest, job: Job, output: GenerationOutput) -> dict:
-    return response_object(body, job, output, _items(job, output), "completed")
+def _echo(choice: Any) -> Any:
+    return choice.model_dump(exclude_none=True) if hasattr(choice, "model_dump") else choice
 
 
-async def response_events(body: ResponsesRequest, job: Job) -> AsyncIterator[tuple[str, dict]]:
+def response_body(made: Plan, job: Job, output: GenerationOutput) -> dict:
+    return response_object(made, job, output, output_items(job, output, made.kinds), "completed")
+
+
+async def response_events(
+    made: Plan, job: Job, done: Callable[[dict], None] = lambda response: None
+) -> AsyncIterator[tuple[str, dict]]:
     """The Responses stream: (event type, data) from response.created to response.completed (or .incomplete), with
-    each output item added, its text or arguments in deltas, and done."""
-    emitter = _Emitter(body, job)
-    yield emitter.event("response.created", response=response_object(body, job, None, [], "in_progress"))
-    yield emitter.event("response.in_progress", response=response_object(body, job, None, [], "in_progress"))
+    each output item added, its text or arguments in deltas, and done; `done(response)` is told the final one."""
+    emitter = _Emitter(made.kinds)
+    yield emitter.event("response.created", response=response_object(made, job, None, [], "in_progress"))
+    yield emitter.event("response.in_progress", response=response_object(made, job, None, [], "in_progress"))
     calling = job.tools is not None and job.tools.choice != "none"
     stream = ToolStream(job.tools, job.tokenizer) if calling else None
     async for _, event in job.sink.events():
@@ -240,13 +451,15 @@ async def response_events(body: ResponsesRequest, job: Job) -> AsyncIterator[tup
             yield "error", {"type": "error", "code": error.code, "message": error.message, "param": error.param}
             return
         if isinstance(event, FinishEvent):
+            cut = event.output.finish_reason == "length"
             if stream is not None:
-                for item in emitter.news(*stream.finish()):
+                for item in emitter.news(*stream.finish(cut=cut)):
                     yield item
-            for item in emitter.close():
+            for item in emitter.close("incomplete" if cut else "completed"):
                 yield item
-            done = response_object(body, job, event.output, emitter.items, "completed")
-            yield emitter.event(f"response.{done['status']}", response=done)
+            final = response_object(made, job, event.output, emitter.items, "completed")
+            done(final)
+            yield emitter.event(f"response.{final['status']}", response=final)
             return
         if stream is not None:
             if event.token_id is not None:
@@ -258,34 +471,34 @@ async def response_events(body: ResponsesRequest, job: Job) -> AsyncIterator[tup
 
 
 class _Emitter:
-    """The output items of a streamed response as they grow, and the events that tell them."""
+    """The output items of a streamed response as they grow, and the events that tell them. Function calls stream
+    their arguments; a custom tool's or shell call (whose fields are read out of the arguments) is told whole when
+    the answer ends."""
 
-    def __init__(self, body: ResponsesRequest, job: Job):
+    def __init__(self, kinds: dict[str, str]):
+        self.kinds = kinds
         self.items: list[dict] = []
         self.sequence = 0
         self.message: dict | None = None  # the message item being written
-        self.calls: dict[int, dict] = {}  # call index -> its item
+        self.calls: dict[int, dict] = {}  # call index -> its function_call item
+        self.held: dict[int, list] = {}  # call index -> [call id, name, arguments] of a custom or shell call
 
     def event(self, kind: str, **data) -> tuple[str, dict]:
         self.sequence += 1
         return kind, {"type": kind, "sequence_number": self.sequence, **data}
 
     def news(self, content: str, pieces: list) -> list[tuple[str, dict]]:
-        out = []
-        if content:
-            if self.message is None:
-                self.message = _message_item(_id("msg"), "", "in_progress")
-                out.append(self._added(self.message))
-                part = {"type": "output_text", "text": "", "annotations": []}
-                out.append(self.event("response.content_part.added", item_id=self.message["id"],
-                                      output_index=self._index(self.message), content_index=0, part=part))  # fmt: skip
-            self.message["content"][0]["text"] += content
-            out.append(self.event("response.output_text.delta", item_id=self.message["id"],
-                                  output_index=self._index(self.message), content_index=0, delta=content))  # fmt: skip
+        out = self._content(content) if content else []
         for piece in pieces:
+            if piece.index in self.held:
+                self.held[piece.index][2] += piece.function.arguments
+                continue
             if piece.index not in self.calls:
                 out += self._close_message()
-                item = _call_item(_id("fc"), piece.id, piece.function.name, "", "in_progress")
+                if self.kinds.get(piece.function.name, "function") != "function":
+                    self.held[piece.index] = [piece.id, piece.function.name, piece.function.arguments]
+                    continue
+                item = _call_item(piece.id, piece.function.name, "", self.kinds, "in_progress")
                 self.calls[piece.index] = item
                 out.append(self._added(item))
             item = self.calls[piece.index]
@@ -295,14 +508,34 @@ class _Emitter:
                                       output_index=self._index(item), delta=piece.function.arguments))  # fmt: skip
         return out
 
-    def close(self) -> list[tuple[str, dict]]:
+    def _content(self, content: str) -> list[tuple[str, dict]]:
+        out = []
+        if self.message is None:
+            self.message = _message_item(_id("msg"), "", "in_progress")
+            out.append(self._added(self.message))
+            part = {"type": "output_text", "text": "", "annotations": []}
+            out.append(self.event("response.content_part.added", item_id=self.message["id"],
+                                  output_index=self._index(self.message), content_index=0, part=part))  # fmt: skip
+        self.message["content"][0]["text"] += content
+        out.append(self.event("response.output_text.delta", item_id=self.message["id"],
+                              output_index=self._index(self.message), content_index=0, delta=content))  # fmt: skip
+        return out
+
+    def close(self, status: str) -> list[tuple[str, dict]]:
         out = self._close_message()
         for item in self.calls.values():
-            if item["status"] != "completed":
-                item["status"] = "completed"
+            if item["status"] == "in_progress":
+                item["status"] = status
                 out.append(self.event("response.function_call_arguments.done", item_id=item["id"],
                                       output_index=self._index(item), arguments=item["arguments"]))  # fmt: skip
                 out.append(self.event("response.output_item.done", output_index=self._index(item), item=item))
+        for call_id, name, arguments in self.held.values():
+            item = _call_item(call_id, name, arguments, self.kinds, status)
+            out.append(self._added(item))
+            if item["type"] == "custom_tool_call":
+                out.append(self.event("response.custom_tool_call_input.done", item_id=item["id"],
+                                      output_index=self._index(item), input=item["input"]))  # fmt: skip
+            out.append(self.event("response.output_item.done", output_index=self._index(item), item=item))
         return out
 
     def _added(self, item: dict) -> tuple[str, dict]:

@@ -33,6 +33,7 @@ from ..decoding.detokenizer import IncrementalText
 from ..decoding.grammar import JSON_WHITESPACE
 from ..json_text import JsonTextError, parse_json
 from ..models.tokenizer import Tokenizer
+from .call_forms import Declared, LooseStream, find_calls
 from .protocol import (
     ApiError,
     ChatCompletionRequest,
@@ -99,6 +100,16 @@ class ToolRequest:
     parallel: bool
     legacy: bool  # asked with `functions`: answered with `function_call`
     ids: dict[tuple[int, int], str] = field(default_factory=dict)  # (choice, call) -> its id
+
+    @property
+    def loose(self) -> bool:
+        """Whether calls written without the template's markers are read too (call_forms.py): under auto, for the
+        Hermes format, whose models (Qwen2.5) often write a fenced or bare JSON call instead."""
+        return self.choice == "auto" and self.format.name == HERMES.name
+
+    @property
+    def declared(self) -> Declared:
+        return Declared({f.name: f.parameters for f in self.functions}, self.parallel)
 
     @property
     def template_tools(self) -> list[dict]:
@@ -214,37 +225,51 @@ def request_prompt(body: dict, tokenizer: Tokenizer) -> tuple[list[int], str | N
 
 
 # ---- the grammar ------------------------------------------------------------------------------------------------
-def tool_grammar(request: ToolRequest, tokenizer: Tokenizer) -> str | None:
+def tool_grammar(request: ToolRequest, tokenizer: Tokenizer, answer: str | None = None) -> str | None:
     """The Lark grammar (llguidance's) that keeps the answer's calls within the functions' schemas, or None for
-    tool_choice none."""
+    tool_choice none. `answer`: the JSON schema (text; "" for any object) a structured answer follows: under auto the
+    answer is then that JSON or calls, nothing else (one grammar: "a call or the schema's object")."""
     if request.choice == "none":
         return None
     fmt = request.format
     functions = [f for f in request.functions if request.named in (None, f.name)]
-    call = f"%json {json.dumps(_call_schema(fmt, functions))}"
     opening = _marker(fmt.opening, tokenizer)
-    anywhere = request.choice == "auto"
-    rules = ["%llguidance {}", TEXT, f"call: {call}"]
+    rules = ["%llguidance {}", TEXT, f"call: %json {json.dumps(_call_schema(fmt, functions))}"]
+    if answer is not None:
+        rules.append(f"answer: %json {_answer_schema(answer)}")
     if fmt.named:  # mistral_args: [TOOL_CALLS]name[ARGS]{arguments}, a pair per call
         named = _marker(fmt.named, tokenizer)
         pairs = [f"{opening} {json.dumps(f.name)} {named} %json {json.dumps(_arguments_schema(f))}" for f in functions]
         rules[2] = "call: " + " | ".join(pairs)
-        calls = "call+" if request.parallel else "call"
-        rules.append(f"start: TEXT {calls}?" if anywhere else f"start: {calls}")
+        calls, after_text = ("call+" if request.parallel else "call"), "TEXT {calls}?"
     elif fmt.listed:  # mistral: [TOOL_CALLS] [call, call, ...]
-        calls = 'WS "[" WS call WS ("," WS call WS)* "]"' if request.parallel else 'WS "[" WS call WS "]"'
-        rules += [f"calls: {opening} {calls}", "WS: /[ \\t\\n]*/"]
-        rules.append("start: TEXT calls?" if anywhere else "start: calls")
+        listed = 'WS "[" WS call WS ("," WS call WS)* "]"' if request.parallel else 'WS "[" WS call WS "]"'
+        rules += [f"calls: {opening} {listed}", "WS: /[ \\t\\n]*/"]
+        calls, after_text = "calls", "TEXT {calls}?"
     elif fmt.bare:  # llama3_json: one JSON object, after the marker or not
         rules.append(f"tagged: {opening} call")
-        rules.append("start: TEXT | call | tagged" if anywhere else "start: call | tagged")
+        calls, after_text = "(call | tagged)", "TEXT | {calls}"
     else:  # hermes: a block per call
         closing = _marker(fmt.closing, tokenizer)
         # one line break between blocks, or one after the last (a run of blanks kept a model from ever stopping)
         rules.append(f'block: {opening} "\\n" call "\\n" {closing}')
-        more = '("\\n" block)*' if request.parallel else ""
-        rules.append(f"start: TEXT (block {more} TEXT)?" if anywhere else f'start: block {more} "\\n"?')
+        more = ' ("\\n" block)*' if request.parallel else ""
+        calls, after_text = f'block{more} "\\n"?', f"TEXT (block{more} TEXT)?"
+    if request.choice != "auto":
+        rules.append(f"start: {calls}")
+    elif answer is not None:
+        rules.append(f"start: answer | {calls}")
+    else:
+        rules.append("start: " + after_text.format(calls=calls))
     return "\n".join(rules) + "\n"
+
+
+def _answer_schema(answer: str) -> str:
+    """A structured answer's schema as the grammar embeds it, with the whitespace the JSON grammars use."""
+    schema = parse_json(answer, "the response format's schema") if answer else {"type": "object"}
+    if isinstance(schema, dict) and "x-guidance" not in schema:
+        schema = {"x-guidance": {"whitespace_pattern": JSON_WHITESPACE}, **schema}
+    return json.dumps(schema)
 
 
 def _marker(text: str, tokenizer: Tokenizer) -> str:
@@ -286,15 +311,24 @@ class ParsedCall:
     arguments: str  # the JSON text the model wrote
 
 
-def parse_calls(fmt: ToolFormat, text: str) -> tuple[str | None, list[ParsedCall]]:
-    """(content, calls) of a finished answer, read with its special tokens. An answer whose calls do not parse
-    (cut by max_tokens, say) is content, as it is."""
+def parse_calls(request: ToolRequest | ToolFormat, text: str, cut: bool = False) -> tuple[str | None, list[ParsedCall]]:
+    """(content, calls) of a finished answer, read with its special tokens: calls in the template's format, and, for
+    a request that takes them (ToolRequest.loose), calls written in the loose forms call_forms.py reads. A call cut
+    by max_tokens (`cut`) stays a call, its arguments as far as they were written (one whose name was not complete is
+    left out): its markup is never content. Other calls that do not parse are content, as written."""
+    fmt = request if isinstance(request, ToolFormat) else request.format
     scanner = CallScanner(fmt)
     scanner.update(text, final=True)
-    if scanner.broken:
+    if scanner.broken and not (cut and scanner.opened):
         return text, []
     content = scanner.content.strip() or None
-    return content, [ParsedCall(c.name, c.arguments) for c in scanner.calls]
+    calls = [ParsedCall(c.name, c.arguments) for c in scanner.calls if c.name]
+    if isinstance(request, ToolRequest) and request.loose and scanner.content:
+        loose = find_calls(scanner.content, request.declared)
+        if loose is not None:
+            content, found = loose
+            calls = [ParsedCall(c.name, c.arguments) for c in found] + calls
+    return content, calls
 
 
 @dataclass
@@ -316,6 +350,11 @@ class CallScanner:
         self.broken = False  # the calls' text does not parse
         self._region: int | None = None  # where the calls begin in the text
         self._at = 0  # how far the calls' region has been read into calls
+
+    @property
+    def opened(self) -> bool:
+        """Whether the answer opened a call (its marker, or a bare call's first brace)."""
+        return self._region is not None
 
     def update(self, text: str, final: bool = False) -> None:
         if self._region is None:
@@ -394,11 +433,9 @@ class CallScanner:
         try:
             _, end = _DECODER.raw_decode(region, start)
         except ValueError:  # not written to its end yet: all of it so far is arguments
-            if final:
-                self.broken = True
-            else:
-                tail = region[start:]
-                call.arguments = tail[:-1] if tail.endswith("\ufffd") else tail
+            tail = region[start:].rstrip() if final else region[start:]
+            call.arguments = tail[:-1] if tail.endswith("\ufffd") else tail
+            self.broken = self.broken or final
             return False
         closing = re.compile(r"\s*" if self.fmt.named else r"\s*\}").match(region, end)
         if closing is None:
@@ -443,38 +480,50 @@ def _partial(text: str, marker: str) -> int:
 
 class ToolStream:
     """One choice's answer as OpenAI's stream of deltas: content pieces, then each call's id, type and name, then
-    its arguments in pieces. It reads the answer's tokens with their special tokens (the markers)."""
+    its arguments in pieces. It reads the answer's tokens with their special tokens (the markers); for a request that
+    takes loose calls, the content before any marker is read for them too (call_forms.LooseStream: held back where a
+    call may begin, a call sent whole once it is complete)."""
 
     def __init__(self, request: ToolRequest, tokenizer: Tokenizer, choice: int = 0):
         self.request, self.choice = request, choice
         self.text = IncrementalText(tokenizer, keep_special=True)
         self.scanner = CallScanner(request.format)
+        self.loose = LooseStream(request.declared) if request.loose else None
+        self.loose_calls: list[ParsedCall] = []
         self.sent_content = 0
-        self.sent: list[int] = []  # per call: characters of its arguments sent (-1: not even its name)
+        self.sent: list[int] = []  # per call: characters of its arguments sent
 
     def feed(self, token: int) -> tuple[str, list[DeltaToolCall]]:
         """The new content and call pieces after one more token."""
         self.scanner.update(self.text.add(token))
         return self._news()
 
-    def finish(self) -> tuple[str, list[DeltaToolCall]]:
-        """What the end of the answer releases (content held back for a marker)."""
+    def finish(self, cut: bool = False) -> tuple[str, list[DeltaToolCall]]:
+        """What the end of the answer releases (content held back for a marker or a loose call). A call cut by
+        max_tokens (`cut`) stays a call; another that does not parse is sent as content where nothing of it was
+        sent as a call."""
         self.scanner.update(self.text.text, final=True)
-        if self.scanner.broken:  # never sent as calls: the rest goes as content
+        if self.scanner.broken and not (cut and self.scanner.opened):
             content = self.text.text[self.sent_content :] if not self.sent else ""
             self.sent_content = len(self.text.text)
             return content, []
-        return self._news()
+        return self._news(final=True)
 
     @property
     def calls(self) -> int:
         return len(self.sent)
 
-    def _news(self) -> tuple[str, list[DeltaToolCall]]:
-        content = self.scanner.content[self.sent_content :] if not self.sent else ""
-        self.sent_content += len(content)
+    def _news(self, final: bool = False) -> tuple[str, list[DeltaToolCall]]:
+        if self.loose is not None:
+            content, found = self.loose.update(self.scanner.content, final or self.scanner.opened)
+            self.loose_calls += [ParsedCall(c.name, c.arguments) for c in found]
+            self.sent_content = self.loose.sent
+        else:
+            content = self.scanner.content[self.sent_content :] if not self.sent else ""
+            self.sent_content += len(content)
+        calls = self.loose_calls + [ParsedCall(c.name, c.arguments) for c in self.scanner.calls if c.name]
         pieces = []
-        for index, call in enumerate(self.scanner.calls):
+        for index, call in enumerate(calls):
             if index == len(self.sent):
                 self.sent.append(0)
                 function = DeltaFunction(name=call.name, arguments="")

@@ -1,0 +1,294 @@
+"""The Responses API and the request fields of every endpoint, in process on the tiny pair (whose template shows
+tools and teaches the hermes format: verispec.testing.TOOL_TEMPLATE): every field of every request body sent with
+the wrong JSON type is a 4xx naming it, never a 5xx; JSON nested 1k, 10k and 100k deep inside a string is a 4xx;
+stored responses are kept, continued, read back, deleted, and never another scope's; tools are flattened, hosted
+ones left out and said so; a call cut by max_tokens stays a call; refusals name the Responses field; truncation
+auto drops the oldest turns; /metrics has its own key where several tenants share the server."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from verispec.engine.scheduler import Scheduler, SchedulerConfig
+from verispec.server.app import ServerState, create_app
+from verispec.testing import tiny_loaded, tiny_pair, tool_tokenizer
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}  # fmt: skip
+CHAT_WEATHER = {"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}
+
+
+@pytest.fixture
+def app(one_thread):
+    target, draft = tiny_pair()
+    tokenizer = tool_tokenizer()
+    target, draft = tiny_loaded(target.model, tokenizer), tiny_loaded(draft.model, tokenizer, "tiny-draft")
+    scheduler = Scheduler(target, draft, SchedulerConfig(max_num_seqs=2, max_queue=8, max_model_len=512))
+    return create_app(ServerState(scheduler, "tiny", api_keys=("key-a", "key-b")))
+
+
+@pytest.fixture
+def client(app):
+    from fastapi.testclient import TestClient
+
+    with TestClient(app, headers={"Authorization": "Bearer key-a"}) as client:
+        yield client
+
+
+# ---- every field, the wrong JSON type ---------------------------------------------------------------------------
+CHAT = {
+    "model": "tiny", "max_tokens": 2, "temperature": 0, "top_p": 1.0, "seed": 1, "stop": ["x"], "n": 1,
+    "stream": False, "user": "u", "logprobs": False, "logit_bias": {"5": 1.0}, "parallel_tool_calls": True,
+    "tools": [CHAT_WEATHER], "tool_choice": "auto",
+    "messages": [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"P\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ],
+}  # fmt: skip
+COMPLETION = {"model": "tiny", "prompt": "hello", "max_tokens": 2, "temperature": 0, "echo": False, "logprobs": 1,
+              "best_of": 1, "n": 1, "seed": 3, "stop": "zz", "top_p": 0.9, "top_k": 5, "logit_bias": {"7": -1.0},
+              "presence_penalty": 0.5, "frequency_penalty": 0.5, "ignore_eos": False, "speculative": True,
+              "user": "u", "cache_salt": "s", "structured_outputs": {"regex": "[a-z]+"}}  # fmt: skip
+RESPONSES = {
+    "model": "tiny", "instructions": "be brief", "max_output_tokens": 4, "temperature": 0, "top_p": 1.0,
+    "store": True, "truncation": "disabled", "parallel_tool_calls": True, "tool_choice": "auto", "user": "u",
+    "metadata": {"a": "b"}, "reasoning": {"effort": "low", "summary": "auto"}, "include": ["reasoning.x"],
+    "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}, "verbosity": "low"},
+    "tools": [WEATHER, {"type": "web_search"}, {"type": "custom", "name": "run", "format": {"type": "text"}},
+              {"type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "inner",
+                                                              "parameters": {"type": "object"}}]}],
+    "input": [
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "rules"}]},
+        {"role": "user", "content": "hi"},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{\"city\": \"P\"}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+        {"type": "custom_tool_call", "call_id": "c2", "name": "run", "input": "ls"},
+        {"type": "custom_tool_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "a b"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "thought"}]},
+    ],
+}  # fmt: skip
+WRONG = [5, "text", True, [1], {"k": 1}, 1.5]
+UNNAMED = {"queue_full", "invalid_json", "unsupported_media_type", "shutting_down"}
+
+
+def _paths(value, prefix=()):
+    """Every key path of a JSON value (into objects and lists), the value's own path first."""
+    yield prefix
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _paths(item, (*prefix, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _paths(item, (*prefix, index))
+
+
+def _replaced(body, path, value):
+    body = copy.deepcopy(body)
+    target = body
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return body
+
+
+def _kind(value) -> str:
+    return type(value).__name__ if not isinstance(value, bool) else "bool"
+
+
+@pytest.mark.parametrize(("route", "body"), [("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETION),
+                                             ("/v1/responses", RESPONSES)])  # fmt: skip
+def test_every_field_sent_with_the_wrong_json_type_is_a_4xx_naming_it(client, route, body):
+    assert client.post(route, json=body).status_code == 200, client.post(route, json=body).text
+    cases = 0
+    for path in list(_paths(body))[1:]:
+        original = body
+        for key in path:
+            original = original[key]
+        for wrong in WRONG:
+            if _kind(wrong) == _kind(original) or (isinstance(original, float) and isinstance(wrong, int)):
+                continue
+            cases += 1
+            reply = client.post(route, json=_replaced(body, path, wrong))
+            assert reply.status_code < 500, (path, wrong, reply.text)
+            if reply.status_code >= 400:
+                error = reply.json()["error"]
+                assert error["param"] or error["code"] in UNNAMED, (path, wrong, error)
+    assert cases > 5 * len(body)
+
+
+@pytest.mark.parametrize("depth", [1_000, 10_000, 100_000])
+def test_json_nested_deep_inside_a_string_is_a_4xx(client, depth):
+    deep = "[" * depth + "]" * depth
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": deep}}
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "c1", "content": "ok"}]  # fmt: skip
+    legacy = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "function_call": {"name": "get_weather", "arguments": deep}},
+    ]
+    cases = [
+        ("/v1/chat/completions", {"messages": history, "tools": [CHAT_WEATHER], "max_tokens": 2}, "messages.1"),
+        ("/v1/chat/completions", {"messages": legacy, "functions": [CHAT_WEATHER["function"]], "max_tokens": 2},
+         "messages.1"),
+        ("/v1/responses", {"input": [{"type": "function_call", "call_id": "c", "name": "get_weather",
+                                      "arguments": deep}], "tools": [WEATHER], "max_output_tokens": 2}, "input.0"),
+        ("/v1/chat/completions", {"messages": history[:1], "guided_json": deep, "max_tokens": 2}, "guided_json"),
+        ("/v1/completions", {"prompt": "x", "structured_outputs": {"json": deep}, "max_tokens": 2},
+         "structured_outputs"),
+    ]  # fmt: skip
+    for route, body, param in cases:
+        reply = client.post(route, json=body)
+        assert 400 <= reply.status_code < 500, (route, reply.text)
+        assert reply.json()["error"]["param"].startswith(param), reply.json()
+
+
+def test_a_tool_whose_arguments_are_not_an_object_is_refused_and_a_result_must_answer_a_call(client):
+    string_tool = {"type": "function", "function": {"name": "echo", "parameters": {"type": "string"}}}
+    reply = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
+                                                      "tools": [string_tool]})  # fmt: skip
+    assert reply.status_code == 422 and reply.json()["error"]["param"] == "tools.0.function.parameters"
+    orphan = [{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "nobody", "content": "r"}]
+    reply = client.post("/v1/chat/completions", json={"messages": orphan, "tools": [CHAT_WEATHER]})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "messages.1.tool_call_id"
+    reply = client.post("/v1/responses", json={"input": [{"type": "function_call_output", "call_id": "nobody",
+                                                          "output": "r"}]})  # fmt: skip
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "input.0.call_id"
+
+
+# ---- stored responses -------------------------------------------------------------------------------------------
+def test_a_stored_response_is_read_continued_listed_and_deleted_within_its_scope(client):
+    long_input = "Say hi, then stop. " * 12  # 228 bytes: a whole prefill chunk (128) this model's reuse ends on
+    first = client.post("/v1/responses", json={"input": long_input, "max_output_tokens": 8, "temperature": 0})
+    assert first.status_code == 200 and first.json()["store"] is True
+    response_id = first.json()["id"]
+    assert client.get(f"/v1/responses/{response_id}").json() == first.json()
+    follow = client.post("/v1/responses", json={"input": "Again.", "previous_response_id": response_id,
+                                                "max_output_tokens": 4, "temperature": 0})  # fmt: skip
+    usage = follow.json()["usage"]
+    assert follow.status_code == 200 and follow.json()["previous_response_id"] == response_id
+    assert usage["input_tokens"] > first.json()["usage"]["total_tokens"]  # the first turn, its answer, the new input
+    assert usage["input_tokens_details"]["cached_tokens"] > 0  # the first prompt's blocks, reused
+    items = client.get(f"/v1/responses/{follow.json()['id']}/input_items", params={"order": "asc"}).json()
+    assert [item["type"] for item in items["data"]] == ["message", "message", "message"] and not items["has_more"]
+    other = {"Authorization": "Bearer key-b"}  # another tenant: as if the id were unknown
+    assert client.get(f"/v1/responses/{response_id}", headers=other).status_code == 404
+    refused = client.post("/v1/responses", json={"input": "x", "previous_response_id": response_id}, headers=other)
+    assert refused.status_code == 404 and refused.json()["error"]["param"] == "previous_response_id"
+    assert client.delete(f"/v1/responses/{response_id}").json()["deleted"] is True
+    assert client.get(f"/v1/responses/{response_id}").status_code == 404
+    unkept = client.post("/v1/responses", json={"input": "x", "store": False, "max_output_tokens": 2})
+    assert client.get(f"/v1/responses/{unkept.json()['id']}").status_code == 404
+
+
+def test_the_store_is_bounded_and_evicts_the_scope_holding_the_most(tmp_path):
+    from verispec.server.responses_store import ResponseStore, StoredResponse, StoreLimits
+
+    store = ResponseStore(tmp_path / "responses.sqlite", StoreLimits(max_count=5))
+    store.put("quiet", StoredResponse("q", {"id": "q", "output": []}, [], []))
+    for i in range(20):
+        store.put("flood", StoredResponse(f"f{i}", {"id": f"f{i}", "output": []}, [], []))
+    assert store.count() == 5 and store.get("quiet", "q") is not None and store.get("flood", "f0") is None
+    store.close()
+    assert ResponseStore(tmp_path / "responses.sqlite").get("quiet", "q") is not None  # survives a restart
+
+
+# ---- tools ------------------------------------------------------------------------------------------------------
+def test_namespaces_are_flattened_hosted_tools_left_out_and_said_so(client):
+    body = {"input": "weather?", "max_output_tokens": 120, "temperature": 0,
+            "tools": [{"type": "namespace", "name": "ns", "tools": [WEATHER]}, {"type": "web_search"}],
+            "tool_choice": {"type": "function", "name": "get_weather"}}  # fmt: skip
+    reply = client.post("/v1/responses", json=body)
+    assert reply.status_code == 200, reply.text
+    assert reply.headers["x-verispec-tools-left-out"] == "web_search"
+    calls = [item for item in reply.json()["output"] if item["type"] == "function_call"]
+    assert calls and calls[0]["name"] == "get_weather" and calls[0]["arguments"].startswith("{")
+    assert reply.json()["tools"][1] == {"type": "web_search"}  # echoed as sent
+    unknown = client.post("/v1/responses", json={"input": "x", "tools": [{"type": "teleport"}]})
+    assert unknown.status_code == 422 and unknown.json()["error"]["param"].startswith("tools.0")
+
+
+def test_custom_and_local_shell_tools_answer_in_their_own_item_types(client):
+    regex = {"type": "grammar", "syntax": "regex", "definition": "ls( -l)?"}
+    custom = {"type": "custom", "name": "run", "format": regex}
+    reply = client.post("/v1/responses", json={"input": "list", "tools": [custom], "max_output_tokens": 300,
+                                                "tool_choice": {"type": "custom", "name": "run"}})  # fmt: skip
+    call = next(item for item in reply.json()["output"] if item["type"] == "custom_tool_call")
+    assert call["name"] == "run" and call["input"] in ("ls", "ls -l")
+    reply = client.post("/v1/responses", json={"input": "list", "tools": [{"type": "local_shell"}],
+                                                "tool_choice": "required", "max_output_tokens": 300})  # fmt: skip
+    item = next(item for item in reply.json()["output"] if item["type"] == "local_shell_call")
+    assert item["action"]["type"] == "exec" and isinstance(item["action"]["command"], list)
+
+
+def test_a_call_cut_by_max_tokens_stays_a_call_streamed_or_not_and_its_markup_is_never_content(client):
+    body = {"messages": [{"role": "user", "content": "weather"}], "tools": [CHAT_WEATHER], "max_tokens": 100,
+            "tool_choice": "required", "temperature": 0}  # fmt: skip
+    whole = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+    assert whole["finish_reason"] == "length" and not whole["message"]["content"]
+    cut = whole["message"]["tool_calls"][0]["function"]
+    assert cut["name"] == "get_weather" and cut["arguments"].startswith("{") and "<tool_call>" not in json.dumps(whole)
+    streamed, reasons = "", []
+    with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as reply:
+        for line in reply.iter_lines():
+            if line.startswith("data: {"):
+                choice = json.loads(line[6:])["choices"][0]
+                reasons.append(choice["finish_reason"])
+                assert not choice["delta"].get("content")
+                for piece in choice["delta"].get("tool_calls") or []:
+                    streamed += piece["function"].get("arguments", "")
+    assert streamed == cut["arguments"] and reasons[-1] == "length"
+    responses = client.post("/v1/responses", json={"input": "weather", "tools": [WEATHER], "max_output_tokens": 100,
+                                                    "tool_choice": "required", "temperature": 0}).json()  # fmt: skip
+    assert responses["status"] == "incomplete" and [i["type"] for i in responses["output"]] == ["function_call"]
+    assert responses["output"][0]["arguments"] == cut["arguments"]
+
+
+# ---- fields named as the Responses API names them ----------------------------------------------------------------
+def test_refusals_name_the_responses_field(client):
+    too_long = client.post("/v1/responses", json={"input": "x", "max_output_tokens": 10_000})
+    assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "max_output_tokens"
+    bad_call = client.post(
+        "/v1/responses",
+        json={
+            "input": [
+                {"role": "user", "content": "x"},
+                {"type": "function_call", "call_id": "c", "name": "get_weather", "arguments": "[1]"},
+            ],
+            "tools": [WEATHER],
+        },
+    )
+    assert bad_call.status_code == 400 and bad_call.json()["error"]["param"] == "input.1.arguments"
+    image = client.post("/v1/responses", json={"input": [{"role": "user", "content": [{"type": "input_image"}]}]})
+    assert image.status_code == 400 and image.json()["error"]["param"] == "input.0.content.0.type"
+    background = client.post("/v1/responses", json={"input": "x", "background": True})
+    assert background.status_code == 400 and background.json()["error"]["param"] == "background"
+
+
+def test_truncation_auto_drops_the_oldest_turns_and_disabled_says_the_input_is_too_long(client):
+    turns = []
+    for i in range(12):
+        turns += [{"role": "user", "content": f"question {i} " + "x" * 40}, {"role": "assistant", "content": "y" * 40}]
+    turns.append({"role": "user", "content": "last"})
+    refused = client.post("/v1/responses", json={"input": turns, "max_output_tokens": 8})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "input"
+    kept = client.post("/v1/responses", json={"input": turns, "max_output_tokens": 8, "truncation": "auto"})
+    assert kept.status_code == 200 and kept.json()["truncation"] == "auto"
+    assert kept.json()["usage"]["input_tokens"] + 8 <= 512
+
+
+def test_metrics_need_their_own_key_where_several_tenants_share_the_server(app, client):
+    """Any key read the server-wide counters (one tenant saw another's prompt tokens rise): with several API keys,
+    /metrics is closed until --metrics-key is set, then only that key opens it."""
+    assert client.get("/metrics").status_code == 403
+    from verispec.server.app import Guard
+
+    guard = Guard(None, ("key-a", "key-b"), None, lambda label: None, metrics_key="ops")
+    assert guard._metrics_refusal(b"Bearer key-a")[0].status == 401 and guard._metrics_refusal(b"Bearer ops") is None
+    alone = Guard(None, ("key-a",), None, lambda label: None)  # one tenant: its key opens them, as before
+    assert alone._metrics_refusal(b"Bearer key-a") is None and alone._metrics_refusal(b"")[0].status == 401
