@@ -74,7 +74,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from verispec.decoding.sampling import SamplingParams
-    from verispec.engine.requests import EngineRequest, FinishEvent
+    from verispec.engine.requests import EngineRequest
     from verispec.engine.scheduler import Scheduler, SchedulerConfig
     from verispec.models.loading import load_pair
     from verispec.server.protocol import ChatCompletionRequest
@@ -93,8 +93,8 @@ def main() -> int:
         taken[kind] += 1
         ids, grammar_text = request_prompt(body, tokenizer)
         grammar = None if grammar_text is None else _compile(scheduler, grammar_text)
-        done = []
-        sink = lambda event: done.append(event) if isinstance(event, FinishEvent) else None  # noqa: E731
+        done: list = []
+        sink = _finished_into(done)
         begin = time.perf_counter()
         scheduler.submit(EngineRequest(name, ids, SamplingParams(), args.max_tokens, sink, grammar=grammar))
         scheduler.run_until_idle()
@@ -117,6 +117,12 @@ def main() -> int:
     if args.json is not None:
         args.json.write_text(json.dumps(records, indent=1, ensure_ascii=False))
     return 0
+
+
+def _finished_into(done: list):
+    from verispec.engine.requests import FinishEvent
+
+    return lambda event: done.append(event) if isinstance(event, FinishEvent) else None
 
 
 def _compile(scheduler, grammar: str):
