@@ -113,8 +113,10 @@ def burst(server: Server, args: argparse.Namespace) -> None:
         return time.perf_counter() - begin
 
     beside, took = _beside(server, load, 1, 5.0)
-    print(f"bystander alone {alone:.2f} s, beside {args.long} long prompts of another key {beside:.2f} s: "
-          f"{beside / alone:.2f}x (the burst took {took:.1f} s)")
+    print(
+        f"bystander alone {alone:.2f} s, beside {args.long} long prompts of another key {beside:.2f} s: "
+        f"{beside / alone:.2f}x (the burst took {took:.1f} s)"
+    )
 
 
 def flood(server: Server, args: argparse.Namespace) -> None:
@@ -132,8 +134,10 @@ def flood(server: Server, args: argparse.Namespace) -> None:
                       file=sys.stderr, flush=True)  # fmt: skip
     grown = server.rss_mib() - rss
     after = statistics.median(server.chat("B", CACHED) for _ in range(args.repeats))
-    print(f"{args.requests} requests with new cache_salts: RSS +{grown:.0f} MiB; the cached tenant's prompt "
-          f"{before:.2f} s before, {after:.2f} s after ({after / before:.2f}x)")
+    print(
+        f"{args.requests} requests with new cache_salts: RSS +{grown:.0f} MiB; the cached tenant's prompt "
+        f"{before:.2f} s before, {after:.2f} s after ({after / before:.2f}x)"
+    )
 
 
 def main() -> int:

@@ -54,8 +54,10 @@ def _replayed(record: dict) -> dict:
 
 def _send(server: ServerProcess, record: dict) -> tuple[int, list[dict], dict]:
     """(status, the stream's events or [the body], the headers) of one recorded request sent again."""
-    headers = {"Content-Type": "application/json", **{k: v for k, v in record["headers"].items()
-                                                      if k.lower() not in ("content-type", "accept-encoding")}}
+    headers = {
+        "Content-Type": "application/json",
+        **{k: v for k, v in record["headers"].items() if k.lower() not in ("content-type", "accept-encoding")},
+    }
     body = _replayed(record)
     with httpx.stream("POST", server.url + record["path"], json=body, headers=headers, timeout=600) as reply:
         text = reply.read().decode()
