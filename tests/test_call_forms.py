@@ -22,6 +22,7 @@ FORMS = [
     ("bare", f"  {CALL}\n", None, [("get_weather", {"city": "Paris"})]),
     ("doubled braces", '{{"name": "add", "arguments": {"a": 2, "b": 3}}}', None, [("add", {"a": 2, "b": 3})]),
     ("tools tags", f"<tools>\n{CALL}\n</tools>", None, [("get_weather", {"city": "Paris"})]),
+    ("a tag named after the tool", '<add>\n{"a": 2, "b": 3}\n</add>', None, [("add", {"a": 2, "b": 3})]),
     ("tool_call as text", f"Sure.\n<tool_call>\n{CALL}\n</tool_call>", "Sure.", [("get_weather", {"city": "Paris"})]),
     ("a list", '```json\n[{"name": "add", "arguments": {"a": 1, "b": 2}}, ' + CALL + "]\n```", None,
      [("add", {"a": 1, "b": 2}), ("get_weather", {"city": "Paris"})]),
@@ -39,6 +40,8 @@ NOT_CALLS = [
     ("JSON data", '```json\n{"name": "Ada", "age": 36}\n```'),
     ("prose after a bare object", f"{CALL} is how you would call it."),
     ("a python block", "```python\nget_weather(city='Paris')\n```"),
+    ("a tool's tag around arguments that do not conform", '<add>{"a": "x"}</add>'),
+    ("a tool's definition echoed", '<tools>\n{"type": "function", "function": {"name": "add"}}\n</tools>'),
     ("broken JSON", '```json\n{"name": "get_weather", "arguments": {"city": \n```'),
 ]
 

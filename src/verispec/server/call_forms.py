@@ -15,13 +15,12 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 FENCE_LINE = re.compile(r"(?m)^[ \t]*```[ \t]*([A-Za-z0-9_+.-]*)[ \t]*$\n?")
 CALL_LANGUAGES = ("", "json", "JSON", "tool_call", "tool_code")
-TAGGED = re.compile(r"<(tools|tool_call|function_call)>\s*(.*?)\s*</\1>", re.S)
-OPEN_TAG = re.compile(r"<(tools|tool_call|function_call)>")
-TAG_PREFIXES = ("<tools>", "<tool_call>", "<function_call>")
+CALL_TAGS = ("tools", "tool_call", "function_call")  # tags around calls; a tag named after a tool holds its arguments
 MAX_SCHEMA_DEPTH = 64
 
 
@@ -37,6 +36,19 @@ class Declared:
 
     schemas: dict[str, dict | None]
     parallel: bool = True
+
+    @cached_property
+    def tags(self) -> tuple[str, ...]:
+        return (*CALL_TAGS, *self.schemas)
+
+    @cached_property
+    def tagged(self) -> re.Pattern:
+        names = "|".join(re.escape(tag) for tag in self.tags)
+        return re.compile(rf"<({names})>\s*(.*?)\s*</\1>", re.S)
+
+    @cached_property
+    def open_tag(self) -> re.Pattern:
+        return re.compile("<(" + "|".join(re.escape(tag) for tag in self.tags) + ")>")
 
 
 def find_calls(text: str, declared: Declared) -> tuple[str | None, list[Found]] | None:
@@ -62,8 +74,8 @@ def _regions(text: str, declared: Declared) -> list[tuple[int, int, list[Found]]
     for fence in fences(text):
         if fence.closed and fence.language in CALL_LANGUAGES and (found := calls_in(fence.body(text), declared)):
             regions.append((fence.start, fence.end, found))
-    for match in TAGGED.finditer(text):
-        if found := calls_in(match.group(2), declared):
+    for match in declared.tagged.finditer(text):
+        if found := calls_in(match.group(2), declared, _tool_of(match.group(1))):
             regions.append((match.start(), match.end(), found))
     if not regions:
         bare = text.strip()
@@ -113,9 +125,14 @@ def fences(text: str) -> list[Fence]:
     return found
 
 
-def calls_in(text: str, declared: Declared) -> list[Found] | None:
+def _tool_of(tag: str) -> str | None:
+    return None if tag in CALL_TAGS else tag
+
+
+def calls_in(text: str, declared: Declared, tool: str | None = None) -> list[Found] | None:
     """The calls a JSON text holds: one call object, a list of them, or objects one after another (each naming a
-    declared tool, its arguments conforming); None where it is anything else."""
+    declared tool, its arguments conforming), or, inside a tag named after `tool`, that tool's arguments object;
+    None where it is anything else."""
     text = text.strip()
     if text.startswith("{{") and text.endswith("}}"):  # the template's example, its doubled braces copied
         text = text[1:-1]
@@ -124,6 +141,8 @@ def calls_in(text: str, declared: Declared) -> list[Found] | None:
         return None
     if len(values) == 1 and isinstance(values[0], list):
         values = values[0]
+    if tool is not None and len(values) == 1 and isinstance(values[0], dict) and "name" not in values[0]:
+        values = [{"name": tool, "arguments": values[0]}]
     found = [_call(value, declared) for value in values]
     return found if found and all(found) else None  # type: ignore[return-value]
 
@@ -240,7 +259,8 @@ class LooseStream:
         while self.sent < len(text):
             start = self._candidate(text)
             if start is None:  # nothing that can become a call: all of it is content
-                held = 0 if final else max(_partial_tag(text[self.sent :]), _partial_fence(text, self.sent))
+                rest = text[self.sent :]
+                held = 0 if final else max(_partial_tag(rest, self.declared), _partial_fence(text, self.sent))
                 content += text[self.sent : len(text) - held]
                 self.sent = len(text) - held
                 break
@@ -276,7 +296,8 @@ class LooseStream:
             if not fence.closed:  # inside an open block of code: nothing after it starts a region yet
                 return None
         rest = text[self.sent :]
-        if (tag := OPEN_TAG.search(rest)) is not None and not _inside_fence(text, self.sent + tag.start()):
+        tag = self.declared.open_tag.search(rest)
+        if tag is not None and not _inside_fence(text, self.sent + tag.start()):
             starts.append(self.sent + tag.start())
         if not text[: self.sent].strip() and rest.lstrip()[:1] in ("{", "["):
             starts.append(self.sent + len(rest) - len(rest.lstrip()))
@@ -291,10 +312,10 @@ class LooseStream:
             return fence.end, calls_in(fence.body(text), self.declared) or []
         rest = text[start:]
         if rest.startswith("<"):
-            match = TAGGED.match(rest)
+            match = self.declared.tagged.match(rest)
             if match is None:
                 return (start + len(rest), []) if final else None
-            return start + match.end(), calls_in(match.group(2), self.declared) or []
+            return start + match.end(), calls_in(match.group(2), self.declared, _tool_of(match.group(1))) or []
         if not final:  # a bare JSON answer is a call only if it is the whole answer
             return None
         found = calls_in(rest, self.declared)
@@ -328,9 +349,10 @@ def _partial_fence(text: str, sent: int) -> int:
     return 0
 
 
-def _partial_tag(text: str) -> int:
+def _partial_tag(text: str, declared: Declared) -> int:
     """The length of a tag's beginning that `text` ends with (held back: it may open a call)."""
-    for size in range(min(len(text), max(map(len, TAG_PREFIXES)) - 1), 0, -1):
-        if any(tag.startswith(text[-size:]) for tag in TAG_PREFIXES):
+    openings = [f"<{tag}>" for tag in declared.tags]
+    for size in range(min(len(text), max(map(len, openings)) - 1), 0, -1):
+        if any(opening.startswith(text[-size:]) for opening in openings):
             return size
     return 0
