@@ -147,9 +147,10 @@ def main() -> int:
     parser.add_argument("--long", type=int, default=12)
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("serve", nargs="*", help="flags for verispec serve (after --)")
-    args = parser.parse_args()
-    server = Server(args.serve)
+    argv = sys.argv[1:]
+    serve = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    server = Server(serve)
     try:
         {"unbounded": unbounded, "burst": burst, "flood": flood}[args.scenario](server, args)
     finally:

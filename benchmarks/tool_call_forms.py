@@ -62,6 +62,31 @@ FORMS = [  # the first that fits names an answer's form
 ]
 
 
+REASONS = ("cut by max_tokens", "not JSON", "no declared tool named", "arguments do not conform")
+
+
+def why_not(text: str, declared, finish_reason: str) -> str:
+    """Why an answer written in a JSON form holds no call."""
+    from verispec.server.call_forms import conforms, fences
+
+    if finish_reason == "length":
+        return REASONS[0]
+    bodies = [fence.body(text) for fence in fences(text) if fence.closed] or [text.strip().strip("{}") and text]
+    for body in bodies:
+        body = body.strip()
+        body = body[1:-1] if body.startswith("{{") and body.endswith("}}") else body
+        try:
+            value = json.loads(body)
+        except ValueError:
+            continue
+        for call in value if isinstance(value, list) else [value]:
+            if not isinstance(call, dict) or call.get("name") not in declared.schemas:
+                return REASONS[2]
+            if not conforms(call.get("arguments", call.get("parameters")), declared.schemas[call["name"]] or {}):
+                return REASONS[3]
+    return REASONS[1]
+
+
 def form_of(text: str) -> str:
     return next((name for name, pattern in FORMS if pattern.search(text)), "prose")
 
@@ -80,7 +105,7 @@ def main() -> int:
     from verispec.server.protocol import ChatCompletionRequest
     from verispec.server.tools import detect, parse_calls, request_prompt, tool_request
 
-    target, draft = load_pair("target", "draft", None, "cpu", quantization="gguf")
+    target, draft = load_pair("target", "draft", "float32", "cpu", quantization="gguf", progress=False)
     config = SchedulerConfig(max_num_seqs=1, max_model_len=8192, speculative_method="suffix")
     scheduler = Scheduler(target, draft, config)
     tokenizer, fmt = target.tokenizer, detect(target.tokenizer.chat_template)
@@ -103,17 +128,21 @@ def main() -> int:
         tools = tool_request(ChatCompletionRequest.model_validate(body), fmt)
         _, calls = parse_calls(tools, text, cut=output.finish_reason == "length")
         form = form_of(text)
+        why = "" if calls or form == "prose" else why_not(text, tools.declared, output.finish_reason)
         table[kind, form, "answers"] += 1
         table[kind, form, "calls"] += bool(calls)
+        table[kind, form, why] += bool(why)
         records.append({"kind": kind, "id": name, "form": form, "calls": [c.name for c in calls], "text": text,
-                        "seconds": round(time.perf_counter() - begin, 2)})  # fmt: skip
+                        "why_not": why, "seconds": round(time.perf_counter() - begin, 2)})  # fmt: skip
         print(f"{kind:10} {name:40} {form:14} calls={[c.name for c in calls]}", file=sys.stderr, flush=True)
-    print("| requests | form written | answers | read back as calls |")
-    print("|---|---|---|---|")
+    print("| requests | form written | answers | read back as calls | not a call: " + " / ".join(REASONS) + " |")
+    print("|---|---|---|---|---|")
     for kind in ("agent step", "client", "control"):
         for form in [name for name, _ in FORMS] + ["prose"]:
             if table[kind, form, "answers"]:
-                print(f"| {kind} | {form} | {table[kind, form, 'answers']} | {table[kind, form, 'calls']} |")
+                reasons = " / ".join(str(table[kind, form, reason]) for reason in REASONS)
+                counts = f"{table[kind, form, 'answers']} | {table[kind, form, 'calls']}"
+                print(f"| {kind} | {form} | {counts} | {reasons} |")
     if args.json is not None:
         args.json.write_text(json.dumps(records, indent=1, ensure_ascii=False))
     return 0

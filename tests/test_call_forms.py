@@ -64,8 +64,21 @@ def test_text_that_merely_looks_like_a_call_stays_text(name, text):
 
 
 def test_one_call_only_where_parallel_calls_are_off():
+    """A list of two is text; two blocks: the first is the call, the second text (streamed, the first call is sent
+    before the second is written: the whole answer reads the same)."""
+    one = Declared(DECLARED.schemas, parallel=False)
     two = '```json\n[{"name": "add", "arguments": {"a": 1, "b": 2}}, ' + CALL + "]\n```"
-    assert find_calls(two, Declared(DECLARED.schemas, parallel=False)) is None
+    assert find_calls(two, one) is None
+    blocks = f"```json\n{CALL}\n```\nand\n```json\n{CALL}\n```"
+    content, calls = find_calls(blocks, one)
+    assert len(calls) == 1 and content == f"and\n```json\n{CALL}\n```"
+
+
+def test_a_tag_inside_a_code_block_is_an_example_and_a_fence_inside_a_tag_is_read():
+    example = f"Call it like this:\n```xml\n<tool_call>\n{CALL}\n</tool_call>\n```"
+    assert find_calls(example, DECLARED) is None and _stream(example) == (example, [])
+    wrapped = f"<tool_call>\n```json\n{CALL}\n```\n</tool_call>"
+    assert find_calls(wrapped, DECLARED)[1][0].name == "get_weather" and _stream(wrapped)[1][0].name == "get_weather"
 
 
 def test_a_code_block_streams_as_it_is_written_and_a_call_block_is_held_until_judged():

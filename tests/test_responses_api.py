@@ -292,3 +292,43 @@ def test_metrics_need_their_own_key_where_several_tenants_share_the_server(app, 
     assert guard._metrics_refusal(b"Bearer key-a")[0].status == 401 and guard._metrics_refusal(b"Bearer ops") is None
     alone = Guard(None, ("key-a",), None, lambda label: None)  # one tenant: its key opens them, as before
     assert alone._metrics_refusal(b"Bearer key-a") is None and alone._metrics_refusal(b"")[0].status == 401
+
+
+def test_streamed_items_keep_the_order_the_model_wrote_them():
+    """Text after a call opens a message of its own (it once went into the finished one), and a custom tool's call
+    takes its place among the items when it begins, its input told when it is complete."""
+    from verispec.server.protocol import DeltaFunction, DeltaToolCall
+    from verispec.server.responses_api import _Emitter
+
+    emitter = _Emitter({"get_weather": "function", "run": "custom"})
+    first = DeltaToolCall(index=0, id="c0", type="function", function=DeltaFunction(name="run", arguments=""))
+    second = DeltaToolCall(index=1, id="c1", type="function", function=DeltaFunction(name="get_weather"))
+    events = emitter.news("Let me look.", [first, DeltaToolCall(index=0, function=DeltaFunction(arguments='{"input"'))])
+    events += emitter.news(
+        "",
+        [
+            DeltaToolCall(index=0, function=DeltaFunction(arguments=': "ls"}')),
+            second,
+            DeltaToolCall(index=1, function=DeltaFunction(arguments='{"city": "P"}')),
+        ],
+    )
+    events += emitter.news("Done.", []) + emitter.close("completed")
+    assert [item["type"] for item in emitter.items] == ["message", "custom_tool_call", "function_call", "message"]
+    assert emitter.items[1]["input"] == "ls" and emitter.items[2]["arguments"] == '{"city": "P"}'
+    done = [data["output_index"] for kind, data in events if kind == "response.output_item.done"]
+    assert sorted(done) == [0, 1, 2, 3] and emitter.items[0]["content"][0]["text"] == "Let me look."
+
+
+def test_an_answers_text_and_its_call_are_one_assistant_turn_when_sent_back():
+    """What the model wrote (text, then a call) comes back as output items; the next request's history must be the
+    turn it wrote, one assistant message (two would render another prompt, and miss the answer's cached blocks)."""
+    from verispec.server.responses_api import plan
+    from verispec.server.responses_protocol import ResponsesRequest
+
+    items = [{"role": "user", "content": "weather?"},
+             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Let me check."}]},
+             {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "P"}'},
+             {"type": "function_call_output", "call_id": "c1", "output": "sunny"}]  # fmt: skip
+    made = plan(ResponsesRequest.model_validate({"input": items, "tools": [WEATHER]}), [], lambda item: None)
+    roles = [(m.role, m.text(), len(m.tool_calls or [])) for m in made.chat.messages]
+    assert roles == [("user", "weather?", 0), ("assistant", "Let me check.", 1), ("tool", "sunny", 0)]

@@ -168,7 +168,7 @@ def test_a_removed_sequence_leaves_no_continuation_and_the_index_stays_bounded()
     trie.add([1, 2, 3, 4], -1)
     assert trie.match([1, 2, 3])[1] == 0 and trie.match([7, 8])[1] == 2
     index = SuffixIndex(max_tokens=10, depth=6)
-    index.admitted(), index.admitted()  # a partition requests come back to: kept up to the whole index
+    index.add([]), index.add([])  # two requests finished: a partition requests come back to, kept in full
     for i in range(20):
         index.add([i, i + 1, i + 2, i + 3])
     assert index.tokens <= 10 and index.trie().match([19, 20, 21])[1] == 3 and index.trie().match([1, 2])[1] == 0
@@ -180,11 +180,9 @@ def test_a_flood_of_one_off_partitions_keeps_within_its_share_and_leaves_a_retur
     from verispec.engine.suffix import TRIAL_SHARE, SuffixIndex
 
     index = SuffixIndex(max_tokens=4096, depth=8, max_partitions=64)
-    for _ in range(2):
-        index.admitted("tenant")
-    index.add(list(range(1000, 1100)), "tenant")
+    index.add([1000, 1001], "tenant")
+    index.add(list(range(1000, 1100)), "tenant")  # its second request: a tenant coming back
     for i in range(10_000):
-        index.admitted(f"salt {i}")
         index.add([i % 50, 7, 8, 9, i % 13], f"salt {i}")
     assert len(index.partitions) <= 64 and index.trial_tokens <= 4096 // TRIAL_SHARE
     assert index.trie("tenant").match([1000, 1001, 1002])[1] == 3  # the returning tenant's history stays
@@ -200,7 +198,7 @@ def test_past_its_tokens_the_index_takes_from_the_tenant_holding_the_most():
 
     index = SuffixIndex(max_tokens=100, depth=6)
     for name in ("big", "small"):
-        index.admitted(name), index.admitted(name)
+        index.add([], name)
     index.add(list(range(60)), "big")
     index.add(list(range(200, 230)), "small")
     index.add(list(range(100, 140)), "big")  # 130 > 100: big gives its oldest sequence up

@@ -64,8 +64,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         type=memory_size,
         default=None,
         help="bytes the KV caches (target and draft together) may take, e.g. 4GiB, 512MiB: requests wait for room "
-        "beyond it; the context is cut to what it holds (default: every slot's --max-model-len, at most half the "
-        "memory available at start; memory is taken as the cache fills)",
+        "beyond it; the context is cut to what it holds (default: 4096 tokens per slot, or one whole context if that "
+        "is more, at most half the memory available at start; memory is taken as the cache fills)",
     )
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: all cores)")
 

@@ -1,8 +1,8 @@
 """The KV cache budget (--kv-cache-memory): how many blocks the target's and the draft model's caches get.
 
 The budget pays for both caches alike: N blocks each, N = budget // (a target block's bytes + a draft block's). By
-default it is what every slot needs to reach the context length (the caches' size before they were paged: slots x
-max_model_len positions, each model's), capped at DEFAULT_SHARE of the memory available when the engine starts (on a
+default it is what the scheduler asks for (4,096 positions per slot, or one whole context if that is more: blocks
+are taken as sequences write), capped at DEFAULT_SHARE of the memory available when the engine starts (on a
 CPU, MemAvailable from /proc/meminfo, read after the weights are loaded; on a GPU, its free memory): the caches grow
 with use, and a full one must not push the machine into swapping or the process into the OOM killer.
 """

@@ -73,6 +73,8 @@ class SchedulerStoppedError(VerispecError):
 
 
 METHODS = tuple(PROPOSERS)  # the ways of drafting, by name (proposer.py)
+DEFAULT_SLOT_TOKENS = 4096  # what the default KV budget holds per slot (less where the context is shorter)
+PREFILL_YIELD_SECONDS = 1.0  # the longest a prefill waits for a smaller tenant's decoding at a time
 
 
 @dataclass
@@ -97,8 +99,8 @@ class SchedulerConfig:
     # register the blocks decoding fills, so that a next turn holding the answer prefills only what is new
     # (prefixes.py; on a row-invariant target)
     answer_reuse: bool = True
-    # bytes the target's and the draft model's KV caches may take together (budget.py); None: every slot's full
-    # context, at most half the memory available at start
+    # bytes the target's and the draft model's KV caches may take together (budget.py); None: DEFAULT_SLOT_TOKENS
+    # per slot (or one whole context, if more), at most half the memory available at start
     kv_cache_memory: int | None = None
 
     def __post_init__(self) -> None:
@@ -199,6 +201,8 @@ class Scheduler:
         self._first: tuple[EngineRequest | Sequence, Prompt] | None = None  # the next one's prompt, as keys
         self.active: dict[str, EngineRequest] = {}  # waiting or running, by request id
         self.cond = threading.Condition()
+        self.preempted_in_step = False  # a sequence was preempted in this step (its costs are not the policy's)
+        self.last_prefill = 0.0  # when the last prefill chunk was computed (prefill yields to others' decoding)
         self.thread: threading.Thread | None = None
         self.stopping = False
 
@@ -214,7 +218,10 @@ class Scheduler:
         block_bytes = KVCache.block_bytes(target.model.config, target.model.cache_dtype)
         if drafting:
             block_bytes += KVCache.block_bytes(draft.model.config, draft.model.cache_dtype)
-        wanted = slots * -(-(self.max_model_len + self.widest + 1) // BLOCK_SIZE)
+        # the default budget: each slot's DEFAULT_SLOT_TOKENS, and at least one whole context (blocks are taken as
+        # written, so one long request may use what many short ones would)
+        wanted = max(slots * _blocks(min(self.max_model_len, DEFAULT_SLOT_TOKENS) + self.widest + 1),
+                     _blocks(self.max_model_len + self.widest + 1))  # fmt: skip
         num_blocks = cache_blocks(self.config.kv_cache_memory, wanted, block_bytes, target.model.device)
         held = num_blocks * BLOCK_SIZE - self.widest - 1  # the longest context one sequence can have
         self.context_cut = held < self.max_model_len  # the budget, not the models or max_model_len, sets it
@@ -376,8 +383,9 @@ class Scheduler:
 
     def step(self) -> bool:
         """Admit, then one round for every running sequence. False when there was nothing to do."""
+        self._drop_cancelled()  # first: a cancelled sequence gives its slot back rather than being preempted
         self._admit()
-        self._drop_cancelled()
+        self.preempted_in_step = False
         if not self.running:
             return False
         self._prefill_chunk()
@@ -417,7 +425,8 @@ class Scheduler:
         drafting = sum(1 for k in ks if k)
         modelled = spent is not None and spent.modelled
         widest = max((p.tokens.shape[0] for p in proposals if p is not None), default=0)
-        if widest <= max(ks):  # a longer lookup's verify pass is not what the policy's k costs: not recorded
+        # a longer lookup's verify pass is not what the policy's k costs, nor one a preemption took rows out of
+        if widest <= max(ks) and not self.preempted_in_step:
             self._record_costs(len(seqs), drafting, max(ks), drafted - begin, verified - drafted, *caught_up, modelled)
         log.debug(
             "step: %d sequences, k = %d for %d (lag %d), draft %.3f s (catch-up %.3f s, %d tokens), verify %.3f s",
@@ -556,6 +565,10 @@ class Scheduler:
         state is kept (tokens, stop checker, grammar, noise, statistics); it waits first of its tenant's to be admitted
         again, then prefills its whole context, taking whatever of it is still registered. Its output does not
         change: on a row-invariant model a prefill writes the bits its decoding wrote."""
+        self.preempted_in_step = True
+        if seq.request.cancelled:  # its client left: it ends here
+            self._release(seq, "cancelled")
+            return
         self.prefixes.decoded(seq.slot, seq.tokens)
         self.cache.release(seq.slot)
         self.prefixes.finish(seq.slot)
@@ -632,7 +645,19 @@ class Scheduler:
         left = [seq for seq in prefilling if seq.prefilling]
         if left:
             seq = min(left, key=lambda seq: (len(seq.prefill_ids) - seq.prefilled, seq.admitted))
-            self._guarded(seq, self._compute_chunk, seq)
+            if not self._prefill_yields(seq):
+                self._guarded(seq, self._compute_chunk, seq)
+                self.last_prefill = time.perf_counter()
+
+    def _prefill_yields(self, seq: Sequence) -> bool:
+        """Whether the prefill of `seq` waits this step: a chunk costs many decode steps, and a tenant running fewer
+        sequences than `seq`'s is decoding (one client's burst of long prompts must not set the pace of another's
+        short answer). It waits at most PREFILL_YIELD_SECONDS at a time, so a prefill always goes on."""
+        if time.perf_counter() - self.last_prefill >= PREFILL_YIELD_SECONDS:
+            return False
+        running = self._running_per_tenant()
+        mine = running.get(seq.request.tenant, 0)
+        return any(running[other.request.tenant] < mine for other in self.running.values() if not other.prefilling)
 
     def _count_reused(self, seq: Sequence, tokens: int) -> None:
         """Prompt tokens taken from the prefix cache (a resumed sequence's own context is not its prompt)."""
@@ -986,3 +1011,7 @@ class Scheduler:
 
 def _request_of(item: EngineRequest | Sequence) -> EngineRequest:
     return item.request if isinstance(item, Sequence) else item
+
+
+def _blocks(positions: int) -> int:
+    return -(-positions // BLOCK_SIZE)

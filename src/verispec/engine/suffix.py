@@ -49,7 +49,7 @@ class _Partition:
     trie: SuffixTrie
     sequences: deque[list[int]]  # oldest first
     tokens: int = 0
-    returned: bool = False  # a second request of this partition was admitted: what it holds is read
+    returned: bool = False  # a second request of this partition finished: what it holds is read
 
 
 class SuffixIndex:
@@ -57,10 +57,11 @@ class SuffixIndex:
     outputs, engine/requests.py), bounded in tokens (`max_tokens` in all) and in partitions (`max_partitions`).
 
     Fair between tenants: a partition of which a single request has been admitted so far (one request's output, a
-    tenant's first, or a partition made per request, such as a new cache_salt each time) is "on trial"; trial
+    tenant's first, or a partition made per request, such as a new cache_salt each time; counted as requests finish)
+    is "on trial"; trial
     partitions hold at most max_tokens // TRIAL_SHARE tokens together and are the first to go, least recently used
     first, whole. Past that, the partition holding the most tokens gives up its oldest sequence. So a flood of
-    one-off partitions churns the trial share alone, a tenant's second request makes its partition kept, and the
+    one-off partitions churns the trial share alone, a tenant's second request keeps its partition, and the
     history a tenant comes back to stays. A trie is rebuilt once most of its nodes are dead. Touched only by the
     engine's thread."""
 
@@ -69,7 +70,7 @@ class SuffixIndex:
     ):
         self.max_tokens, self.depth, self.max_partitions = max_tokens, depth, max(1, max_partitions)
         self.partitions: OrderedDict[str, _Partition] = OrderedDict()  # least recently used first
-        self.visits: OrderedDict[str, int] = OrderedDict()  # requests admitted per partition
+        self.visits: OrderedDict[str, int] = OrderedDict()  # requests finished per partition
         self.tokens = 0
         self.trial_tokens = 0
         self._empty = SuffixTrie(depth)  # what a partition without sequences looks up in
@@ -78,25 +79,20 @@ class SuffixIndex:
         held = self.partitions.get(partition)
         return self._empty if held is None else held.trie
 
-    def admitted(self, partition: str = "") -> None:
-        """A request of `partition` was admitted: from the second on, what the partition holds is a tenant's."""
+    def add(self, tokens: list[int], partition: str = "") -> None:
+        """A request of `partition` finished, writing `tokens`: from the partition's second, what it holds is a
+        tenant's."""
         self.visits[partition] = self.visits.pop(partition, 0) + 1
         if len(self.visits) > REMEMBERED_VISITS:
             self.visits.popitem(last=False)
-        held = self.partitions.get(partition)
-        if held is not None:
-            self.partitions.move_to_end(partition)
-            if not held.returned and self.visits[partition] > 1:
-                held.returned = True
-                self.trial_tokens -= held.tokens
-
-    def add(self, tokens: list[int], partition: str = "") -> None:
         if not tokens or not self.max_tokens:
             return
         held = self.partitions.get(partition)
         if held is None:
-            returned = self.visits.get(partition, 0) > 1
-            held = self.partitions[partition] = _Partition(SuffixTrie(self.depth), deque(), returned=returned)
+            held = self.partitions[partition] = _Partition(SuffixTrie(self.depth), deque())
+        if not held.returned and self.visits[partition] > 1:
+            held.returned = True
+            self.trial_tokens -= held.tokens
         self.partitions.move_to_end(partition)
         tokens = tokens[-(self.max_tokens if held.returned else self._trial_limit()) :]
         held.trie.add(tokens)
@@ -306,7 +302,6 @@ class SuffixLookups:
         """A new request in `slot`, of `partition`: it looks up in that partition's outputs only."""
         self.partitions[slot] = partition
         self.followed[slot] = None
-        self.index.admitted(partition)
 
     def finished(self, slot: int, output: list[int], partition: str) -> None:
         """A request ended: its output joins the index of earlier requests, in its partition (a private one,

@@ -325,7 +325,7 @@ def _add_responses_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/responses")
     async def responses(request: Request) -> Response:
         body = await _parse(request, ResponsesRequest)
-        scope = _store_scope(state, request, body.user)
+        scope = _store_scope(state, request)
         earlier = []
         if body.previous_response_id is not None:
             stored = await _off_loop(state.responses.get, scope, body.previous_response_id)
@@ -356,7 +356,7 @@ def _add_responses_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.delete("/v1/responses/{response_id}")
     async def delete_response(response_id: str, request: Request) -> JSONResponse:
-        if not await _off_loop(state.responses.delete, _store_scope(state, request, None), response_id):
+        if not await _off_loop(state.responses.delete, _store_scope(state, request), response_id):
             raise _no_response(response_id)
         return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
@@ -383,7 +383,7 @@ def _page(items: list[dict], limit: int, order: str, after: str | None) -> dict:
 
 
 async def _stored(state: ServerState, request: Request, response_id: str) -> StoredResponse:
-    stored = await _off_loop(state.responses.get, _store_scope(state, request, None), response_id)
+    stored = await _off_loop(state.responses.get, _store_scope(state, request), response_id)
     if stored is None:
         raise _no_response(response_id)
     return stored
@@ -394,9 +394,9 @@ def _no_response(response_id: str) -> ApiError:
                     param="response_id", code="not_found")  # fmt: skip
 
 
-def _store_scope(state: ServerState, request: Request, user: str | None) -> str:
+def _store_scope(state: ServerState, request: Request) -> str:
     key = key_index(state.api_keys, _authorization(request)) if state.api_keys else None
-    return store_scope(state.cache_sharing, key, user)
+    return store_scope(state.cache_sharing, key)
 
 
 async def _start_responses(state: ServerState, made: Plan, request: Request) -> tuple[Plan, Job]:

@@ -52,45 +52,12 @@ class Declared:
 
 
 def find_calls(text: str, declared: Declared) -> tuple[str | None, list[Found]] | None:
-    """(content, calls) of a finished answer holding calls in one of the loose forms; None where it holds none."""
-    regions = _regions(text, declared)
-    if regions is None:
+    """(content, calls) of a finished answer holding calls in one of the loose forms; None where it holds none. It is
+    the stream's reading of the whole text at once (LooseStream), so a streamed answer says what this says."""
+    content, calls = LooseStream(declared).finish(text)
+    if not calls:
         return None
-    content, calls, at = [], [], 0
-    for start, end, found in regions:
-        content.append(text[at:start])
-        calls += found
-        at = end
-    content.append(text[at:])
-    if not declared.parallel and len(calls) > 1:
-        return None
-    joined = "".join(content).strip()
-    return joined or None, calls
-
-
-def _regions(text: str, declared: Declared) -> list[tuple[int, int, list[Found]]] | None:
-    """The spans of `text` that are calls, in order; None where none is."""
-    regions = []
-    for fence in fences(text):
-        if fence.closed and fence.language in CALL_LANGUAGES and (found := calls_in(fence.body(text), declared)):
-            regions.append((fence.start, fence.end, found))
-    for match in declared.tagged.finditer(text):
-        if found := calls_in(match.group(2), declared, _tool_of(match.group(1))):
-            regions.append((match.start(), match.end(), found))
-    if not regions:
-        bare = text.strip()
-        found = calls_in(bare, declared) if bare[:1] in "{[" else None
-        if found:
-            start = text.index(bare[0])
-            return [(start, start + len(bare), found)]
-        return None
-    regions.sort()
-    kept, end = [], -1
-    for region in regions:  # a tag inside a fence (or the reverse) counts once
-        if region[0] >= end:
-            kept.append(region)
-            end = region[1]
-    return kept
+    return content.strip() or None, calls
 
 
 @dataclass(frozen=True)
@@ -134,6 +101,8 @@ def calls_in(text: str, declared: Declared, tool: str | None = None) -> list[Fou
     declared tool, its arguments conforming), or, inside a tag named after `tool`, that tool's arguments object;
     None where it is anything else."""
     text = text.strip()
+    if text.startswith("```") and text.endswith("```"):  # a fenced block inside a tag
+        text = text[3:-3].removeprefix("json").strip()
     if text.startswith("{{") and text.endswith("}}"):  # the template's example, its doubled braces copied
         text = text[1:-1]
     values = _json_values(text)
@@ -270,13 +239,11 @@ class LooseStream:
             if judged is None:  # not complete yet
                 break
             end, calls = judged
-            if calls:
+            if calls and (self.declared.parallel or not self.calls and not found and len(calls) == 1):
                 found += calls
-            else:
+            else:  # not calls; or, without parallel calls, a second one: the first call stands, the rest is text
                 content += text[start:end]
             self.sent = end
-        if not self.declared.parallel and len(self.calls) + len(found) > 1:
-            found = found[: max(0, 1 - len(self.calls))]
         self.calls += found
         return content, found
 

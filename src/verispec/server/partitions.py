@@ -43,10 +43,8 @@ def tenant_of(key: int | None, user: str | None) -> str:
     return json.dumps(["key", key, "user", user])
 
 
-def store_scope(sharing: str, key: int | None, user: str | None) -> str:
+def store_scope(sharing: str, key: int | None) -> str:
     """Whose stored responses a request reads and writes (server/responses_store.py): everyone's under global sharing;
-    else its API key's, and under user sharing its `user`'s within the key (a response stored without a user is the
-    key's). Another scope asking for a response's id gets the 404 an unknown id gets."""
-    if sharing == "global":
-        return json.dumps(["all"])
-    return json.dumps(["key", key, "user", user if sharing == "user" else None])
+    else its API key's (a response is read back by id, which carries no `user`). Another scope asking for a
+    response's id gets the 404 an unknown id gets."""
+    return json.dumps(["all"] if sharing == "global" else ["key", key])

@@ -17,6 +17,7 @@ the prompt fits.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -241,9 +242,10 @@ def _history_call(item: dict) -> dict:
 
 
 def _add_call(messages: list[dict], origins: list[str], calls: dict, call: dict, where: str) -> None:
+    """A call joins the assistant message before it (its text, or its other calls): the turn the model wrote."""
     last = messages[-1] if messages else None
-    if last is not None and last["role"] == "assistant" and "tool_calls" in last:
-        last["tool_calls"].append(call)
+    if last is not None and last["role"] == "assistant":
+        last.setdefault("tool_calls", []).append(call)
     else:
         messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         origins.append(where)
@@ -458,7 +460,7 @@ async def response_events(
             for item in emitter.close("incomplete" if cut else "completed"):
                 yield item
             final = response_object(made, job, event.output, emitter.items, "completed")
-            done(final)
+            await asyncio.to_thread(done, final)  # the store writes off the event loop
             yield emitter.event(f"response.{final['status']}", response=final)
             return
         if stream is not None:
@@ -496,7 +498,9 @@ class _Emitter:
             if piece.index not in self.calls:
                 out += self._close_message()
                 if self.kinds.get(piece.function.name, "function") != "function":
-                    self.held[piece.index] = [piece.id, piece.function.name, piece.function.arguments]
+                    item = _call_item(piece.id, piece.function.name, "", self.kinds, "in_progress")
+                    self.held[piece.index] = [item, piece.function.name, piece.function.arguments]
+                    out.append(self._added(item))  # its place among the items; its fields when it is complete
                     continue
                 item = _call_item(piece.id, piece.function.name, "", self.kinds, "in_progress")
                 self.calls[piece.index] = item
@@ -510,7 +514,7 @@ class _Emitter:
 
     def _content(self, content: str) -> list[tuple[str, dict]]:
         out = []
-        if self.message is None:
+        if self.message is None or self.message["status"] == "completed":  # text after a call: a message of its own
             self.message = _message_item(_id("msg"), "", "in_progress")
             out.append(self._added(self.message))
             part = {"type": "output_text", "text": "", "annotations": []}
@@ -529,9 +533,9 @@ class _Emitter:
                 out.append(self.event("response.function_call_arguments.done", item_id=item["id"],
                                       output_index=self._index(item), arguments=item["arguments"]))  # fmt: skip
                 out.append(self.event("response.output_item.done", output_index=self._index(item), item=item))
-        for call_id, name, arguments in self.held.values():
-            item = _call_item(call_id, name, arguments, self.kinds, status)
-            out.append(self._added(item))
+        for item, name, arguments in self.held.values():
+            item.update({k: v for k, v in _call_item(item["call_id"], name, arguments, self.kinds, status).items()
+                         if k != "id"})  # fmt: skip
             if item["type"] == "custom_tool_call":
                 out.append(self.event("response.custom_tool_call_input.done", item_id=item["id"],
                                       output_index=self._index(item), input=item["input"]))  # fmt: skip

@@ -7,8 +7,8 @@ default). Bounds (`--responses-store-limits`): at most `max_count` responses and
 kept at most `max_age` seconds (OpenAI keeps 30 days). Past a bound, the oldest response of the scope holding the most
 bytes goes first, so one tenant's flood evicts its own responses before another's.
 
-Scope: a response is read back only in the scope that stored it (server/partitions.py `store_scope`: the API key,
-and the `user` field under --cache-sharing user); another scope asking for its id gets the 404 an unknown id gets.
+Scope: a response is read back only in the scope that stored it (server/partitions.py `store_scope`: the API key;
+everyone under --cache-sharing global); another scope asking for its id gets the 404 an unknown id gets.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class ResponseStore:
                 (stored.id, scope, time.time(), size, *texts),
             )
             self._db.executemany(
-                "INSERT OR REPLACE INTO items VALUES (?, ?, ?, ?)",
+                "INSERT OR IGNORE INTO items VALUES (?, ?, ?, ?)",  # an item referenced again keeps its first owner
                 [(str(item["id"]), scope, stored.id, json.dumps(item, ensure_ascii=False)) for item in items],
             )
             self._bound()
