@@ -214,3 +214,24 @@ def test_a_gguf_files_own_sliding_pattern_and_rotary_bases(tmp_path):
     assert [config.rope_table(i) for i in range(6)] == [1] * 5 + [0]
     assert json.loads(config.to_json())["layer_windows"] == [8] * 5 + [0]
     assert type(config).from_json(config.to_json()) == config
+
+
+def test_a_tokenizer_mismatch_names_the_same_example_token_on_every_run():
+    """The example token once came from a dict's iteration order (the Rust vocabulary's): another one each run."""
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers import models
+
+    from verispec.errors import TokenizerMismatchError
+    from verispec.models.tokenizer import Tokenizer
+
+    def made(order: list[str]) -> Tokenizer:
+        vocab = {token: i for i, token in enumerate(order)} | {"<eos>": len(order)}
+        return Tokenizer(RawTokenizer(models.WordLevel(vocab=vocab, unk_token="<eos>")), "<eos>")
+
+    target, draft = made(list("abcdefgh")), made(list("abdcefhg"))
+    messages = set()
+    for _ in range(3):
+        with pytest.raises(TokenizerMismatchError) as caught:
+            target.check_compatible(draft)
+        messages.add(str(caught.value))
+    assert len(messages) == 1 and "e.g. 'c': id 3 in the draft, 2 in the target" in messages.pop()

@@ -268,9 +268,11 @@ class Tokenizer:
         small, large = sorted((self.vocab, draft.vocab), key=len)
         differing = [tok for tok, i in small.items() if large.get(tok) != i]
         if differing:
+            first = min(differing, key=small.__getitem__)  # the lowest id: the same example on every run
             raise TokenizerMismatchError(
                 f"draft and target tokenizers differ ({len(differing)} of {len(small)} tokens map to other "
-                f"ids, e.g. {differing[0]!r}); use a draft model from the target's family"
+                f"ids, e.g. {first!r}: id {draft.vocab.get(first)} in the draft, {self.vocab.get(first)} in the "
+                "target); use a draft model from the target's family"
             )
 
 
