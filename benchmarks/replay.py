@@ -79,16 +79,23 @@ class Server:
 
 
 def _usage(lines: list[str], streamed: bool) -> dict:
+    """Tokens written, prompt tokens cached, and the answer (its text and calls, without ids) of one reply."""
     events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")] if streamed else [
         json.loads("".join(lines))]  # fmt: skip
     for event in reversed(events):
         usage = (event.get("response") or {}).get("usage") or event.get("usage")
         if usage:
             if "input_tokens" in usage:
-                return {"tokens": usage["output_tokens"], "cached": usage["input_tokens_details"]["cached_tokens"]}
+                answer = [{k: v for k, v in item.items() if k not in ("id", "call_id")}
+                          for item in event["response"]["output"]]  # fmt: skip
+                return {"tokens": usage["output_tokens"], "cached": usage["input_tokens_details"]["cached_tokens"],
+                        "answer": json.dumps(answer)}  # fmt: skip
             details = usage.get("prompt_tokens_details") or {}
-            return {"tokens": usage["completion_tokens"], "cached": details.get("cached_tokens", 0)}
-    return {"tokens": 0, "cached": 0}
+            message = dict(event["choices"][0]["message"])
+            message["tool_calls"] = [call["function"] for call in message.get("tool_calls") or []]
+            return {"tokens": usage["completion_tokens"], "cached": details.get("cached_tokens", 0),
+                    "answer": json.dumps(message)}  # fmt: skip
+    return {"tokens": 0, "cached": 0, "answer": ""}
 
 
 def codex_requests(args: argparse.Namespace) -> list[list[tuple[str, str, dict, dict]]]:
@@ -155,7 +162,20 @@ def main() -> int:
             print(f"| {name} | {step} | {statistics.median(r['first'] for r in rows):.2f} | "
                   f"{statistics.median(r['total'] for r in rows):.2f} | {rate:.1f} | "
                   f"{sum(r['cached'] for r in rows)} |")  # fmt: skip
+    _identical(results)
     return 0
+
+
+def _identical(results: dict[str, dict[str, list[dict]]]) -> None:
+    """How many answers each configuration gave equal to plain decoding's (greedy: all of them, where exact)."""
+    reference = results.get("plain")
+    if reference is None:
+        return
+    expected = [row["answer"] for rows in reference.values() for row in rows]
+    for name, steps in results.items():
+        got = [row["answer"] for rows in steps.values() for row in rows]
+        same = sum(a == b for a, b in zip(got, expected, strict=False))
+        print(f"{name}: {same} of {len(expected)} answers identical to plain decoding's")
 
 
 if __name__ == "__main__":

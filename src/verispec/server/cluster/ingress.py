@@ -66,6 +66,7 @@ class IngressConfig:
     replica_capacity: int  # requests one replica runs or queues (--max-num-seqs + --max-queue)
     max_queue: int  # generation requests the ingress holds beyond what the replicas take
     replicas: int  # replicas assumed before the router has seen any
+    metrics_key: str | None = None  # /metrics' own key (app.Guard)
 
 
 class _ReplicaGone(Exception):
@@ -88,7 +89,7 @@ class Ingress:
         def refused(label: str) -> None:
             REJECTED.labels(code=label).inc()
 
-        return Guard(self._dispatch, self.config.api_keys, self.config.allowed_hosts, refused)
+        return Guard(self._dispatch, self.config.api_keys, self.config.allowed_hosts, refused, self.config.metrics_key)
 
     async def _dispatch(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
