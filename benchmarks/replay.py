@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import socket
 import statistics
 import subprocess
@@ -35,9 +36,10 @@ MODEL = "replay"
 CONFIGS = {
     "speculative": [],
     "plain": ["--speculative-model", "none"],
-    "speculative, no answer reuse": ["--no-answer-reuse"],
-    "plain, no answer reuse": ["--speculative-model", "none", "--no-answer-reuse"],
+    "speculative-no-answer-reuse": ["--no-answer-reuse"],
+    "plain-no-answer-reuse": ["--speculative-model", "none", "--no-answer-reuse"],
 }
+OUTPUT_EVENTS = re.compile(r'"response\.output_item\.added"|"content": "[^"]|"tool_calls": \[')  # shown first
 
 
 class Server:
@@ -58,12 +60,13 @@ class Server:
         raise SystemExit("the server did not start")
 
     def send(self, path: str, body: dict, headers: dict | None = None) -> dict:
-        """{first, total: seconds; tokens; cached} of one request (streamed where the body says so)."""
+        """{first: seconds to the first output event (an item added, a chunk with content or calls; for a
+        reply not streamed, its end), total: seconds; tokens; cached; answer} of one request."""
         begin, first = time.perf_counter(), None
         with httpx.stream("POST", self.url + path, json=body, headers=headers or {}, timeout=3600) as reply:
             lines = []
             for line in reply.iter_lines():
-                if first is None and line.startswith("data: "):
+                if first is None and line.startswith("data: ") and OUTPUT_EVENTS.search(line):
                     first = time.perf_counter() - begin
                 lines.append(line)
         total = time.perf_counter() - begin
@@ -153,7 +156,7 @@ def main() -> int:
                     )
         finally:
             server.stop()
-    print("| configuration | step | median s to first event | median s in all | tok/s (prefill counted) | cached |")
+    print("| configuration | step | median s to first output | median s in all | tok/s (prefill counted) | cached |")
     print("|---|---|---|---|---|---|")
     for name, steps in results.items():
         every = [row for step_rows in steps.values() for row in step_rows]
