@@ -26,45 +26,25 @@ import multiprocessing
 import os
 import socket
 import statistics
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
 
 import httpx
+from served import ServedProcess
 
 BYSTANDER = {"messages": [{"role": "user", "content": "Name three fruits."}], "max_tokens": 16, "temperature": 0}
 NEIGHBOUR = {"prompt": "Write 400 spaces:", "max_tokens": 400, "ignore_eos": True, "temperature": 0}
 
 
-class Server:
-    def __init__(self, flags: list[str]) -> None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        command = [sys.executable, "-m", "verispec", "serve", "--port", str(self.port), *flags]
-        self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            time.sleep(0.5)
-        raise SystemExit("the server did not start")
-
+class Server(ServedProcess):
     def post(self, route: str, body: bytes | dict, timeout: float = 300) -> int:
         body = json.dumps(body).encode() if isinstance(body, dict) else body
         headers = {"Content-Type": "application/json"}
         with contextlib.suppress(httpx.HTTPError):
             return httpx.post(self.url + route, content=body, headers=headers, timeout=timeout).status_code
         return 0
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(60)
 
 
 def _raw(server: Server, data: bytes, pause: float = 0.0) -> None:

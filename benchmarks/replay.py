@@ -18,18 +18,16 @@ tokens per second with prefill counted, and cached tokens.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import re
-import socket
 import statistics
-import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
 
 import httpx
+from served import ServedProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "replay"
@@ -42,22 +40,9 @@ CONFIGS = {
 OUTPUT_EVENTS = re.compile(r'"response\.output_item\.added"|"content": "[^"]|"tool_calls": \[')  # shown first
 
 
-class Server:
+class Server(ServedProcess):
     def __init__(self, flags: list[str]) -> None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        command = [sys.executable, "-m", "verispec", "serve", "--port", str(self.port), "--served-model-name", MODEL,
-                   *flags]  # fmt: skip
-        self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            time.sleep(0.5)
-        raise SystemExit("the server did not start")
+        super().__init__(["--served-model-name", MODEL, *flags])
 
     def send(self, path: str, body: dict, headers: dict | None = None) -> dict:
         """{first: seconds to the first output event (an item added, a chunk with content or calls; for a
@@ -74,11 +59,6 @@ class Server:
             raise SystemExit(f"{path}: {reply.status_code} {' '.join(lines)[:500]}")
         usage = _usage(lines, body.get("stream", False))
         return {"first": first or total, "total": total, **usage}
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(60)
 
 
 def _usage(lines: list[str], streamed: bool) -> dict:

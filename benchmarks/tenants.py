@@ -21,16 +21,14 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
 import uuid
 
 import httpx
+from served import ServedProcess
 
 KEYS = {"A": "tenant-a", "B": "tenant-b"}
 BYSTANDER = {"messages": [{"role": "user", "content": "Name three fruits."}], "max_tokens": 16, "temperature": 0}
@@ -39,22 +37,9 @@ CACHED = {"messages": [{"role": "user", "content": "Summarize the rules of chess
           "max_tokens": 16, "temperature": 0}  # fmt: skip
 
 
-class Server:
+class Server(ServedProcess):
     def __init__(self, flags: list[str]) -> None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        keys = [arg for key in KEYS.values() for arg in ("--api-key", key)]
-        command = [sys.executable, "-m", "verispec", "serve", "--port", str(self.port), *keys, *flags]
-        self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            time.sleep(0.5)
-        raise SystemExit("the server did not start")
+        super().__init__([arg for key in KEYS.values() for arg in ("--api-key", key)] + flags)
 
     def chat(self, tenant: str, body: dict, timeout: float = 900) -> float:
         """Seconds the answer took (raises on a non-200)."""
@@ -63,16 +48,6 @@ class Server:
                            headers={"Authorization": f"Bearer {KEYS[tenant]}"})  # fmt: skip
         reply.raise_for_status()
         return time.perf_counter() - begin
-
-    def rss_mib(self) -> float:
-        with open(f"/proc/{self.proc.pid}/status") as status:
-            line = next(line for line in status if line.startswith("VmRSS:"))
-        return int(line.split()[1]) / 1024
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(60)
 
 
 def _salted(body: dict) -> dict:
