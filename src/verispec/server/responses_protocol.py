@@ -37,46 +37,41 @@ ContentPart = TextContent | OtherContent  # a text part where its type says so (
 Content = str | list[ContentPart]
 
 
-class MessageItem(_Strict):
+class _Item(_Strict):
+    id: str | None = None
+    status: str | None = None
+
+
+class _CallItem(_Item):
+    call_id: str = Field(min_length=1)
+
+
+class MessageItem(_Item):
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
     content: Content
-    id: str | None = None
-    status: str | None = None
 
 
-class FunctionCallItem(_Strict):
+class FunctionCallItem(_CallItem):
     type: Literal["function_call"]
-    call_id: str = Field(min_length=1)
     name: str
     arguments: str
-    id: str | None = None
-    status: str | None = None
 
 
-class FunctionCallOutputItem(_Strict):
+class FunctionCallOutputItem(_CallItem):
     type: Literal["function_call_output"]
-    call_id: str = Field(min_length=1)
     output: Content
-    id: str | None = None
-    status: str | None = None
 
 
-class CustomToolCallItem(_Strict):
+class CustomToolCallItem(_CallItem):
     type: Literal["custom_tool_call"]
-    call_id: str = Field(min_length=1)
     name: str
     input: str
-    id: str | None = None
-    status: str | None = None
 
 
-class CustomToolCallOutputItem(_Strict):
+class CustomToolCallOutputItem(_CallItem):
     type: Literal["custom_tool_call_output"]
-    call_id: str = Field(min_length=1)
     output: Content
-    id: str | None = None
-    status: str | None = None
 
 
 class ShellAction(_Strict):
@@ -88,20 +83,15 @@ class ShellAction(_Strict):
     user: str | None = None
 
 
-class LocalShellCallItem(_Strict):
+class LocalShellCallItem(_CallItem):
     type: Literal["local_shell_call"]
-    call_id: str = Field(min_length=1)
     action: ShellAction
-    id: str | None = None
-    status: str | None = None
 
 
-class LocalShellCallOutputItem(_Strict):
+class LocalShellCallOutputItem(_Item):
     type: Literal["local_shell_call_output"]
     output: str
     call_id: str | None = None
-    id: str | None = None
-    status: str | None = None
 
 
 class ReasoningItem(_Strict):
