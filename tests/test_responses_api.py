@@ -180,6 +180,9 @@ def test_a_stored_response_is_read_continued_listed_and_deleted_within_its_scope
     assert client.get(f"/v1/responses/{response_id}", headers=other).status_code == 404
     refused = client.post("/v1/responses", json={"input": "x", "previous_response_id": response_id}, headers=other)
     assert refused.status_code == 404 and refused.json()["error"]["param"] == "previous_response_id"
+    for query, param in (({"limit": "many"}, "limit"), ({"limit": 500}, "limit"), ({"order": "up"}, "order")):
+        refused = client.get(f"/v1/responses/{response_id}/input_items", params=query)
+        assert refused.status_code in (400, 422) and refused.json()["error"]["param"] == param, refused.text
     assert client.delete(f"/v1/responses/{response_id}").json()["deleted"] is True
     assert client.get(f"/v1/responses/{response_id}").status_code == 404
     unkept = client.post("/v1/responses", json={"input": "x", "store": False, "max_output_tokens": 2})
@@ -332,3 +335,23 @@ def test_an_answers_text_and_its_call_are_one_assistant_turn_when_sent_back():
     made = plan(ResponsesRequest.model_validate({"input": items, "tools": [WEATHER]}), [], lambda item: None)
     roles = [(m.role, m.text(), len(m.tool_calls or [])) for m in made.chat.messages]
     assert roles == [("user", "weather?", 0), ("assistant", "Let me check.", 1), ("tool", "sunny", 0)]
+
+
+@pytest.mark.parametrize("choice", ["auto", "required"])
+def test_tools_beside_a_structured_answer_decode_as_plain_decoding_does(client, choice):
+    """The one grammar "calls, or the schema's object" masks every verification row: greedy, the answer with
+    speculation is plain decoding's, token for token; under auto it is the object or calls, nothing else."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    body = {"messages": [{"role": "user", "content": "weather or a number"}], "tools": [CHAT_WEATHER],
+            "tool_choice": choice, "temperature": 0, "max_tokens": 80, "logprobs": True,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}}  # fmt: skip
+    answers = []
+    for speculative in (True, False):
+        reply = client.post("/v1/chat/completions", json={**body, "speculative": speculative})
+        assert reply.status_code == 200, reply.text
+        choice_ = reply.json()["choices"][0]
+        answers.append([entry["token"] for entry in choice_["logprobs"]["content"]])
+        assert (reply.json()["verispec"]["drafted"] > 0) == speculative  # drafts were checked under the grammar
+    assert answers[0] == answers[1]
+    text = "".join(answers[0])
+    assert text.startswith("<tool_call>") or (choice == "auto" and text.lstrip().startswith("{"))

@@ -713,6 +713,10 @@ def test_messages_the_chat_template_refuses_get_a_400(tiny, monkeypatch):
         (["--prefill-chunk", "0"], "prefill_chunk must be >= 1"),
         (["--draft-vocab", "-5"], "draft_vocab must be >= 0"),
         (["--speculative-method", "hybrid", "--speculative-model", "none"], "hybrid speculative method needs a draft"),
+        (["--responses-store", "/nonexistent/dir/r.sqlite"], "a file SQLite can open"),
+        (["--responses-store-limits", "10,x"], "COUNT,BYTES,DAYS"),
+        (["--responses-store-limits", "0,1MiB,1"], "a count of at least 1"),
+        (["--metrics-key", " "], "--metrics-key is empty"),
     ],
 )
 def test_serve_refuses_bad_flags_in_one_line_before_loading(flags, expected, capsys):

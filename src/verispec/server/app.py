@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -132,6 +133,15 @@ def _add_error_handlers(app: FastAPI, state: ServerState) -> None:
         if exc.status < 499:  # refused requests; a client that left is counted as a cancelled request
             state.scheduler.metrics.rejected.labels(code=exc.code or exc.type).inc()
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def query_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        """A route's query or path parameter of the wrong type (the POST bodies are parsed by _parse)."""
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        param = ".".join(str(p) for p in first["loc"] if p not in ("query", "path", "body")) or None
+        error = ApiError(422, f"invalid request: {param or 'request'}: {first['msg']}", param=param,
+                         code="invalid_value")  # fmt: skip
+        return JSONResponse(error.body(), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -364,9 +374,10 @@ def _add_responses_routes(app: FastAPI, state: ServerState) -> None:
     async def input_items(
         response_id: str, request: Request, limit: int = 20, order: str = "desc", after: str | None = None
     ) -> JSONResponse:
-        if not 1 <= limit <= 100 or order not in ("asc", "desc"):
-            raise ApiError(400, "limit must be in [1, 100] and order asc or desc", param="limit" if order in (
-                "asc", "desc") else "order", code="invalid_value")  # fmt: skip
+        if not 1 <= limit <= 100:
+            raise ApiError(400, f"limit must be in [1, 100], got {limit}", param="limit", code="invalid_value")
+        if order not in ("asc", "desc"):
+            raise ApiError(400, "order must be asc or desc", param="order", code="invalid_value")
         stored = await _stored(state, request, response_id)
         return JSONResponse(_page(stored.conversation[: len(stored.conversation) - len(stored.response["output"])],
                                   limit, order, after))  # fmt: skip

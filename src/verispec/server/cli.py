@@ -210,15 +210,33 @@ def _access_arguments(args: argparse.Namespace) -> list[str] | None:
     if args.api_key is not None and len(keys) < len(args.api_key):
         raise VerispecError("--api-key is empty: give the key, or leave the flag out for an open server")
     args.api_key = tuple(keys)  # what the app and a cluster's replicas take
+    if args.metrics_key is not None and not args.metrics_key.strip():
+        raise VerispecError("--metrics-key is empty: give the key, or leave the flag out")
     if args.metrics_key is None:
         args.metrics_key = os.environ.get("VERISPEC_METRICS_KEY", "").strip() or None
     args.responses_store_limits = _store_limits(args.responses_store_limits)
+    _check_store(args.responses_store)
     if args.allowed_hosts is None:
         return None
     hosts = [h.strip() for h in args.allowed_hosts.split(",") if h.strip()]
     if not hosts:
         raise VerispecError("--allowed-hosts names no host: give names (comma-separated), or '*' for any")
     return hosts
+
+
+def _check_store(path: str | None) -> None:
+    """--responses-store opens (or makes) its SQLite file now: a path it cannot use is one line before any model
+    loads."""
+    if path is None:
+        return
+    import sqlite3
+
+    from .responses_store import ResponseStore
+
+    try:
+        ResponseStore(path).close()
+    except sqlite3.Error as exc:
+        raise VerispecError(f"--responses-store {path}: {exc} (a file SQLite can open and write)") from None
 
 
 def _store_limits(text: str | None):
