@@ -121,7 +121,16 @@ def main() -> int:
         done: list = []
         sink = _finished_into(done)
         begin = time.perf_counter()
-        scheduler.submit(EngineRequest(name, ids, SamplingParams(), args.max_tokens, sink, grammar=grammar))
+        scheduler.submit(
+            EngineRequest(
+                request_id=name,
+                prompt_ids=ids,
+                params=SamplingParams(),
+                max_tokens=args.max_tokens,
+                sink=sink,
+                grammar=grammar,
+            )
+        )
         scheduler.run_until_idle()
         output = done[0].output
         text = tokenizer.decode(output.token_ids, keep_special=True)

@@ -78,7 +78,16 @@ def measure(target, draft, args, temperature: float) -> tuple[float, float, floa
             prompt = PROMPTS[i % len(PROMPTS)]
             ids = target.tokenizer.encode_chat([{"role": "user", "content": prompt}])
             params = verispec.SamplingParams(temperature=temperature, seed=i if temperature else None)
-            scheduler.submit(EngineRequest(f"{i}", ids, params, args.tokens, lambda event: None, ignore_eos=True))
+            scheduler.submit(
+                EngineRequest(
+                    request_id=f"{i}",
+                    prompt_ids=ids,
+                    params=params,
+                    max_tokens=args.tokens,
+                    sink=lambda event: None,
+                    ignore_eos=True,
+                )
+            )
         rows = []
         while True:
             forward.seconds = verify.seconds = in_verify[0] = 0.0

@@ -235,11 +235,11 @@ def bad_jsonl(tmp_path: Path) -> str:
         (["--methods", "plain,medusa"], "unknown method 'medusa'"),
         (["--peers", "vllm"], "unknown peer 'vllm'"),
         (["--peers", "hf", "--temperature", "0.7"], "--peers compares greedy outputs"),
-        (["--speculative-model", "none"], "methods draft, hybrid and suffix need a draft model"),
+        (["--speculative-model", "none"], "the draft speculative method needs a draft model"),
         (["--num-prompts", "0"], "--num-prompts must be >= 1"),
         (["--draft-vocab", "-1"], "--draft-vocab must be >= 0"),
         (["--methods", "auto-medusa"], "unknown method 'auto-medusa'"),
-        (["--methods", "hybrid", "--speculative-model", "none"], "methods draft, hybrid and suffix need a draft model"),
+        (["--methods", "hybrid", "--speculative-model", "none"], "the hybrid speculative method needs a draft model"),
         (["--dataset", "json-schema", "--peers", "hf"], "the peers run no grammars"),
     ],
 )

@@ -62,7 +62,15 @@ def test_batched_scheduler_on_the_gpu_equals_plain_decoding():
     finals: dict[int, FinishEvent] = {}
     for i, prompt in enumerate(prompts):
         sink = lambda event, i=i: finals.__setitem__(i, event) if isinstance(event, FinishEvent) else None  # noqa: E731
-        scheduler.submit(EngineRequest(str(i), target.tokenizer.encode(prompt), SamplingParams(), 30, sink))
+        scheduler.submit(
+            EngineRequest(
+                request_id=str(i),
+                prompt_ids=target.tokenizer.encode(prompt),
+                params=SamplingParams(),
+                max_tokens=30,
+                sink=sink,
+            )
+        )
     scheduler.run_until_idle(max_steps=2000)
     for i, prompt in enumerate(prompts):
         assert finals[i].output.token_ids == plain.generate(prompt, max_tokens=30).token_ids

@@ -117,7 +117,16 @@ def run_logged(scheduler: Scheduler, requests: list[tuple[str, list[int]]], **ex
     for request_id, ids in requests:
         events: list = []
         options = {"ignore_eos": True, **extra}
-        scheduler.submit(EngineRequest(request_id, ids, SamplingParams(), 40, events.append, **options))
+        scheduler.submit(
+            EngineRequest(
+                request_id=request_id,
+                prompt_ids=ids,
+                params=SamplingParams(),
+                max_tokens=40,
+                sink=events.append,
+                **options,
+            )
+        )
         scheduler.run_until_idle()
         assert isinstance(events[-1], FinishEvent), events[-1]
         outputs[request_id] = events[-1].output

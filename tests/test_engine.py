@@ -3,32 +3,37 @@ proposer and policy, seeded sampling equal whatever runs beside, chunked prefill
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from verispec import SpeculativeGenerator
 from verispec.decoding.noise import KeyedNoise
 from verispec.decoding.sampling import SamplingParams
+from verispec.engine.draft_model import CATCH_UP_WIDTH, BatchedDrafter, draft_cut_for, draft_view
+from verispec.engine.drafting import DraftJob, Proposal
+from verispec.engine.methods import DraftModelUse, Method, register, unregister
+from verispec.engine.policy import DraftPolicy, StepCost
 from verispec.engine.prefixes import reusable_prefill
-from verispec.engine.proposer import PROPOSERS, LookupThenModel
-from verispec.engine.proposers import (
-    CATCH_UP_WIDTH,
-    BatchedDrafter,
-    DraftJob,
-    Proposal,
-    draft_cut_for,
-    draft_view,
-    padded_forward,
-)
+from verispec.engine.proposer import LookupThenModel
 from verispec.engine.requests import EngineRequest, ErrorEvent, FinishEvent, StreamChunk
 from verispec.engine.scheduler import Scheduler, SchedulerConfig
 from verispec.errors import InvalidParameterError
+from verispec.models.passes import padded_forward
 from verispec.testing import prefer_the_end_token, tiny_pair
 
 from real_models import smollm2_path
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
            "The three primary colors are", "import numpy as np\n\n# compute the mean of"]  # fmt: skip
+
+
+def _record(policy: DraftPolicy, batch: int, drafting: int, k: int, draft: float, verify: float, **more) -> None:
+    """One step's costs, `draft` without the catch-up (StepCost's draft_seconds includes it)."""
+    cost = StepCost(batch=batch, drafting=drafting, k=k, draft_seconds=draft + more.get("catch_up_seconds", 0.0),
+                    verify_seconds=verify, **more)  # fmt: skip
+    policy.record(cost)
 
 
 def test_padded_rows_do_not_change_other_rows(tiny):
@@ -56,13 +61,13 @@ def test_the_draft_model_reuses_only_its_own_partitions_context(tiny):
     drafter = BatchedDrafter(draft.model, vocab, 2, 128, None)
     tokens = list(range(1, 61))
     drafter.admit(0, "victim")
-    drafter.propose([DraftJob(0, tokens, 1, params=SamplingParams(), noise=KeyedNoise(0, vocab))])
+    drafter.propose([DraftJob(slot=0, tokens=tokens, k=1, params=SamplingParams(), noise=KeyedNoise(0, vocab))])
     drafter.admit(1, "attacker")
     assert drafter.lag(1, tokens) == len(tokens) - CATCH_UP_WIDTH  # all of it: slot 0 is not the attacker's
     drafter.admit(0, "attacker")  # the victim's slot taken over
     assert drafter.lag(0, tokens) == len(tokens) - CATCH_UP_WIDTH and not drafter.fed[0]
     drafter.admit(1, "victim")
-    drafter.propose([DraftJob(1, tokens, 1, params=SamplingParams(), noise=KeyedNoise(0, vocab))])
+    drafter.propose([DraftJob(slot=1, tokens=tokens, k=1, params=SamplingParams(), noise=KeyedNoise(0, vocab))])
     drafter.admit(0, "victim")  # the control: a colleague's slot lends what it holds
     assert drafter.lag(0, tokens) == 0
 
@@ -77,7 +82,9 @@ def test_draft_lag_is_what_propose_then_feeds_alone(tiny):
     # a new slot, a short step on, a shorter request sharing 10 tokens, a step on, back into its own prompt
     for tokens in (old, old + [61, 62, 63], new, new + [7], new[:12]):
         lag = drafter.lag(0, tokens)
-        drafter.propose([DraftJob(0, tokens, 1, params=greedy, noise=KeyedNoise(0, target.model.config.vocab_size))])
+        drafter.propose(
+            [DraftJob(slot=0, tokens=tokens, k=1, params=greedy, noise=KeyedNoise(0, target.model.config.vocab_size))]
+        )
         assert lag == drafter.spent.catch_up_tokens
     assert drafter.lag(0, new) == len(new) - 12 - CATCH_UP_WIDTH
     assert drafter.lag(0, old) == len(old) - 10 - CATCH_UP_WIDTH
@@ -99,9 +106,13 @@ def test_the_draft_catches_up_on_the_window_only(tiny):
     target, draft = tiny
     prompt = [(7 * i) % 250 for i in range(200)]
     for window, read in ((16, 20), (0, 200)):
-        config = SchedulerConfig(max_num_seqs=1, max_model_len=256, draft_window=window, draft_policy="always")
+        config = SchedulerConfig(
+            max_num_seqs=1, max_model_len=256, draft_window=window, draft_policy="always", speculative_method="draft"
+        )
         scheduler, events = Scheduler(target, draft, config), []
-        scheduler.submit(EngineRequest("0", prompt, SamplingParams(), 8, events.append))
+        scheduler.submit(
+            EngineRequest(request_id="0", prompt_ids=prompt, params=SamplingParams(), max_tokens=8, sink=events.append)
+        )
         scheduler._admit()
         scheduler._prefill_chunk()
         seq = next(iter(scheduler.running.values()))
@@ -131,7 +142,16 @@ def _run_scheduler(
     for i, (prompt, params, speculative) in enumerate(requests):
         events.append([])
         ids = target.tokenizer.encode(prompt)
-        scheduler.submit(EngineRequest(str(i), ids, params, 30, events[-1].append, speculative=speculative))
+        scheduler.submit(
+            EngineRequest(
+                request_id=str(i),
+                prompt_ids=ids,
+                params=params,
+                max_tokens=30,
+                sink=events[-1].append,
+                speculative=speculative,
+            )
+        )
     scheduler.run_until_idle(max_steps=2000)
     return events
 
@@ -194,7 +214,11 @@ def test_a_request_that_cannot_start_fails_alone(tiny):
     scheduler, events = Scheduler(target, draft, SchedulerConfig(max_num_seqs=2, max_model_len=64)), {}
     for name, params in (("ok", SamplingParams()), ("broken", Broken())):
         sink = lambda event, name=name: events.setdefault(name, []).append(event)  # noqa: E731
-        scheduler.submit(EngineRequest(name, target.tokenizer.encode("hello"), params, 8, sink))
+        scheduler.submit(
+            EngineRequest(
+                request_id=name, prompt_ids=target.tokenizer.encode("hello"), params=params, max_tokens=8, sink=sink
+            )
+        )
     scheduler.run_until_idle()
     assert [type(e) for e in events["broken"]] == [ErrorEvent]
     assert isinstance(events["ok"][-1], FinishEvent) and len(events["ok"][-1].output.token_ids) == 8
@@ -237,7 +261,15 @@ def test_a_row_that_fails_mid_generation_fails_only_its_request(where, tiny, mon
     events: dict[str, list] = {}
     for i, prompt in enumerate(["hello world", "The quick brown fox", "1234"]):
         sink = events.setdefault(str(i), []).append
-        scheduler.submit(EngineRequest(str(i), target.tokenizer.encode(prompt), SamplingParams(), 30, sink))
+        scheduler.submit(
+            EngineRequest(
+                request_id=str(i),
+                prompt_ids=target.tokenizer.encode(prompt),
+                params=SamplingParams(),
+                max_tokens=30,
+                sink=sink,
+            )
+        )
     if where == "draft":
         scheduler.step()  # admitted: the bad request's slot is known
         slot_of.update({seq.slot: bad(seq.request.request_id) for seq in scheduler.running.values()})
@@ -259,7 +291,9 @@ def test_long_prompts_are_prefilled_in_chunks_between_decode_steps(tiny):
         scheduler, order = Scheduler(target, draft, config), []
         for name, ids in requests:
             sink = lambda event, name=name: order.append((name, event))  # noqa: E731
-            scheduler.submit(EngineRequest(name, ids, SamplingParams(), 40, sink))
+            scheduler.submit(
+                EngineRequest(request_id=name, prompt_ids=ids, params=SamplingParams(), max_tokens=40, sink=sink)
+            )
             scheduler.step()
         scheduler.run_until_idle()
         return order
@@ -297,15 +331,16 @@ def test_requests_sharing_a_prompt_prefill_it_once_and_decode_as_alone(tiny):
     other = prompt[:8] + target.tokenizer.encode(" and now something else entirely")
     config = SchedulerConfig(max_num_seqs=3, max_model_len=256, draft_policy="always", prefill_chunk=8)
     requests = [
-        ("a", prompt, SamplingParams()), ("b", prompt, SamplingParams(0.9, seed=1)),
-        ("c", prompt, SamplingParams(0.9, seed=2)), ("d", other, SamplingParams()), ("e", prompt, SamplingParams()),
+        ("a", prompt, SamplingParams()), ("b", prompt, SamplingParams(temperature=0.9, seed=1)),
+        ("c", prompt, SamplingParams(temperature=0.9, seed=2)), ("d", other, SamplingParams()),
+        ("e", prompt, SamplingParams()),
     ]  # fmt: skip
 
     def run(batch):
         scheduler, outputs = Scheduler(target, draft, config), {}
         for name, ids, params in batch:
             sink = lambda event, name=name: outputs.update({name: event}) if isinstance(event, FinishEvent) else None  # noqa: E731
-            scheduler.submit(EngineRequest(name, ids, params, 30, sink))
+            scheduler.submit(EngineRequest(request_id=name, prompt_ids=ids, params=params, max_tokens=30, sink=sink))
         scheduler.run_until_idle()
         return scheduler, {name: event.output for name, event in outputs.items()}
 
@@ -333,7 +368,9 @@ def test_chunks_equal_after_a_different_start_are_not_reused(tiny):
         scheduler, outputs = Scheduler(target, draft, config), {}
         for name, ids in prompts:
             sink = lambda event, name=name: outputs.update({name: event}) if isinstance(event, FinishEvent) else None  # noqa: E731
-            scheduler.submit(EngineRequest(name, ids, SamplingParams(), 12, sink))
+            scheduler.submit(
+                EngineRequest(request_id=name, prompt_ids=ids, params=SamplingParams(), max_tokens=12, sink=sink)
+            )
         scheduler.run_until_idle()
         return {name: event.output.token_ids for name, event in outputs.items()}
 
@@ -351,8 +388,8 @@ def test_scheduler_seeded_sampling_matches_the_single_sequence_loop(draft_vocab,
     )  # k = 4, as served  # fmt: skip
     expected = spec.generate("hello", max_tokens=30, temperature=0.8, top_k=50, seed=3).token_ids
     requests = [
-        ("hello", SamplingParams(0.8, top_k=50, seed=3), True),
-        ("something else", SamplingParams(1.0, seed=1), True),
+        ("hello", SamplingParams(temperature=0.8, top_k=50, seed=3), True),
+        ("something else", SamplingParams(temperature=1.0, seed=1), True),
         ("greedy", SamplingParams(), False),
     ]
     events = _run_scheduler(target, draft, requests, "always", method, draft_vocab=draft_vocab)
@@ -371,18 +408,24 @@ def test_scheduler_does_not_draft_while_a_prompt_prefills(tiny, monkeypatch):
     decoding would finish them before the joining ones, which does not end the burst sooner (bench-serve's
     waves at two sequences lost ~2% to it), and would read their prompts into the draft."""
     target, draft = tiny
-    config = SchedulerConfig(max_num_seqs=2, max_model_len=256, num_speculative_tokens=2, prefill_chunk=4)
+    config = SchedulerConfig(
+        max_num_seqs=2, max_model_len=256, num_speculative_tokens=2, prefill_chunk=4, speculative_method="draft"
+    )
     scheduler = Scheduler(target, draft, config)
     policy = scheduler.policy
     for _ in range(3):  # one sequence: k = 2 pays (1.96 tokens in 0.012 s against 1 in 0.01 s) once caught up
-        policy.record(1, 1, 2, 0.002, 0.010, catch_up_seconds=0.05, catch_up_tokens=10)
-        policy.record(1, 0, 0, 0.0, 0.010)
+        _record(policy, 1, 1, 2, 0.002, 0.010, catch_up_seconds=0.05, catch_up_tokens=10)
+        _record(policy, 1, 0, 0, 0.0, 0.010)
     monkeypatch.setattr(scheduler, "_record_costs", lambda *args: None)  # keep these costs
     chosen, choose = [], policy.choose_k
-    monkeypatch.setattr(policy, "choose_k", lambda *args: chosen.append(choose(*args)) or 0)
+    monkeypatch.setattr(policy, "choose_k", lambda *args, **kwargs: chosen.append(choose(*args, **kwargs)) or 0)
     first, second = [*range(1, 31)], [*range(40, 80)]  # the draft lacks 30 tokens of the first; 10 chunks
     for i, ids in enumerate((first, second)):
-        scheduler.submit(EngineRequest(str(i), ids, SamplingParams(), 200, lambda event: None))
+        scheduler.submit(
+            EngineRequest(
+                request_id=str(i), prompt_ids=ids, params=SamplingParams(), max_tokens=200, sink=lambda event: None
+            )
+        )
     while not scheduler.running or any(seq.prefilling for seq in scheduler.running.values()):
         scheduler.step()
     assert len(chosen) == 11 and set(chosen) == {0}  # the first decoded alone, plainly, while the second prefilled
@@ -390,31 +433,45 @@ def test_scheduler_does_not_draft_while_a_prompt_prefills(tiny, monkeypatch):
     lag = scheduler.proposer.lag(alone.slot, alone.tokens)
     assert lag == 30 + 11 - CATCH_UP_WIDTH  # (the wrapper kept every step plain: the draft never read anything)
     # alone, without a prompt joining, the policy would draft k = 2 and pay the catch-up back over 189 tokens
-    assert choose(1, [policy.acceptance(0, 0)], [2], lag, scheduler._tokens_left(alone)) == 2
+    assert (
+        choose(1, [policy.acceptance(0, 0)], [2], lag_tokens=lag, remaining_tokens=scheduler._tokens_left(alone)) == 2
+    )
 
 
 def test_scheduler_does_not_draft_while_a_request_waits_for_a_free_slot(tiny, monkeypatch):
     """Over HTTP a burst's second request arrives while the first prefills, after this step's admission: the
     first's first decoding step must not draft either (bench-serve's waves at two sequences lost 1-2% to it)."""
     target, draft = tiny
-    config = SchedulerConfig(max_num_seqs=2, max_model_len=256, num_speculative_tokens=2)
+    config = SchedulerConfig(max_num_seqs=2, max_model_len=256, num_speculative_tokens=2, speculative_method="draft")
     scheduler = Scheduler(target, draft, config)
     policy = scheduler.policy
     for _ in range(4):
-        policy.record(1, 1, 2, 0.002, 0.010)
-        policy.record(1, 0, 0, 0.0, 0.010)
+        _record(policy, 1, 1, 2, 0.002, 0.010)
+        _record(policy, 1, 0, 0, 0.0, 0.010)
     monkeypatch.setattr(scheduler, "_record_costs", lambda *args: None)
     chosen, choose = [], policy.choose_k
-    monkeypatch.setattr(policy, "choose_k", lambda *args: chosen.append(choose(*args)) or 0)
+    monkeypatch.setattr(policy, "choose_k", lambda *args, **kwargs: chosen.append(choose(*args, **kwargs)) or 0)
     prefill = scheduler._prefill_chunk
 
     def prefill_then_second_arrives() -> None:
         prefill()
         if not chosen:
-            scheduler.submit(EngineRequest("1", [*range(40, 50)], SamplingParams(), 200, lambda event: None))
+            scheduler.submit(
+                EngineRequest(
+                    request_id="1",
+                    prompt_ids=[*range(40, 50)],
+                    params=SamplingParams(),
+                    max_tokens=200,
+                    sink=lambda event: None,
+                )
+            )
 
     monkeypatch.setattr(scheduler, "_prefill_chunk", prefill_then_second_arrives)
-    scheduler.submit(EngineRequest("0", [*range(1, 11)], SamplingParams(), 200, lambda event: None))
+    scheduler.submit(
+        EngineRequest(
+            request_id="0", prompt_ids=[*range(1, 11)], params=SamplingParams(), max_tokens=200, sink=lambda event: None
+        )
+    )
     scheduler.step()
     assert chosen == [0]
     assert choose(1, [0.9], [2]) == 2  # alone, it would have drafted
@@ -425,15 +482,25 @@ def test_scheduler_fills_the_context_exactly_and_resumes_drafting_after_a_pause(
     """Requests that end exactly at the context limit, with drafting suspended then resumed (long catch-up)."""
     target, draft = tiny
     plain = SpeculativeGenerator(target, None, max_seq_len=64, progress=False)
-    config = SchedulerConfig(max_num_seqs=2, max_model_len=64, num_speculative_tokens=k, draft_policy="never")
+    config = SchedulerConfig(
+        max_num_seqs=2, max_model_len=64, num_speculative_tokens=k, draft_policy="never", speculative_method="draft"
+    )
     scheduler = Scheduler(target, draft, config)
     prompts = [target.tokenizer.encode("0123456789"), target.tokenizer.encode("z")]
     events: list[list] = [[], []]
     for i, ids in enumerate(prompts):
-        scheduler.submit(EngineRequest(str(i), ids, SamplingParams(), 64 - len(ids), events[i].append))
+        scheduler.submit(
+            EngineRequest(
+                request_id=str(i),
+                prompt_ids=ids,
+                params=SamplingParams(),
+                max_tokens=64 - len(ids),
+                sink=events[i].append,
+            )
+        )
     for _ in range(20):  # plain steps: the draft caches fall 20 tokens behind
         scheduler.step()
-    scheduler.policy.mode = "always"
+    scheduler.policy.settings = replace(scheduler.policy.settings, mode="always")
     scheduler.run_until_idle(max_steps=200)
     for ids, request_events in zip(prompts, events, strict=True):
         output = request_events[-1].output
@@ -451,7 +518,15 @@ def test_ignore_eos_requests_generate_max_tokens_through_end_tokens():
     ids = target.tokenizer.encode("hello")
     for name, ignore, speculative in (("stops", False, True), ("drafted", True, True), ("plain", True, False)):
         sink = events.setdefault(name, []).append
-        request = EngineRequest(name, ids, SamplingParams(), 12, sink, speculative=speculative, ignore_eos=ignore)
+        request = EngineRequest(
+            request_id=name,
+            prompt_ids=ids,
+            params=SamplingParams(),
+            max_tokens=12,
+            sink=sink,
+            speculative=speculative,
+            ignore_eos=ignore,
+        )
         scheduler.submit(request)
     scheduler.run_until_idle()
     outputs = {name: found[-1].output for name, found in events.items()}
@@ -480,7 +555,7 @@ class Bigram:
         if last not in before:
             return None
         start = len(before) - before[::-1].index(last)
-        return Proposal(torch.tensor(job.tokens[start : start + max(job.k, 4)]), looked_up=True)
+        return Proposal(torch.tensor(job.tokens[start : start + job.widest]), looked_up=True)
 
     def drafts(self, slot, tokens):
         return tokens[-1] in tokens[:-1]
@@ -492,10 +567,18 @@ class Bigram:
     def forget(self): ...
 
 
-def test_a_method_added_to_the_registry_drafts_and_keeps_greedy_output(tiny, monkeypatch):
-    """A new drafting method is one class and one registry entry (engine/proposer.py); the engine runs it like its own
+def test_a_method_added_to_the_registry_drafts_and_keeps_greedy_output(tiny):
+    """A new drafting method is one class and one registry entry (engine/methods.py); the engine runs it like its own
     and the output is plain decoding's."""
-    monkeypatch.setitem(PROPOSERS, "bigram", lambda setup: LookupThenModel(Bigram(), setup.model))
+    register(Method(name="bigram", summary="test", build=lambda setup: LookupThenModel(Bigram(), setup.model),
+                    draft_model=DraftModelUse.OPTIONAL))  # fmt: skip
+    try:
+        _bigram_runs(tiny)
+    finally:
+        unregister("bigram")
+
+
+def _bigram_runs(tiny):
     target, draft = tiny
     plain = SpeculativeGenerator(target, None, max_seq_len=256, progress=False)
     prompts = ["xyz" * 8, "hello hello hello", "The quick brown fox"]

@@ -12,7 +12,9 @@ import torch
 from verispec import SpeculativeGenerator
 from verispec.decoding.noise import KeyedNoise
 from verispec.decoding.sampling import SamplingParams, keyed_draw, probs_from_logits
-from verispec.engine.proposers import BatchedDrafter, DraftCost, Proposal, ngram_lookup
+from verispec.engine.draft_model import BatchedDrafter
+from verispec.engine.drafting import DraftCost, Proposal
+from verispec.engine.prompt_lookup import ngram_lookup
 from verispec.models.tokenizer import Tokenizer
 from verispec.testing import EOS_TEXT, tiny_config, tiny_loaded, tiny_model, tiny_pair, truncated_copy, word_tokenizer
 
@@ -116,7 +118,7 @@ def test_draft_equal_to_target_accepts_everything(pair):
 
 
 class AlwaysWrongDrafter:
-    """A proposer (engine/proposer.py) that drafts, at every position, a token the target's greedy choice is not: a
+    """A proposer (engine/drafting.py) that drafts, at every position, a token the target's greedy choice is not: a
     new method is a class with these members."""
 
     looks_up, drafter = False, None
@@ -258,7 +260,7 @@ def test_sampled_speculative_decoding_follows_the_target_distribution(params, me
         token_trees=trees_on,
     )  # fmt: skip
     trees, settle = [], generator.engine._settle  # a round whose verdict has a path verified a tree
-    generator.engine._settle = lambda *args: (args[-1] is not None and trees.append(1)) or settle(*args)
+    generator.engine._settle = lambda *args: (args[-1][2] is not None and trees.append(1)) or settle(*args)
     counts, accepted, drafted = Counter(), 0, 0
     for seed in range(RUNS):
         # more tokens leave a lookup rows for branches past its chain (of 2 x the match); the first two are counted
@@ -303,7 +305,7 @@ def test_the_third_token_of_a_three_token_draft_follows_the_target_distribution(
     params = SamplingParams(temperature=1.0)
     generator = SpeculativeGenerator(
         tiny_loaded(target_model, tokenizer), tiny_loaded(draft_model, tokenizer), num_speculative_tokens=3,
-        adaptive=False,
+        adaptive=False, speculative_method="draft",
     )  # fmt: skip
     prompt_ids = [0, 1, 2]
     counts, deep = Counter(), 0

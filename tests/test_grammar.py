@@ -264,7 +264,7 @@ def test_token_trees_under_a_grammar_give_plain_constrained_output(pair, monkeyp
         return allowed, kept
 
     monkeypatch.setattr(GrammarMatcher, "tree_masks", counting_masks)
-    generator.engine._settle = lambda *args: (args[-1] is not None and trees.append(1)) or settle(*args)
+    generator.engine._settle = lambda *args: (args[-1][2] is not None and trees.append(1)) or settle(*args)
     spec = GrammarSpec("regex", REGEX)
     for prompt in ["ab c ba abx ab cx ab bax ab c", "cab cba cabx cab"] * 2:
         ids = target.tokenizer.encode(prompt)

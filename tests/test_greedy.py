@@ -11,7 +11,8 @@ from test_stack import _linear
 
 from verispec.decoding.noise import KeyedNoise
 from verispec.decoding.sampling import SamplingParams
-from verispec.engine.proposers import BatchedDrafter, DraftJob
+from verispec.engine.draft_model import BatchedDrafter
+from verispec.engine.drafting import DraftJob
 from verispec.kernels import native
 from verispec.kernels.greedy import GreedySteps
 from verispec.kernels.linear import GGUFEmbedding, NativeLinear, NativeRMSNorm
@@ -107,7 +108,8 @@ def test_the_drafter_proposes_the_same_drafts_in_one_call(model):
     for round_ in range(10):
         ks = [3, 1 + round_ % 4]
         jobs = [
-            DraftJob(slot, histories[slot], ks[slot], params=greedy, noise=KeyedNoise(0, VOCAB)) for slot in range(2)
+            DraftJob(slot=slot, tokens=histories[slot], k=ks[slot], params=greedy, noise=KeyedNoise(0, VOCAB))
+            for slot in range(2)
         ]
         got, want = fast.propose(jobs), slow.propose(jobs)
         for a, b, k in zip(got, want, ks, strict=True):
@@ -130,7 +132,12 @@ def test_inactive_adjustments_take_the_one_call_and_active_ones_do_not(model):
     for bias, one_call_used in ((None, True), ({123: 100.0}, False)):
         params = SamplingParams(temperature=0.0, logit_bias=bias or {})
         job = DraftJob(
-            0, history, 3, params=params, noise=KeyedNoise(0, VOCAB), adjustments=LogitAdjustments(params, VOCAB)
+            slot=0,
+            tokens=history,
+            k=3,
+            params=params,
+            noise=KeyedNoise(0, VOCAB),
+            adjustments=LogitAdjustments(params, VOCAB),
         )
         calls.clear()
         tokens = drafter.propose([job])[0].tokens.tolist()
@@ -147,8 +154,8 @@ def test_a_short_draft_at_the_end_of_its_cache_beside_a_long_one(model):
     greedy = SamplingParams(temperature=0.0)
     histories = [list(range(40, 71)), list(range(90, 97))]  # the first: 31 of 32 positions, room for one draft
     jobs = [
-        DraftJob(0, histories[0], 1, params=greedy, noise=KeyedNoise(0, VOCAB)),
-        DraftJob(1, histories[1], 3, params=greedy, noise=KeyedNoise(0, VOCAB)),
+        DraftJob(slot=0, tokens=histories[0], k=1, params=greedy, noise=KeyedNoise(0, VOCAB)),
+        DraftJob(slot=1, tokens=histories[1], k=3, params=greedy, noise=KeyedNoise(0, VOCAB)),
     ]
     got, want = fast.propose(jobs), slow.propose(jobs)
     assert [p.tokens.tolist() for p in got] == [p.tokens.tolist() for p in want]

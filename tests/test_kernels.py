@@ -328,7 +328,7 @@ def fresh_library(monkeypatch):
 
 
 def test_without_the_compiled_library_auto_runs_pytorch_and_says_so_once(fresh_library, capsys):
-    from verispec.models.quantize import resolve_quantization
+    from verispec.models.weight_forms import resolve_quantization
 
     fresh_library.setattr(native, "library_path", lambda: None)
     assert not native.available() and native.isa() == "torch"

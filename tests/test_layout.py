@@ -4,13 +4,13 @@ Every `import` and `from ... import` inside src/verispec counts, those inside fu
 import is still a dependency). Layers, from the ground up (a module takes the layer of its longest listed
 prefix: `models.model` is the model layer, the rest of `models` the weights layer):
 
-    0 foundation   errors, json_text, decoding/ (acceptance, sampling, adjustments, grammar, logprobs, stopping, stats),
-                   models.config, models.rope, models.tokenizer, models.bundled, models.converted
+    0 foundation   errors, json_text, defaults, decoding/ (acceptance, sampling, adjustments, grammar, logprobs,
+                   stopping, stats), models.config, models.rope, models.tokenizer, models.bundled, models.converted
     1 kernels      kernels/ (the native library and its Python face)
     2 model        models.model, models.kv_cache (the transformer and its paged cache; know no weight format)
-    3 weights      models/ (quantize, weights, hf_config, gguf_config, gguf_source, hf_source, gguf_native,
-                   draft_head, loading), testing
-    4 engine       engine/ (scheduler, proposers, policy, prefixes, budget, metrics, requests)
+    3 weights      models/ (quantize, weights, weight_forms, hf_config, gguf_config, gguf_source, hf_source,
+                   gguf_native, gguf_converted, draft_head, passes, loading), testing
+    4 engine       engine/ (scheduler, methods, proposer, drafting, draft_model, prompt_lookup, suffix, policy, ...)
     5 generator    generator (one request through the engine)
     6 front ends   arguments, server/, bench/
     7 command line cli, __main__, the package's __init__
@@ -24,8 +24,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "verispec"
 
 LAYERS = {
-    "errors": 0, "json_text": 0, "decoding": 0, "models.config": 0, "models.rope": 0, "models.tokenizer": 0,
-    "models.gguf_vocab": 0, "models.bundled": 0, "models.converted": 0,
+    "errors": 0, "json_text": 0, "defaults": 0, "decoding": 0, "models.config": 0, "models.rope": 0,
+    "models.tokenizer": 0, "models.gguf_vocab": 0, "models.bundled": 0, "models.converted": 0,
     "kernels": 1,
     "models.model": 2, "models.kv_cache": 2,
     "models": 3, "testing": 3,

@@ -13,7 +13,8 @@ from test_stack import path as path  # a fixture: each test runs on every path
 from verispec.decoding.noise import KeyedNoise
 from verispec.decoding.sampling import SamplingParams
 from verispec.engine.budget import parse_memory
-from verispec.engine.proposers import BatchedDrafter, DraftJob
+from verispec.engine.draft_model import BatchedDrafter
+from verispec.engine.drafting import DraftJob
 from verispec.engine.requests import EngineRequest, FinishEvent
 from verispec.engine.scheduler import QueueFullError, Scheduler, SchedulerConfig
 from verispec.errors import InvalidParameterError, PromptTooLongError
@@ -221,7 +222,15 @@ def _run(scheduler: Scheduler, prompt: list[int], partition: str = "", max_token
     """One request through `scheduler`; (its output, the prompt tokens it reused)."""
     done, before = [], scheduler.metrics.prefill_reused_tokens._value.get()
     sink = lambda event: done.append(event) if isinstance(event, FinishEvent) else None  # noqa: E731
-    request = EngineRequest("r", prompt, SamplingParams(), max_tokens, sink, partition=partition, **options)
+    request = EngineRequest(
+        request_id="r",
+        prompt_ids=prompt,
+        params=SamplingParams(),
+        max_tokens=max_tokens,
+        sink=sink,
+        partition=partition,
+        **options,
+    )
     scheduler.submit(request)
     scheduler.run_until_idle()
     return done[0].output, scheduler.metrics.prefill_reused_tokens._value.get() - before
@@ -310,9 +319,17 @@ def test_requests_that_do_not_fit_wait_then_complete_as_alone(long_pair):
     outputs = {}
     for i, prompt in enumerate(prompts):  # each needs 200 + 60 + room: 5 blocks
         sink = lambda event, i=i: outputs.update({i: event.output}) if isinstance(event, FinishEvent) else None  # noqa: E731
-        scheduler.submit(EngineRequest(str(i), prompt, SamplingParams(), 60, sink, ignore_eos=True))
+        scheduler.submit(
+            EngineRequest(
+                request_id=str(i), prompt_ids=prompt, params=SamplingParams(), max_tokens=60, sink=sink, ignore_eos=True
+            )
+        )
     with pytest.raises(QueueFullError):
-        scheduler.submit(EngineRequest("3", prompts[0], SamplingParams(), 60, lambda event: None))
+        scheduler.submit(
+            EngineRequest(
+                request_id="3", prompt_ids=prompts[0], params=SamplingParams(), max_tokens=60, sink=lambda event: None
+            )
+        )
     scheduler.step()
     assert len(scheduler.running) == 1 and scheduler.waiting_for_blocks and len(scheduler.waiting) == 2
     assert sorted(scheduler.free_slots) == [1, 2]
@@ -329,7 +346,15 @@ def test_a_request_larger_than_the_budget_is_refused_and_the_context_cut_to_it(l
     scheduler = Scheduler(target, None, _config(kv_cache_memory=4 * block_bytes))
     assert scheduler.max_model_len == 4 * BLOCK_SIZE - scheduler.widest - 1
     with pytest.raises(PromptTooLongError, match="KV cache budget"):
-        scheduler.submit(EngineRequest("big", list(range(200)), SamplingParams(), 100, lambda event: None))
+        scheduler.submit(
+            EngineRequest(
+                request_id="big",
+                prompt_ids=list(range(200)),
+                params=SamplingParams(),
+                max_tokens=100,
+                sink=lambda event: None,
+            )
+        )
     with pytest.raises(PromptTooLongError, match="KV cache budget"):
         scheduler.check_prompt([1] * 300)
     assert _run(scheduler, list(range(100)), max_tokens=100)[0].token_ids  # what fits runs
@@ -346,7 +371,7 @@ def test_the_draft_cache_gives_way_and_a_job_without_room_drafts_nothing(long_pa
     drafter = BatchedDrafter(draft.model, vocab, 3, 512, None, num_blocks=6)
 
     def job(slot: int, tokens: list[int]) -> DraftJob:
-        return DraftJob(slot, tokens, 2, params=SamplingParams(), noise=KeyedNoise(0, vocab))
+        return DraftJob(slot=slot, tokens=tokens, k=2, params=SamplingParams(), noise=KeyedNoise(0, vocab))
 
     a, b, c = ([(n * i + n) % 250 for i in range(length)] for n, length in ((3, 150), (5, 150), (7, 180)))
     assert drafter.propose([job(0, a)])[0].tokens.numel() == 2  # 3 blocks
@@ -375,7 +400,8 @@ def _invariant_config(**overrides) -> SchedulerConfig:
 
 def _submit(scheduler: Scheduler, name: str, prompt: list[int], max_tokens: int, outputs: dict, **options) -> None:
     sink = lambda event: outputs.update({name: event.output}) if isinstance(event, FinishEvent) else None  # noqa: E731
-    scheduler.submit(EngineRequest(name, prompt, SamplingParams(**options.pop("params", {})), max_tokens, sink,
+    params = SamplingParams(**options.pop("params", {}))
+    scheduler.submit(EngineRequest(request_id=name, prompt_ids=prompt, params=params, max_tokens=max_tokens, sink=sink,
                                    ignore_eos=True, **options))  # fmt: skip
 
 

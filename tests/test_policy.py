@@ -7,7 +7,14 @@ from itertools import pairwise
 
 import pytest
 
-from verispec.engine.policy import DraftPolicy
+from verispec.engine.policy import DraftPolicy, PolicySettings, StepCost
+
+
+def record(policy: DraftPolicy, batch: int, drafting: int, k: int, draft: float, verify: float, **more) -> None:
+    """One step's costs, `draft` without the catch-up (StepCost's draft_seconds includes it)."""
+    cost = StepCost(batch=batch, drafting=drafting, k=k, draft_seconds=draft + more.get("catch_up_seconds", 0.0),
+                    verify_seconds=verify, **more)  # fmt: skip
+    policy.record(cost)
 
 
 def _cpu_like_costs(batch: int, k: int) -> tuple[float, float]:
@@ -19,8 +26,8 @@ def _settle(policy: DraftPolicy, batch: int, alpha: float, steps: int = 12) -> l
     """Run `steps` steps of `batch` sequences with acceptance `alpha`; the k chosen at each."""
     chosen = []
     for _ in range(steps):
-        k = policy.choose_k(batch, [alpha] * batch, [policy.k_max] * batch)
-        policy.record(batch, batch if k else 0, k, *_cpu_like_costs(batch, k))
+        k = policy.choose_k(batch, [alpha] * batch, [policy.settings.k_max] * batch)
+        record(policy, batch, batch if k else 0, k, *_cpu_like_costs(batch, k))
         chosen.append(k)
     return chosen
 
@@ -31,7 +38,7 @@ def _gaps(steps: list[int]) -> list[int]:
 
 
 def test_draft_policy_picks_the_draft_length_that_pays_at_each_batch_size():
-    policy = DraftPolicy(k_max=3, probe_every=1000)
+    policy = DraftPolicy(PolicySettings(k_max=3, probe_every=1000))
     # plain first (the baseline, measured twice, then until 3 steps can pair a new k's first samples), then
     # each k measured twice, largest first
     assert _settle(policy, 1, 0.8)[:11] == [0, 0, 0, 0, 3, 3, 2, 2, 1, 1, 3]
@@ -45,24 +52,24 @@ def test_draft_policy_picks_the_draft_length_that_pays_at_each_batch_size():
     assert set(_settle(policy, 4, 0.8)) == {0}
     assert policy.choose_k(1, [0.1], [3]) == 0  # a draft that is rarely right never pays
     assert policy.choose_k(1, [0.8], [1]) == 1  # a sequence that may draft 1 more token: longer k yield no more
-    assert DraftPolicy(mode="always", k_max=4).choose_k(8, [0.0], [4]) == 4
-    assert DraftPolicy(mode="never").choose_k(1, [1.0], [4]) == 0
+    assert DraftPolicy(PolicySettings(mode="always", k_max=4)).choose_k(8, [0.0], [4]) == 4
+    assert DraftPolicy(PolicySettings(mode="never")).choose_k(1, [1.0], [4]) == 0
 
 
 def test_draft_policy_probes_the_other_choice_less_and_less_while_the_decision_holds():
-    policy = DraftPolicy(k_max=1, probe_every=4, max_probe_interval=16, probe_budget=1.0)
+    policy = DraftPolicy(PolicySettings(k_max=1, probe_every=4, max_probe_interval=16, probe_budget=1.0))
     for _ in range(2):  # a step time counts once measured twice
-        policy.record(2, 2, 1, 0.01, 0.02)  # drafting: 2 x 2 tokens in 0.03 s; plain: 2 tokens in 0.02 s
-        policy.record(2, 0, 0, 0.0, 0.02)
+        record(policy, 2, 2, 1, 0.01, 0.02)  # drafting: 2 x 2 tokens in 0.03 s; plain: 2 tokens in 0.02 s
+        record(policy, 2, 0, 0, 0.0, 0.02)
     decisions = [policy.choose_k(2, [1.0, 1.0], [1, 1]) for _ in range(60)]
     gaps = _gaps([i for i, k in enumerate(decisions) if not k])  # steps from one plain probe to the next
-    assert gaps[0] == policy.probe_every and len(gaps) >= 4
+    assert gaps[0] == policy.settings.probe_every and len(gaps) >= 4
     assert all(later >= earlier for earlier, later in pairwise(gaps))  # never closer while the choice holds
-    assert max(gaps) == policy.max_probe_interval  # doubled up to the cap, and no further
+    assert max(gaps) == policy.settings.max_probe_interval  # doubled up to the cap, and no further
     for _ in range(5):  # drafting's verify became 10x slower for good; plain probes beside it show that (alone,
         for _ in range(4):  # 10x slower drafting steps look like a slower machine: the chosen cell keeps its time,
-            policy.record(2, 2, 1, 0.01, 0.2)  # and plain, measured against them, looks 10x faster: 0.002 s)
-        policy.record(2, 0, 0, 0.0, 0.02)
+            record(policy, 2, 2, 1, 0.01, 0.2)  # and plain, measured against them, looks 10x faster: 0.002 s)
+        record(policy, 2, 0, 0, 0.0, 0.02)
     # the decision flips and probing is frequent again: back to every 4 steps, but a drafting probe now loses
     # 0.03 s * (1 - 133/1000) = 0.026 s, 13 plain steps of 0.002 s (then the interval, 8, is below that)
     decisions = [policy.choose_k(2, [1.0, 1.0], [1, 1]) for _ in range(30)]
@@ -73,28 +80,28 @@ def test_draft_policy_probes_the_other_choice_less_and_less_while_the_decision_h
 def test_draft_policy_drafts_only_when_it_beats_plain_by_the_margin():
     """bench-serve at two sequences: drafting 1 token estimated 6-9% faster than plain decoding was level with it
     in practice (the estimate's own error), so drafting must win by 10%."""
-    policy = DraftPolicy(k_max=1, probe_every=1000)
+    policy = DraftPolicy(PolicySettings(k_max=1, probe_every=1000))
     for _ in range(3):
-        policy.record(2, 2, 1, 0.05, 0.21)  # 2 x 1.9 tokens in 0.26 s: 14.6 tokens/s, 7% above plain's
-        policy.record(2, 0, 0, 0.0, 0.147)  # 2 tokens in 0.147 s: 13.6 tokens/s
+        record(policy, 2, 2, 1, 0.05, 0.21)  # 2 x 1.9 tokens in 0.26 s: 14.6 tokens/s, 7% above plain's
+        record(policy, 2, 0, 0, 0.0, 0.147)  # 2 tokens in 0.147 s: 13.6 tokens/s
     assert policy.choose_k(2, [0.9, 0.9], [1, 1]) == 0
     assert policy.choose_k(2, [1.0, 1.0], [1, 1]) == 1  # 2 x 2 tokens: 15.4 tokens/s, 13% above
 
 
 def test_draft_policy_ignores_one_slow_step():
-    policy = DraftPolicy(k_max=1, probe_every=1000)
+    policy = DraftPolicy(PolicySettings(k_max=1, probe_every=1000))
     for _ in range(4):
-        policy.record(1, 1, 1, 0.02, 0.06)
-        policy.record(1, 0, 0, 0.0, 0.05)
+        record(policy, 1, 1, 1, 0.02, 0.06)
+        record(policy, 1, 0, 0, 0.0, 0.05)
     assert policy.choose_k(1, [1.0], [1]) == 1  # 2 / 0.08 s beats 1 / 0.05 s
-    policy.record(1, 0, 0, 0.0, 0.5)  # one plain step slowed 10x by other load
+    record(policy, 1, 0, 0, 0.0, 0.5)  # one plain step slowed 10x by other load
     assert policy.choose_k(1, [1.0], [1]) == 1
-    policy.record(1, 1, 1, 0.02, 0.6)  # nor does one slow drafting step flip it
+    record(policy, 1, 1, 1, 0.02, 0.6)  # nor does one slow drafting step flip it
     assert policy.choose_k(1, [1.0], [1]) == 1
-    fresh = DraftPolicy(k_max=1, probe_every=1000)
+    fresh = DraftPolicy(PolicySettings(k_max=1, probe_every=1000))
     for verify_seconds in (0.6, 0.06):  # the first drafting step ever, slowed 10x, does not rule drafting out
-        fresh.record(1, 1, 1, 0.02, verify_seconds)
-        fresh.record(1, 0, 0, 0.0, 0.05)
+        record(fresh, 1, 1, 1, 0.02, verify_seconds)
+        record(fresh, 1, 0, 0, 0.0, 0.05)
     assert fresh.choose_k(1, [1.0], [1]) == 1
 
 
@@ -102,21 +109,21 @@ def test_draft_policy_is_not_swayed_by_a_slow_spell_of_the_machine():
     """A shared machine slows every step by up to 2x for seconds at a time. Plain steps measured in such a spell
     must not make drafting (measured before it) look better than plain; a change of drafting's cost relative to
     plain's still shows once drafting is measured again beside plain."""
-    policy = DraftPolicy(k_max=1, probe_every=1000)
+    policy = DraftPolicy(PolicySettings(k_max=1, probe_every=1000))
     for _ in range(3):
-        policy.record(2, 2, 1, 0.06, 0.24)  # drafting: 2 x 1.9 tokens in 0.30 s ...
+        record(policy, 2, 2, 1, 0.06, 0.24)  # drafting: 2 x 1.9 tokens in 0.30 s ...
     for _ in range(9):
-        policy.record(2, 0, 0, 0.0, 0.16)  # ... plain: 2 tokens in 0.16 s
+        record(policy, 2, 0, 0, 0.0, 0.16)  # ... plain: 2 tokens in 0.16 s
     assert policy.choose_k(2, [0.9, 0.9], [1, 1]) == 0
     for _ in range(12):
-        policy.record(2, 0, 0, 0.0, 0.35)  # a slow spell (with a median of raw times, plain's 0.35 s stood)
+        record(policy, 2, 0, 0, 0.0, 0.35)  # a slow spell (with a median of raw times, plain's 0.35 s stood)
     assert policy.choose_k(2, [0.9, 0.9], [1, 1]) == 0
-    policy.record(2, 2, 1, 0.13, 0.52)  # a probe in the spell: drafting slowed alike
+    record(policy, 2, 2, 1, 0.13, 0.52)  # a probe in the spell: drafting slowed alike
     assert policy.choose_k(2, [0.9, 0.9], [1, 1]) == 0
     for _ in range(5):  # drafting got faster than before relative to plain, as probes beside plain steps show
-        policy.record(2, 2, 1, 0.06, 0.24)
+        record(policy, 2, 2, 1, 0.06, 0.24)
         for _ in range(3):
-            policy.record(2, 0, 0, 0.0, 0.35)
+            record(policy, 2, 0, 0, 0.0, 0.35)
     assert policy.choose_k(2, [0.9, 0.9], [1, 1]) == 1
 
 
@@ -125,52 +132,52 @@ def test_draft_policy_is_not_swayed_by_a_machine_that_slows_gradually(chosen):
     """Steps of the chosen draft length say nothing about the others: a machine (or a context) that gets slower
     step by step must not move the chosen cell's time away from the cell it is compared with. (When each step's
     own time set the slowdown, a 12-step ramp to 1.55x dragged plain's time along and flipped the choice.)"""
-    policy = DraftPolicy(k_max=1, probe_every=1000)
+    policy = DraftPolicy(PolicySettings(k_max=1, probe_every=1000))
     plain = 0.16 if chosen == 0 else 0.20  # drafting: 2 x 1.9 tokens in 0.30 s; plain: 2 tokens in 0.16 (0.20) s
     for _ in range(3):
-        policy.record(2, 2, 1, 0.06, 0.24)
-        policy.record(2, 0, 0, 0.0, plain)
+        record(policy, 2, 2, 1, 0.06, 0.24)
+        record(policy, 2, 0, 0, 0.0, plain)
     for _ in range(6):
-        policy.record(2, 2 * chosen, chosen, 0.06 * chosen, 0.24 if chosen else plain)
+        record(policy, 2, 2 * chosen, chosen, 0.06 * chosen, 0.24 if chosen else plain)
     assert policy.choose_k(2, [0.9, 0.9], [1, 1]) == chosen
     for i in range(12):
         slower = 1 + 0.05 * i
-        policy.record(2, 2 * chosen, chosen, 0.06 * chosen * slower, (0.24 if chosen else plain) * slower)
+        record(policy, 2, 2 * chosen, chosen, 0.06 * chosen * slower, (0.24 if chosen else plain) * slower)
     assert policy.choose_k(2, [0.9, 0.9], [1, 1]) == chosen
 
 
 def test_draft_policy_measures_a_probe_against_the_chosen_steps_not_the_other_way_round():
     """The steps right after a probe are measured against the steps before it only if those were mostly of
     other cells: one probe step slowed by other load moved the chosen cell through the 4 steps that followed."""
-    policy = DraftPolicy(k_max=1, probe_every=1000)
+    policy = DraftPolicy(PolicySettings(k_max=1, probe_every=1000))
     for _ in range(3):
-        policy.record(1, 1, 1, 0.05, 0.15)
-        policy.record(1, 0, 0, 0.0, 0.13)
+        record(policy, 1, 1, 1, 0.05, 0.15)
+        record(policy, 1, 0, 0, 0.0, 0.13)
     for _ in range(6):
-        policy.record(1, 1, 1, 0.05, 0.15)
+        record(policy, 1, 1, 1, 0.05, 0.15)
     drafting = policy.seconds(1, 1, 1)
-    policy.record(1, 0, 0, 0.0, 0.39)  # a plain probe, 3x slowed
+    record(policy, 1, 0, 0, 0.0, 0.39)  # a plain probe, 3x slowed
     for _ in range(5):
-        policy.record(1, 1, 1, 0.05, 0.15)
+        record(policy, 1, 1, 1, 0.05, 0.15)
     assert policy.seconds(1, 1, 1) == pytest.approx(drafting)
     assert policy.seconds(1, 1, 0) == pytest.approx(0.13)
 
 
 def test_draft_policy_spaces_probes_by_their_cost():
-    policy = DraftPolicy(k_max=1, probe_every=4, probe_budget=0.02)
+    policy = DraftPolicy(PolicySettings(k_max=1, probe_every=4, probe_budget=0.02))
     for _ in range(2):
-        policy.record(2, 2, 1, 0.01, 0.02)  # drafting: 4 tokens in 0.03 s; plain: 2 tokens in 0.02 s
-        policy.record(2, 0, 0, 0.0, 0.02)
+        record(policy, 2, 2, 1, 0.01, 0.02)  # drafting: 4 tokens in 0.03 s; plain: 2 tokens in 0.02 s
+        record(policy, 2, 0, 0, 0.0, 0.02)
     decisions = [policy.choose_k(2, [1.0, 1.0], [1, 1]) for _ in range(60)]
     # a plain probe loses 0.02 s * (1 - 100/133) = 0.005 s, 2% of 9 drafting steps of 0.03 s: after 9, 9
     # (not 4, 8) steps, then 16 (the doubling interval)
     gaps = _gaps([i for i, k in enumerate(decisions) if not k])
     assert gaps[:2] == [9, 9] and all(gap >= 9 for gap in gaps)  # the cost's spacing first, then the doubling
     assert max(gaps) == 16
-    suspended = DraftPolicy(k_max=1, probe_every=4, probe_budget=0.02)
+    suspended = DraftPolicy(PolicySettings(k_max=1, probe_every=4, probe_budget=0.02))
     for _ in range(2):
-        suspended.record(1, 1, 1, 0.05, 0.05, catch_up_seconds=0.1, catch_up_tokens=10)  # 2 tokens in 0.1 s
-        suspended.record(1, 0, 0, 0.0, 0.02)  # plain: 1 token in 0.02 s
+        record(suspended, 1, 1, 1, 0.05, 0.05, catch_up_seconds=0.1, catch_up_tokens=10)  # 2 tokens in 0.1 s
+        record(suspended, 1, 0, 0, 0.0, 0.02)  # plain: 1 token in 0.02 s
     decisions = [suspended.choose_k(1, [1.0], [1], lag_tokens=10) for _ in range(300)]
     # a drafting probe loses 0.1 s * (1 - 20/50) + 10 tokens * 0.01 s of catching up = 0.16 s: 400 plain steps
     assert not any(decisions)
@@ -180,30 +187,30 @@ def test_draft_policy_spaces_probes_by_their_cost():
 
 
 def test_draft_policy_does_not_try_a_draft_length_that_a_smaller_measured_pass_rules_out():
-    policy = DraftPolicy(k_max=3, probe_every=1000)
+    policy = DraftPolicy(PolicySettings(k_max=3, probe_every=1000))
     for _ in range(2):
-        policy.record(2, 2, 3, *_cpu_like_costs(2, 3))  # 2 x 4 = 8 tokens: 0.2 s, drafting 0.09 s
-        policy.record(1, 1, 1, *_cpu_like_costs(1, 1))
-        policy.record(4, 0, 0, *_cpu_like_costs(4, 0))  # plain at four sequences: 4 tokens in 0.1 s
+        record(policy, 2, 2, 3, *_cpu_like_costs(2, 3))  # 2 x 4 = 8 tokens: 0.2 s, drafting 0.09 s
+        record(policy, 1, 1, 1, *_cpu_like_costs(1, 1))
+        record(policy, 4, 0, 0, *_cpu_like_costs(4, 0))  # plain at four sequences: 4 tokens in 0.1 s
     # Four sequences drafting 1 (8 tokens) cost at least the measured 8-token pass: 4 x 1.7 / 0.23 s < 4 / 0.1 s,
     # and so do k = 2 and 3. (Bounded only by passes with no larger k, k = 2 looked worth 8.8 / 0.13 s.)
     assert policy.choose_k(4, [0.7] * 4, [3] * 4) == 0
 
 
 def test_draft_policy_resumes_drafting_only_if_the_catch_up_pays_back():
-    policy = DraftPolicy(k_max=1, probe_every=1000)
+    policy = DraftPolicy(PolicySettings(k_max=1, probe_every=1000))
     for _ in range(2):
-        policy.record(1, 1, 1, 0.01, 0.025, catch_up_seconds=0.1, catch_up_tokens=10)  # 2 tokens in 0.035 s
-        policy.record(1, 0, 0, 0.0, 0.02)  # plain: 1 token in 0.02 s
+        record(policy, 1, 1, 1, 0.01, 0.025, catch_up_seconds=0.1, catch_up_tokens=10)  # 2 tokens in 0.035 s
+        record(policy, 1, 0, 0, 0.0, 0.02)  # plain: 1 token in 0.02 s
     assert policy.choose_k(1, [1.0], [1]) == 1
     # 10 tokens behind: 0.1 s of catching up, worth it over 1,000 more tokens, not over the last 5
     assert policy.choose_k(1, [1.0], [1], lag_tokens=10, remaining_tokens=1000) == 1
     assert policy.choose_k(1, [1.0], [1], lag_tokens=10, remaining_tokens=5) == 0
     # A new request's draft must first read its whole prompt: that too is spread over the tokens to come, so a
     # batch size where only plain was measured still tries drafting (a whole catch-up charged to one step never did)
-    fresh = DraftPolicy(k_max=3, probe_every=1000)
+    fresh = DraftPolicy(PolicySettings(k_max=3, probe_every=1000))
     for _ in range(4):
-        fresh.record(1, 0, 0, *_cpu_like_costs(1, 0))
+        record(fresh, 1, 0, 0, *_cpu_like_costs(1, 0))
     for _ in range(2):
         fresh.catch_up.add(0.02)
     assert fresh.choose_k(1, [0.8], [3], lag_tokens=40, remaining_tokens=64) == 3
@@ -215,9 +222,9 @@ def test_draft_policy_prices_a_first_catch_up_from_the_prefill_before_paying_it(
     a short one is; without the prefill's measure the long one would be tried, unpriced (the control)."""
 
     def fresh(prefill_seconds_per_token: float | None) -> DraftPolicy:
-        policy = DraftPolicy(k_max=3, probe_every=1000)
+        policy = DraftPolicy(PolicySettings(k_max=3, probe_every=1000))
         for _ in range(4):
-            policy.record(1, 0, 0, *_cpu_like_costs(1, 0))  # plain: 1 token in 0.1 s
+            record(policy, 1, 0, 0, *_cpu_like_costs(1, 0))  # plain: 1 token in 0.1 s
         if prefill_seconds_per_token is not None:
             policy.record_prefill(prefill_seconds_per_token * 1500, 1500)
         return policy
@@ -235,9 +242,9 @@ def test_the_catch_up_is_spread_over_the_tokens_the_lookups_leave_to_the_draft_m
     sequence's own record outweighs the server-wide share once it has a few rounds."""
 
     def fresh() -> DraftPolicy:
-        policy = DraftPolicy(k_max=3, probe_every=1000)
+        policy = DraftPolicy(PolicySettings(k_max=3, probe_every=1000))
         for _ in range(4):
-            policy.record(1, 0, 0, *_cpu_like_costs(1, 0))  # plain: 1 token in 0.1 s
+            record(policy, 1, 0, 0, *_cpu_like_costs(1, 0))  # plain: 1 token in 0.1 s
         policy.record_prefill(0.05 * 1500, 1500)  # a caught-up token priced at 0.025 s
         return policy
 
@@ -288,13 +295,13 @@ def test_a_hybrid_proposers_lookups_and_model_steps_are_priced_apart():
     is priced as the share of model steps times the model's cost: when the few steps that measured k = 2 happen
     to be lookups, k = 2 must not look free (one window mixing both kinds priced it so, and chose it over
     k = 3 for good)."""
-    policy = DraftPolicy(k_max=3, probe_every=1000)
+    policy = DraftPolicy(PolicySettings(k_max=3, probe_every=1000))
     verify, model, lookup = 0.032, 0.0105, 0.0001  # seconds: a memory-bound verify pass; per drafted token
     chosen = []
     for step in range(80):
         k = policy.choose_k(1, [0.85], [3])
         modelled = step not in (6, 7) and step % 10 not in (0, 3, 6)  # k = 2's first steps look up; 30% do
-        policy.record(1, 1 if k else 0, k, (model * k if modelled else lookup) if k else 0.0, verify,
+        record(policy, 1, 1 if k else 0, k, (model * k if modelled else lookup) if k else 0.0, verify,
                       modelled=modelled)  # fmt: skip
         chosen.append(k)
     share = policy.model_share
@@ -307,19 +314,19 @@ def test_a_hybrid_proposers_lookups_and_model_steps_are_priced_apart():
 def test_the_draft_models_price_is_its_drafting_and_catch_up_over_the_verify_pass():
     """What the suffix drafter weighs a lookup against: the model's drafting (its share, when several sequences
     draft in one pass) and the sequence's catch-up, in verify passes; 0 until both passes are measured."""
-    policy = DraftPolicy(k_max=3, probe_every=1000)
+    policy = DraftPolicy(PolicySettings(k_max=3, probe_every=1000))
     assert policy.model_price(1, 1, 3, lag_tokens=10) == 0.0
     for _ in range(2):
-        policy.record(1, 1, 3, 0.03, 0.04, catch_up_seconds=0.02, catch_up_tokens=10)
+        record(policy, 1, 1, 3, 0.03, 0.04, catch_up_seconds=0.02, catch_up_tokens=10)
     assert policy.model_price(1, 1, 3, lag_tokens=0) == pytest.approx(0.75)
     assert policy.model_price(1, 1, 3, lag_tokens=10) == pytest.approx((0.03 + 0.02) / 0.04)
     for _ in range(2):
-        policy.record(2, 2, 3, 0.04, 0.05)
+        record(policy, 2, 2, 3, 0.04, 0.05)
     assert policy.model_price(2, 2, 3, lag_tokens=0) == pytest.approx(0.02 / 0.05)
     # steps that only looked tokens up never price the model
-    lookups = DraftPolicy(k_max=3, probe_every=1000)
+    lookups = DraftPolicy(PolicySettings(k_max=3, probe_every=1000))
     for _ in range(2):
-        lookups.record(1, 1, 3, 0.0001, 0.04, modelled=False)
+        record(lookups, 1, 1, 3, 0.0001, 0.04, modelled=False)
     assert lookups.model_price(1, 1, 3, lag_tokens=0) == 0.0
 
 

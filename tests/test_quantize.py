@@ -99,7 +99,7 @@ def test_int8_weights_loaded_from_the_cache_are_aligned(tmp_path, monkeypatch):
 def test_quantized_buffers_read_from_a_shard_are_aligned_for_the_kernels():
     """A safetensors shard aligns tensors to 8 bytes; PyTorch's int8 product crashed on weights 8 bytes off a
     16-byte boundary (a shard whose header length put them there). The loader re-homes such buffers."""
-    from verispec.models.loading import _aligned
+    from verispec.models.gguf_converted import _aligned
 
     entries = quantized_entries([torch.randn(64, 32)], "int8")
     room = torch.zeros(entries["qweight"].numel() + 64, dtype=torch.int8)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from verispec import SpeculativeGenerator, TokenizerMismatchError, load_model
-from verispec.generator import DEFAULT_DRAFT_VOCAB
+from verispec.defaults import DEFAULT_DRAFT_VOCAB
 
 from real_models import dense_copy, humaneval_prompts, require_bundled, smollm2_path
 

@@ -347,7 +347,9 @@ def test_prompts_sharing_a_start_shorter_than_a_chunk_reuse_it_and_decode_as_alo
         def run(scheduler, prompt):
             done = []
             sink = lambda event: done.append(event) if isinstance(event, FinishEvent) else None  # noqa: E731
-            scheduler.submit(EngineRequest("r", prompt, SamplingParams(), 10, sink))
+            scheduler.submit(
+                EngineRequest(request_id="r", prompt_ids=prompt, params=SamplingParams(), max_tokens=10, sink=sink)
+            )
             scheduler.run_until_idle()
             return done[0].output
 

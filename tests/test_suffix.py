@@ -13,7 +13,7 @@ import torch
 from verispec import SpeculativeGenerator
 from verispec.decoding.noise import KeyedNoise
 from verispec.decoding.sampling import SamplingParams
-from verispec.engine.proposers import DraftJob, LookupOptions
+from verispec.engine.drafting import DraftJob, LookupPricing
 from verispec.engine.requests import EngineRequest, FinishEvent
 from verispec.engine.scheduler import Scheduler, SchedulerConfig
 from verispec.engine.suffix import Lookup, lookup_pays, model_expects
@@ -24,8 +24,8 @@ pytestmark = pytest.mark.skipif(not suffix.available(), reason="native library n
 
 def _job(model_alpha: float, model_price: float) -> DraftJob:
     params = SamplingParams(temperature=0.0)
-    lookup = LookupOptions(model_alpha=model_alpha, model_price=model_price)
-    return DraftJob(0, [1, 2, 3], 3, params=params, noise=KeyedNoise(0, 64), lookup=lookup)
+    pricing = LookupPricing(model_alpha=model_alpha, model_price=model_price)
+    return DraftJob(slot=0, tokens=[1, 2, 3], k=3, params=params, noise=KeyedNoise(0, 64), pricing=pricing)
 
 
 def test_a_lookup_drafts_unless_the_model_yields_more_tokens_per_second():
@@ -120,7 +120,8 @@ def test_a_capped_match_leaves_room_for_a_long_continuation():
 def test_a_sequence_whose_lookups_fail_drafts_shorter_ones():
     """The j-th looked-up token is kept while its score times the sequence's lookup alpha^j stays >= MIN_SCORE:
     a sequence whose lookups keep failing drafts short ones, then none (its draft model drafts instead)."""
-    from verispec.engine.suffix import DEPTH, LOOKUP_MAX, best_lookup, estimated_alpha
+    from verispec.engine.policy import estimated_alpha
+    from verispec.engine.suffix import DEPTH, LOOKUP_MAX, best_lookup
 
     rng = random.Random(4)
     text = [rng.randrange(1000) for _ in range(200)]
@@ -223,7 +224,16 @@ def test_suffix_drafting_gives_plain_greedy_output_and_uses_earlier_outputs(tiny
         for i, prompt in enumerate(REPEATING):
             events: list = []
             ids = target.tokenizer.encode(prompt)
-            scheduler.submit(EngineRequest(f"{round_}-{i}", ids, SamplingParams(), 40, events.append, ignore_eos=True))
+            scheduler.submit(
+                EngineRequest(
+                    request_id=f"{round_}-{i}",
+                    prompt_ids=ids,
+                    params=SamplingParams(),
+                    max_tokens=40,
+                    sink=events.append,
+                    ignore_eos=True,
+                )
+            )
             scheduler.run_until_idle()
             assert isinstance(events[-1], FinishEvent)
             outputs[f"{round_}-{i}"] = events[-1].output
@@ -249,7 +259,16 @@ def test_a_seeded_sample_is_the_same_whatever_the_server_answered_before(tiny):
     texts = []
     for round_ in range(3):
         events: list = []
-        scheduler.submit(EngineRequest(f"r{round_}", ids, params, 40, events.append, ignore_eos=True))
+        scheduler.submit(
+            EngineRequest(
+                request_id=f"r{round_}",
+                prompt_ids=ids,
+                params=params,
+                max_tokens=40,
+                sink=events.append,
+                ignore_eos=True,
+            )
+        )
         scheduler.run_until_idle()
         texts.append(events[-1].output.token_ids)
     assert texts[0] == texts[1] == texts[2]
@@ -266,7 +285,11 @@ def test_lookups_go_on_when_the_policy_stops_the_draft_model(tiny, policy, monke
     monkeypatch.setattr(scheduler.policy, "choose_k", lambda *args, **kwargs: 0)
     events: list = []
     ids = target.tokenizer.encode(REPEATING[2])
-    scheduler.submit(EngineRequest("r", ids, SamplingParams(), 40, events.append, ignore_eos=True))
+    scheduler.submit(
+        EngineRequest(
+            request_id="r", prompt_ids=ids, params=SamplingParams(), max_tokens=40, sink=events.append, ignore_eos=True
+        )
+    )
     scheduler.run_until_idle()
     output = events[-1].output
     assert output.token_ids == plain.generate(REPEATING[2], max_tokens=40, ignore_eos=True).token_ids
@@ -291,7 +314,11 @@ def test_lookups_are_priced_by_this_machines_passes(tiny, monkeypatch, slope, dr
     monkeypatch.setattr(scheduler.policy, "record_pass", lambda *args: None)  # these costs, whatever runs
     events: list = []
     ids = target.tokenizer.encode(REPEATING[2])
-    scheduler.submit(EngineRequest("r", ids, SamplingParams(), 40, events.append, ignore_eos=True))
+    scheduler.submit(
+        EngineRequest(
+            request_id="r", prompt_ids=ids, params=SamplingParams(), max_tokens=40, sink=events.append, ignore_eos=True
+        )
+    )
     scheduler.run_until_idle()
     output = events[-1].output
     assert output.token_ids == plain.generate(REPEATING[2], max_tokens=40, ignore_eos=True).token_ids
@@ -308,7 +335,7 @@ def _run_counting_trees(scheduler, target, prompts, params=None, **options) -> t
 
     def counted(*args):  # a round whose verdict has a path verified a tree
         nonlocal trees
-        trees += args[-1] is not None
+        trees += args[-1][2] is not None  # verify_batch's verdict: (accepted, next token, a tree's path)
         return settle(*args)
 
     scheduler._settle = counted
@@ -316,7 +343,15 @@ def _run_counting_trees(scheduler, target, prompts, params=None, **options) -> t
     for i, prompt in enumerate(prompts * 2):  # the second time, earlier outputs fork the index's continuations
         events: list = []
         ids = target.tokenizer.encode(prompt)
-        request = EngineRequest(f"{i}", ids, params or SamplingParams(), 40, events.append, ignore_eos=True, **options)
+        request = EngineRequest(
+            request_id=f"{i}",
+            prompt_ids=ids,
+            params=params or SamplingParams(),
+            max_tokens=40,
+            sink=events.append,
+            ignore_eos=True,
+            **options,
+        )
         scheduler.submit(request)
         scheduler.run_until_idle()
         assert isinstance(events[-1], FinishEvent), events[-1]
@@ -370,7 +405,15 @@ def test_logprobs_of_a_token_tree_are_the_targets_at_each_accepted_node(tiny, mo
     for i, prompt in enumerate(prompts * 2):
         events: list = []
         ids = target.tokenizer.encode(prompt)
-        request = EngineRequest(f"{i}", ids, SamplingParams(), 40, events.append, ignore_eos=True, logprobs=2)
+        request = EngineRequest(
+            request_id=f"{i}",
+            prompt_ids=ids,
+            params=SamplingParams(),
+            max_tokens=40,
+            sink=events.append,
+            ignore_eos=True,
+            logprobs=2,
+        )
         scheduler.submit(request)
         scheduler.run_until_idle()
         output = events[-1].output
@@ -396,7 +439,15 @@ def test_a_response_helps_its_neighbours_while_it_is_written(tiny, shared):
 
     def submit(name: str, partition: str, tokens: int) -> None:
         sink = lambda event: outputs.update({name: event}) if isinstance(event, FinishEvent) else None  # noqa: E731
-        request = EngineRequest(name, prompt, SamplingParams(), tokens, sink, ignore_eos=True, partition=partition)
+        request = EngineRequest(
+            request_id=name,
+            prompt_ids=prompt,
+            params=SamplingParams(),
+            max_tokens=tokens,
+            sink=sink,
+            ignore_eos=True,
+            partition=partition,
+        )
         scheduler.submit(request)
 
     submit("a", "team", 120)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from .defaults import DEFAULT_DRAFT_VOCAB, DEFAULT_DRAFT_WINDOW
+from .engine.methods import method_names, methods_help
 from .errors import InvalidParameterError
-from .generator import DEFAULT_DRAFT_VOCAB, DEFAULT_DRAFT_WINDOW, SPECULATIVE_METHODS
-from .models.quantize import QUANTIZATIONS
+from .models.weight_forms import QUANTIZATIONS
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,12 +25,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--speculative-method",
         default=None,
-        choices=SPECULATIVE_METHODS,
-        help="default: suffix, or plain decoding with --speculative-model none. draft: the --speculative-model "
-        "drafts; ngram: prompt lookup in the context (no draft model); "
-        "hybrid: prompt lookup where the context repeats itself, the draft model elsewhere; suffix: lookups in the "
-        "context and earlier requests' outputs, up to 15 tokens where the match is long, the draft model elsewhere "
-        "(with --speculative-model none: the lookups alone)",
+        choices=method_names(),  # the registry as it is when the parser is built (engine/methods.py)
+        help=methods_help(),
     )
     parser.add_argument(
         "--dtype",
@@ -79,14 +76,6 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
 
 
-def resolve_speculative_method(args: argparse.Namespace) -> None:
-    """--speculative-method not given: suffix (lookups where the text repeats, the draft model elsewhere: the
-    fastest on every workload measured, docs/repetition.md), or plain decoding under --speculative-model none."""
-    if getattr(args, "speculative_method", "") is None:
-        no_draft = args.speculative_model.lower() == "none"
-        args.speculative_method = "draft" if no_draft else "suffix"
-
-
 def memory_size(text: str) -> int:
     """An argparse type: bytes, or a size with a unit (4GiB, 512MiB, 1.5GB; engine/budget.py)."""
     from .engine.budget import parse_memory
@@ -131,7 +120,7 @@ def validate_sampling_arguments(args: argparse.Namespace) -> None:
     """Fail on bad sampling flags before spending seconds on loading models."""
     from .decoding.sampling import SamplingParams
 
-    SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     if args.max_tokens < 1:
         raise InvalidParameterError(f"max_tokens must be >= 1, got {args.max_tokens}")
     if args.num_speculative_tokens < 1:

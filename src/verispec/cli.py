@@ -19,11 +19,10 @@ from .arguments import (
     add_draft_arguments,
     add_model_arguments,
     add_sampling_arguments,
-    resolve_speculative_method,
     validate_sampling_arguments,
 )
 from .errors import InvalidParameterError, VerispecError
-from .models.quantize import resolve_quantization
+from .models.weight_forms import resolve_quantization
 
 if TYPE_CHECKING:
     from .decoding.grammar import GrammarSpec
@@ -47,7 +46,6 @@ def build_generator(args: argparse.Namespace, with_draft: bool = True):
         if native.available():
             native.claim_threads(args.threads)
     draft = args.speculative_model if with_draft and args.speculative_model.lower() != "none" else None
-    method = "draft" if draft is None and args.speculative_method == "hybrid" else args.speculative_method
     return SpeculativeGenerator(
         target=args.model,
         draft=draft,
@@ -57,7 +55,7 @@ def build_generator(args: argparse.Namespace, with_draft: bool = True):
         max_seq_len=args.max_model_len,
         quantization=args.quantization,
         draft_quantization=args.speculative_quantization,
-        speculative_method=method,
+        speculative_method=args.speculative_method,
         adaptive=args.adaptive_k,
         draft_vocab=args.draft_vocab,
         draft_window=args.draft_window,
@@ -166,19 +164,26 @@ _EXTENSIONS = {
 }
 
 
-def _load_extensions() -> None:
-    """Import the subcommand modules; one whose third-party imports are missing still gets its commands,
-    which then say in one line what to install."""
-    for module, (commands, extra) in _EXTENSIONS.items():
+def _load_extensions(command: str | None = None) -> None:
+    """Import the subcommand modules: the one offering `command` (a command starts without the others' imports), or
+    all of them (no command, or one none offers: for --help and argparse's list of choices). A module whose
+    third-party imports are missing still gets its commands, which then say in one line what to install."""
+    wanted = [module for module, (commands, _) in _EXTENSIONS.items() if command in commands]
+    if command not in COMMANDS and not wanted:
+        wanted = list(_EXTENSIONS)
+    for module in wanted:
+        commands, extra = _EXTENSIONS[module]
+        if all(name in COMMANDS for name in commands):
+            continue  # loaded before
         try:
             COMMANDS.update(importlib.import_module(module).COMMANDS)
         except ModuleNotFoundError as exc:
             if exc.name is None or exc.name.split(".")[0] == "verispec":
                 raise
-            for command in commands:
-                if command not in COMMANDS:
-                    COMMANDS[command] = _missing_package_command(command, exc.name, extra)
-                    _STUBS.add(command)
+            for name in commands:
+                if name not in COMMANDS:
+                    COMMANDS[name] = _missing_package_command(name, exc.name, extra)
+                    _STUBS.add(name)
 
 
 _STUBS: set[str] = set()  # commands that only report a missing package (they accept any arguments)
@@ -200,7 +205,8 @@ def _install_hint(command: str, package: str, extra: str | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    _load_extensions()
+    argv = sys.argv[1:] if argv is None else argv
+    _load_extensions(next((arg for arg in argv if not arg.startswith("-")), None))
     parser = argparse.ArgumentParser(prog="verispec", description="Lossless speculative decoding.")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name, (add_arguments, _) in COMMANDS.items():
@@ -208,7 +214,6 @@ def main(argv: list[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown and args.command not in _STUBS:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    resolve_speculative_method(args)
     try:
         if hasattr(args, "quantization"):
             args.quantization = resolve_quantization(

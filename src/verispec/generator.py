@@ -15,18 +15,13 @@ import torch
 
 from .decoding.grammar import GrammarSpec
 from .decoding.sampling import SamplingParams
+from .defaults import DEFAULT_DRAFT_WINDOW, DEFAULT_MAX_SEQ_LEN
 from .engine.budget import parse_memory
-from .engine.proposer import PROPOSERS
+from .engine.methods import resolve_method
 from .engine.requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput, StreamChunk
-from .engine.scheduler import METHODS, Scheduler, SchedulerConfig
+from .engine.scheduler import Scheduler, SchedulerConfig
 from .errors import InvalidParameterError, VerispecError
 from .models.loading import LoadedModel, load_pair
-
-DEFAULT_MAX_SEQ_LEN = 4096
-DEFAULT_DRAFT_VOCAB = 65536  # a restricted draft head (models/draft_head.py); the CLI default, off in the API
-# the draft model reads at most this many of a long prompt's last tokens (engine/proposers.py: draft_view); 0: all
-DEFAULT_DRAFT_WINDOW = 256  # measured on the long datasets: docs/long-prompts.md
-SPECULATIVE_METHODS = METHODS
 
 __all__ = ["GenerationOutput", "SpeculativeGenerator", "StreamChunk"]
 
@@ -38,6 +33,7 @@ class SpeculativeGenerator:
         self,
         target: str | os.PathLike | LoadedModel = "target",
         draft: str | os.PathLike | LoadedModel | None = "draft",
+        *,
         num_speculative_tokens: int = 4,
         dtype: str | torch.dtype = "float32",
         device: str | None = "cpu",
@@ -45,27 +41,24 @@ class SpeculativeGenerator:
         progress: bool = True,
         quantization: str = "none",
         draft_quantization: str | None = None,
-        speculative_method: str = "draft",
+        speculative_method: str | None = None,
         adaptive: bool = True,
         draft_vocab: int | None = None,
         draft_window: int = DEFAULT_DRAFT_WINDOW,
         token_trees: bool = False,
         kv_cache_memory: int | str | None = None,
     ):
-        """`adaptive`: the engine's draft policy picks k = 0..num_speculative_tokens per step from measured
-        costs (engine/policy.py); False drafts num_speculative_tokens every step. `draft_window`: the draft model
-        reads a long prompt's first tokens and its last `draft_window` only (0: all of it). `token_trees`: suffix
-        lookups may propose token trees (SchedulerConfig.token_trees). `kv_cache_memory`: bytes (or "4GiB") the KV
-        caches may take (engine/budget.py; None: the whole context, at most half the memory available)."""
-        if speculative_method not in PROPOSERS:
-            raise InvalidParameterError(
-                f"unknown speculative method '{speculative_method}' (choose from {', '.join(PROPOSERS)})"
-            )
-        if speculative_method == "ngram":
+        """`speculative_method`: a name of engine/methods.py; None: its default (suffix) with a draft model, plain
+        decoding without one. `adaptive`: the engine's draft policy picks k = 0..num_speculative_tokens per step
+        from measured costs (engine/policy.py); False drafts num_speculative_tokens every step. `draft_window`: the
+        draft model reads a long prompt's first tokens and its last `draft_window` only (0: all of it).
+        `token_trees`: suffix lookups may propose token trees (SchedulerConfig.token_trees). `kv_cache_memory`:
+        bytes (or "4GiB") the KV caches may take (engine/budget.py; None: the whole context, at most half the memory
+        available)."""
+        method = resolve_method(speculative_method, draft is not None)  # engine/methods.py: the one verdict
+        if method is None or not method.uses_draft_model:
             draft = None
-        if speculative_method == "hybrid" and draft is None:
-            raise InvalidParameterError("the hybrid speculative method needs a draft model")
-        speculates = draft is not None or speculative_method in ("ngram", "suffix")
+        speculates = method is not None
         if speculates and num_speculative_tokens < 1:
             raise InvalidParameterError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
         if max_seq_len < 2:
@@ -74,12 +67,21 @@ class SpeculativeGenerator:
             max_num_seqs=1, max_queue=0, max_model_len=max_seq_len,
             num_speculative_tokens=max(1, num_speculative_tokens),
             draft_policy=("auto" if adaptive else "always") if speculates else "never",
-            speculative_method=speculative_method, draft_vocab=draft_vocab, draft_window=draft_window,
+            speculative_method=None if method is None else method.name, draft_vocab=draft_vocab,
+            draft_window=draft_window,
             prefill_chunk=max_seq_len,  # one request: its whole prompt in one pass
             token_trees=token_trees,
             kv_cache_memory=None if kv_cache_memory is None else parse_memory(kv_cache_memory),
         )  # fmt: skip
-        self.target, self.draft = load_pair(target, draft, dtype, device, progress, quantization, draft_quantization)
+        self.target, self.draft = load_pair(
+            target,
+            draft,
+            dtype=dtype,
+            device=device,
+            progress=progress,
+            quantization=quantization,
+            draft_quantization=draft_quantization,
+        )
         self.tokenizer = self.target.tokenizer
         self.num_speculative_tokens = num_speculative_tokens if speculates else 0
         self.engine = Scheduler(self.target, self.draft, config)
@@ -134,7 +136,13 @@ class SpeculativeGenerator:
         object, a regex, a Lark/GBNF grammar or a choice) keeps every token within it (decoding/grammar.py).
         """
         params = SamplingParams(
-            temperature, top_k, top_p, seed, presence_penalty, frequency_penalty, dict(logit_bias or {})
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty,
+            logit_bias=dict(logit_bias or {}),
         )
         if max_tokens < 1:
             raise InvalidParameterError(f"max_tokens must be >= 1, got {max_tokens}")
@@ -142,8 +150,9 @@ class SpeculativeGenerator:
         events: list = []
         room = self.max_seq_len - len(prompt_ids)  # a full context ends the request with "length"
         request = EngineRequest(
-            f"generate-{next(self._ids)}", prompt_ids, params, min(max_tokens, room), events.append,
-            stop or [], ignore_eos=ignore_eos, logprobs=logprobs,
+            request_id=f"generate-{next(self._ids)}", prompt_ids=prompt_ids, params=params,
+            max_tokens=min(max_tokens, room), sink=events.append,
+            stop=stop or [], ignore_eos=ignore_eos, logprobs=logprobs,
             grammar=self.engine.grammars.compile(grammar) if grammar is not None else None,
         )  # fmt: skip
         return self._run(request, events)

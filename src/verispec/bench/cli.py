@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..arguments import add_draft_arguments, add_model_arguments, add_sampling_arguments
-from .config import QUICK, BenchConfig, as_command, parse_ks, parse_list
+from .config import QUICK, BenchConfig, as_command, bench_method_names, parse_ks, parse_list
 
 DEFAULT_ROOT = Path("bench-results")
 
@@ -32,9 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--methods",
         default="plain,draft",
-        help="comma-separated: plain, draft, ngram, hybrid, suffix, suffix-only (suffix lookups without the draft "
-        "model), suffix-trees and suffix-only-trees (token trees on); auto-X picks the draft model's k per "
-        "round (at most --k)",
+        help=f"comma-separated, of: {', '.join(bench_method_names())}. X-only: without the draft model; X-trees: "
+        "token trees on; auto-X picks the draft model's k per round (at most --k)",
     )
     parser.add_argument("--k", default=None, help="draft tokens per target pass, e.g. 2,4,6,8 (one method per k)")
     parser.add_argument(

@@ -7,16 +7,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..decoding.sampling import GREEDY_BELOW
+from ..defaults import DEFAULT_DRAFT_VOCAB, DEFAULT_DRAFT_WINDOW
+from ..engine.methods import DraftModelUse, Method, get_method, method_names, resolve_method
 from ..errors import InvalidParameterError
-from ..generator import DEFAULT_DRAFT_VOCAB, DEFAULT_DRAFT_WINDOW
 
-# ngram: prompt lookup, no draft model; hybrid: prompt lookup where it matches, the draft model elsewhere;
-# suffix: lookups in the context and earlier outputs (engine/suffix.py), the draft model elsewhere; suffix-only:
-# the lookups alone; auto-X: method X with k chosen each step from measured costs (engine/policy.py), k from --k
-# as the most (a lookup may draft more: engine/suffix.py); X-trees: suffix or suffix-only with token trees on
-# (--token-trees), to measure what the trees add
-SPECULATIVE = ("draft", "ngram", "hybrid", "suffix", "suffix-only", "suffix-trees", "suffix-only-trees")
-METHODS = ("plain", *SPECULATIVE, *(f"auto-{m}" for m in SPECULATIVE))
+# the bench's methods, from the engine's (engine/methods.py) when a run is checked: plain; each method by name; X-only:
+# a method that may draft without a draft model, without one (suffix-only: the lookups alone); X-trees: a method whose
+# lookups may propose token trees, with them on (--token-trees), to measure what the trees add; auto-X: X with k
+# chosen each step from measured costs (engine/policy.py), k from --k as the most
 PEERS = ("hf", "llamacpp", "llamacpp-native")
 PEER_FAMILIES = ("hf", "llamacpp", "llama.cpp")  # contender names start with these (hf-plain, llama.cpp-draft, ...)
 BASELINE = "plain"
@@ -66,7 +64,7 @@ class BenchConfig:
 
     @property
     def uses_draft(self) -> bool:
-        return any(m.removeprefix("auto-") in ("draft", "hybrid", "suffix", "suffix-trees") for m in self.methods)
+        return any(bench_method(m).uses_draft_model for m in self.methods)
 
     @property
     def speculates(self) -> bool:
@@ -74,14 +72,11 @@ class BenchConfig:
 
     def checked(self) -> BenchConfig:
         """This config with plain added as the baseline; raises InvalidParameterError on any bad value."""
-        _check_names("method", self.methods, METHODS)
+        _check_names("method", self.methods, bench_method_names())
         _check_names("peer", self.peers, PEERS)
         _check_ranges(self)
-        if self.uses_draft and self.draft_model is None:
-            raise InvalidParameterError(
-                "methods draft, hybrid and suffix need a draft model (suffix-only does not): drop "
-                "--speculative-model none"
-            )
+        for name in self.methods:  # the engine's verdict on each method with the models given (engine/methods.py)
+            bench_method(name).resolve(self.draft_model is not None)
         if self.peers and not self.greedy:
             raise InvalidParameterError("--peers compares greedy outputs; use --temperature 0")
         if self.ignore_eos and {"hf", "llamacpp"} & set(self.peers):
@@ -94,6 +89,44 @@ class BenchConfig:
             notes = (*notes, "plain decoding was added: it is the baseline every speedup is measured against")
         ks = tuple(dict.fromkeys(self.ks)) if self.speculates else ()
         return replace(self, methods=methods, ks=ks, peers=tuple(dict.fromkeys(self.peers)), notes=notes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchMethod:
+    """A bench method name read: the engine's method (None: plain decoding) and how it runs."""
+
+    engine: str | None
+    alone: bool = False  # without the draft model (X-only)
+    trees: bool = False  # token trees on (X-trees)
+    adaptive: bool = False  # k chosen each step (auto-X)
+
+    def resolve(self, draft_model: bool) -> Method | None:
+        """The engine's method for it with a draft model given or not (raises as `generate` and `serve` do)."""
+        return None if self.engine is None else resolve_method(self.engine, draft_model and not self.alone)
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return self.engine is not None and not self.alone and get_method(self.engine).uses_draft_model
+
+
+def bench_method_names() -> tuple[str, ...]:
+    """plain, then every engine method and its variants (the registry as it is now)."""
+    speculative = []
+    for method in (get_method(name) for name in method_names()):
+        alone = [method.name, f"{method.name}-only"] if method.draft_model is DraftModelUse.OPTIONAL else [method.name]
+        speculative += alone + ([f"{name}-trees" for name in alone] if method.trees else [])
+    return (BASELINE, *speculative, *(f"auto-{name}" for name in speculative))
+
+
+def bench_method(name: str) -> BenchMethod:
+    """What a name of bench_method_names() runs."""
+    if name == BASELINE:
+        return BenchMethod(engine=None)
+    base = name.removeprefix("auto-")
+    trees = base.endswith("-trees")
+    base = base.removesuffix("-trees")
+    alone = base.endswith("-only")
+    return BenchMethod(engine=base.removesuffix("-only"), alone=alone, trees=trees, adaptive=name.startswith("auto-"))
 
 
 def parse_list(text: str, what: str) -> tuple[str, ...]:

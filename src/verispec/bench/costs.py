@@ -94,7 +94,7 @@ def measure_costs(
         target_verify_s={k: median[f"verify{k}"] for k in ks},
         pass_s={n: median[f"pass{n}"] for n in PASS_WIDTHS},
         prefill_s=median["prefill"],
-        native=_native(target, draft, draft_head, timers, median, repeats),
+        native=_native(target, draft, draft_head=draft_head, timers=timers, median=median, repeats=repeats),
     )
 
 

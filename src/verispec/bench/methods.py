@@ -11,7 +11,7 @@ from ..decoding.grammar import GrammarSpec
 from ..decoding.stats import GenerationStats
 from ..generator import GenerationOutput, SpeculativeGenerator
 from ..models.loading import LoadedModel
-from .config import BenchConfig
+from .config import BenchConfig, bench_method
 
 
 @dataclass
@@ -43,7 +43,13 @@ class Method:
             seed=seed, stop=list(config.stop) or None, ignore_eos=config.ignore_eos, grammar=grammar,
         )  # fmt: skip
         rejected = output.stats.rejected if self.k else None
-        return Outcome(output.token_ids, output.finish_reason, output.stats.target_passes, output.stats, rejected)
+        return Outcome(
+            output.token_ids,
+            output.finish_reason,
+            target_passes=output.stats.target_passes,
+            stats=output.stats,
+            rejected=rejected,
+        )
 
 
 def method_name(method: str, k: int) -> str:
@@ -61,22 +67,20 @@ def build_methods(
             )
             methods.append(Method("plain", 0, generator))
         else:  # draft, ngram, hybrid, auto-*: one method per k
-            methods += [_speculative_method(method, target, draft, k, max_seq_len, config) for k in config.ks]
+            methods += [
+                _speculative_method(method, target, draft=draft, k=k, max_seq_len=max_seq_len, config=config)
+                for k in config.ks
+            ]
     return methods
 
 
 def _speculative_method(
     method: str, target: LoadedModel, draft: LoadedModel | None, k: int, max_seq_len: int, config: BenchConfig
 ) -> Method:
-    base = method.removeprefix("auto-")
-    adaptive = base != method
-    trees = base.endswith("-trees")  # token trees on (--token-trees)
-    base = base.removesuffix("-trees")
-    if base == "suffix-only":  # the suffix drafter without a draft model
-        base, draft = "suffix", None
+    read = bench_method(method)
     generator = SpeculativeGenerator(
-        target, draft, num_speculative_tokens=k, max_seq_len=max_seq_len,
-        progress=False, speculative_method=base, adaptive=adaptive, draft_vocab=config.draft_vocab,
-        draft_window=config.draft_window, token_trees=trees, kv_cache_memory=config.kv_cache_memory,
+        target, None if read.alone else draft, num_speculative_tokens=k, max_seq_len=max_seq_len,
+        progress=False, speculative_method=read.engine, adaptive=read.adaptive, draft_vocab=config.draft_vocab,
+        draft_window=config.draft_window, token_trees=read.trees, kv_cache_memory=config.kv_cache_memory,
     )  # fmt: skip
     return Method(method_name(method, k), k, generator)

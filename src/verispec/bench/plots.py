@@ -54,7 +54,7 @@ def _speedup_vs_k(plt, drafts: list[MethodSummary], rows: list[MethodSummary], f
     ax.set(xlabel="k (tokens drafted per target pass)", ylabel="speedup over plain", title="Speedup vs k")
     ax.set_xticks(range(1, max(ks) + 3))
     ax.legend(fontsize=8)
-    return _save(plt, fig, folder, "speedup_vs_k.png", "Speedup vs k, beside the ideal")
+    return _save(plt, fig, folder=folder, name="speedup_vs_k.png", title="Speedup vs k, beside the ideal")
 
 
 def _acceptance_by_position(plt, drafts: list[MethodSummary], folder: Path) -> Plot:
@@ -69,7 +69,7 @@ def _acceptance_by_position(plt, drafts: list[MethodSummary], folder: Path) -> P
     ax.set_xticks(longest)
     ax.set_title("Acceptance by draft position")
     ax.legend(fontsize=8)
-    return _save(plt, fig, folder, "acceptance_by_position.png", "Acceptance by draft position")
+    return _save(plt, fig, folder=folder, name="acceptance_by_position.png", title="Acceptance by draft position")
 
 
 def _time_breakdown(plt, rows: list[MethodSummary], folder: Path) -> Plot:
@@ -86,7 +86,7 @@ def _time_breakdown(plt, rows: list[MethodSummary], folder: Path) -> Plot:
     ax.invert_yaxis()
     ax.set(xlabel="ms per new token", title="Where the time goes")
     fig.legend(loc="outside lower center", ncols=5, fontsize=8)
-    return _save(plt, fig, folder, "time_breakdown.png", "Where the time goes")
+    return _save(plt, fig, folder=folder, name="time_breakdown.png", title="Where the time goes")
 
 
 def _ms_per_token(row: MethodSummary, seconds: float | None) -> float:

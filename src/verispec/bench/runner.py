@@ -23,7 +23,8 @@ from ..errors import InvalidParameterError
 from ..kernels.linear import GGUFEmbedding, NativeLinear
 from ..models.draft_head import DraftHead, draft_ids
 from ..models.loading import LoadedModel, load_pair
-from ..models.quantize import QuantizedLinear, default_draft_quantization
+from ..models.quantize import QuantizedLinear
+from ..models.weight_forms import default_draft_quantization
 from ..server.tools import request_prompt
 from .config import PEER_FAMILIES, BenchConfig, as_command
 from .costs import Costs, measure_costs
@@ -139,7 +140,7 @@ def run_bench(
         log("timing llama.cpp's passes (llama-bench) ...")
         result.peer_passes = pass_costs(config, _threads(config))
     try:
-        _main_loop(config, contenders, prompts, result, PeakMemory(models.target.model.device))
+        _main_loop(config, contenders, prompts=prompts, result=result, memory=PeakMemory(models.target.model.device))
     except KeyboardInterrupt:
         result.interrupted = True
     result.duration_s = time.perf_counter() - begin
@@ -175,7 +176,15 @@ def _load_models(config: BenchConfig, log: Callable[[str], None]) -> Models:
     if config.uses_draft:
         log(f"loading {config.draft_model} ({_form(config.dtype, draft_quantization)}) ...")
     draft = config.draft_model if config.uses_draft else None
-    pair = load_pair(config.model, draft, config.dtype, config.device, True, config.quantization, draft_quantization)
+    pair = load_pair(
+        config.model,
+        draft,
+        dtype=config.dtype,
+        device=config.device,
+        progress=True,
+        quantization=config.quantization,
+        draft_quantization=draft_quantization,
+    )
     return Models(*pair)
 
 
@@ -210,7 +219,9 @@ def _select_prompts(config: BenchConfig, requests: list[Request], models: Models
         else:
             ids = tokenizer.encode_chat(request.prompt) if request.is_chat else tokenizer.encode(request.prompt)
         if ids and len(ids) + spare <= limit:
-            prompts.append(Prompt(len(prompts), request.id, ids, grammar, request.session))
+            prompts.append(
+                Prompt(index=len(prompts), id=request.id, token_ids=ids, grammar=grammar, session=request.session)
+            )
         else:
             skipped.append(request.id)
     if not prompts:
@@ -228,7 +239,7 @@ def _warm_up(config: BenchConfig, contenders: list[Contender], prompt: Prompt, l
     # the prefix it holds), so warming up on the prompt itself would make its timed prefill free
     ids = prompt.token_ids[1:] or prompt.token_ids
     for contender in contenders:
-        contender.generate(ids, config.warmup_tokens, config, config.seed, prompt.grammar)
+        contender.generate(ids, config.warmup_tokens, config, seed=config.seed, grammar=prompt.grammar)
         if (generator := getattr(contender, "generator", None)) is not None:
             generator.forget_history()  # the warm-up's answer must not be there for suffix drafting to copy
             generator.forget_prompts()
@@ -242,7 +253,14 @@ def _measure_costs(config: BenchConfig, models: Models, prompts: list[Prompt], l
         draft = models.draft.model
         ids = draft_ids(config.draft_vocab, draft.config.vocab_size, models.target.tokenizer.stop_token_ids)
         head = DraftHead(draft, models.target.model.config.vocab_size, ids).module
-    return measure_costs(models.target.model, draft, typical.token_ids, config.ks, config.cost_repeats, head)
+    return measure_costs(
+        models.target.model,
+        draft,
+        context=typical.token_ids,
+        ks=config.ks,
+        repeats=config.cost_repeats,
+        draft_head=head,
+    )
 
 
 def _main_loop(
@@ -254,7 +272,7 @@ def _main_loop(
             shift = prompt.index % len(contenders)
             for contender in contenders[shift:] + contenders[:shift]:
                 bar.set_postfix_str(f"prompt {prompt.index + 1}/{len(prompts)} {contender.name}")
-                result.runs.append(_timed_run(config, contender, prompt, memory, sessions))
+                result.runs.append(_timed_run(config, contender, prompt=prompt, memory=memory, sessions=sessions))
                 bar.update(1)
 
 
@@ -273,7 +291,7 @@ def _timed_run(
         generator.forget_prompts()  # each prompt is prefilled as by a fresh server (a session's are not: SESSIONS)
     memory.reset()
     begin = time.perf_counter()
-    outcome = contender.generate(prompt.token_ids, config.max_tokens, config, seed, prompt.grammar)
+    outcome = contender.generate(prompt.token_ids, config.max_tokens, config, seed=seed, grammar=prompt.grammar)
     wall = time.perf_counter() - begin if outcome.seconds is None else outcome.seconds
     tokens = len(outcome.token_ids) if outcome.new_tokens is None else outcome.new_tokens
     run = Run(

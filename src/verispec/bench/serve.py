@@ -100,7 +100,7 @@ def run_bench(args: argparse.Namespace) -> int:
         raise VerispecError("need --repeats >= 1, --requests >= 0 (0: C per run) and --max-tokens >= 1")
     prompts = bench_prompts(args.dataset)
     with _server(args, max(levels)) as (url, pid):
-        results, costs = asyncio.run(_bench(url, pid, levels, prompts, args))
+        results, costs = asyncio.run(_bench(url, pid, levels, prompts=prompts, args=args))
     print(format_table(results))
     print()
     print(format_costs(costs))
@@ -133,9 +133,11 @@ def _server(args: argparse.Namespace, slots: int):
         "--speculative-model", args.speculative_model, "--num-speculative-tokens", str(args.num_speculative_tokens),
         "--device", args.device, "--max-model-len", str(args.max_model_len),
         "--max-num-seqs", str(slots), "--draft-policy", args.draft_policy, "--log-level", "warning",
-        "--speculative-method", args.speculative_method, "--quantization", args.quantization,
+        "--quantization", args.quantization,
         "--draft-vocab", str(args.draft_vocab), "--draft-window", str(args.draft_window),
     ]  # fmt: skip
+    if args.speculative_method:
+        command += ["--speculative-method", args.speculative_method]
     if args.dtype:
         command += ["--dtype", args.dtype]
     if args.speculative_quantization:
@@ -199,7 +201,9 @@ async def _bench(
             for _ in range(args.repeats):
                 for speculative in (False, True):
                     _reset_peak_rss(pid)
-                    run = await _run(client, concurrency, prompts[:count], args.max_tokens, speculative)
+                    run = await _run(
+                        client, concurrency, prompts[:count], max_tokens=args.max_tokens, speculative=speculative
+                    )
                     runs[speculative].append(replace(run, peak_rss_mib=_peak_rss_mib(pid)))
             for speculative in (True, False):
                 results.append(_summarize(concurrency, speculative, runs[speculative]))

@@ -20,7 +20,7 @@ PENALTY_RANGE = (-2.0, 2.0)  # OpenAI's range for presence and frequency penalti
 BIAS_RANGE = (-100.0, 100.0)  # OpenAI's range for logit_bias values
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SamplingParams:
     """temperature 0 (or under GREEDY_BELOW) means greedy; top_k 0 and top_p 1 mean no filter; seed None means
     random. presence_penalty, frequency_penalty and logit_bias (token id -> added logit) change the logits

@@ -3,9 +3,14 @@ publishes them at /metrics."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from ..decoding.stats import PROPOSERS
+
+if TYPE_CHECKING:
+    from .policy import DraftPolicy, StepCost
 
 PREFIX = "verispec_"
 # draft positions with a label of their own; deeper ones (k > 16 only: a lookup drafts at most 15) share
@@ -112,7 +117,16 @@ class Metrics:
         self._accepted_total += accepted
         self.acceptance_rate.set(self._accepted_total / self._drafted_total)
 
-    def record_policy(self, phase: str, batch_size: int, k: int, seconds: float) -> None:
+    def record_step(self, cost: StepCost, policy: DraftPolicy) -> None:
+        """One engine step (a plain one where k = 0), and what the policy now prices its verify pass and its
+        drafting at."""
+        self.steps.labels(mode="draft" if cost.k else "plain", k=str(cost.k)).inc()
+        self._record_policy("verify", cost.batch, cost.k, policy.verify[cost.batch, cost.k].value)
+        if cost.k and (draft := policy.draft_seconds(cost.drafting, cost.k)) is not None:
+            self._record_policy("draft", cost.drafting, cost.k, draft)
+        self.policy_slowdown.set(policy.slowdown)
+
+    def _record_policy(self, phase: str, batch_size: int, k: int, seconds: float) -> None:
         self.policy_seconds.labels(phase=phase, batch_size=str(batch_size), k=str(k)).set(seconds)
 
     def record_finish(self, reason: str, seconds: float) -> None:

@@ -58,6 +58,30 @@ from ..decoding.acceptance import expected_tokens_per_round, smoothed_acceptance
 POLICIES = ("auto", "always", "never")
 
 
+@dataclass(frozen=True, kw_only=True)
+class StepCost:
+    """The times of one engine step over `batch` sequences, `drafting` of which drafted up to k tokens (k = 0: a
+    plain step)."""
+
+    batch: int
+    drafting: int
+    k: int
+    draft_seconds: float  # drafting, the draft model's catch-up included
+    verify_seconds: float
+    catch_up_seconds: float = 0.0  # the draft model's catch-up alone
+    catch_up_tokens: int = 0
+    modelled: bool = True  # the draft model ran (else every drafting sequence looked its tokens up)
+
+
+# a sequence's alpha (of its lookups, of its draft model) before any round: PRIOR, counted as PRIOR_WEIGHT drafts
+PRIOR, PRIOR_WEIGHT = 0.8, 5
+
+
+def estimated_alpha(accepted: int, rejected: int) -> float:
+    """A sequence's chance that a token one proposer (its lookups, or its draft model) drafted is accepted."""
+    return smoothed_acceptance(accepted, rejected, PRIOR, PRIOR_WEIGHT)
+
+
 @dataclass
 class _StepTime:
     """A step time from its last samples: the median of up to 9, the smaller of the first two (so that one
@@ -132,8 +156,10 @@ class _Probing:
     probes: int = 0  # alternates the neighbour a probe tries
 
 
-@dataclass
-class DraftPolicy:
+@dataclass(frozen=True, kw_only=True)
+class PolicySettings:
+    """What a DraftPolicy is told; what it learns is its own state."""
+
     k_max: int = 4
     mode: str = "auto"
     probe_every: int = 8
@@ -142,6 +168,20 @@ class DraftPolicy:
     margin: float = 0.10  # drafting must be this much faster than plain decoding to be chosen
     prior_weight: float = 4.0  # a new sequence's acceptance counts as this many drafts at the server-wide rate
     decay: float = 0.99  # per round, for the server-wide acceptance counts
+    coverage_weight: float = 16.0  # a sequence's own lookup coverage counts against the server's as this many tokens
+    # until the draft has caught up once, a caught-up token is priced at this share of a prefilled one: a draft
+    # costing more than half its target rarely pays, so the guess errs on the side of not drafting
+    draft_share_guess: float = 0.5
+    paired_steps: int = 3  # a sample counts if at least this many of the last 5 steps were of other cells
+
+    def __post_init__(self) -> None:
+        if self.mode not in POLICIES:
+            raise ValueError(f"draft policy must be one of {', '.join(POLICIES)}, got {self.mode!r}")
+
+
+@dataclass
+class DraftPolicy:
+    settings: PolicySettings = PolicySettings()
     verify: dict[tuple[int, int], _StepTime] = field(default_factory=dict)  # (rows, k) -> target pass seconds
     draft: dict[tuple[int, int], _DraftTime] = field(default_factory=dict)  # (drafting rows, k) -> drafting seconds
     passes: dict[int, deque[float]] = field(default_factory=dict)  # rows of a target pass -> its last seconds
@@ -153,29 +193,20 @@ class DraftPolicy:
     # server-wide decayed counts of generated tokens and of those that were accepted lookups (prior: none)
     tokens: float = 0.0
     looked_up_tokens: float = 0.0
-    coverage_weight: float = 16.0  # a sequence's own lookup coverage counts against the server's as this many tokens
     catch_up: _StepTime = field(default_factory=_StepTime)  # draft seconds per caught-up token
     prefill: _StepTime = field(default_factory=_StepTime)  # target seconds per prefilled prompt token
-    # until the draft has caught up once, a caught-up token is priced at this share of a prefilled one: a draft
-    # costing more than half its target rarely pays, so the guess errs on the side of not drafting
-    draft_share_guess: float = 0.5
     # the last steps: ((batch, k), their time over their cell's), the machine's current slowdown
     recent: deque[tuple[tuple[int, int], float]] = field(default_factory=lambda: deque(maxlen=5))
-    paired_steps: int = 3  # a sample counts if at least this many of the last 5 steps were of other cells
     probing: dict[int, _Probing] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.mode not in POLICIES:
-            raise ValueError(f"draft policy must be one of {', '.join(POLICIES)}, got {self.mode!r}")
 
     def acceptance(self, accepted: int, rejected: int) -> float:
         """A sequence's acceptance rate of the draft model's drafts after `accepted` of them accepted and
         `rejected` rejections (its lookups' not counted)."""
         prior = self.accepted / (self.accepted + self.rejected)
-        return smoothed_acceptance(accepted, rejected, prior, self.prior_weight)
+        return smoothed_acceptance(accepted, rejected, prior, self.settings.prior_weight)
 
     def choose_k(
-        self, batch: int, acceptance: list[float], limits: list[int], lag_tokens: int = 0,
+        self, batch: int, acceptance: list[float], limits: list[int], *, lag_tokens: int = 0,
         remaining_tokens: float | None = None, joining: bool = False, covered_tokens: float = 0.0,
     ) -> int:  # fmt: skip
         """The k this step drafts. `acceptance` and `limits` (the most each may draft, >= 1) are those of the
@@ -185,13 +216,13 @@ class DraftPolicy:
         is still prefilling or waiting for a free slot, so a burst is starting; drafting for the sequences
         already decoding would only finish them before the joining ones (the burst ends no sooner) and read
         their prompts into the draft."""
-        if not acceptance or self.mode == "never":
+        if not acceptance or self.settings.mode == "never":
             return 0
-        if self.mode == "always":
-            return self.k_max
+        if self.settings.mode == "always":
+            return self.settings.k_max
         if joining:
             return 0
-        tokens = {k: self._tokens(batch, k, acceptance, limits) for k in range(self.k_max + 1)}
+        tokens = {k: self._tokens(batch, k, acceptance, limits) for k in range(self.settings.k_max + 1)}
         seconds = {k: s for k in tokens if (s := self.seconds(batch, len(acceptance), k)) is not None}
         rates = {k: tokens[k] / seconds[k] for k in seconds}
         if 0 not in rates:
@@ -200,13 +231,13 @@ class DraftPolicy:
         worth = self._rates_after_catch_up(rates, to_read, remaining_tokens)
         guesses = {k: tokens[k] / self._guess_seconds(batch, len(acceptance), k) for k in tokens if k not in rates}
         for k, guess in sorted(self._rates_after_catch_up(guesses, to_read, remaining_tokens).items(), reverse=True):
-            if guess > max(worth.values()) * (1 + self.margin):
+            if guess > max(worth.values()) * (1 + self.settings.margin):
                 # might win: measure it, beside enough other steps that its first samples count as paired
-                return k if len(self.recent) >= self.paired_steps else 0
+                return k if len(self.recent) >= self.settings.paired_steps else 0
         choice = max(worth, key=worth.__getitem__)
-        if choice and 0 in worth and worth[choice] <= worth[0] * (1 + self.margin):
+        if choice and 0 in worth and worth[choice] <= worth[0] * (1 + self.settings.margin):
             choice = 0
-        return self._maybe_probe(batch, choice, rates, seconds, lag_tokens)
+        return self._maybe_probe(batch, choice, rates=rates, seconds=seconds, lag_tokens=lag_tokens)
 
     def _rates_after_catch_up(
         self, rates: dict[int, float], lag_tokens: float, remaining_tokens: float | None
@@ -281,9 +312,9 @@ class DraftPolicy:
     def _maybe_probe(
         self, batch: int, choice: int, rates: dict[int, float], seconds: dict[int, float], lag_tokens: int
     ) -> int:
-        probing = self.probing.setdefault(batch, _Probing(self.probe_every))
+        probing = self.probing.setdefault(batch, _Probing(self.settings.probe_every))
         if probing.last_choice is not None and choice != probing.last_choice:
-            probing.interval = self.probe_every
+            probing.interval = self.settings.probe_every
         probing.last_choice = choice
         probing.since += 1
         neighbours = [k for k in (choice - 1, choice + 1) if k in rates]
@@ -293,11 +324,11 @@ class DraftPolicy:
         loss = seconds[other] * max(0.0, 1 - rates[other] / rates[choice])  # a probe's cost
         if choice == 0:  # a drafting probe also pays for the draft catching up
             loss += self._catch_up_price(lag_tokens)
-        if probing.since < max(probing.interval, math.ceil(loss / (self.probe_budget * seconds[choice]))):
+        if probing.since < max(probing.interval, math.ceil(loss / (self.settings.probe_budget * seconds[choice]))):
             return choice
         probing.since = 0
         probing.probes += 1
-        probing.interval = min(2 * probing.interval, self.max_probe_interval)
+        probing.interval = min(2 * probing.interval, self.settings.max_probe_interval)
         return other
 
     def _catch_up_price(self, lag_tokens: int) -> float:
@@ -309,7 +340,7 @@ class DraftPolicy:
         before any, `draft_share_guess` of a prefilled token (0 while neither is measured)."""
         if self.catch_up.samples:
             return min(self.catch_up.samples)
-        return self.draft_share_guess * min(self.prefill.samples) if self.prefill.samples else 0.0
+        return self.settings.draft_share_guess * min(self.prefill.samples) if self.prefill.samples else 0.0
 
     def record_prefill(self, seconds: float, tokens: int) -> None:
         """A prompt chunk the target prefilled (the guess of a catch-up's price until one is measured)."""
@@ -321,20 +352,19 @@ class DraftPolicy:
         """How much slower than the reference the machine runs now (1.0 until measured)."""
         return statistics.median(r for _, r in self.recent) if self.recent else 1.0
 
-    def record(
-        self, batch: int, drafting: int, k: int, draft_seconds: float, verify_seconds: float,
-        catch_up_seconds: float = 0.0, catch_up_tokens: int = 0, modelled: bool = True,
-    ) -> None:  # fmt: skip
-        """Times of one step over `batch` rows, `drafting` of which drafted up to k tokens (k = 0: plain);
-        `modelled`: the draft model ran (else every drafting sequence looked its tokens up)."""
+    def record(self, cost: StepCost) -> None:
+        """The times of one step (StepCost)."""
+        batch, drafting, k, modelled = cost.batch, cost.drafting, cost.k, cost.modelled
+        draft_seconds, verify_seconds = cost.draft_seconds - cost.catch_up_seconds, cost.verify_seconds
+        catch_up_seconds, catch_up_tokens = cost.catch_up_seconds, cost.catch_up_tokens
         cell = (batch, k)
         verify = self.verify.setdefault(cell, _StepTime())
         others = [r for c, r in self.recent if c != cell]
-        paired = len(others) >= self.paired_steps
+        paired = len(others) >= self.settings.paired_steps
         draft = self.draft.setdefault((drafting, k), _DraftTime()) if k else None
         if k:
-            self.model_steps = self.decay * self.model_steps + modelled
-            self.lookup_steps = self.decay * self.lookup_steps + (not modelled)
+            self.model_steps = self.settings.decay * self.model_steps + modelled
+            self.lookup_steps = self.settings.decay * self.lookup_steps + (not modelled)
         if paired or not verify.measured:  # measured beside other cells' steps, or still calibrating
             slowdown = statistics.median(others) if paired else self.slowdown
             verify.add(verify_seconds / slowdown)
@@ -378,7 +408,7 @@ class DraftPolicy:
         padding"). None while the pass without them is unmeasured (a lookup then drafts unpriced, and its pass
         is measured)."""
         base = self.pass_seconds(batch * width)
-        if base is None or self.mode != "auto":
+        if base is None or self.settings.mode != "auto":
             return None
         costs = {0: 1.0}
 
@@ -395,14 +425,14 @@ class DraftPolicy:
         `looked_up` of its `generated` tokens that were accepted lookups, starting from the server-wide share
         counted as `coverage_weight` tokens."""
         prior = self.looked_up_tokens / self.tokens if self.tokens else 0.0
-        return (looked_up + self.coverage_weight * prior) / (generated + self.coverage_weight)
+        return (looked_up + self.settings.coverage_weight * prior) / (generated + self.settings.coverage_weight)
 
     def record_round(self, drafted: int, accepted: int, looked_up: bool = False) -> None:
         """One sequence's round: `accepted` of `drafted` tokens kept (`looked_up`: drafted by a lookup), and
         the target's own token. The acceptance counts are the draft model's alone: k governs the model, and a
         lookup's acceptance says nothing of the model's (copied text is accepted far more often)."""
-        self.tokens = self.decay * self.tokens + accepted + 1
-        self.looked_up_tokens = self.decay * self.looked_up_tokens + (accepted if looked_up else 0)
+        self.tokens = self.settings.decay * self.tokens + accepted + 1
+        self.looked_up_tokens = self.settings.decay * self.looked_up_tokens + (accepted if looked_up else 0)
         if drafted and not looked_up:
-            self.accepted = self.decay * self.accepted + accepted
-            self.rejected = self.decay * self.rejected + (accepted < drafted)
+            self.accepted = self.settings.decay * self.accepted + accepted
+            self.rejected = self.settings.decay * self.rejected + (accepted < drafted)

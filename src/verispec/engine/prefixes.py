@@ -132,7 +132,7 @@ class PrefixBlocks:
                 parts += [stop.to_bytes(8, "little"), _token_bytes(tokens[high:stop])]
             parent = _digest(*parts)
             keys.append(parent)
-        return Prompt(tokens, tokens[:end], root, keys, partition)
+        return Prompt(tokens=tokens, prefill=tokens[:end], root=root, keys=keys, owner=partition)
 
     def shared_run(self, prompt: Prompt, start: int = 0) -> list[int]:
         """The registered full blocks a prompt would share from position `start` (a multiple of the block size) on,

@@ -59,7 +59,7 @@ def is_private(partition: str) -> bool:
     return partition.startswith(PRIVATE)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EngineRequest:
     request_id: str
     prompt_ids: list[int]

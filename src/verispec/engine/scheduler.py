@@ -9,15 +9,15 @@ calling thread for a batch of one. Each step, for all running sequences at once:
     prefill one chunk of one admitted prompt (what earlier prefills registered is taken instead: prefixes.py; the
         draft catches up when it drafts)
     decide how many tokens this step drafts (policy.DraftPolicy: k = 0..k_max, what pays at this batch size)
-    draft k tokens for every sequence that may draft         proposers.py: one draft pass per position
+    draft k tokens for every sequence that may draft         methods.py: the method's proposer (drafting.py)
     cut each draft at the first token its grammar rejects   decoding/grammar.py (structured output)
-    run the target ONCE over [pending, d1..dk] for all rows  pass_logits: end to end on the native stack, else padded
+    run the target ONCE over [pending, d1..dk] for all rows  models/passes.py: end to end on the native stack
     per sequence: adjust each row (logit_bias, penalties: decoding/adjustments.py) and mask it (its grammar), accept
         by acceptance.verify_*, roll its cache back to the accepted length, take logprobs if asked
     emit the accepted tokens one by one through its StopChecker; finished sequences leave
 
 Requests join and leave between steps. A row's result does not depend on the other rows (see
-proposers.py), so a greedy request gets the same text whatever else runs beside it.
+models/passes.py), so a greedy request gets the same text whatever else runs beside it.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 
@@ -42,24 +43,18 @@ from ..kernels.native import argmax_rows
 from ..models.draft_head import draft_ids
 from ..models.kv_cache import BLOCK_SIZE, CacheFullError, KVCache
 from ..models.loading import LoadedModel
+from ..models.passes import pass_logits
 from .admission import WaitingQueue, fairness_victim
 from .budget import cache_blocks
+from .draft_model import CATCH_UP_WIDTH, BatchedDrafter, draft_cut_for, draft_view
+from .drafting import DraftJob, LookupPricing, Proposal
+from .methods import Setup, get_method, resolve_method
 from .metrics import Metrics
-from .policy import POLICIES, DraftPolicy
+from .policy import POLICIES, DraftPolicy, PolicySettings, StepCost, estimated_alpha
 from .prefixes import PrefixBlocks, Prompt
-from .proposer import PROPOSERS, Proposer, Setup
-from .proposers import (
-    CATCH_UP_WIDTH,
-    BatchedDrafter,
-    DraftJob,
-    LookupOptions,
-    Proposal,
-    draft_cut_for,
-    draft_view,
-    pass_logits,
-)
+from .proposer import Proposer
 from .requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput, StreamChunk
-from .suffix import DEFAULT_INDEX_TOKENS, LOOKUP_MAX, estimated_alpha
+from .suffix import DEFAULT_INDEX_TOKENS
 
 log = logging.getLogger("verispec.server")
 
@@ -72,7 +67,6 @@ class SchedulerStoppedError(VerispecError):
     """The scheduler no longer accepts requests (shutting down)."""
 
 
-METHODS = tuple(PROPOSERS)  # the ways of drafting, by name (proposer.py)
 DEFAULT_SLOT_TOKENS = 4096  # what the default KV budget holds per slot (less where the context is shorter)
 PREFILL_YIELD_SECONDS = 1.0  # the longest a prefill waits for a smaller tenant's decoding at a time
 
@@ -84,10 +78,8 @@ class SchedulerConfig:
     max_model_len: int | None = 4096  # prompt + generated tokens per sequence; None: the models' trained context
     num_speculative_tokens: int = 4
     draft_policy: str = "auto"  # auto | always | never (see policy.py)
-    # draft: a draft model proposes; ngram: prompt lookup (no draft model); hybrid: prompt lookup where the
-    # context repeats itself, the draft model elsewhere; suffix: lookups in the request's context and in earlier
-    # requests' outputs, as long as the match warrants (suffix.py), the draft model (if any) elsewhere
-    speculative_method: str = "draft"
+    # a method of methods.py by name; None: its default with a draft model, plain decoding without one
+    speculative_method: str | None = None
     draft_vocab: int | None = None  # the draft proposes only the first N ids and stop tokens (models/draft_head.py)
     prefill_chunk: int = 128  # prompt tokens prefilled per step, so running requests wait one chunk, not a prompt
     # the draft model reads at most this many of a prompt's last tokens (after its first DRAFT_SINK); 0: all of it
@@ -110,10 +102,8 @@ class SchedulerConfig:
             raise InvalidParameterError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
         if self.num_speculative_tokens < 1:
             raise InvalidParameterError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
-        if self.speculative_method not in PROPOSERS:  # the registry as it is now: a method may be added at run time
-            raise InvalidParameterError(
-                f"the engine drafts with: {', '.join(PROPOSERS)} (not '{self.speculative_method}')"
-            )
+        if self.speculative_method is not None:
+            get_method(self.speculative_method)  # the registry as it is now: a method may be added at run time
         if self.draft_policy not in POLICIES:
             raise InvalidParameterError(f"draft_policy must be one of {', '.join(POLICIES)}, got {self.draft_policy!r}")
         if self.suffix_cache_tokens < 0:
@@ -180,6 +170,10 @@ class Scheduler:
         self.target = target
         self.tokenizer = target.tokenizer
         self.metrics = metrics or Metrics()
+        # the method (methods.py; None: plain decoding); a draft model it does not use is not used
+        self.method = resolve_method(self.config.speculative_method, draft is not None)
+        if self.method is None or not self.method.uses_draft_model:
+            draft = None
         limits = [target.model.config.max_position_embeddings]
         if self.config.max_model_len is not None:
             limits.append(self.config.max_model_len)
@@ -192,7 +186,7 @@ class Scheduler:
         self._allocate_caches(target, draft)
         self.grammars = GrammarCompiler(self.tokenizer, target.model.config.vocab_size)  # for EngineRequest.grammar
         mode = self.config.draft_policy if self.proposer is not None else "never"
-        self.policy = DraftPolicy(k_max=self.config.num_speculative_tokens, mode=mode)
+        self.policy = DraftPolicy(PolicySettings(k_max=self.config.num_speculative_tokens, mode=mode))
         self.running: dict[int, Sequence] = {}
         self.free_slots = list(range(self.config.max_num_seqs))
         # requests, and sequences preempted to give their blocks back, per tenant (admission.py)
@@ -212,9 +206,9 @@ class Scheduler:
         real one (verify rows are k+1 wide, draft catch-up rows up to CATCH_UP_WIDTH); where the budget holds fewer
         for one sequence, the context is cut to what it holds."""
         k, slots = self.config.num_speculative_tokens, self.config.max_num_seqs
-        method = self.config.speculative_method
-        self.widest = max(k, LOOKUP_MAX) if method == "suffix" else k  # the most tokens a verify row set drafts
-        drafting = draft is not None and method != "ngram"
+        # the most tokens a sequence's proposal holds: what its verify rows and its cache reserve room for
+        self.widest = self.method.widest(k) if self.method is not None else k
+        drafting = draft is not None
         block_bytes = KVCache.block_bytes(target.model.config, target.model.cache_dtype)
         if drafting:
             block_bytes += KVCache.block_bytes(draft.model.config, draft.model.cache_dtype)
@@ -251,13 +245,13 @@ class Scheduler:
             vocab = target.model.config.vocab_size
             draft_len = self.max_model_len + max(k, CATCH_UP_WIDTH) + 1
             ids = draft_ids(self.config.draft_vocab, draft.model.config.vocab_size, self.tokenizer.stop_token_ids)
-            model = BatchedDrafter(draft.model, vocab, slots, draft_len, ids, num_blocks)
+            model = BatchedDrafter(
+                draft.model, vocab, num_slots=slots, max_len=draft_len, head_ids=ids, num_blocks=num_blocks
+            )
         self.proposer: Proposer | None = None
-        if method != "draft" or model is not None:  # the draft method without a draft model: plain decoding
-            try:
-                self.proposer = PROPOSERS[method](Setup(model, slots, self.config.suffix_cache_tokens))
-            except ValueError as exc:
-                raise InvalidParameterError(str(exc)) from None
+        if self.method is not None:
+            setup = Setup(model=model, slots=slots, suffix_cache_tokens=self.config.suffix_cache_tokens)
+            self.proposer = self.method.build(setup)
 
     # ---- any thread ---------------------------------------------------------------------------------
     def kv_cache_bytes(self) -> tuple[int, int]:
@@ -393,15 +387,39 @@ class Scheduler:
         if not seqs:
             return True
         limits = [self._draft_length(seq) for seq in seqs]
-        eligible = [(seq, limit) for seq, limit in zip(seqs, limits, strict=True) if limit]
+        records = [self._model_record(seq) for seq in seqs]
+        ks = self._choose_ks(seqs, limits, records)
+        begin = time.perf_counter()
+        proposals = self._propose(seqs, ks, limits, records)
+        masks = self._constrain(seqs, proposals)
+        if self.on_demand:
+            self._make_room(seqs, proposals)
+        drafted = time.perf_counter()
+        verdicts = self._verify(seqs, proposals, masks)
+        verified = time.perf_counter()
+        self._record_step(
+            len(seqs), ks, proposals=proposals, draft_seconds=drafted - begin, verify_seconds=verified - drafted
+        )
+        for seq, proposal, verdict in zip(seqs, proposals, verdicts, strict=True):
+            if verdict is None:  # the sequence failed this step (and has left)
+                continue
+            seq.stats.time_draft += drafted - begin
+            seq.stats.time_target += verified - drafted
+            self._guarded(seq, partial(self._advance, seq, proposal, verdict))
+        with self.cond:
+            self._update_gauges()
+        return True
+
+    def _choose_ks(self, seqs: list[Sequence], limits: list[int], records: list[tuple[int, int]]) -> list[int]:
+        """Each sequence's k this step: the policy's one k for the batch (DraftPolicy.choose_k), within each
+        sequence's limit."""
+        eligible = [i for i, limit in enumerate(limits) if limit]
         # k governs the draft model: its own acceptance, not the lookups' (copied text is accepted far more often)
-        acceptance = [self.policy.acceptance(*self._model_record(seq)) for seq, _ in eligible]
-        lag = sum(self.proposer.lag(seq.slot, seq.tokens, seq.draft_tokens) for seq, _ in eligible) if eligible else 0
+        acceptance = [self.policy.acceptance(*records[i]) for i in eligible]
+        lag = sum(self.proposer.lag(seqs[i].slot, seqs[i].tokens, seqs[i].draft_tokens) for i in eligible)
         # the tokens still to come: the lookups' expected share of them, which the draft model must read before
         # it drafts again, and the rest, which it would draft
-        left = [(self._tokens_left(seq), self._coverage(seq)) for seq, _ in eligible]
-        covered = sum(tokens * share for tokens, share in left)
-        remaining = sum(tokens * (1 - share) for tokens, share in left)
+        left = [(self._tokens_left(seqs[i]), self._coverage(seqs[i])) for i in eligible]
         # a burst is starting: a prompt still prefills, or waits for a free slot (over HTTP a burst's later
         # requests arrive while the first prefills, after this step's admission)
         with self.cond:
@@ -409,43 +427,36 @@ class Scheduler:
                 self.waiting and self.free_slots and not self.waiting_for_blocks
             )
         k = self.policy.choose_k(
-            len(seqs), acceptance, [limit for _, limit in eligible], lag, remaining, joining, covered
-        )
-        ks = [min(k, limit) for limit in limits]
-        begin = time.perf_counter()
-        proposals = self._propose(seqs, ks, limits)
-        masks = self._constrain(seqs, proposals)
-        if self.on_demand:
-            self._make_room(seqs, proposals)
-        drafted = time.perf_counter()
-        verdicts = self._verify(seqs, proposals, masks)
-        verified = time.perf_counter()
+            len(seqs), acceptance, [limits[i] for i in eligible], lag_tokens=lag, joining=joining,
+            remaining_tokens=sum(tokens * (1 - share) for tokens, share in left),
+            covered_tokens=sum(tokens * share for tokens, share in left),
+        )  # fmt: skip
+        return [min(k, limit) for limit in limits]
+
+    def _record_step(
+        self, batch: int, ks: list[int], proposals: list[Proposal | None], draft_seconds: float, verify_seconds: float
+    ) -> None:
+        """The step's costs, for the policy's prices and the metrics."""
         spent = self.proposer.spent if any(ks) else None
         caught_up = (spent.catch_up_seconds, spent.catch_up_tokens) if spent is not None else (0.0, 0)
         drafting = sum(1 for k in ks if k)
-        modelled = spent is not None and spent.modelled
         widest = max((p.tokens.shape[0] for p in proposals if p is not None), default=0)
         # a longer lookup's verify pass is not what the policy's k costs, nor one a preemption took rows out of
         if widest <= max(ks) and not self.preempted_in_step:
-            self._record_costs(len(seqs), drafting, max(ks), drafted - begin, verified - drafted, *caught_up, modelled)
+            self._record_costs(
+                StepCost(batch=batch, drafting=drafting, k=max(ks), draft_seconds=draft_seconds,
+                         verify_seconds=verify_seconds, catch_up_seconds=caught_up[0], catch_up_tokens=caught_up[1],
+                         modelled=spent is not None and spent.modelled)
+            )  # fmt: skip
         log.debug(
-            "step: %d sequences, k = %d for %d (lag %d), draft %.3f s (catch-up %.3f s, %d tokens), verify %.3f s",
-            len(seqs), max(ks), drafting, lag, drafted - begin, *caught_up, verified - drafted,
+            "step: %d sequences, k = %d for %d, draft %.3f s (catch-up %.3f s, %d tokens), verify %.3f s",
+            batch, max(ks), drafting, draft_seconds, *caught_up, verify_seconds,
         )  # fmt: skip
-        for seq, proposal, verdict in zip(seqs, proposals, verdicts, strict=True):
-            if verdict is None:  # the sequence failed this step (and has left)
-                continue
-            seq.stats.time_draft += drafted - begin
-            seq.stats.time_target += verified - drafted
-            self._guarded(seq, self._advance, seq, proposal, verdict)
-        with self.cond:
-            self._update_gauges()
-        return True
 
     def _guarded(self, seq: Sequence, work, *args):
-        """`work(*args)` for one sequence; if it raises, that sequence alone fails (its client gets the error) and
-        None is returned: one request's bad row (a grammar past the library's limits, a NaN) never fails the
-        requests beside it."""
+        """`work(*args)` for one sequence (a call of more arguments: a partial); if it raises, that sequence
+        alone fails (its client gets the error) and None is returned: one request's bad row (a grammar past the
+        library's limits, a NaN) never fails the requests beside it."""
         try:
             return work(*args)
         except Exception as exc:
@@ -464,20 +475,9 @@ class Scheduler:
         self._release(seq, "error")
         seq.request.sink(event)
 
-    def _record_costs(
-        self, batch: int, drafting: int, k: int, draft_seconds: float, verify_seconds: float,
-        catch_up_seconds: float, catch_up_tokens: int, modelled: bool,
-    ) -> None:  # fmt: skip
-        policy, metrics = self.policy, self.metrics
-        policy.record(
-            batch, drafting, k, draft_seconds - catch_up_seconds, verify_seconds, catch_up_seconds, catch_up_tokens,
-            modelled,
-        )  # fmt: skip
-        metrics.steps.labels(mode="draft" if k else "plain", k=str(k)).inc()
-        metrics.record_policy("verify", batch, k, policy.verify[batch, k].value)
-        if k and (draft := policy.draft_seconds(drafting, k)) is not None:
-            metrics.record_policy("draft", drafting, k, draft)
-        metrics.policy_slowdown.set(policy.slowdown)
+    def _record_costs(self, cost: StepCost) -> None:
+        self.policy.record(cost)
+        self.metrics.record_step(cost, self.policy)
 
     def _admit(self) -> None:
         """Admit waiting requests (and preempted sequences) while a slot is free and the KV cache has room, the tenant
@@ -509,7 +509,7 @@ class Scheduler:
                 if not self.waiting.remove(item):  # cancelled meanwhile
                     continue
                 slot = self.free_slots.pop(0)
-            self._place(item, slot, prompt, shared, reserve)
+            self._place(item, slot, prompt=prompt, shared=shared, reserve=reserve)
 
     def _place(
         self, item: EngineRequest | Sequence, slot: int, prompt: Prompt, shared: list[int], reserve: int
@@ -517,9 +517,9 @@ class Scheduler:
         request = _request_of(item)
         try:
             if isinstance(item, Sequence):
-                self._resume(item, slot, prompt, shared, reserve)
+                self._resume(item, slot, prompt=prompt, shared=shared, reserve=reserve)
             else:
-                self._start_sequence(item, slot, prompt, shared, reserve)
+                self._start_sequence(item, slot, prompt=prompt, shared=shared, reserve=reserve)
         except Exception:  # this request alone fails; the running ones go on
             log.exception("could not start request %s", request.request_id)
             self._free(request, slot, "error")
@@ -686,9 +686,10 @@ class Scheduler:
             return 0
         return max(0, min(self.config.num_speculative_tokens, self._tokens_left(seq) - 1))
 
-    def _lookup_length(self, seq: Sequence) -> int:
-        """The most a lookup may draft for the sequence this step (suffix drafting; the model drafts k)."""
-        return max(0, min(LOOKUP_MAX, self._tokens_left(seq) - 1))
+    def _widest(self, seq: Sequence) -> int:
+        """The most tokens the sequence's proposal may hold this step: the method's widest (what its cache reserves
+        room for), within the tokens it may still generate."""
+        return max(0, min(self.widest, self._tokens_left(seq) - 1))
 
     def _coverage(self, seq: Sequence) -> float:
         """The share of the sequence's tokens still to come that its lookups are expected to give."""
@@ -704,48 +705,25 @@ class Scheduler:
         model = seq.stats.by_proposer()["model"]
         return model.accepted, model.rejected
 
-    def _propose(self, seqs: list[Sequence], ks: list[int], limits: list[int]) -> list[Proposal | None]:
+    def _propose(
+        self, seqs: list[Sequence], ks: list[int], limits: list[int], records: list[tuple[int, int]]
+    ) -> list[Proposal | None]:
         """Each sequence's proposal (empty where k = 0, but for a proposer's lookups, which cost nothing to draft
         and are priced by the rows they add: the policy's k governs the draft model only; None where the sequence
         failed). A batched propose that raises is run again job by job, so only the job that raises fails (the
-        drafter's slots stay consistent: what each holds is recorded only after its forward)."""
-        looks_up = self.proposer is not None and self.proposer.looks_up and self.policy.mode != "never"
-        prices = self._model_prices(seqs, ks) if looks_up else [0.0] * len(seqs)
-        # a lookup widens the pass that the others' rows make (the draft model's k + 1, or a plain step's 1)
-        # priced as if the pass were padded even where pass_logits lays its rows end to end: priced alone beside
-        # the others' rows, several sequences' lookups together made passes wider than paid (docs/results-log.md)
-        row_cost = self.policy.row_cost(len(seqs), max(ks) + 1) if looks_up else None
-        empty = Proposal(torch.empty(0, dtype=torch.long))
-        proposals: list[Proposal | None] = [empty] * len(seqs)
+        drafter's slots stay consistent: what each holds is recorded only after its forward); a proposal wider than
+        its job allows fails its own sequence (its rows would overrun the room reserved for it)."""
+        looks_up = self.proposer is not None and self.proposer.looks_up and self.policy.settings.mode != "never"
         jobs = [
-            (
-                i,
-                DraftJob(
-                    seq.slot,
-                    seq.tokens,
-                    k,
-                    params=seq.request.params,
-                    noise=seq.noise,
-                    adjustments=seq.adjustments,
-                    grammar=seq.grammar,
-                    model_tokens=seq.draft_tokens,
-                    key=seq.request.request_id,
-                    lookup=LookupOptions(
-                        most=self._lookup_length(seq),
-                        alpha=estimated_alpha(seq.stats.accepted_by_lookup, seq.stats.rejected_by_lookup),
-                        model_alpha=estimated_alpha(*self._model_record(seq)),
-                        model_price=prices[i],
-                        tree=self._takes_trees(seq),
-                        row_cost=row_cost,
-                        batch=len(seqs),
-                    ),
-                ),
-            )  # fmt: skip
+            (i, self._job(seq, k, records[i]))
             for i, (seq, k, limit) in enumerate(zip(seqs, ks, limits, strict=True))
             if k or (looks_up and limit)
         ]
+        proposals: list[Proposal | None] = [Proposal(torch.empty(0, dtype=torch.long))] * len(seqs)
         if not jobs:
             return proposals
+        if looks_up:
+            self._price_lookups(seqs, ks, jobs)
         try:
             for (i, _), proposal in zip(jobs, self.proposer.propose([job for _, job in jobs]), strict=True):
                 proposals[i] = proposal
@@ -754,7 +732,31 @@ class Scheduler:
             for i, job in jobs:
                 result = self._guarded(seqs[i], self.proposer.propose, [job])
                 proposals[i] = result[0] if result is not None else None
+        for i, job in jobs:
+            if proposals[i] is not None and self._guarded(seqs[i], _check_width, job, proposals[i]) is None:
+                proposals[i] = None
         return proposals
+
+    def _job(self, seq: Sequence, k: int, record: tuple[int, int]) -> DraftJob:
+        return DraftJob(
+            slot=seq.slot, tokens=seq.tokens, k=k, most=self._widest(seq), params=seq.request.params,
+            noise=seq.noise, adjustments=seq.adjustments, grammar=seq.grammar, model_tokens=seq.draft_tokens,
+            key=seq.request.request_id,
+            pricing=LookupPricing(
+                alpha=estimated_alpha(seq.stats.accepted_by_lookup, seq.stats.rejected_by_lookup),
+                model_alpha=estimated_alpha(*record), tree=self._takes_trees(seq),
+            ),
+        )  # fmt: skip
+
+    def _price_lookups(self, seqs: list[Sequence], ks: list[int], jobs: list[tuple[int, DraftJob]]) -> None:
+        """What the policy prices each job's lookup by: the draft model's price for it, and what rows cost."""
+        prices = self._model_prices(seqs, ks)
+        # a lookup widens the pass that the others' rows make (the draft model's k + 1, or a plain step's 1)
+        # priced as if the pass were padded even where pass_logits lays its rows end to end: priced alone beside
+        # the others' rows, several sequences' lookups together made passes wider than paid (docs/results-log.md)
+        row_cost = self.policy.row_cost(len(seqs), max(ks) + 1)
+        for i, job in jobs:
+            job.pricing = replace(job.pricing, model_price=prices[i], row_cost=row_cost, batch=len(seqs))
 
     def _model_prices(self, seqs: list[Sequence], ks: list[int]) -> list[float]:
         """Per sequence, what the draft model's k drafts would add to this step (DraftPolicy.model_price), for
@@ -830,18 +832,18 @@ class Scheduler:
             )
         slots = [seqs[i].slot for i in live]
         begin = time.perf_counter()
-        logits, ends = pass_logits(self.target.model, self.cache, rows, slots, parents)
+        logits, ends = pass_logits(self.target.model, self.cache, rows=rows, slots=slots, parents=parents)
         # the pass's rows as computed (padding included where there is any): what lookups are priced by
         self.policy.record_pass(logits.shape[0], time.perf_counter() - begin)
         # each sequence's verification rows: the last k + 1 of its row
         spans = {i: (end - proposals[i].tokens.shape[0] - 1, end) for i, end in zip(live, ends, strict=True)}
         raws = {i: logits[start:end] for i, (start, end) in spans.items()}
-        choices = self._choices(seqs, proposals, masks, logits, spans, live, raws)
+        choices = self._choices(seqs, proposals, masks=masks, logits=logits, spans=spans, live=live, raws=raws)
         decided = [i for i in live if choices.get(i) is not None]
         drafts = [proposals[i].tokens.tolist() for i in decided]
         judged = verify_batch(drafts, [proposals[i].parents for i in decided], [choices[i] for i in decided])
-        for i, draft, (accepted, next_token, path) in zip(decided, drafts, judged, strict=True):
-            verdicts[i] = self._guarded(seqs[i], self._settle, seqs[i], draft, raws[i], accepted, next_token, path)
+        for i, draft, verdict in zip(decided, drafts, judged, strict=True):
+            verdicts[i] = self._guarded(seqs[i], partial(self._settle, seqs[i], draft, raws[i], verdict))
         return verdicts
 
     def _choices(
@@ -862,7 +864,7 @@ class Scheduler:
         for i in live:
             if i in choices:
                 continue
-            adjusted = self._guarded(seqs[i], self._adjusted, seqs[i], proposals[i], raws[i], masks[i])
+            adjusted = self._guarded(seqs[i], partial(self._adjusted, seqs[i], proposals[i], raws[i], masks[i]))
             if adjusted is None:
                 choices[i] = None
             elif seqs[i].request.params.greedy:
@@ -900,10 +902,12 @@ class Scheduler:
         return [keyed_draw(row, params, seq.noise, position) for row, position in rows]
 
     def _settle(
-        self, seq: Sequence, draft: list[int], raw: torch.Tensor, accepted: int, next_token: int, path: list[int] | None
+        self, seq: Sequence, draft: list[int], raw: torch.Tensor, judged: tuple[int, int, list[int] | None]
     ) -> Verdict:
-        """The verdict's consequences: the cache rolled back to the accepted tokens (a tree keeps its accepted path
-        where a chain's would lie), and the logprobs of the emitted tokens when asked for."""
+        """The consequences of verify_batch's verdict `judged` (drafted tokens accepted, the target's next token, a
+        tree's accepted path of rows or None): the cache rolled back to the accepted tokens (a tree keeps its accepted
+        path where a chain's would lie), and the logprobs of the emitted tokens when asked for."""
+        accepted, next_token, path = judged
         if path is None:
             self.cache.set_length(seq.slot, len(seq.tokens) + accepted)
             tokens, rows = draft[:accepted], list(range(accepted + 1))
@@ -966,7 +970,12 @@ class Scheduler:
         stopper = seq.stopper
         reason = stopper.finish_reason or "length"
         output = GenerationOutput(
-            stopper.text, list(stopper.token_ids), reason, seq.stats, seq.request.prompt_ids, seq.logprobs
+            stopper.text,
+            list(stopper.token_ids),
+            finish_reason=reason,
+            stats=seq.stats,
+            prompt_ids=seq.request.prompt_ids,
+            logprobs=seq.logprobs,
         )
         if self.proposer is not None:  # what it wrote, for the requests to come
             self.proposer.finished(seq.slot, seq.tokens[len(seq.request.prompt_ids) :], seq.request.partition)
@@ -989,24 +998,36 @@ class Scheduler:
             self._update_gauges()
 
     def _fail_all(self, message: str) -> None:
+        """Every waiting and running request ends with `message` (the loop failed, or the server stops)."""
         with self.cond:
-            requests = [_request_of(item) for item in self.waiting] + [seq.request for seq in self.running.values()]
+            waiting = [_request_of(item) for item in self.waiting]
             self.waiting.clear()
-            for seq in list(self.running.values()):
-                self.cache.release(seq.slot)
-                self.prefixes.finish(seq.slot)
-                self.free_slots.append(seq.slot)
-            self.running.clear()
-            self.active.clear()
-            self._update_gauges()
-        for request in requests:
+            running = list(self.running.values())
+        for request in waiting:
+            with self.cond:
+                self.active.pop(request.request_id, None)
             self.metrics.record_finish("error", time.perf_counter() - request.arrival)
+        for seq in running:
+            self._free(seq.request, seq.slot, "error")
+        for request in [*waiting, *(seq.request for seq in running)]:
             request.sink(ErrorEvent(message))
+        with self.cond:
+            self._update_gauges()
 
     def _update_gauges(self) -> None:
         self.metrics.set_queue(len(self.running), len(self.waiting))
         pool = self.cache.pool
         self.metrics.kv_cache_usage.set((pool.in_use() + pool.reserved) / pool.num_blocks)
+
+
+def _check_width(job: DraftJob, proposal: Proposal) -> bool:
+    """A proposal holds at most the tokens its job allows (DraftJob.widest): the room the engine reserved."""
+    if proposal.tokens.shape[0] > job.widest:
+        raise RuntimeError(
+            f"the proposer drafted {proposal.tokens.shape[0]} tokens where at most {job.widest} were reserved "
+            "(its method's `widest` in engine/methods.py is too small)"
+        )
+    return True
 
 
 def _request_of(item: EngineRequest | Sequence) -> EngineRequest:

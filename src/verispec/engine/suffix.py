@@ -22,20 +22,19 @@ from dataclasses import dataclass
 
 import torch
 
-from ..decoding.acceptance import expected_tokens_per_round, smoothed_acceptance
+from ..decoding.acceptance import expected_tokens_per_round
+from ..kernels.stack import TREE_ROWS
 from ..kernels.suffix import SuffixTrie
-from .proposers import DraftJob, Proposal
+from .drafting import DraftJob, Proposal
 from .requests import is_private
 
-LOOKUP_MAX = 15  # tokens a lookup drafts at most: a verify pass of 16 rows
+LOOKUP_MAX = TREE_ROWS - 1  # tokens a lookup drafts at most: its verify rows (the pending token's too) a tree's
 MATCH_MAX = 16  # the longest suffix a lookup matches: longer ones rarely predict better
 # the trie's depth: a match and the longest lookup after it; its nodes (and memory) grow with depth x tokens
 DEPTH = MATCH_MAX + LOOKUP_MAX + 1
 FACTOR = 2.0  # a lookup drafts up to FACTOR x the matched length
 MIN_SCORE = 0.1  # ... while the continuation's estimated chance stays above this
 MIN_MATCH = 2  # shorter matches are left to the draft model (when there is one)
-# a sequence's alpha (of its lookups, of its draft model) before any round: PRIOR, counted as PRIOR_WEIGHT drafts
-PRIOR, PRIOR_WEIGHT = 0.8, 5
 DEFAULT_INDEX_TOKENS = 1 << 16  # tokens of earlier requests kept (--suffix-cache-tokens): ~1.5 KB each in the trie
 
 
@@ -184,12 +183,13 @@ def priced(lookup: Lookup, cost, batch: int = 1) -> Lookup | None:
             best, best_rate = n, (1 + expected / batch) / factor
     if best == 0 or best_rate < 1 + LOOKUP_MARGIN:
         return None
-    return Lookup(lookup.tokens[:best], lookup.match, sum(lookup.chances[:best]), None, lookup.chances[:best])
-
-
-def estimated_alpha(accepted: int, rejected: int) -> float:
-    """A sequence's chance that a token one proposer (its lookups, or its draft model) drafted is accepted."""
-    return smoothed_acceptance(accepted, rejected, PRIOR, PRIOR_WEIGHT)
+    return Lookup(
+        lookup.tokens[:best],
+        lookup.match,
+        expected=sum(lookup.chances[:best]),
+        parents=None,
+        chances=lookup.chances[:best],
+    )
 
 
 def best_lookup(
@@ -222,7 +222,9 @@ def best_lookup(
     if not tree or room <= 0:
         return chain
     alternatives = trie.candidates(node, kept + room, MIN_SCORE, chain=False)
-    return _with_branches(chain, alternatives.tokens, alternatives.parents, alternatives.scores, alpha, room)
+    return _with_branches(
+        chain, alternatives.tokens, parents=alternatives.parents, scores=alternatives.scores, alpha=alpha, room=room
+    )
 
 
 def _with_branches(
@@ -258,14 +260,14 @@ def _with_branches(
 
 def model_expects(job: DraftJob) -> float:
     """The tokens of the draft model's k drafts expected to be accepted, at the sequence's alpha for them."""
-    return expected_tokens_per_round(job.lookup.model_alpha, job.k) - 1
+    return expected_tokens_per_round(job.pricing.model_alpha, job.k) - 1
 
 
 def lookup_pays(lookup: Lookup, job: DraftJob) -> bool:
     """A lookup drafts unless the draft model yields more tokens per second: a round yields its accepted drafts
     plus the target's own token, and the model's round costs its drafting and catch-up (model_price, in verify
     passes) on top of the verify pass both pay."""
-    return (1 + lookup.expected) * (1 + job.lookup.model_price) >= 1 + model_expects(job)
+    return (1 + lookup.expected) * (1 + job.pricing.model_price) >= 1 + model_expects(job)
 
 
 class SuffixLookups:
@@ -284,10 +286,10 @@ class SuffixLookups:
     def find(self, jobs: list[DraftJob], model: bool) -> list[Proposal | None]:
         for job in jobs:  # every running sequence's trie up to date first: each is read by its neighbours
             self._followed(job.slot, job.key, job.tokens)
-        found = [self._lookup(job.slot, job.tokens, job.lookup.most or job.k, job.lookup.alpha, job.lookup.tree)
+        found = [self._lookup(job.slot, job.tokens, job.widest, alpha=job.pricing.alpha, tree=job.pricing.tree)
                  for job in jobs]  # fmt: skip
         found = [
-            lookup if lookup is None else priced(lookup, job.lookup.row_cost, job.lookup.batch)
+            lookup if lookup is None else priced(lookup, job.pricing.row_cost, job.pricing.batch)
             for job, lookup in zip(jobs, found, strict=True)
         ]
         if model:  # a lookup the draft model would beat is left to it
@@ -320,7 +322,7 @@ class SuffixLookups:
         neighbours = [f.trie for other, f in enumerate(self.followed)
                       if f is not None and other != slot and self.partitions[other] == partition]  # fmt: skip
         tries = ([own.trie] if own is not None else []) + neighbours + [self.index.trie(partition)]
-        return best_lookup(tries, tokens, most, alpha, tree)
+        return best_lookup(tries, tokens, most=most, alpha=alpha, tree=tree)
 
     def _followed(self, slot: int, key: str | None, tokens: list[int]) -> _Followed:
         """The slot's own trie, fed up to all but the last of `tokens` (the last has no continuation yet); a new

@@ -20,6 +20,9 @@ from . import native
 _c_p, _c_int, _c_size = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
 
 
+TREE_ROWS = 16  # the rows of one token tree a pass holds, its root's row included (VSK_ATTENTION_ROWS in vsk.h)
+
+
 class _Part(ctypes.Structure):
     _fields_ = [("type", _c_int), ("W", _c_p), ("row_bytes", _c_size), ("N", _c_int)]
 
@@ -234,6 +237,6 @@ class NativeStack:
                 status = lib.vsk_stack_forward_tree(model, view, x.data_ptr(), m, rows, at, tree, aligned)
         if status == -2:
             raise ValueError("parents that make no token trees (a parent after its row, in another slot, not one "
-                             "position before it, or a tree of more than 16 rows)")  # fmt: skip
+                             f"position before it, or a tree of more than {TREE_ROWS} rows)")  # fmt: skip
         if status != 0:
             raise RuntimeError("the native stack met a weight type without a kernel")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ..errors import BundledModelError
+from ..errors import BundledModelError, ModelLoadError
 
 INSTALL_HINT = 'pip install "verispec[bundled]"  (or: pip install -e ".[bundled]" in a checkout)'
 
@@ -81,6 +81,19 @@ def cache_dir() -> Path:
 
 def is_bundled_name(name: str) -> bool:
     return name in BUNDLED or name in {m.name for m in BUNDLED.values()}
+
+
+def locate(source: str, progress: bool = True) -> Path:
+    """The file or folder a model source names: a bundled model's joined file (joined and checked on first use), or
+    the path given, which must exist and be readable."""
+    if is_bundled_name(source):
+        return bundled_path(source, progress=progress)
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise ModelLoadError(f"model path does not exist: {path}")
+    if not os.access(path, os.R_OK):
+        raise ModelLoadError(f"model path is not readable: {path}")
+    return path
 
 
 def bundled_path(name: str, progress: bool = True) -> Path:

@@ -128,7 +128,7 @@ def _config(k: _Keys, arch: str, tensors: dict, floats) -> ModelConfig:
         tie_word_embeddings="output.weight" not in tensors,
         max_position_embeddings=context,
         head_dim=head_dim,
-        rope_scaling=_scaling(k, tensors, floats, context, theta, head_dim),
+        rope_scaling=_scaling(k, tensors, floats=floats, context=context, theta=theta, dim=head_dim),
         rope_local_theta=local_theta if any(windows) and local_theta != theta else 0.0,
         no_rope_layers=tuple(i for i in range(layers) if (i + 1) % 4 == 0) if arch == "smollm3" else (),
         layer_windows=windows if any(windows) else (),

@@ -59,89 +59,117 @@ def load_native(path: Path, folder: Path, progress: bool = True) -> tuple[Transf
     return model, Tokenizer.load_for_gguf(folder, path)
 
 
-def _build(config: ModelConfig, index: dict, data: np.memmap, tiles: np.memmap | None) -> Transformer:
-    arch = index["architecture"]
-    tensors = index["tensors"]
+class _Tensors:
+    """The GGUF file's tensors by name, as the native stack takes them: quantized rows (with their cached tile form),
+    an expert's rows of a 3-D expert tensor, or float32 values."""
 
-    def raw_rows(name: str, permute_heads: int | None = None) -> tuple[int, torch.Tensor]:
-        entry = tensors[name]
+    def __init__(self, index: dict, data: np.memmap, tiles: np.memmap | None):
+        self.entries, self.data, self.tiles = index["tensors"], data, tiles
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.entries
+
+    def raw_rows(self, name: str, permute_heads: int | None = None) -> tuple[int, torch.Tensor]:
+        entry = self.entries[name]
         qtype, rows = entry["type"], entry["shape"][-1] if len(entry["shape"]) > 1 else 1
-        weight = torch.from_numpy(data[entry["offset"] : entry["offset"] + entry["bytes"]].reshape(rows, -1))
+        weight = torch.from_numpy(self.data[entry["offset"] : entry["offset"] + entry["bytes"]].reshape(rows, -1))
         if permute_heads is not None:
             weight = undo_rope_permutation(weight, permute_heads).contiguous()
         return qtype, weight
 
-    def part(name: str, permute_heads: int | None = None) -> tuple[tuple[int, torch.Tensor], tuple | None]:
+    def part(self, name: str, permute_heads: int | None = None) -> tuple[tuple[int, torch.Tensor], tuple | None]:
         """(the GGUF rows, their cached tile form or None)"""
-        tile = tensors[name].get("tile")
+        tile = self.entries[name].get("tile")
         cached = None
-        if tile is not None and tiles is not None:
-            cached = (tile["type"], torch.from_numpy(tiles[tile["offset"] : tile["offset"] + tile["bytes"]]))
-        return raw_rows(name, permute_heads), cached
+        if tile is not None and self.tiles is not None:
+            cached = (tile["type"], torch.from_numpy(self.tiles[tile["offset"] : tile["offset"] + tile["bytes"]]))
+        return self.raw_rows(name, permute_heads), cached
 
-    def expert_rows(name: str, expert: int) -> tuple[int, torch.Tensor]:
+    def expert_rows(self, name: str, expert: int) -> tuple[int, torch.Tensor]:
         """Expert `expert`'s matrix of a 3-D expert tensor [experts, rows, row bytes] (tile forms made at load)."""
-        entry = tensors[name]
+        entry = self.entries[name]
         count, rows = entry["shape"][2], entry["shape"][1]
         size = entry["bytes"] // count
         start = entry["offset"] + expert * size
-        return entry["type"], torch.from_numpy(data[start : start + size].reshape(rows, -1))
+        return entry["type"], torch.from_numpy(self.data[start : start + size].reshape(rows, -1))
 
-    def linear(names: list[str], in_features: int, bias=None, heads=None) -> NativeLinear:
-        made = [part(name, heads[i] if heads else None) for i, name in enumerate(names)]
+    def linear(self, names: list[str], in_features: int, bias=None, heads=None) -> NativeLinear:
+        made = [self.part(name, heads[i] if heads else None) for i, name in enumerate(names)]
         return NativeLinear(in_features, [m[0] for m in made], bias, [m[1] for m in made])
 
-    def floats(name: str, permute_heads: int | None = None) -> torch.Tensor:
-        entry = tensors[name]
-        values = torch.from_numpy(_as_float32(data[entry["offset"] : entry["offset"] + entry["bytes"]], entry["type"]))
+    def floats(self, name: str, permute_heads: int | None = None) -> torch.Tensor:
+        entry = self.entries[name]
+        raw = self.data[entry["offset"] : entry["offset"] + entry["bytes"]]
+        values = torch.from_numpy(_as_float32(raw, entry["type"]))
         return values if permute_heads is None else undo_rope_permutation(values, permute_heads).contiguous()
 
-    rope = arch in PERMUTED  # llama.cpp permuted these architectures' q and k rows
-    q_heads, k_heads = (config.num_heads, config.num_kv_heads) if rope else (None, None)
+
+def _build(config: ModelConfig, index: dict, data: np.memmap, tiles: np.memmap | None) -> Transformer:
+    arch, tensors = index["architecture"], _Tensors(index, data, tiles)
     with torch.device("meta"):
         model = Transformer(config)
-    state = {"norm.weight": floats("output_norm.weight")}
-    hidden = config.hidden_size
+    state = {"norm.weight": tensors.floats("output_norm.weight")}
     for i, block in enumerate(model.layers):
-        p, s = f"blk.{i}.", f"layers.{i}."
-        bias = torch.cat([floats(p + "attn_q.bias", q_heads), floats(p + "attn_k.bias", k_heads),
-                          floats(p + "attn_v.bias")]) if config.qkv_bias else None  # fmt: skip
-        if p + "attn_qkv.weight" in tensors:  # Phi-3: q, k and v in one matrix
-            block.attn.wqkv = linear([p + "attn_qkv.weight"], hidden, bias)
-        else:
-            qkv = [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
-            block.attn.wqkv = linear(qkv, hidden, bias, [q_heads, k_heads, None])
-        block.attn.wo = linear([p + "attn_output.weight"], config.num_heads * config.head_size)
-        if config.moe(i):  # the router, and each expert's rows of the 3-D expert tensors
-            block.mlp.router = linear([p + "ffn_gate_inp.weight"], hidden)
-            for e, expert in enumerate(block.mlp.experts):
-                gate_up = [expert_rows(p + "ffn_gate_exps.weight", e), expert_rows(p + "ffn_up_exps.weight", e)]
-                expert.w_gate_up = NativeLinear(hidden, gate_up)
-                expert.w_down = NativeLinear(
-                    config.expert_intermediate_size, [expert_rows(p + "ffn_down_exps.weight", e)]
-                )
-        else:
-            gate_up = [p + "ffn_up.weight"] if arch == "phi3" else [p + "ffn_gate.weight", p + "ffn_up.weight"]
-            block.mlp.w_gate_up = linear(gate_up, hidden)  # Phi-3's ffn_up holds the gates, then the ups
-            block.mlp.w_down = linear([p + "ffn_down.weight"], config.intermediate_size)
-        block.attn.batch_invariant = True  # decode and verify passes attend per query: greedy stays identical
-        block.attn.attend_per_query = native.attention
-        state[s + "attn_norm.weight"] = floats(p + "attn_norm.weight")
-        state[s + "mlp_norm.weight"] = floats(p + "ffn_norm.weight")
-        if config.qk_norm:
-            state[s + "attn.q_norm.weight"] = floats(p + "attn_q_norm.weight")
-            state[s + "attn.k_norm.weight"] = floats(p + "attn_k_norm.weight")
-        if config.post_norms:
-            state[s + "post_attn_norm.weight"] = floats(p + "post_attention_norm.weight")
-            state[s + "post_mlp_norm.weight"] = floats(p + "post_ffw_norm.weight")
-        if bias is not None:
-            state[s + "attn.wqkv.bias"] = block.attn.wqkv.bias
-    embed_type, embed = raw_rows("token_embd.weight")
-    model.embed = GGUFEmbedding(embed_type, embed, hidden)
+        _attention(block, tensors, config=config, layer=i, permuted=arch in PERMUTED)
+        _mlp(block, tensors, config=config, layer=i, arch=arch)
+        state |= _layer_norms(tensors, config, i)
+        if block.attn.wqkv.bias is not None:
+            state[f"layers.{i}.attn.wqkv.bias"] = block.attn.wqkv.bias
+    embed_type, embed = tensors.raw_rows("token_embd.weight")
+    model.embed = GGUFEmbedding(embed_type, embed, config.hidden_size)
     head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
-    model.lm_head = linear([head], hidden)
+    model.lm_head = tensors.linear([head], config.hidden_size)
     model.load_state_dict(state, assign=True, strict=True)
     return _on_the_stack(model)
+
+
+def _attention(block, tensors: _Tensors, config: ModelConfig, layer: int, permuted: bool) -> None:
+    """Layer `layer`'s q/k/v and output matrices on the native kernels (llama.cpp permuted some architectures' q and
+    k rows: `permuted` undoes it); its attention per query, so decode and verify passes stay identical."""
+    p, hidden = f"blk.{layer}.", config.hidden_size
+    q_heads, k_heads = (config.num_heads, config.num_kv_heads) if permuted else (None, None)
+    bias = None
+    if config.qkv_bias:
+        parts = [tensors.floats(p + "attn_q.bias", q_heads), tensors.floats(p + "attn_k.bias", k_heads)]
+        bias = torch.cat([*parts, tensors.floats(p + "attn_v.bias")])
+    if p + "attn_qkv.weight" in tensors:  # Phi-3: q, k and v in one matrix
+        block.attn.wqkv = tensors.linear([p + "attn_qkv.weight"], hidden, bias)
+    else:
+        qkv = [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
+        block.attn.wqkv = tensors.linear(qkv, hidden, bias, [q_heads, k_heads, None])
+    block.attn.wo = tensors.linear([p + "attn_output.weight"], config.num_heads * config.head_size)
+    block.attn.batch_invariant = True  # decode and verify passes attend per query: greedy stays identical
+    block.attn.attend_per_query = native.attention
+
+
+def _mlp(block, tensors: _Tensors, config: ModelConfig, layer: int, arch: str) -> None:
+    """Layer `layer`'s MLP (or its router and each expert's rows of the 3-D expert tensors) on the native kernels."""
+    p, hidden = f"blk.{layer}.", config.hidden_size
+    if config.moe(layer):
+        block.mlp.router = tensors.linear([p + "ffn_gate_inp.weight"], hidden)
+        for e, expert in enumerate(block.mlp.experts):
+            gate_up = [
+                tensors.expert_rows(p + "ffn_gate_exps.weight", e),
+                tensors.expert_rows(p + "ffn_up_exps.weight", e),
+            ]
+            expert.w_gate_up = NativeLinear(hidden, gate_up)
+            expert.w_down = NativeLinear(
+                config.expert_intermediate_size, [tensors.expert_rows(p + "ffn_down_exps.weight", e)]
+            )
+        return
+    gate_up = [p + "ffn_up.weight"] if arch == "phi3" else [p + "ffn_gate.weight", p + "ffn_up.weight"]
+    block.mlp.w_gate_up = tensors.linear(gate_up, hidden)  # Phi-3's ffn_up holds the gates, then the ups
+    block.mlp.w_down = tensors.linear([p + "ffn_down.weight"], config.intermediate_size)
+
+
+def _layer_norms(tensors: _Tensors, config: ModelConfig, layer: int) -> dict[str, torch.Tensor]:
+    p, s = f"blk.{layer}.", f"layers.{layer}."
+    norms = {"attn_norm.weight": "attn_norm.weight", "mlp_norm.weight": "ffn_norm.weight"}
+    if config.qk_norm:
+        norms |= {"attn.q_norm.weight": "attn_q_norm.weight", "attn.k_norm.weight": "attn_k_norm.weight"}
+    if config.post_norms:
+        norms |= {"post_attn_norm.weight": "post_attention_norm.weight", "post_mlp_norm.weight": "post_ffw_norm.weight"}
+    return {s + ours: tensors.floats(p + theirs) for ours, theirs in norms.items()}
 
 
 def _on_the_stack(model: Transformer) -> Transformer:

@@ -18,7 +18,8 @@ from safetensors import safe_open
 
 from ..errors import ModelLoadError
 from .hf_config import WRAPPERS, config_from_hf
-from .weights import canonical_names
+from .tokenizer import Tokenizer
+from .weights import assemble_state_dict, canonical_names
 
 _LLAMA_NORMS = {"attn_norm": "input_layernorm.weight", "mlp_norm": "post_attention_layernorm.weight"}
 # Gemma's post_attention_layernorm follows the attention; its MLP's input norm is pre_feedforward_layernorm
@@ -117,3 +118,15 @@ class HFSource:
         if rows is not None:
             start, stop = start + rows[0], start + rows[1]
         return handle.get_slice(key)[start:stop]
+
+
+def load_hf_folder(path: Path, dtype: torch.dtype, quantization: str):
+    """(config, state dict, tokenizer) of the checkpoint folder `path`, in `dtype` or quantized."""
+    source = HFSource(path)
+    try:
+        state = assemble_state_dict(source.config, source.fetch, dtype, quantization=quantization)
+    except KeyError as missing:
+        raise ModelLoadError(f"{path}: checkpoint lacks the tensor for {missing}") from None
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"{path}: {exc}") from None
+    return source.config, state, Tokenizer.from_transformers(path, extra_stop_ids=source.stop_ids)

@@ -11,16 +11,30 @@ before each query's position, and every position is rewritten before it is read 
 
 from __future__ import annotations
 
+import itertools
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels.stack import TREE_ROWS
 from .config import ModelConfig
 from .kv_cache import KVCache, lay_out
 from .rope import rotary_table
 
 # `fused_blocks` takes a long pass (a prefill) in calls of at most this many rows, bounding its scratch memory
 FUSED_CHUNK_ROWS = 256
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rows:
+    """Where a pass's rows stand: per slot, its length before the pass and each row's offset from it (a chain's
+    0, 1, 2 ...; a token tree's node depths), and the rows' parents (token trees) or None."""
+
+    starts: list[int]
+    offsets: list[list[int]]
+    parents: list | None = None
 
 
 class RMSNorm(nn.Module):
@@ -242,7 +256,9 @@ class Transformer(nn.Module):
         """A cache of `cache_dtype` for `num_slots` sequences of up to `max_len` positions, in `num_blocks` blocks
         (default: enough for every slot to reach max_len; memory is taken as blocks are used, kv_cache.py)."""
         max_len = max_len or self.config.max_position_embeddings
-        return KVCache(self.config, num_slots, max_len, self.cache_dtype, self.device, num_blocks)
+        return KVCache(
+            self.config, num_slots, max_len=max_len, dtype=self.cache_dtype, device=self.device, num_blocks=num_blocks
+        )
 
     def rope_tables(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The rotary cos and sin tables [tables, at least `length` positions, head size] (float64), made once and
@@ -278,7 +294,7 @@ class Transformer(nn.Module):
         `parents` (one list per batch row) makes token trees: parents[b][i] is -1 for a row that follows
         everything before it (as in a chain), or an earlier row j of the same batch row, its parent node: row i
         then sits at row j's position + 1 and attends to the cache before the tree's root, then to its
-        ancestors and itself only; at most 16 rows from a root to its last node (`takes_trees` says whether the
+        ancestors and itself only; at most TREE_ROWS rows from a root to its last node (`takes_trees` says whether the
         model can). Row i is stored at the slot's length + i whatever its position; `KVCache.keep_path` keeps
         an accepted path where a chain would hold it.
 
@@ -288,52 +304,53 @@ class Transformer(nn.Module):
         draft's restricted head, see draft_head.py).
         """
         batch, seq = tokens.shape
-        starts = [cache.lengths[s] for s in slots]
-        if max(starts) + seq > cache.max_len:
-            raise ValueError(f"sequence of {max(starts) + seq} tokens exceeds the cache's {cache.max_len}")
-        for slot, start in zip(slots, starts, strict=True):
-            cache.ensure(slot, start + seq)  # the blocks this pass writes, each the slot's own
+        starts = self._reserve(cache, slots, [seq] * batch)
         offsets = [list(range(seq))] * batch if parents is None else self._tree_offsets(parents, batch, seq)
-        cos_full, sin_full = self.rope_tables(cache.max_len)
         x = self.embed(tokens)
         if self.fused_blocks is not None:
-            x = x.reshape(batch * seq, -1).float().contiguous()
-            row_slots = [slot for slot in slots for _ in range(seq)]
-            row_positions = [start + t for start, row in zip(starts, offsets, strict=True) for t in row]
-            flat = (
-                None
-                if parents is None
-                else [-1 if p < 0 else b * seq + p for b, row in enumerate(parents) for p in row]
-            )
-            self._run_fused(x, cache, row_slots, row_positions, flat)
-            x = x.view(batch, seq, -1).to(self.dtype)
-        else:
-            if parents is not None and invariant and any(layer.attn.batch_invariant for layer in self.layers):
-                raise ValueError("token trees need the native stack or ordinary attention")
-            positions = torch.tensor(starts, device=tokens.device)[:, None] + torch.tensor(
-                offsets, device=tokens.device
-            )
-            tables = [
-                (cos_full[t][positions].to(self.dtype).unsqueeze(2), sin_full[t][positions].to(self.dtype).unsqueeze(2))
-                for t in range(cos_full.shape[0])
-            ]
-            scale = self.embedding_scale(x.dtype)
-            if scale is not None:
-                x = x * scale
-            span = max(starts) + seq
+            flat = None
             if parents is not None:
-                mask = self._tree_mask(parents, starts, span).to(tokens.device)
-            else:
-                mask = self._mask(positions, span) if seq > 1 or batch > 1 else None
-            masks = {0: mask} | {w: self._window_mask(mask, positions, starts, offsets, span, w) for w in self._windows}
-            where = cache.pass_pages(slots, starts, seq)
-            for layer, block in enumerate(self.layers):
-                table = self._layer_tables[layer]
-                cos, sin = tables[table] if table >= 0 else (None, None)
-                x = block(x, cos, sin, masks, cache, layer, where, slots, starts, invariant)
+                flat = [-1 if p < 0 else b * seq + p for b, row in enumerate(parents) for p in row]
+            x = x.reshape(batch * seq, -1).float().contiguous()
+            self._fused_rows(x, cache, slots, Rows(starts=starts, offsets=offsets, parents=flat))
+            return self._logits(x.view(batch, seq, -1).to(self.dtype), num_logits, head)
+        if parents is not None and invariant and any(layer.attn.batch_invariant for layer in self.layers):
+            raise ValueError("token trees need the native stack or ordinary attention")
+        x = self._layers(x, cache, slots, Rows(starts=starts, offsets=offsets, parents=parents), invariant=invariant)
         for slot in slots:
             cache.lengths[slot] += seq
         return self._logits(x, num_logits, head)
+
+    def _layers(
+        self, x: torch.Tensor, cache: KVCache, slots: list[int], rows: Rows, *, invariant: bool
+    ) -> torch.Tensor:
+        """The decoder layers on PyTorch over the padded batch `x` [batch, seq, hidden]."""
+        batch, seq = x.shape[:2]
+        starts, offsets = rows.starts, rows.offsets
+        cos_full, sin_full = self.rope_tables(cache.max_len)
+        positions = torch.tensor(starts, device=x.device)[:, None] + torch.tensor(offsets, device=x.device)
+        tables = [
+            (cos_full[t][positions].to(self.dtype).unsqueeze(2), sin_full[t][positions].to(self.dtype).unsqueeze(2))
+            for t in range(cos_full.shape[0])
+        ]
+        scale = self.embedding_scale(x.dtype)
+        if scale is not None:
+            x = x * scale
+        span = max(starts) + seq
+        if rows.parents is not None:
+            mask = self._tree_mask(rows.parents, starts, span).to(x.device)
+        else:
+            mask = self._mask(positions, span) if seq > 1 or batch > 1 else None
+        masks = {0: mask} | {
+            w: self._window_mask(mask, positions, starts=starts, offsets=offsets, span=span, window=w)
+            for w in self._windows
+        }
+        where = cache.pass_pages(slots, starts, seq)
+        for layer, block in enumerate(self.layers):
+            table = self._layer_tables[layer]
+            cos, sin = tables[table] if table >= 0 else (None, None)
+            x = block(x, cos, sin, masks, cache, layer, where, slots, starts, invariant)
+        return x
 
     @torch.inference_mode()
     def forward_rows(
@@ -352,31 +369,43 @@ class Transformer(nn.Module):
         if self.fused_blocks is None:
             raise ValueError("rows without padding need the native stack")
         parents = parents or [None] * len(rows)
-        starts = [cache.lengths[s] for s in slots]
-        for slot, start, row in zip(slots, starts, rows, strict=True):
-            if start + len(row) > cache.max_len:
-                raise ValueError(f"sequence of {start + len(row)} tokens exceeds the cache's {cache.max_len}")
-            cache.ensure(slot, start + len(row))
+        starts = self._reserve(cache, slots, [len(row) for row in rows])
         offsets = [
             list(range(len(row))) if tree is None else self._tree_offsets([tree], 1, len(row))[0]
             for row, tree in zip(rows, parents, strict=True)
         ]
         x = self.embed(torch.tensor([t for row in rows for t in row], dtype=torch.long, device=self.device))
         x = x.float().contiguous()
-        row_slots = [slot for slot, row in zip(slots, rows, strict=True) for _ in row]
-        row_positions = [start + t for start, row in zip(starts, offsets, strict=True) for t in row]
         flat = None
         if any(tree is not None for tree in parents):
-            bases = [sum(len(row) for row in rows[:i]) for i in range(len(rows))]
+            bases = list(itertools.accumulate((len(row) for row in rows[:-1]), initial=0))
             flat = [
                 -1 if tree is None or tree[j] < 0 else base + tree[j]
                 for base, row, tree in zip(bases, rows, parents, strict=True)
                 for j in range(len(row))
             ]
-        self._run_fused(x, cache, row_slots, row_positions, flat)
-        for slot, row in zip(slots, rows, strict=True):
-            cache.lengths[slot] += len(row)
+        self._fused_rows(x, cache, slots, Rows(starts=starts, offsets=offsets, parents=flat))
         return self._logits(x.to(self.dtype), None, head)
+
+    @staticmethod
+    def _reserve(cache: KVCache, slots: list[int], lengths: list[int]) -> list[int]:
+        """Each slot's length before a pass that appends `lengths` tokens to it; the blocks it writes taken (each the
+        slot's own)."""
+        starts = [cache.lengths[slot] for slot in slots]
+        for slot, start, length in zip(slots, starts, lengths, strict=True):
+            if start + length > cache.max_len:
+                raise ValueError(f"sequence of {start + length} tokens exceeds the cache's {cache.max_len}")
+            cache.ensure(slot, start + length)
+        return starts
+
+    def _fused_rows(self, x: torch.Tensor, cache: KVCache, slots: list[int], rows: Rows) -> None:
+        """The native stack over the rows `x` [rows, hidden] laid end to end, slot i's at `rows.offsets[i]` from its
+        start; the slots' lengths advanced."""
+        row_slots = [slot for slot, row in zip(slots, rows.offsets, strict=True) for _ in row]
+        row_positions = [start + t for start, row in zip(rows.starts, rows.offsets, strict=True) for t in row]
+        self._run_fused(x, cache, row_slots=row_slots, row_positions=row_positions, parents=rows.parents)
+        for slot, row in zip(slots, rows.offsets, strict=True):
+            cache.lengths[slot] += len(row)
 
     def _run_fused(
         self, x: torch.Tensor, cache: KVCache, row_slots: list[int], row_positions: list[int], parents: list[int] | None
@@ -424,8 +453,8 @@ class Transformer(nn.Module):
                 if p >= i or p < -1:
                     raise ValueError(f"parents {row}: row {i}'s parent must be an earlier row, or -1")
                 root.append(i if p < 0 else root[p])
-                if i - root[i] >= 16:
-                    raise ValueError(f"parents {row}: a tree holds at most 16 rows from its root")
+                if i - root[i] >= TREE_ROWS:
+                    raise ValueError(f"parents {row}: a tree holds at most {TREE_ROWS} rows from its root")
                 offset.append(i if p < 0 else offset[p] + 1)
             offsets.append(offset)
         return offsets

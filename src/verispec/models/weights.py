@@ -53,13 +53,17 @@ def assemble_state_dict(
     config: ModelConfig,
     fetch: Fetch,
     dtype: torch.dtype,
+    *,
     quantization: str = "none",
     fetch_int4: FetchInt4 = lambda name, rows=None: None,
     row_count: RowCount | None = None,
 ) -> dict[str, torch.Tensor]:
     """The whole state dict at once (for sources small enough to hold; conversion streams the parts)."""
     state: dict[str, torch.Tensor] = {}
-    for _, part in state_dict_parts(config, fetch, dtype, quantization, fetch_int4, row_count):
+    parts = state_dict_parts(
+        config, fetch, dtype, quantization=quantization, fetch_int4=fetch_int4, row_count=row_count
+    )
+    for _, part in parts:
         state |= part
     return state
 
@@ -68,73 +72,91 @@ def state_dict_parts(
     config: ModelConfig,
     fetch: Fetch,
     dtype: torch.dtype,
+    *,
     quantization: str = "none",
     fetch_int4: FetchInt4 = lambda name, rows=None: None,
     row_count: RowCount | None = None,
 ) -> Iterator[tuple[str, dict[str, torch.Tensor]]]:
     """(part name, tensors) for "embed", "head", "norm" and "layer-NN"; with a quantization, linears become
     QuantizedLinear buffers (see quantize.py). `row_count(name)` lets big matrices be read in chunks."""
-    if quantization != "none":
-        dtype = ACTIVATION_DTYPE
+    source = _Source(
+        fetch,
+        ACTIVATION_DTYPE if quantization != "none" else dtype,
+        quantization=quantization,
+        fetch_int4=fetch_int4,
+        row_count=row_count,
+    )
+    yield "embed", {"embed.weight": torch.cat([source.get("embed", rows) for rows in source.chunks("embed")])}
+    if not config.tie_word_embeddings:
+        yield "head", source.linear("lm_head", ["lm_head"])
+    elif quantization != "none":
+        yield "head", source.linear("lm_head", ["embed"])  # the tied head gets its own quantized copy
+    yield "norm", {"norm.weight": source.get("norm")}
+    for i in range(config.num_layers):
+        yield f"layer-{i:03d}", _layer(source, config, i)
 
-    def chunks(name: str) -> list[Rows]:
-        rows = row_count(name) if row_count else 0
+
+class _Source:
+    """A checkpoint's tensors by canonical name, checked finite, in the weight form asked for."""
+
+    def __init__(self, fetch: Fetch, dtype: torch.dtype, quantization: str, fetch_int4: FetchInt4, row_count):
+        self.fetch, self.dtype, self.quantization = fetch, dtype, quantization
+        self.fetch_int4, self.row_count = fetch_int4, row_count
+
+    def chunks(self, name: str) -> list[Rows]:
+        rows = self.row_count(name) if self.row_count else 0
         if rows <= CHUNK_ROWS:
             return [None]
         return [(start, min(start + CHUNK_ROWS, rows)) for start in range(0, rows, CHUNK_ROWS)]
 
-    def get(name: str, rows: Rows = None) -> torch.Tensor:
-        tensor = fetch(name, rows)
+    def get(self, name: str, rows: Rows = None) -> torch.Tensor:
+        tensor = self.fetch(name, rows)
         if tensor is None:
             raise KeyError(name)
         _check_finite(name, tensor)
-        return tensor.to(dtype)
+        return tensor.to(self.dtype)
 
-    def get_int4(name: str, rows: Rows = None) -> Int4Weight | None:
-        weight = fetch_int4(name, rows)
+    def get_int4(self, name: str, rows: Rows = None) -> Int4Weight | None:
+        weight = self.fetch_int4(name, rows)
         if weight is not None:
             _check_finite(name, weight.scale, weight.zero)
         return weight
 
-    def linear(prefix: str, names: list[str]) -> dict[str, torch.Tensor]:
-        if quantization == "none":
-            return {f"{prefix}.weight": torch.cat([get(n) for n in names])}
-        pieces = chunks(names[0]) if len(names) == 1 else [None]
+    def linear(self, prefix: str, names: list[str]) -> dict[str, torch.Tensor]:
+        """The matrices `names` stacked as one linear's weight (or its quantized buffers), under `prefix`."""
+        if self.quantization == "none":
+            return {f"{prefix}.weight": torch.cat([self.get(n) for n in names])}
+        pieces = self.chunks(names[0]) if len(names) == 1 else [None]
         packed = [
-            quantized_entries([get_int4(n, rows) or get(n, rows) for n in names], quantization) for rows in pieces
+            quantized_entries([self.get_int4(n, rows) or self.get(n, rows) for n in names], self.quantization)
+            for rows in pieces
         ]
         return {f"{prefix}.{key}": value for key, value in concat_quantized(packed).items()}
 
-    yield "embed", {"embed.weight": torch.cat([get("embed", rows) for rows in chunks("embed")])}
-    if not config.tie_word_embeddings:
-        yield "head", linear("lm_head", ["lm_head"])
-    elif quantization != "none":
-        yield "head", linear("lm_head", ["embed"])  # the tied head gets its own quantized copy
-    yield "norm", {"norm.weight": get("norm")}
-    for i in range(config.num_layers):
-        prefix = f"layers.{i}"
-        state = {f"{prefix}.attn_norm.weight": get(f"{i}.attn_norm")}
-        state |= linear(f"{prefix}.attn.wqkv", [f"{i}.q", f"{i}.k", f"{i}.v"])
-        if config.qkv_bias:
-            state[f"{prefix}.attn.wqkv.bias"] = torch.cat([get(f"{i}.{n}_bias") for n in "qkv"])
-        state |= linear(f"{prefix}.attn.wo", [f"{i}.o"])
-        if config.qk_norm:
-            state[f"{prefix}.attn.q_norm.weight"] = get(f"{i}.q_norm")
-            state[f"{prefix}.attn.k_norm.weight"] = get(f"{i}.k_norm")
-        if config.post_norms:
-            state[f"{prefix}.post_attn_norm.weight"] = get(f"{i}.post_attn_norm")
-            state[f"{prefix}.post_mlp_norm.weight"] = get(f"{i}.post_mlp_norm")
-        state[f"{prefix}.mlp_norm.weight"] = get(f"{i}.mlp_norm")
-        if config.moe(i):
-            state[f"{prefix}.mlp.router.weight"] = get(f"{i}.router")  # never quantized: it picks the experts
-            for e in range(config.num_experts):
-                expert = f"{prefix}.mlp.experts.{e}"
-                state |= linear(f"{expert}.w_gate_up", [f"{i}.expert{e}.gate", f"{i}.expert{e}.up"])
-                state |= linear(f"{expert}.w_down", [f"{i}.expert{e}.down"])
-        else:
-            state |= linear(f"{prefix}.mlp.w_gate_up", [f"{i}.gate", f"{i}.up"])
-            state |= linear(f"{prefix}.mlp.w_down", [f"{i}.down"])
-        yield f"layer-{i:03d}", state
+
+def _layer(source: _Source, config: ModelConfig, i: int) -> dict[str, torch.Tensor]:
+    prefix, get = f"layers.{i}", source.get
+    state = {f"{prefix}.attn_norm.weight": get(f"{i}.attn_norm")}
+    state |= source.linear(f"{prefix}.attn.wqkv", [f"{i}.q", f"{i}.k", f"{i}.v"])
+    if config.qkv_bias:
+        state[f"{prefix}.attn.wqkv.bias"] = torch.cat([get(f"{i}.{n}_bias") for n in "qkv"])
+    state |= source.linear(f"{prefix}.attn.wo", [f"{i}.o"])
+    if config.qk_norm:
+        state[f"{prefix}.attn.q_norm.weight"] = get(f"{i}.q_norm")
+        state[f"{prefix}.attn.k_norm.weight"] = get(f"{i}.k_norm")
+    if config.post_norms:
+        state[f"{prefix}.post_attn_norm.weight"] = get(f"{i}.post_attn_norm")
+        state[f"{prefix}.post_mlp_norm.weight"] = get(f"{i}.post_mlp_norm")
+    state[f"{prefix}.mlp_norm.weight"] = get(f"{i}.mlp_norm")
+    if not config.moe(i):
+        state |= source.linear(f"{prefix}.mlp.w_gate_up", [f"{i}.gate", f"{i}.up"])
+        return state | source.linear(f"{prefix}.mlp.w_down", [f"{i}.down"])
+    state[f"{prefix}.mlp.router.weight"] = get(f"{i}.router")  # never quantized: it picks the experts
+    for e in range(config.num_experts):
+        expert = f"{prefix}.mlp.experts.{e}"
+        state |= source.linear(f"{expert}.w_gate_up", [f"{i}.expert{e}.gate", f"{i}.expert{e}.up"])
+        state |= source.linear(f"{expert}.w_down", [f"{i}.expert{e}.down"])
+    return state
 
 
 def _check_finite(name: str, *tensors: torch.Tensor) -> None:

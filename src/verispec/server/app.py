@@ -310,8 +310,8 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
         prompt_ids = await _off_loop(_encode_completion_prompt, state, body)
         grammar, grammar_param = await _grammar(state, body, request)
         job = _submit(
-            state, body, prompt_ids, COMPLETION_DEFAULT_MAX_TOKENS, body.max_tokens, "prompt", grammar=grammar,
-            grammar_param=grammar_param, authorization=_authorization(request),
+            state, body, prompt_ids=prompt_ids, default_max=COMPLETION_DEFAULT_MAX_TOKENS, requested=body.max_tokens,
+            prompt_param="prompt", grammar=grammar, grammar_param=grammar_param, authorization=_authorization(request),
         )  # fmt: skip
         if job.stream:
             return _sse(state, job, completion_chunks(job))
@@ -435,7 +435,8 @@ async def _start_chat(state: ServerState, body: ChatCompletionRequest, request: 
     requested = body.max_completion_tokens or body.max_tokens
     grammar, grammar_param = await _grammar(state, body, request, tools)
     return _submit(
-        state, body, prompt_ids, room, requested, "messages", grammar=grammar, grammar_param=grammar_param,
+        state, body, prompt_ids=prompt_ids, default_max=room, requested=requested, prompt_param="messages",
+        grammar=grammar, grammar_param=grammar_param,
         authorization=_authorization(request), tools=tools, kind=kind,
     )  # fmt: skip
 
@@ -594,18 +595,19 @@ def _submit(
     kind: str | None = None,
 ) -> Job:
     """Check the request against the limits, then queue it (in its partition: partitions.py); raises ApiError."""
-    max_tokens = _max_tokens(state, prompt_ids, default_max, requested, prompt_param)
+    max_tokens = _max_tokens(state, prompt_ids, default_max=default_max, requested=requested, prompt_param=prompt_param)
     temperature = 1.0 if body.temperature is None else body.temperature
     try:
         params = SamplingParams(
-            temperature, max(body.top_k, 0), body.top_p, body.seed, body.presence_penalty, body.frequency_penalty,
-            body.bias() | (marker_bias(tools, state.scheduler.tokenizer) if tools is not None else {}),
+            temperature=temperature, top_k=max(body.top_k, 0), top_p=body.top_p, seed=body.seed,
+            presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+            logit_bias=body.bias() | (marker_bias(tools, state.scheduler.tokenizer) if tools is not None else {}),
         )  # fmt: skip
     except InvalidParameterError as exc:
         raise ApiError(400, str(exc), param=_field_named(str(exc)), code="invalid_value") from None
     job_id = new_id(kind or ("chatcmpl" if prompt_param == "messages" else "cmpl"))
     key = key_index(state.api_keys, authorization) if state.api_keys else None
-    partition = partition_of(state.cache_sharing, key, body.user, body.cache_salt, job_id)
+    partition = partition_of(state.cache_sharing, key, user=body.user, salt=body.cache_salt, request_id=job_id)
     tenant = tenant_of(key, body.user)
     count = body.sequences()
     sink = AsyncSink(count)
@@ -613,8 +615,9 @@ def _submit(
     ranking = count > body.n  # best_of ranks the sequences by their logprobs
     requests = [
         EngineRequest(
-            job_id if count == 1 else f"{job_id}-{i}", prompt_ids, _choice_params(params, i), max_tokens,
-            sink.choice(i), body.stop_list(), body.speculative, ignore_eos=body.ignore_eos,
+            request_id=job_id if count == 1 else f"{job_id}-{i}", prompt_ids=prompt_ids,
+            params=_choice_params(params, i), max_tokens=max_tokens,
+            sink=sink.choice(i), stop=body.stop_list(), speculative=body.speculative, ignore_eos=body.ignore_eos,
             logprobs=0 if ranking and logprobs is None else logprobs, grammar=grammar, partition=partition,
             tenant=tenant,
         )
@@ -631,7 +634,8 @@ def _submit(
         raise ApiError(400, str(exc), param=_field_named(str(exc)), code="invalid_value") from None
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return Job(
-        job_id, state.model_name, requests, sink, body.stream, include_usage, state.scheduler.tokenizer,
+        job_id, state.model_name, requests=requests, sink=sink, stream=body.stream, include_usage=include_usage,
+        tokenizer=state.scheduler.tokenizer,
         choices=body.n, logprobs=logprobs is not None, grammar_param=grammar_param, tools=tools,
     )  # fmt: skip
 

@@ -85,9 +85,20 @@ def fences(text: str) -> list[Fence]:
         start = opening.start() + opening.group(0).index("```")  # blanks before it are the line's, not the block's
         closing = next((line for line in lines[i + 1 :] if not line.group(1)), None)
         if closing is None:
-            found.append(Fence(start, opening.end(), len(text), len(text), opening.group(1), False))
+            found.append(
+                Fence(start, opening.end(), body_end=len(text), end=len(text), language=opening.group(1), closed=False)
+            )
             break
-        found.append(Fence(start, opening.end(), closing.start(), closing.end(), opening.group(1), True))
+        found.append(
+            Fence(
+                start,
+                opening.end(),
+                body_end=closing.start(),
+                end=closing.end(),
+                language=opening.group(1),
+                closed=True,
+            )
+        )
         i = lines.index(closing) + 1
     return found
 

@@ -34,6 +34,14 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", default=None, help="model id clients use (default: from --model)")
+    _engine_arguments(parser)
+    _tenancy_arguments(parser)
+    _http_arguments(parser)
+    _cluster_arguments(parser)
+
+
+def _engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """Batching, caches and drafting."""
     parser.add_argument("--max-num-seqs", type=int, default=8, help="requests decoded together (cache slots)")
     parser.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot before 429")
     parser.add_argument(
@@ -63,6 +71,10 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--draft-policy", default="auto", choices=POLICIES, help="auto: draft only while it pays (docs/server.md)"
     )
+
+
+def _tenancy_arguments(parser: argparse.ArgumentParser) -> None:
+    """Who may use the server, and what requests may share."""
     parser.add_argument(
         "--api-key",
         action="append",
@@ -103,6 +115,10 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated names the Host header may carry ('*' = any; default: the --host address and the "
         "loopback names, or any when --host is 0.0.0.0 or ::)",
     )
+
+
+def _http_arguments(parser: argparse.ArgumentParser) -> None:
+    """The HTTP front's limits and the log."""
     parser.add_argument("--drain-timeout", type=float, default=120.0, help="seconds SIGTERM waits for requests")
     parser.add_argument(
         "--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
@@ -134,6 +150,9 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
         "cannot write a system turn)",
     )  # fmt: skip
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
     cluster = parser.add_argument_group('cluster (Ray Serve; pip install "verispec[cluster]"; docs/cluster.md)')
     cluster.add_argument("--replicas", type=int, default=None, help="engine replicas behind one address")
     cluster.add_argument(

@@ -30,8 +30,7 @@ def build_scheduler(args: argparse.Namespace):
         token_trees=args.token_trees, kv_cache_memory=args.kv_cache_memory,
         answer_reuse=getattr(args, "answer_reuse", True),
     )  # fmt: skip
-    if args.speculative_method == "hybrid" and args.speculative_model.lower() == "none":
-        raise VerispecError("the hybrid speculative method needs a draft model (--speculative-model)")
+    draft_source(args)  # the method's verdict, before seconds of loading
     target, draft = load_models(args)  # after the config: its mistakes are reported before seconds of loading
     return Scheduler(target, draft, config)
 
@@ -46,12 +45,21 @@ def load_models(args: argparse.Namespace) -> tuple[LoadedModel, LoadedModel | No
             raise VerispecError("--speculative-model tiny needs --model tiny (the pair shares a tokenizer)")
         tiny_target, tiny_draft = tiny_pair()
         return tiny_target, tiny_draft if args.speculative_model == TINY else None
-    no_draft = args.speculative_model.lower() == "none" or args.speculative_method == "ngram"
-    draft = None if no_draft else args.speculative_model
+    draft = draft_source(args)
     return load_pair(
         args.model, draft, args.dtype, args.device, quantization=args.quantization,
         draft_quantization=args.speculative_quantization,
     )  # fmt: skip
+
+
+def draft_source(args: argparse.Namespace) -> str | None:
+    """The draft model the flags ask for, as the method rules decide (engine/methods.py: raises for a method that
+    needs one when none is given; None where no draft model is given, or the method uses none)."""
+    from ..engine.methods import resolve_method
+
+    given = args.speculative_model.lower() != "none"
+    method = resolve_method(args.speculative_method, given)
+    return args.speculative_model if method is not None and method.uses_draft_model and given else None
 
 
 def model_id(source: str) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+from functools import partial
 
 
 def check(tokenizer, kind: str, value: str) -> dict:
@@ -38,10 +39,11 @@ def check(tokenizer, kind: str, value: str) -> dict:
     return {"source": source}
 
 
-def on_thread(stack_bytes: int, function, *args):
+def on_thread(stack_bytes: int, function):
+    """`function()` on a thread with a stack of `stack_bytes`."""
     result: list = []
     threading.stack_size(stack_bytes)
-    thread = threading.Thread(target=lambda: result.append(function(*args)))
+    thread = threading.Thread(target=lambda: result.append(function()))
     thread.start()
     thread.join()
     return result[0]
@@ -56,7 +58,8 @@ def main() -> None:
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         job = json.loads(line)
-        print(json.dumps(on_thread(stack_bytes, check, tokenizer, job["kind"], job["value"])), flush=True)
+        answer = on_thread(stack_bytes, partial(check, tokenizer, job["kind"], job["value"]))
+        print(json.dumps(answer), flush=True)
 
 
 if __name__ == "__main__":

@@ -103,7 +103,17 @@ def plan(body: ResponsesRequest, earlier: list[dict], find_item: Callable[[str],
     tools, kinds, left_out, tool_origins = _tools([*(body.tools or []), *extra_tools])
     items = [*earlier, *new_items]
     messages, origins, call_origins = _messages(body, items, len(earlier))
-    made = Plan(body, None, items, new_items, kinds, left_out, origins, call_origins, tool_origins)  # type: ignore[arg-type]
+    made = Plan(
+        body,
+        None,
+        items=items,
+        new_items=new_items,
+        kinds=kinds,
+        left_out=left_out,
+        origins=origins,
+        call_origins=call_origins,
+        tool_origins=tool_origins,
+    )  # type: ignore[arg-type]
     made.chat = _chat(made, messages, tools)
     return made
 
@@ -122,8 +132,9 @@ def truncated(made: Plan) -> Plan | None:
     origins = made.origins[:first] + made.origins[end:]
     calls = {(i - (end - first) if i >= end else i, j): where for (i, j), where in made.call_origins.items()
              if not first <= i < end}  # fmt: skip
-    return Plan(made.body, chat, made.items, made.new_items, made.kinds, made.left_out, origins, calls,
-                made.tool_origins, made.dropped_turns + 1)  # fmt: skip
+    return Plan(made.body, chat, items=made.items, new_items=made.new_items, kinds=made.kinds, left_out=made.left_out,
+                origins=origins, call_origins=calls, tool_origins=made.tool_origins,
+                dropped_turns=made.dropped_turns + 1)  # fmt: skip
 
 
 # ---- input ------------------------------------------------------------------------------------------------------
@@ -175,7 +186,7 @@ def _messages(body: ResponsesRequest, items: list[dict], earlier: int) -> tuple[
         origins.append("instructions")
     for index, item in enumerate(items):
         where = "previous_response_id" if index < earlier else f"input.{_input_index(body, index - earlier)}"
-        _add_item(messages, origins, calls, item, where)
+        _add_item(messages, origins, calls=calls, item=item, where=where)
     return messages, origins, calls
 
 
@@ -215,7 +226,7 @@ def _add_item(messages: list[dict], origins: list[str], calls: dict, item: dict,
         messages.append({"role": item["role"], "content": _text(item.get("content"), f"{where}.content")})
         origins.append(where)
     elif kind in ("function_call", "custom_tool_call", "local_shell_call"):
-        _add_call(messages, origins, calls, _history_call(item), where)
+        _add_call(messages, origins, calls=calls, call=_history_call(item), where=where)
     elif kind in ("function_call_output", "custom_tool_call_output", "local_shell_call_output"):
         output = item.get("output")
         text = output if isinstance(output, str) else _text(output, f"{where}.output")
@@ -366,7 +377,10 @@ def output_items(job: Job, output: GenerationOutput, kinds: dict[str, str]) -> l
             content, calls = found or "", answer_calls(job.tools, parsed)
     items = [_message_item(_id("msg"), content, "completed")] if content or not calls else []
     status = "incomplete" if output.finish_reason == "length" else "completed"
-    items += [_call_item(call.id, call.function.name, call.function.arguments, kinds, status) for call in calls]
+    items += [
+        _call_item(call.id, call.function.name, arguments=call.function.arguments, kinds=kinds, status=status)
+        for call in calls
+    ]
     return items
 
 
@@ -434,7 +448,7 @@ def _echo(choice: Any) -> Any:
 
 
 def response_body(made: Plan, job: Job, output: GenerationOutput) -> dict:
-    return response_object(made, job, output, output_items(job, output, made.kinds), "completed")
+    return response_object(made, job, output=output, items=output_items(job, output, made.kinds), status="completed")
 
 
 async def response_events(
@@ -443,8 +457,12 @@ async def response_events(
     """The Responses stream: (event type, data) from response.created to response.completed (or .incomplete), with
     each output item added, its text or arguments in deltas, and done; `done(response)` is told the final one."""
     emitter = _Emitter(made.kinds)
-    yield emitter.event("response.created", response=response_object(made, job, None, [], "in_progress"))
-    yield emitter.event("response.in_progress", response=response_object(made, job, None, [], "in_progress"))
+    yield emitter.event(
+        "response.created", response=response_object(made, job, output=None, items=[], status="in_progress")
+    )
+    yield emitter.event(
+        "response.in_progress", response=response_object(made, job, output=None, items=[], status="in_progress")
+    )
     calling = job.tools is not None and job.tools.choice != "none"
     stream = ToolStream(job.tools, job.tokenizer) if calling else None
     async for _, event in job.sink.events():
@@ -459,7 +477,7 @@ async def response_events(
                     yield item
             for item in emitter.close("incomplete" if cut else "completed"):
                 yield item
-            final = response_object(made, job, event.output, emitter.items, "completed")
+            final = response_object(made, job, output=event.output, items=emitter.items, status="completed")
             await asyncio.to_thread(done, final)  # the store writes off the event loop
             yield emitter.event(f"response.{final['status']}", response=final)
             return
@@ -498,11 +516,13 @@ class _Emitter:
             if piece.index not in self.calls:
                 out += self._close_message()
                 if self.kinds.get(piece.function.name, "function") != "function":
-                    item = _call_item(piece.id, piece.function.name, "", self.kinds, "in_progress")
+                    item = _call_item(
+                        piece.id, piece.function.name, arguments="", kinds=self.kinds, status="in_progress"
+                    )
                     self.held[piece.index] = [item, piece.function.name, piece.function.arguments]
                     out.append(self._added(item))  # its place among the items; its fields when it is complete
                     continue
-                item = _call_item(piece.id, piece.function.name, "", self.kinds, "in_progress")
+                item = _call_item(piece.id, piece.function.name, arguments="", kinds=self.kinds, status="in_progress")
                 self.calls[piece.index] = item
                 out.append(self._added(item))
             item = self.calls[piece.index]
@@ -534,8 +554,8 @@ class _Emitter:
                                       output_index=self._index(item), arguments=item["arguments"]))  # fmt: skip
                 out.append(self.event("response.output_item.done", output_index=self._index(item), item=item))
         for item, name, arguments in self.held.values():
-            item.update({k: v for k, v in _call_item(item["call_id"], name, arguments, self.kinds, status).items()
-                         if k != "id"})  # fmt: skip
+            made = _call_item(item["call_id"], name, arguments=arguments, kinds=self.kinds, status=status)
+            item.update({k: v for k, v in made.items() if k != "id"})
             if item["type"] == "custom_tool_call":
                 out.append(self.event("response.custom_tool_call_input.done", item_id=item["id"],
                                       output_index=self._index(item), input=item["input"]))  # fmt: skip

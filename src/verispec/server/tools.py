@@ -155,7 +155,7 @@ def tool_request(body: ChatCompletionRequest, fmt: ToolFormat | None) -> ToolReq
         raise ApiError(400, f"{param} names '{named[:64]}', which is not among the tools", param=param,
                        code="invalid_value")  # fmt: skip
     kind = "named" if named is not None else choice or "auto"
-    return ToolRequest(fmt, functions, kind, named, body.parallel_tool_calls, legacy)
+    return ToolRequest(fmt, functions, choice=kind, named=named, parallel=body.parallel_tool_calls, legacy=legacy)
 
 
 def _refuse_calls_in_history(body: ChatCompletionRequest) -> None:

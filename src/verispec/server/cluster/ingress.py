@@ -89,7 +89,13 @@ class Ingress:
         def refused(label: str) -> None:
             REJECTED.labels(code=label).inc()
 
-        return Guard(self._dispatch, self.config.api_keys, self.config.allowed_hosts, refused, self.config.metrics_key)
+        return Guard(
+            self._dispatch,
+            self.config.api_keys,
+            allowed_hosts=self.config.allowed_hosts,
+            refused=refused,
+            metrics_key=self.config.metrics_key,
+        )
 
     async def _dispatch(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -104,7 +110,9 @@ class Ingress:
     async def _metrics(self, scope, receive, send) -> None:
         if not ROUTERS:  # the handle makes its router at its first request: one that reaches no model
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._drain(Forwarded("GET", "/health", b"", [], b"")), FIRST_CALL_SECONDS)
+                await asyncio.wait_for(
+                    self._drain(Forwarded("GET", "/health", query_string=b"", headers=[], body=b"")), FIRST_CALL_SECONDS
+                )
         text = generate_latest(REGISTRY) + generate_latest(ROUTER_REGISTRY) + replica_metrics()
         await Response(text, media_type=CONTENT_TYPE_LATEST)(scope, receive, send)
 
@@ -121,7 +129,13 @@ class Ingress:
         client = tuple(scope["client"]) if scope.get("client") else None
         path = scope["path"]
         request = Forwarded(
-            scope["method"], path, scope["query_string"], list(scope["headers"]), body, client, prefix_keys(path, body)
+            scope["method"],
+            path,
+            query_string=scope["query_string"],
+            headers=list(scope["headers"]),
+            body=body,
+            client=client,
+            prefix=prefix_keys(path, body),
         )
         if request.method != "POST":
             await self._serve(request, scope, receive, send)

@@ -107,8 +107,9 @@ def build_application(args: argparse.Namespace, model_name: str, allowed_hosts: 
         max_ongoing_requests=capacity * most + args.max_queue + 64,  # +64: /health and /metrics stay answered
     )  # fmt: skip
     config = IngressConfig(
-        args.api_key, allowed_hosts, args.max_body_bytes, args.body_timeout, capacity, args.max_queue, args.replicas,
-        args.metrics_key,
+        args.api_key, allowed_hosts, max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout,
+        replica_capacity=capacity, max_queue=args.max_queue, replicas=args.replicas,
+        metrics_key=args.metrics_key,
     )  # fmt: skip
     return ingress.bind(engine.bind(args, model_name, allowed_hosts), config)
 

@@ -1,0 +1,7 @@
+"""Defaults the command line, the Python API and the bench share, in one place so that they cannot disagree (and
+importable without PyTorch, for argument checks)."""
+
+DEFAULT_MAX_SEQ_LEN = 4096
+DEFAULT_DRAFT_VOCAB = 65536  # a restricted draft head (models/draft_head.py); the CLI default, off in the API
+# the draft model reads at most this many of a long prompt's last tokens (engine/draft_model.py: draft_view); 0: all
+DEFAULT_DRAFT_WINDOW = 256  # measured on the long datasets: docs/long-prompts.md

@@ -1,0 +1,73 @@
+"""Rules of the house that keep the code readable for the next person (docs/architecture.md): short functions, calls
+that name their arguments, and an engine loop that knows no drafting method by name."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "verispec"
+LONGEST_FUNCTION = 60  # lines, decorators and docstring included
+MOST_POSITIONAL = 4  # arguments a call of verispec's own functions passes by position
+
+
+def _modules() -> dict[Path, ast.Module]:
+    return {path: ast.parse(path.read_text(encoding="utf-8")) for path in PACKAGE.rglob("*.py")}
+
+
+def test_no_function_is_longer_than_60_lines():
+    long = [
+        f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path, tree in _modules().items()
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno - node.lineno + 1 > LONGEST_FUNCTION
+    ]
+    assert not long, f"split these: {long}"
+
+
+def _own_callables(modules: dict[Path, ast.Module]) -> set[str]:
+    """Names of verispec's functions and classes, but for ctypes structures (built in the C struct's field order)."""
+    names = set()
+    for tree in modules.values():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                if not any("Structure" in ast.unparse(base) for base in node.bases):
+                    names.add(node.name)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names.add(node.name)
+    return names
+
+
+def _long_positional_calls(modules: dict[Path, ast.Module]) -> list[str]:
+    own = _own_callables(modules)
+    found = []
+    for path, tree in modules.items():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+            positional = sum(1 for arg in node.args if not isinstance(arg, ast.Starred))
+            if name in own and positional > MOST_POSITIONAL:
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {name} ({positional} positional)")
+    return found
+
+
+def test_no_call_of_our_own_functions_passes_more_than_4_arguments_by_position():
+    found = _long_positional_calls(_modules())
+    assert not found, f"name the arguments of: {found}"
+
+
+def test_the_positional_call_check_catches_one(tmp_path):
+    """The control: a call of six positional arguments to a function of the package is reported."""
+    module = ast.parse("def f(a, b, c, d, e, g): ...\nf(1, 2, 3, 4, 5, 6)\nf(1, 2, c=3, d=4, e=5, g=6)\n")
+    found = _long_positional_calls({PACKAGE / "example.py": module})
+    assert found == ["example.py:2 f (6 positional)"]
+
+
+def test_the_engine_loop_names_no_drafting_method():
+    """The scheduler reads a method's properties (engine/methods.py), never its name."""
+    source = (PACKAGE / "engine" / "scheduler.py").read_text(encoding="utf-8")
+    assert not re.findall(r'"(suffix|draft|hybrid|ngram)"', source)
