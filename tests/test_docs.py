@@ -89,3 +89,14 @@ def test_the_architecture_check_fails_on_a_name_that_does_not_exist(tmp_path, mo
 def test_the_readme_is_at_most_150_lines():
     lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
     assert lines <= README_LINES, f"README.md has {lines} lines; keep it to {README_LINES} (details go to docs/)"
+
+
+def test_the_readmes_results_are_the_generated_section():
+    """The README's results sit between the markers benchmarks/readme_results.py writes, and name a machine, a date
+    and a commit (the section is made by one command at one commit, never by hand)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    begin = "<!-- results: made by `python benchmarks/readme_results.py` -->"
+    assert text.count(begin) == 1 and text.count("<!-- results end -->") == 1
+    section = text.split(begin, 1)[1].split("<!-- results end -->", 1)[0]
+    assert re.search(r"\d{4}-\d{2}-\d{2}, .+, 2 threads, verispec at [0-9a-f]{7}", section), section[:200]
+    assert "| verispec plain |" in section

@@ -3,6 +3,7 @@ conversion, and the fast tokenizer against transformers'."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -218,3 +219,26 @@ def test_a_dense_tensor_holding_nan_or_infinity_is_refused(kind, tmp_path):
         else:
             with pytest.raises(ModelLoadError, match="NaN or infinite"):
                 _check_finite(path, "w", entry)
+
+
+def test_a_saved_tokenizer_with_string_merges_cuts_text_as_the_pair_form_does():
+    """`save` writes a BPE's merges as "a b" strings (parsed faster) only where no token holds a space; either way
+    the tokenizer read back cuts every text as the original does (the control: a vocabulary with a spaced token
+    keeps its pairs)."""
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers import models, pre_tokenizers, trainers
+
+    from verispec.models.tokenizer import _quick_to_parse
+
+    texts = ["def fibonacci(n):\n    return n", "naïve café — ünïcode", "    indented\ttabs  and  spaces"]
+    raw = RawTokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.train_from_iterator(texts * 20, trainers.BpeTrainer(vocab_size=400, show_progress=False))
+    quick = _quick_to_parse(raw.to_str())
+    assert isinstance(json.loads(quick)["model"]["merges"][0], str)
+    again = RawTokenizer.from_str(quick)
+    for text in [*texts, "fresh text the merges never saw: café fibonacci"]:
+        assert again.encode(text).ids == raw.encode(text).ids
+    spaced = json.loads(raw.to_str())
+    spaced["model"]["merges"][0] = ["a b", "c"]
+    assert json.loads(_quick_to_parse(json.dumps(spaced)))["model"]["merges"][0] == ["a b", "c"]

@@ -18,6 +18,7 @@ from .decoding.sampling import SamplingParams
 from .defaults import DEFAULT_DRAFT_WINDOW, DEFAULT_MAX_SEQ_LEN
 from .engine.budget import parse_memory
 from .engine.methods import resolve_method
+from .engine.metrics import Unrecorded
 from .engine.requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput, StreamChunk
 from .engine.scheduler import Scheduler, SchedulerConfig
 from .errors import InvalidParameterError, VerispecError
@@ -84,7 +85,7 @@ class SpeculativeGenerator:
         )
         self.tokenizer = self.target.tokenizer
         self.num_speculative_tokens = num_speculative_tokens if speculates else 0
-        self.engine = Scheduler(self.target, self.draft, config)
+        self.engine = Scheduler(self.target, self.draft, config, Unrecorded())  # no /metrics to publish
         self.max_seq_len = self.engine.max_model_len
         self._ids = itertools.count()
 

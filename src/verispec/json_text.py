@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic_core import from_json
-
 from .errors import InvalidParameterError
 
 MAX_DEPTH = 201  # the levels pydantic's parser (jiter) reads, in a request body and in a string alike
@@ -20,6 +18,8 @@ class JsonTextError(InvalidParameterError):
 
 def parse_json(text: str | bytes, what: str = "the JSON text") -> Any:
     """The value `text` holds; raises JsonTextError naming `what` when it is not JSON or nests too deep."""
+    from pydantic_core import from_json  # here: a command that reads no such JSON starts without it
+
     try:
         return from_json(text)
     except ValueError as exc:

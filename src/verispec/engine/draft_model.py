@@ -4,7 +4,7 @@ what it reads of a long context (draft_view)."""
 from __future__ import annotations
 
 import time
-from functools import partial
+from functools import cached_property, partial
 
 import torch
 
@@ -73,8 +73,7 @@ class BatchedDrafter:
         """head_ids: draft only these token ids (a restricted head, see models/draft_head.py); None: all.
         num_blocks: the cache's blocks (None: every slot's max_len)."""
         self.model = model
-        self.head = DraftHead(model, target_vocab_size, head_ids)
-        self.greedy_steps = self._greedy_steps(model, target_vocab_size)
+        self.target_vocab_size, self.head_ids = target_vocab_size, head_ids
         self.cache = model.new_cache(num_slots, max_len, num_blocks)
         self.fed: list[list[int]] = [[] for _ in range(num_slots)]  # tokens held in each slot, in order
         self.partitions = [""] * num_slots  # whose tokens each slot holds: only its partition reuses them
@@ -111,13 +110,20 @@ class BatchedDrafter:
                     best = (other, held)
         return best
 
-    def _greedy_steps(self, model: Transformer, target_vocab_size: int) -> GreedySteps | None:
+    @cached_property
+    def head(self) -> DraftHead:
+        """The draft's output head (restricted to `head_ids`: its rows requantized, a tenth of a second for the
+        bundled draft), made when the model first drafts: a first token, decoded plainly, does not wait for it."""
+        return DraftHead(self.model, self.target_vocab_size, self.head_ids)
+
+    @cached_property
+    def greedy_steps(self) -> GreedySteps | None:
         """Greedy drafting in one native call per propose, where the model runs natively end to end."""
-        head = model.lm_head if self.head.module is None else self.head.module
-        if not GreedySteps.supports(model, head):
+        head = self.model.lm_head if self.head.module is None else self.head.module
+        if not GreedySteps.supports(self.model, head):
             return None
-        rows = head.out_features if self.head.ids is not None else min(head.out_features, target_vocab_size)
-        return GreedySteps(model, head, self.head.ids, rows)
+        rows = head.out_features if self.head.ids is not None else min(head.out_features, self.target_vocab_size)
+        return GreedySteps(self.model, head, self.head.ids, rows)
 
     @property
     def drafter(self) -> BatchedDrafter:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-
 from ..decoding.stats import PROPOSERS
 
 if TYPE_CHECKING:
+    from prometheus_client import Counter, Gauge, Histogram
+
     from .policy import DraftPolicy, StepCost
 
 PREFIX = "verispec_"
@@ -24,8 +24,10 @@ _LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.
 
 class Metrics:
     def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry  # here: a process that publishes no metrics never loads it
+
         self.registry = CollectorRegistry()
-        counter, gauge, histogram = self._counter, self._gauge, self._histogram
+        counter, gauge = self._counter, self._gauge
         self.requests = counter("requests", "Finished requests by finish reason", "finish_reason")
         self.rejected = counter("rejected_requests", "Requests refused before running, by error code", "code")
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of admitted requests")
@@ -58,6 +60,13 @@ class Metrics:
         )
         self.accepted_at = counter("accepted_tokens_by_position", "Accepted tokens by draft position", "position")
         self.acceptance_rate = gauge("acceptance_rate", "Accepted / drafted tokens since start")
+        self._engine_series()
+        self._drafted_total = 0
+        self._accepted_total = 0
+
+    def _engine_series(self) -> None:
+        """The scheduler's series: its steps, the draft policy's prices, its queue and cache, its latencies."""
+        counter, gauge, histogram = self._counter, self._gauge, self._histogram
         self.steps = counter(
             "scheduler_steps", "Scheduler steps by mode (draft or plain) and tokens drafted k", "mode", "k"
         )
@@ -80,19 +89,25 @@ class Metrics:
         self.ttft = histogram("time_to_first_token_seconds", "Arrival to first token", _TTFT_BUCKETS)
         self.itl = histogram("inter_token_latency_seconds", "Time between a request's tokens", _ITL_BUCKETS)
         self.latency = histogram("request_latency_seconds", "Arrival to finish", _LATENCY_BUCKETS)
-        self._drafted_total = 0
-        self._accepted_total = 0
 
     def _counter(self, name: str, doc: str, *labels: str) -> Counter:
+        from prometheus_client import Counter
+
         return Counter(PREFIX + name, doc, labels, registry=self.registry)
 
     def _gauge(self, name: str, doc: str, *labels: str) -> Gauge:
+        from prometheus_client import Gauge
+
         return Gauge(PREFIX + name, doc, labels, registry=self.registry)
 
     def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+        from prometheus_client import Histogram
+
         return Histogram(PREFIX + name, doc, buckets=buckets, registry=self.registry)
 
     def render(self) -> bytes:
+        from prometheus_client import generate_latest
+
         return generate_latest(self.registry)
 
     def set_queue(self, running: int, waiting: int) -> None:
@@ -132,6 +147,17 @@ class Metrics:
     def record_finish(self, reason: str, seconds: float) -> None:
         self.requests.labels(finish_reason=reason).inc()
         self.latency.observe(seconds)
+
+
+class Unrecorded:
+    """Metrics that record nothing, for an engine that publishes none (the Python API and `generate`: one request
+    at a time, in the caller's thread): every series and method a Metrics has, each doing nothing."""
+
+    def __getattr__(self, name: str) -> Unrecorded:
+        return self
+
+    def __call__(self, *args, **kwargs) -> Unrecorded:
+        return self
 
 
 def position_label(position: int) -> str:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType
-from gguf.quants import dequantize
 from torch import nn
 
 from . import native
@@ -83,7 +81,7 @@ class GGUFEmbedding(nn.Module):
 
     def __init__(self, qtype: int, weight: torch.Tensor, dim: int):
         super().__init__()
-        self.qtype = GGMLQuantizationType(qtype)
+        self.qtype = qtype
         self.register_buffer("weight_blocks", weight, persistent=False)
         self.dim = dim
 
@@ -96,7 +94,11 @@ class GGUFEmbedding(nn.Module):
             return rows.reshape(*tokens.shape, self.dim)
         ids = tokens.reshape(-1).cpu().numpy()
         rows = self.weight_blocks.numpy()[ids]
-        values = dequantize(rows, self.qtype).reshape(len(ids), self.dim).astype(np.float32, copy=False)
+        from gguf import GGMLQuantizationType  # the package only where the native library lacks the type
+        from gguf.quants import dequantize
+
+        values = dequantize(rows, GGMLQuantizationType(self.qtype)).reshape(len(ids), self.dim)
+        values = values.astype(np.float32, copy=False)
         return torch.from_numpy(values).reshape(*tokens.shape, self.dim)
 
 

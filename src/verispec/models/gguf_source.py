@@ -7,8 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGUFReader
-from gguf.quants import dequantize
 
 from ..errors import ModelLoadError
 from .gguf_config import PERMUTED, config_from_gguf
@@ -45,6 +43,8 @@ class GGUFSource:
 
     def __init__(self, path: Path):
         try:
+            from gguf import GGUFReader  # here: the gguf package imports yaml, 80 ms a start that reads no GGUF
+
             self.reader = GGUFReader(path)
         except Exception as exc:  # the gguf package raises assorted errors for non-GGUF bytes
             raise ModelLoadError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from None
@@ -57,6 +57,8 @@ class GGUFSource:
 
     def _floats(self, name: str) -> list[float]:
         tensor = self.tensors[name]
+        from gguf.quants import dequantize
+
         return [float(v) for v in dequantize(tensor.data, tensor.tensor_type).reshape(-1)]
 
     def _where(self, name: str) -> tuple[str, tuple[int, int] | None]:
@@ -134,6 +136,8 @@ class GGUFSource:
         rows = _within(part, rows)
         if rows is not None:
             data, shape = data[rows[0] : rows[1]], (rows[1] - rows[0], *shape[1:])
+        from gguf.quants import dequantize
+
         array = dequantize(data, tensor.tensor_type)
         array = array.reshape(shape or array.shape)
         weight = torch.from_numpy(np.array(array, dtype=np.float32))  # a writable copy

@@ -20,8 +20,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
-from gguf import GGMLQuantizationType
-from gguf.quants import Q4_K
 from torch import nn
 
 from .model import Transformer
@@ -43,8 +41,10 @@ class Int4Weight:
         return (self.q.float() - 8) * expand(self.scale) + expand(self.zero)
 
 
-def int4_from_gguf(data: np.ndarray, qtype: GGMLQuantizationType, rows: int, cols: int) -> Int4Weight | None:
+def int4_from_gguf(data: np.ndarray, qtype: int, rows: int, cols: int) -> Int4Weight | None:
     """The exact int4 form of a 4-bit GGUF tensor, or None for other types."""
+    from gguf import GGMLQuantizationType  # the gguf package only where a GGUF file is converted
+
     if qtype == GGMLQuantizationType.Q4_K:
         return _from_q4_k(data.reshape(-1, 144), rows, cols)
     if qtype in (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1):
@@ -56,6 +56,8 @@ def _from_q4_k(blocks: np.ndarray, rows: int, cols: int) -> Int4Weight:
     n = blocks.shape[0]
     d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
     dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+    from gguf.quants import Q4_K
+
     sc, m = Q4_K.get_scale_min(blocks[:, 4:16])
     qs = blocks[:, 16:].reshape(n, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
     q = (qs & 0x0F).reshape(rows, cols)
@@ -64,7 +66,9 @@ def _from_q4_k(blocks: np.ndarray, rows: int, cols: int) -> Int4Weight:
     return Int4Weight(torch.from_numpy(q.copy()), torch.from_numpy(scale), torch.from_numpy(zero))
 
 
-def _from_q4_0_1(data: np.ndarray, qtype: GGMLQuantizationType, rows: int, cols: int) -> Int4Weight:
+def _from_q4_0_1(data: np.ndarray, qtype: int, rows: int, cols: int) -> Int4Weight:
+    from gguf import GGMLQuantizationType
+
     has_min = qtype == GGMLQuantizationType.Q4_1
     blocks = data.reshape(-1, 20 if has_min else 18)
     d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
