@@ -18,6 +18,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,11 +65,14 @@ def render(results: dict, machine: str, commit: str, day: str) -> str:
     """The README's results section from a bench's results.json."""
     rows = results["summary"]
     plain = next(row for row in rows if row["method"] == "plain")
-    lines = [
-        BEGIN,
+    intro = (
         f"{day}, {machine}, 2 threads, verispec at {commit}: the bundled pair on the native kernels"
         + (" beside llama.cpp's own programs (the same prompts, the same run)" if len(rows) > 4 else "")
-        + ", greedy, the first 10 HumanEval prompts, 128 new tokens each:",
+        + ", greedy, the first 10 HumanEval prompts, 128 new tokens each:"
+    )
+    lines = [
+        BEGIN,
+        *textwrap.wrap(intro, 118),
         "",
         f"    verispec bench {' '.join(BENCH)}" + (f" {' '.join(PEERS)}" if len(rows) > 4 else ""),
         "",
@@ -78,8 +82,17 @@ def render(results: dict, machine: str, commit: str, day: str) -> str:
     for row in rows:
         compared = row.get("compared_to_plain")
         equal = f"{row['identical_to_plain']}/{compared}" if compared else "—"
+        if compared and row["method"] != "plain" and row["method"].endswith("-plain"):
+            equal += " (to verispec's plain: another engine's rounding)"
         ratio = row["tokens_per_s_median"] / plain["tokens_per_s_median"]
         lines.append(f"| {_label(row['method'])} | {row['tokens_per_s_median']:.2f} | {ratio:.2f}x | {equal} |")
+    peers = [row["tokens_per_s_median"] for row in rows if row["method"].startswith("llama.cpp")]
+    default = next((row for row in rows if row["method"].startswith("auto-suffix")), None)
+    if peers and default is not None:
+        best = max(peers)
+        ours, theirs = default["tokens_per_s_median"] / best, plain["tokens_per_s_median"] / best
+        said = f"verispec's default is {ours:.2f}x llama.cpp's best setting here, its plain decoding {theirs:.2f}x."
+        lines += ["", said]
     lines += ["", END]
     return "\n".join(lines)
 
