@@ -134,3 +134,27 @@ def test_a_cached_tokenizer_built_by_older_rules_is_rebuilt_in_place(tmp_path):
     rebuilt = Tokenizer.load_for_gguf(folder, path)
     assert rebuilt.gguf_rules == RULES_VERSION and rebuilt.extra_stop_ids == (7,)
     assert rebuilt.encode(text) == Tokenizer.load(folder).encode(text) == expected
+
+
+def test_a_cached_tokenizer_saved_in_the_older_format_is_written_again_and_cuts_the_same(tmp_path):
+    """A cache whose tokenizer.json holds merges as pairs (saved before SAVED_FORMAT 2) is written again with string
+    merges the first time it loads; texts cut the same before and after."""
+    import json
+
+    from verispec.models.tokenizer import SAVED_FORMAT, Tokenizer
+
+    path = vocab_file("starcoder", tmp_path)
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    Tokenizer.from_gguf(path).save(folder)
+    (folder / "tokenizer.json").write_text(Tokenizer.load(folder).raw.to_str(), encoding="utf-8")  # the pair form
+    settings = json.loads((folder / "verispec_tokenizer.json").read_text())
+    del settings["saved_format"]
+    (folder / "verispec_tokenizer.json").write_text(json.dumps(settings))
+    assert isinstance(json.loads((folder / "tokenizer.json").read_text())["model"]["merges"][0], list)
+    before = Tokenizer.load(folder)
+    after = Tokenizer.load_for_gguf(folder, path)
+    assert isinstance(json.loads((folder / "tokenizer.json").read_text())["model"]["merges"][0], str)
+    assert Tokenizer.load(folder).saved_format == SAVED_FORMAT
+    for text, expected in vectors(path):
+        assert before.encode(text) == after.encode(text) == Tokenizer.load(folder).encode(text) == expected

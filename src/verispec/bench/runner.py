@@ -22,9 +22,8 @@ from ..decoding.grammar import GrammarSpec
 from ..errors import InvalidParameterError
 from ..kernels.linear import GGUFEmbedding, NativeLinear
 from ..models.draft_head import DraftHead, draft_ids
-from ..models.loading import LoadedModel, load_pair
+from ..models.loading import LoadedModel, default_draft_quantization, load_pair
 from ..models.quantize import QuantizedLinear
-from ..models.weight_forms import default_draft_quantization
 from ..server.tools import request_prompt
 from .config import PEER_FAMILIES, BenchConfig, as_command
 from .costs import Costs, measure_costs

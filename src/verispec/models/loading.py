@@ -22,7 +22,7 @@ from .hf_source import load_hf_folder
 from .model import Transformer
 from .quantize import ACTIVATION_DTYPE, use_quantized_linears
 from .tokenizer import Tokenizer
-from .weight_forms import QUANTIZATIONS, default_draft_quantization
+from .weight_forms import QUANTIZATIONS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -125,21 +125,25 @@ def load_pair(
 ) -> tuple[LoadedModel, LoadedModel | None]:
     """A target and its draft (None: no draft), each a source to load or a model already loaded. One copy of
     the weights serves both when they name the same source in the same format; the tokenizers must match.
-    `draft_quantization` None: weight_forms.default_draft_quantization of the target's."""
-    loaded = (
-        target
-        if isinstance(target, LoadedModel)
-        else load_model(target, dtype, device=device, progress=progress, quantization=quantization)
-    )
-    if draft is None or isinstance(draft, LoadedModel):
-        second = draft
-    else:
-        draft_quantization = draft_quantization or default_draft_quantization(quantization)
-        same = not isinstance(target, LoadedModel) and str(draft) == str(target)
-        if same and draft_quantization == quantization:
-            second = loaded
-        else:
-            second = load_model(draft, dtype, device=device, progress=progress, quantization=draft_quantization)
+    `draft_quantization` None: default_draft_quantization of the target's."""
+    wanted = [(target, quantization), (draft, draft_quantization or default_draft_quantization(quantization))]
+    loaded: dict[tuple[str, str], LoadedModel] = {}  # one copy of the weights per source and form
+    models: list[LoadedModel | None] = []
+    for source, form in wanted:
+        if source is None or isinstance(source, LoadedModel):
+            models.append(source)
+            continue
+        key = (str(source), form)
+        if key not in loaded:
+            loaded[key] = load_model(source, dtype, device=device, progress=progress, quantization=form)
+        models.append(loaded[key])
+    first, second = models
     if second is not None:
-        loaded.tokenizer.check_compatible(second.tokenizer)
-    return loaded, second
+        first.tokenizer.check_compatible(second.tokenizer)
+    return first, second
+
+
+def default_draft_quantization(target: str) -> str:
+    """A draft is quantized at least as hard as its target: it runs k times per target pass, and its
+    weights need not be exact (the target verifies). The bundled draft is 8-bit, so int4 would keep it int8."""
+    return "int4-all" if target in ("int4", "int4-all") else target

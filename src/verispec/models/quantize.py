@@ -15,6 +15,7 @@ format: a position's logits do not depend on how many tokens share its forward p
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -197,6 +198,12 @@ def quantized_entries(parts: list[torch.Tensor | Int4Weight], mode: str) -> dict
     if mode == "int4-all" and dense.shape[1] % GROUP == 0:
         return _pack_int4(_int4_round_to_nearest(dense))
     return _pack_int8(dense)
+
+
+def quantized_linear(pieces: Iterable[list[torch.Tensor | Int4Weight]], mode: str) -> dict[str, torch.Tensor]:
+    """One QuantizedLinear's buffers from its consecutive row ranges (each one range's row-stacked parts), each
+    range quantized as it comes (a 150k-row head is never held whole in float32)."""
+    return concat_quantized([quantized_entries(parts, mode) for parts in pieces])
 
 
 def concat_quantized(pieces: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

@@ -140,9 +140,10 @@ class Tokenizer:
         from .gguf_vocab import RULES_VERSION
 
         tokenizer = cls.load(folder)
-        if tokenizer.gguf_rules != RULES_VERSION:
-            tokenizer = cls.from_gguf(path, tokenizer.extra_stop_ids)
-        if tokenizer.gguf_rules != RULES_VERSION or tokenizer.saved_format < SAVED_FORMAT:
+        stale = tokenizer.gguf_rules != RULES_VERSION
+        if stale or tokenizer.saved_format < SAVED_FORMAT:  # older rules: rebuilt; an older format: written again
+            if stale:
+                tokenizer = cls.from_gguf(path, tokenizer.extra_stop_ids)
             with suppress(OSError):  # a cache this user cannot write: rebuilt again next time
                 tokenizer.save(folder)
         return tokenizer

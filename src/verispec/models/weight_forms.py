@@ -22,9 +22,3 @@ def resolve_quantization(name: str, device: str | None, dtype_chosen: bool) -> s
     from ..kernels import native
 
     return "gguf" if native.available() else "int4"
-
-
-def default_draft_quantization(target: str) -> str:
-    """A draft is quantized at least as hard as its target: it runs k times per target pass, and its
-    weights need not be exact (the target verifies). The bundled draft is 8-bit, so int4 would keep it int8."""
-    return "int4-all" if target in ("int4", "int4-all") else target

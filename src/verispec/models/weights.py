@@ -18,7 +18,7 @@ import torch
 
 from ..errors import ModelLoadError
 from .config import ModelConfig
-from .quantize import ACTIVATION_DTYPE, Int4Weight, concat_quantized, quantized_entries
+from .quantize import ACTIVATION_DTYPE, Int4Weight, quantized_linear
 
 # canonical names: "embed", "norm", "lm_head", and per layer "{i}.attn_norm", "{i}.q", "{i}.k", "{i}.v",
 # "{i}.q_bias", "{i}.k_bias", "{i}.v_bias", "{i}.o", "{i}.mlp_norm", "{i}.gate", "{i}.up", "{i}.down", and where
@@ -87,10 +87,10 @@ def state_dict_parts(
         row_count=row_count,
     )
     yield "embed", {"embed.weight": torch.cat([source.get("embed", rows) for rows in source.chunks("embed")])}
-    if not config.tie_word_embeddings:
-        yield "head", source.linear("lm_head", ["lm_head"])
-    elif quantization != "none":
-        yield "head", source.linear("lm_head", ["embed"])  # the tied head gets its own quantized copy
+    # a tied head is the embedding (a quantized model gets its own quantized copy of it)
+    head = "lm_head" if not config.tie_word_embeddings else "embed" if quantization != "none" else None
+    if head is not None:
+        yield "head", source.linear("lm_head", [head])
     yield "norm", {"norm.weight": source.get("norm")}
     for i in range(config.num_layers):
         yield f"layer-{i:03d}", _layer(source, config, i)
@@ -126,12 +126,9 @@ class _Source:
         """The matrices `names` stacked as one linear's weight (or its quantized buffers), under `prefix`."""
         if self.quantization == "none":
             return {f"{prefix}.weight": torch.cat([self.get(n) for n in names])}
-        pieces = self.chunks(names[0]) if len(names) == 1 else [None]
-        packed = [
-            quantized_entries([self.get_int4(n, rows) or self.get(n, rows) for n in names], self.quantization)
-            for rows in pieces
-        ]
-        return {f"{prefix}.{key}": value for key, value in concat_quantized(packed).items()}
+        ranges = self.chunks(names[0]) if len(names) == 1 else [None]
+        pieces = ([self.get_int4(n, rows) or self.get(n, rows) for n in names] for rows in ranges)
+        return {f"{prefix}.{key}": value for key, value in quantized_linear(pieces, self.quantization).items()}
 
 
 def _layer(source: _Source, config: ModelConfig, i: int) -> dict[str, torch.Tensor]:
