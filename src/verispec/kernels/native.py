@@ -141,6 +141,11 @@ def set_threads(count: int) -> None:
     _lib().vsk_set_threads(count)
 
 
+def threads() -> int:
+    """The native pool's threads."""
+    return int(_lib().vsk_get_threads())
+
+
 _claimed = False
 
 

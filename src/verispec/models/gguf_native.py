@@ -14,6 +14,7 @@ vectors. `native_from_dense` puts a model loaded with dense weights (a Hugging F
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
@@ -42,20 +43,26 @@ _HALF_FIELDS = {
 }  # fmt: skip
 
 
-def load_native(path: Path, folder: Path, progress: bool = True) -> tuple[Transformer, Tokenizer] | None:
+def load_native(
+    path: Path, folder: Path, progress: bool = True, coarsen: bool = False
+) -> tuple[Transformer, Tokenizer] | None:
     """The model on the native kernels, or None when a matrix has a block type without a kernel.
-    `folder`: where the index of this file is cached (see converted.converted_folder)."""
+    `folder`: where the index of this file is cached (see converted.converted_folder). `coarsen`: the layers'
+    matrices stored in more bytes per weight than Q4_0 are requantized to Q4_0 once, into the cache (a draft's
+    form: `--speculative-quantization q4_0`; the embeddings and the output head stay as stored)."""
     if not (folder / "config.json").is_file():
-        _write_index(path, folder, progress)
+        _write_index(path, folder, progress, coarsen)
     config = ModelConfig.from_json((folder / "config.json").read_text())
     index = json.loads((folder / "tensors.json").read_text())
     matrices = [entry["type"] for entry in index["tensors"].values() if len(entry["shape"]) > 1]
     if any(qtype not in native.QUANT_TYPES for qtype in matrices):
         return None
-    data = np.memmap(path, mode="c")  # copy-on-write: writable views for torch; the file is never written
-    tiles = np.memmap(folder / "tiles.bin", mode="c") if (folder / "tiles.bin").stat().st_size else None
+    data = {"": np.memmap(path, mode="c")}  # copy-on-write: writable views for torch; the file is never written
+    for extra in ("tiles", COARSE):
+        if (folder / f"{extra}.bin").is_file() and (folder / f"{extra}.bin").stat().st_size:
+            data[extra] = np.memmap(folder / f"{extra}.bin", mode="c")
     native.claim_threads()
-    model = _build(config, index, data, tiles)
+    model = _build(config, index, data)
     return model, Tokenizer.load_for_gguf(folder, path)
 
 
@@ -63,8 +70,10 @@ class _Tensors:
     """The GGUF file's tensors by name, as the native stack takes them: quantized rows (with their cached tile form),
     an expert's rows of a 3-D expert tensor, or float32 values."""
 
-    def __init__(self, index: dict, data: np.memmap, tiles: np.memmap | None):
-        self.entries, self.data, self.tiles = index["tensors"], data, tiles
+    def __init__(self, index: dict, data: dict[str, np.memmap]):
+        """`data`: the GGUF file (key ""), the cached tile forms ("tiles") and requantized rows (COARSE)."""
+        self.entries, self.files = index["tensors"], data
+        self.tiles = data.get("tiles")
 
     def __contains__(self, name: str) -> bool:
         return name in self.entries
@@ -72,7 +81,8 @@ class _Tensors:
     def raw_rows(self, name: str, permute_heads: int | None = None) -> tuple[int, torch.Tensor]:
         entry = self.entries[name]
         qtype, rows = entry["type"], entry["shape"][-1] if len(entry["shape"]) > 1 else 1
-        weight = torch.from_numpy(self.data[entry["offset"] : entry["offset"] + entry["bytes"]].reshape(rows, -1))
+        data = self.files[entry.get("file", "")]
+        weight = torch.from_numpy(data[entry["offset"] : entry["offset"] + entry["bytes"]].reshape(rows, -1))
         if permute_heads is not None:
             weight = undo_rope_permutation(weight, permute_heads).contiguous()
         return qtype, weight
@@ -91,7 +101,7 @@ class _Tensors:
         count, rows = entry["shape"][2], entry["shape"][1]
         size = entry["bytes"] // count
         start = entry["offset"] + expert * size
-        return entry["type"], torch.from_numpy(self.data[start : start + size].reshape(rows, -1))
+        return entry["type"], torch.from_numpy(self.files[""][start : start + size].reshape(rows, -1))
 
     def linear(self, names: list[str], in_features: int, bias=None, heads=None) -> NativeLinear:
         made = [self.part(name, heads[i] if heads else None) for i, name in enumerate(names)]
@@ -99,13 +109,13 @@ class _Tensors:
 
     def floats(self, name: str, permute_heads: int | None = None) -> torch.Tensor:
         entry = self.entries[name]
-        raw = self.data[entry["offset"] : entry["offset"] + entry["bytes"]]
+        raw = self.files[""][entry["offset"] : entry["offset"] + entry["bytes"]]
         values = torch.from_numpy(_as_float32(raw, entry["type"]))
         return values if permute_heads is None else undo_rope_permutation(values, permute_heads).contiguous()
 
 
-def _build(config: ModelConfig, index: dict, data: np.memmap, tiles: np.memmap | None) -> Transformer:
-    arch, tensors = index["architecture"], _Tensors(index, data, tiles)
+def _build(config: ModelConfig, index: dict, data: dict[str, np.memmap]) -> Transformer:
+    arch, tensors = index["architecture"], _Tensors(index, data)
     with torch.device("meta"):
         model = Transformer(config)
     state = {"norm.weight": tensors.floats("output_norm.weight")}
@@ -238,11 +248,12 @@ def native_stack(config: ModelConfig, model: Transformer) -> NativeStack | None:
 DENSE_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 30}  # GGML type ids
 
 
-def native_from_dense(model: Transformer, dtype: torch.dtype = torch.float32) -> Transformer:
+def native_from_dense(model: Transformer, dtype: torch.dtype = torch.float32, coarsen: bool = False) -> Transformer:
     """A PyTorch model with dense weights (a Hugging Face folder loaded unquantized) moved onto the native kernels:
     each matrix as a dense part in `dtype` (float32, float16 or bfloat16: the library's F32, F16, BF16 products
     against float32 activations), the embeddings looked up by the library, the blocks on the native stack. In
-    float32 the weights are the checkpoint's own values (tests compare this path with transformers)."""
+    float32 the weights are the checkpoint's own values (tests compare this path with transformers). `coarsen`: the
+    layers' matrices whose rows split into 32-weight blocks requantized to Q4_0 instead (a draft's form)."""
     qtype = DENSE_TYPES[dtype]
 
     def rows_of(weight: torch.Tensor) -> torch.Tensor:
@@ -251,7 +262,11 @@ def native_from_dense(model: Transformer, dtype: torch.dtype = torch.float32) ->
 
     def dense(module: torch.nn.Linear) -> NativeLinear:
         bias = None if module.bias is None else module.bias.detach().float()
-        return NativeLinear(module.in_features, [(qtype, rows_of(module.weight))], bias)
+        rows = rows_of(module.weight)
+        if coarsen and module.in_features % 32 == 0:
+            coarse = native.requantize_q4_0(qtype, rows, torch.arange(rows.shape[0]), module.in_features)
+            return NativeLinear(module.in_features, [(native.Q4_0, coarse)], bias)
+        return NativeLinear(module.in_features, [(qtype, rows)], bias)
 
     native.claim_threads()
     for block in model.layers:
@@ -269,19 +284,21 @@ def native_from_dense(model: Transformer, dtype: torch.dtype = torch.float32) ->
     return _on_the_stack(model)
 
 
-def _write_index(path: Path, folder: Path, progress: bool) -> None:
+def _write_index(path: Path, folder: Path, progress: bool, coarsen: bool = False) -> None:
     from .gguf_source import GGUFSource
 
     source = GGUFSource(path)
-    with writing(folder, path) as tmp:
-        tensors = _write_tiles(path, source, tmp / "tiles.bin", progress)
+    with writing(folder, path) as tmp, ExitStack() as files:
+        coarse = files.enter_context(open(tmp / f"{COARSE}.bin", "wb")) if coarsen else None
+        tensors = _write_tiles(path, source, tmp / "tiles.bin", progress, coarse)
         (tmp / "tensors.json").write_text(json.dumps({"architecture": source.arch, "tensors": tensors}))
         source.write_tokenizer_and_config(tmp)
 
 
-def _write_tiles(path: Path, source, out: Path, progress: bool) -> dict:
+def _write_tiles(path: Path, source, out: Path, progress: bool, coarse=None) -> dict:
     """The index of every tensor, checking each; matrices with a tile form are repacked into `out` (not the
-    token embeddings when the file has its own output head: only the lookup reads them, from the GGUF rows)."""
+    token embeddings when the file has its own output head: only the lookup reads them, from the GGUF rows).
+    `coarse`: an open file the layers' matrices stored wider than Q4_0 are requantized into (_coarsened)."""
     tensors = {}
     untied = any(tensor.name == "output.weight" for tensor in source.reader.tensors)
     bar = tqdm(source.reader.tensors, desc=f"indexing {path.name}", unit="tensor", disable=not progress)
@@ -291,8 +308,12 @@ def _write_tiles(path: Path, source, out: Path, progress: bool) -> dict:
                      "offset": int(tensor.data_offset), "bytes": int(tensor.n_bytes)}  # fmt: skip
             _check_finite(path, tensor.name, entry)
             lookup_only = untied and tensor.name == "token_embd.weight"
+            rows = None
+            if coarse is not None and _coarsened(entry, tensor.name):
+                rows = _requantized(entry, np.array(tensor.data), coarse)
             if len(entry["shape"]) == 2 and not lookup_only and not _rope_permuted(source.arch, tensor.name):
-                rows = torch.from_numpy(np.array(tensor.data).reshape(entry["shape"][1], -1))  # a writable copy
+                if rows is None:
+                    rows = torch.from_numpy(np.array(tensor.data).reshape(entry["shape"][1], -1))  # a writable copy
                 tiled = native.repack(entry["type"], rows, entry["shape"][0])
                 if tiled is not None:
                     tiles.write(b"\0" * (-tiles.tell() % 64))  # 64-byte aligned
@@ -301,6 +322,32 @@ def _write_tiles(path: Path, source, out: Path, progress: bool) -> dict:
             tensors[tensor.name] = entry
             source.release_pages()
     return tensors
+
+
+COARSE = "coarse"  # the cached file of requantized rows
+
+
+def _coarsened(entry: dict, name: str) -> bool:
+    """Whether a tensor is requantized to Q4_0 for a coarse draft: a layer's 2-D matrix whose rows split into
+    32-weight blocks, stored in more bytes per weight than Q4_0 (Q5_0, Q8_0, Q6_K, F16...). The embeddings stay as
+    stored (a lookup reads only one row per token), and so does the output head (the draft's restricted head is
+    requantized on its own, draft_head.py)."""
+    if not name.startswith("blk.") or len(entry["shape"]) != 2 or entry["type"] not in native.QUANT_TYPES:
+        return False
+    values, size = native.QUANT_TYPES[entry["type"]]
+    q4_values, q4_size = native.QUANT_TYPES[native.Q4_0]
+    return size * q4_values > q4_size * values and entry["shape"][0] % q4_values == 0
+
+
+def _requantized(entry: dict, raw: np.ndarray, coarse) -> torch.Tensor:
+    """The tensor's rows requantized to Q4_0, appended to `coarse`; `entry` then points there."""
+    k, n = entry["shape"]
+    rows = torch.from_numpy(np.ascontiguousarray(raw).view(np.uint8).reshape(n, -1))  # F16, F32: their bytes
+    q4 = native.requantize_q4_0(entry["type"], rows, torch.arange(n), k)
+    coarse.write(b"\0" * (-coarse.tell() % 64))
+    entry.update(type=native.Q4_0, file=COARSE, offset=coarse.tell(), bytes=q4.numel(), stored=entry["type"])
+    coarse.write(q4.numpy().tobytes())
+    return q4
 
 
 def _rope_permuted(arch: str, name: str) -> bool:

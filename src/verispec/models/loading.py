@@ -2,6 +2,8 @@
 
 GGUF file, form gguf      the native kernels on the file's own blocks (gguf_native.py); a block type without a
                           kernel: PyTorch's int4 form instead
+GGUF file, form q4_0      the same, the layers' wider matrices requantized to Q4_0 once, cached (a draft's form)
+Hugging Face folder, q4_0 read in float32, then onto the native kernels, the same matrices requantized to Q4_0
 GGUF file, other forms    converted once into PyTorch's weights, cached (gguf_converted.py)
 Hugging Face folder       read into PyTorch's weights (hf_source.py)
 """
@@ -15,14 +17,14 @@ from pathlib import Path
 import torch
 
 from ..errors import InvalidParameterError
-from . import bundled
+from . import bundled, draft_forms
 from .converted import converted_folder
 from .gguf_converted import load_gguf_converted
 from .hf_source import load_hf_folder
 from .model import Transformer
 from .quantize import ACTIVATION_DTYPE, use_quantized_linears
 from .tokenizer import Tokenizer
-from .weight_forms import QUANTIZATIONS
+from .weight_forms import COARSE_DRAFT, DRAFT_QUANTIZATIONS, QUANTIZATIONS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -64,14 +66,20 @@ def load_model(
 ) -> LoadedModel:
     """`source`: 'target' / 'draft' (the bundled pair), a .gguf file, or a Hugging Face checkpoint folder.
 
-    `quantization`: 'none' (weights in `dtype`), 'gguf' (the file's blocks on the native kernels), or 'int4' /
-    'int4-all' / 'int8' weight-only linears with bfloat16 activations (CPU; see quantize.py).
+    `quantization`: 'none' (weights in `dtype`), 'gguf' (the file's blocks on the native kernels), 'q4_0' (as
+    gguf, the layers' matrices stored wider than Q4_0 requantized to it: a draft's form), or 'int4' / 'int4-all' /
+    'int8' weight-only linears with bfloat16 activations (CPU; see quantize.py).
     """
     torch_dtype, torch_device = _checked_form(dtype, device, quantization)
     text = str(source)
     path = bundled.locate(text, progress)
-    if quantization == "gguf":
-        native = _native(path, progress)
+    if quantization == COARSE_DRAFT and path.is_dir() and _native_available():
+        from .gguf_native import native_from_dense
+
+        dense = load_model(path, "float32", progress=progress)
+        return LoadedModel(text, path, native_from_dense(dense.model, coarsen=True), dense.tokenizer)
+    if quantization in ("gguf", COARSE_DRAFT):
+        native = _native(path, progress, coarsen=quantization == COARSE_DRAFT)
         if native is not None:
             model, tokenizer = native
             return LoadedModel(text, path, model, tokenizer)
@@ -91,10 +99,10 @@ def load_model(
 def _checked_form(dtype: str | torch.dtype, device: str | None, quantization: str) -> tuple[torch.dtype, torch.device]:
     """The dtype and device a model is loaded in (a quantized one computes in ACTIVATION_DTYPE, on the CPU)."""
     torch_dtype, torch_device = resolve_dtype(dtype), resolve_device(device)
-    if quantization not in QUANTIZATIONS:
+    if quantization not in DRAFT_QUANTIZATIONS:
         raise InvalidParameterError(f"unknown quantization '{quantization}' (choose from {', '.join(QUANTIZATIONS)})")
-    if quantization == "gguf" and torch_device.type != "cpu":
-        raise InvalidParameterError("gguf quantization runs on the native CPU kernels; use --device cpu")
+    if quantization in ("gguf", COARSE_DRAFT) and torch_device.type != "cpu":
+        raise InvalidParameterError(f"{quantization} quantization runs on the native CPU kernels; use --device cpu")
     if quantization != "none":
         if torch_device.type != "cpu":
             raise InvalidParameterError("int4/int8 quantization runs on the CPU kernels; use --device cpu")
@@ -102,16 +110,21 @@ def _checked_form(dtype: str | torch.dtype, device: str | None, quantization: st
     return torch_dtype, torch_device
 
 
-def _native(path: Path, progress: bool):
-    """The model and tokenizer on the native kernels, or None (not a GGUF file, no compiled kernels, or a block type
-    without one)."""
+def _native_available() -> bool:
     from ..kernels import native
 
-    if not (path.is_file() and native.available()):
+    return native.available()
+
+
+def _native(path: Path, progress: bool, coarsen: bool = False):
+    """The model and tokenizer on the native kernels, or None (not a GGUF file, no compiled kernels, or a block type
+    without one). `coarsen`: its wider matrices requantized to Q4_0 (a separate cached form)."""
+    if not (path.is_file() and _native_available()):
         return None
     from .gguf_native import FORM, load_native
 
-    return load_native(path, converted_folder(path, FORM), progress)
+    form = f"{COARSE_DRAFT}-{FORM}" if coarsen else FORM
+    return load_native(path, converted_folder(path, form), progress, coarsen=coarsen)
 
 
 def load_pair(
@@ -125,8 +138,13 @@ def load_pair(
 ) -> tuple[LoadedModel, LoadedModel | None]:
     """A target and its draft (None: no draft), each a source to load or a model already loaded. One copy of
     the weights serves both when they name the same source in the same format; the tokenizers must match.
-    `draft_quantization` None: default_draft_quantization of the target's."""
-    wanted = [(target, quantization), (draft, draft_quantization or default_draft_quantization(quantization))]
+    `draft_quantization` None: default_draft_quantization of the target's; 'auto': the draft's fastest form here
+    (draft_forms.py)."""
+    draft_form = draft_quantization or default_draft_quantization(quantization)
+    if draft_form == "auto":
+        given = draft is None or isinstance(draft, LoadedModel)
+        draft_form = "gguf" if given else draft_forms.choose(str(draft), progress)
+    wanted = [(target, quantization), (draft, draft_form)]
     loaded: dict[tuple[str, str], LoadedModel] = {}  # one copy of the weights per source and form
     models: list[LoadedModel | None] = []
     for source, form in wanted:
@@ -145,5 +163,8 @@ def load_pair(
 
 def default_draft_quantization(target: str) -> str:
     """A draft is quantized at least as hard as its target: it runs k times per target pass, and its
-    weights need not be exact (the target verifies). The bundled draft is 8-bit, so int4 would keep it int8."""
+    weights need not be exact (the target verifies). The bundled draft is 8-bit, so int4 would keep it int8; on the
+    native kernels its form is measured (auto: as stored, or its layers requantized to Q4_0, draft_forms.py)."""
+    if target == "gguf":
+        return "auto"
     return "int4-all" if target in ("int4", "int4-all") else target

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 # gguf: the GGUF file's own blocks on verispec's native kernels (kernels/); the others PyTorch's kernels
 QUANTIZATIONS = ("none", "int8", "int4", "int4-all", "gguf")
+# a draft's own form: gguf with the layers' matrices stored wider than Q4_0 requantized to Q4_0 (the draft only
+# proposes, so its precision changes its speed and acceptance, never the output)
+COARSE_DRAFT = "q4_0"
+DRAFT_QUANTIZATIONS = (*QUANTIZATIONS, COARSE_DRAFT)
 
 
 def resolve_quantization(name: str, device: str | None, dtype_chosen: bool) -> str:
