@@ -235,6 +235,40 @@ def test_draft_policy_prices_a_first_catch_up_from_the_prefill_before_paying_it(
     assert fresh(None).choose_k(1, [0.8], [3], lag_tokens=1500, remaining_tokens=64) == 3
 
 
+def test_the_expected_answer_length_follows_the_answers_before_it():
+    policy = DraftPolicy(PolicySettings(answer_prior=2.0))
+    assert policy.expected_left(0, 128) == 128  # nothing known: the most it may write
+    for _ in range(8):
+        policy.record_answer(20, stopped=True)
+    assert policy.expected_left(0, 128) == (8 * 20 + 2 * 128) / 10
+    assert policy.expected_left(25, 103) == 103  # longer than every answer seen: nothing says it ends soon
+    for _ in range(8):
+        policy.record_answer(16, stopped=False)  # cut at max_tokens = 16: it would have run on
+    assert policy.expected_left(0, 128) == (8 * 20 + 8 * 128 + 2 * 128) / 18
+
+
+def test_short_answers_stand_down_where_the_catch_up_would_not_pay_back():
+    """Answers that stop after 20 tokens: a 300-token prompt's catch-up (0.02 s a token) is not worth drafting for
+    them, though it is over the 128 tokens the request allows (the control: the same policy before any answer)."""
+
+    def fresh() -> DraftPolicy:
+        policy = DraftPolicy(PolicySettings(k_max=3, probe_every=1000))
+        for _ in range(4):
+            record(policy, 1, 0, 0, *_cpu_like_costs(1, 0))  # plain: 1 token in 0.1 s
+        for _ in range(2):
+            policy.catch_up.add(0.02)
+        return policy
+
+    def choose(policy: DraftPolicy) -> int:
+        return policy.choose_k(1, [0.8], [3], lag_tokens=300, remaining_tokens=policy.expected_left(0, 128))
+
+    assert choose(fresh()) == 3
+    short = fresh()
+    for _ in range(30):
+        short.record_answer(20, stopped=True)
+    assert choose(short) == 0
+
+
 def test_the_catch_up_is_spread_over_the_tokens_the_lookups_leave_to_the_draft_model():
     """A sequence whose lookups give most of its tokens (an answer that copies its prompt) does not read a long
     prompt into the draft model for the few tokens no lookup finds; one whose lookups give none does (the

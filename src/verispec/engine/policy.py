@@ -32,6 +32,12 @@ tokens. Rules:
   so the numbers follow the machine; the interval doubles (up to `max_probe_interval`) while the choice
   holds and drops back when it changes, and probes are spaced so that their measured cost (time lost at
   the lower rate, plus the catch-up they cause) stays under `probe_budget` of the throughput.
+- The tokens a sequence may still generate are what its answer is expected to run to, not its max_tokens: the mean,
+  over the last `answer_window` finished answers longer than what it has written, of what they wrote past that
+  point (within what it may still write; an answer cut at its own max_tokens counts as running on to that), with
+  that most counted as `answer_prior` more answers (nothing is known of a new server's answers). Short answers (a
+  question answered in a sentence, a translation) then stand down rather than pay a catch-up that 20 tokens
+  cannot win back.
 - While a prompt prefills or waits for a slot (a burst starts), nothing drafts.
 - A lookup (suffix drafting: tokens copied from text already seen, free to draft) is priced by the measured cost
   of a pass over as many rows as it adds: every target pass is recorded by its rows, and `row_cost` gives what n
@@ -173,6 +179,8 @@ class PolicySettings:
     # costing more than half its target rarely pays, so the guess errs on the side of not drafting
     draft_share_guess: float = 0.5
     paired_steps: int = 3  # a sample counts if at least this many of the last 5 steps were of other cells
+    answer_window: int = 64  # finished answers remembered for the expected answer length
+    answer_prior: float = 2.0  # a sequence's own max_tokens counts as this many answers
 
     def __post_init__(self) -> None:
         if self.mode not in POLICIES:
@@ -198,6 +206,23 @@ class DraftPolicy:
     # the last steps: ((batch, k), their time over their cell's), the machine's current slowdown
     recent: deque[tuple[tuple[int, int], float]] = field(default_factory=lambda: deque(maxlen=5))
     probing: dict[int, _Probing] = field(default_factory=dict)
+    # the last finished answers: (tokens written, whether it stopped by itself rather than at its max_tokens)
+    answers: deque[tuple[int, bool]] = field(default_factory=deque)
+
+    def record_answer(self, length: int, stopped: bool) -> None:
+        """A sequence finished after writing `length` tokens: `stopped` by an end token or a stop string, or cut."""
+        self.answers.append((length, stopped))
+        if len(self.answers) > self.settings.answer_window:
+            self.answers.popleft()
+
+    def expected_left(self, written: int, most: int) -> float:
+        """The tokens a sequence that wrote `written` and may write `most` more is expected to write: what past
+        answers longer than `written` wrote past it (at most `most`; a cut one would have run on: `most`), with
+        `most` itself weighted answer_prior."""
+        longer = [min(length - written, most) if stopped else most for length, stopped in self.answers
+                  if length > written]  # fmt: skip
+        prior = self.settings.answer_prior
+        return (sum(longer) + prior * most) / (len(longer) + prior)
 
     def acceptance(self, accepted: int, rejected: int) -> float:
         """A sequence's acceptance rate of the draft model's drafts after `accepted` of them accepted and

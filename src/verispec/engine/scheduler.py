@@ -419,7 +419,7 @@ class Scheduler:
         lag = sum(self.proposer.lag(seqs[i].slot, seqs[i].tokens, seqs[i].draft_tokens) for i in eligible)
         # the tokens still to come: the lookups' expected share of them, which the draft model must read before
         # it drafts again, and the rest, which it would draft
-        left = [(self._tokens_left(seqs[i]), self._coverage(seqs[i])) for i in eligible]
+        left = [(self._expected_left(seqs[i]), self._coverage(seqs[i])) for i in eligible]
         # a burst is starting: a prompt still prefills, or waits for a free slot (over HTTP a burst's later
         # requests arrive while the first prefills, after this step's admission)
         with self.cond:
@@ -694,6 +694,10 @@ class Scheduler:
     def _coverage(self, seq: Sequence) -> float:
         """The share of the sequence's tokens still to come that its lookups are expected to give."""
         return self.policy.lookup_coverage(seq.stats.accepted_by_lookup, seq.stats.new_tokens)
+
+    def _expected_left(self, seq: Sequence) -> float:
+        """The tokens the sequence is expected to write still, from earlier answers (DraftPolicy.expected_left)."""
+        return self.policy.expected_left(len(seq.stopper.token_ids), self._tokens_left(seq))
 
     def _tokens_left(self, seq: Sequence) -> int:
         """The most tokens the sequence may still generate (max_tokens, or the context, whichever ends first)."""
@@ -977,6 +981,7 @@ class Scheduler:
             prompt_ids=seq.request.prompt_ids,
             logprobs=seq.logprobs,
         )
+        self.policy.record_answer(len(stopper.token_ids), stopped=reason != "length")
         if self.proposer is not None:  # what it wrote, for the requests to come
             self.proposer.finished(seq.slot, seq.tokens[len(seq.request.prompt_ids) :], seq.request.partition)
         self.prefixes.decoded(seq.slot, seq.tokens)
