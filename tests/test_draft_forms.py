@@ -81,6 +81,7 @@ def test_a_hugging_face_folder_draft_is_coarsened_on_the_native_kernels(architec
     coarse = load_model(folder, "float32", progress=False, quantization="q4_0").model
     assert coarse.fused_blocks is not None
     assert _kernel_types(coarse)["layers"] == {Q4_0_TILE}
+    assert _kernel_types(coarse)["head"] == {0}  # F32, as read
     dense = load_model(folder, "float32", progress=False).model
     weight = dense.layers[0].mlp.w_down.weight.detach()
     step = weight.reshape(weight.shape[0], -1, 32).abs().amax(-1, keepdim=True) / 8  # a Q4_0 block's step

@@ -253,17 +253,18 @@ def native_from_dense(model: Transformer, dtype: torch.dtype = torch.float32, co
     each matrix as a dense part in `dtype` (float32, float16 or bfloat16: the library's F32, F16, BF16 products
     against float32 activations), the embeddings looked up by the library, the blocks on the native stack. In
     float32 the weights are the checkpoint's own values (tests compare this path with transformers). `coarsen`: the
-    layers' matrices whose rows split into 32-weight blocks requantized to Q4_0 instead (a draft's form)."""
+    layers' matrices whose rows split into 32-weight blocks requantized to Q4_0 instead (a draft's form; the head
+    and the embeddings stay dense)."""
     qtype = DENSE_TYPES[dtype]
 
     def rows_of(weight: torch.Tensor) -> torch.Tensor:
         weight = weight.detach().to(dtype).contiguous()
         return weight.view(torch.uint8).reshape(weight.shape[0], -1)
 
-    def dense(module: torch.nn.Linear) -> NativeLinear:
+    def dense(module: torch.nn.Linear, layer: bool = True) -> NativeLinear:
         bias = None if module.bias is None else module.bias.detach().float()
         rows = rows_of(module.weight)
-        if coarsen and module.in_features % 32 == 0:
+        if coarsen and layer and module.in_features % 32 == 0:
             coarse = native.requantize_q4_0(qtype, rows, torch.arange(rows.shape[0]), module.in_features)
             return NativeLinear(module.in_features, [(native.Q4_0, coarse)], bias)
         return NativeLinear(module.in_features, [(qtype, rows)], bias)
@@ -279,7 +280,7 @@ def native_from_dense(model: Transformer, dtype: torch.dtype = torch.float32, co
         block.attn.attend_per_query = native.attention
     embed = rows_of(model.embed.weight)
     hidden = model.config.hidden_size
-    model.lm_head = NativeLinear(hidden, [(qtype, embed)]) if model.lm_head is None else dense(model.lm_head)
+    model.lm_head = NativeLinear(hidden, [(qtype, embed)]) if model.lm_head is None else dense(model.lm_head, False)
     model.embed = GGUFEmbedding(qtype, embed, hidden)
     return _on_the_stack(model)
 
