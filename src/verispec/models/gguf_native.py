@@ -291,12 +291,12 @@ def _write_index(path: Path, folder: Path, progress: bool, coarsen: bool = False
     source = GGUFSource(path)
     with writing(folder, path) as tmp, ExitStack() as files:
         coarse = files.enter_context(open(tmp / f"{COARSE}.bin", "wb")) if coarsen else None
-        tensors = _write_tiles(path, source, tmp / "tiles.bin", progress, coarse)
+        tensors = _write_tiles(path, source, tmp / "tiles.bin", progress, coarse=coarse)
         (tmp / "tensors.json").write_text(json.dumps({"architecture": source.arch, "tensors": tensors}))
         source.write_tokenizer_and_config(tmp)
 
 
-def _write_tiles(path: Path, source, out: Path, progress: bool, coarse=None) -> dict:
+def _write_tiles(path: Path, source, out: Path, progress: bool, *, coarse=None) -> dict:
     """The index of every tensor, checking each; matrices with a tile form are repacked into `out` (not the
     token embeddings when the file has its own output head: only the lookup reads them, from the GGUF rows).
     `coarse`: an open file the layers' matrices stored wider than Q4_0 are requantized into (_coarsened)."""
