@@ -122,14 +122,14 @@ def test_only_the_draft_takes_the_coarse_form():
 def test_auto_keeps_the_form_that_drafts_fastest_here_and_remembers_it(own_cache, monkeypatch, coarse_ms, chosen):
     """The stored form's step takes 10 ms: a coarse form is kept only when it saves more than MARGIN of it."""
     from verispec.models import draft_forms
-    from verispec.models.loading import load_pair
+    from verispec.models.loading import choose_draft_form, load_pair
 
     def timed(model) -> float:
         coarse = Q4_0_TILE in _kernel_types(model)["layers"]
         return (coarse_ms if coarse else 10.0) / 1e3
 
     monkeypatch.setattr(draft_forms, "_step_seconds", timed)
-    assert draft_forms.choose(str(FIXTURE), progress=False) == chosen
+    assert choose_draft_form(str(FIXTURE), progress=False) == chosen
     monkeypatch.setattr(draft_forms, "_measure", lambda *args: pytest.fail("measured again"))
     _, draft = load_pair(FIXTURE, FIXTURE, progress=False, quantization="gguf")  # the default: auto
     assert (Q4_0_TILE in _kernel_types(draft.model)["layers"]) == (chosen == "q4_0")

@@ -21,9 +21,8 @@ from tqdm import tqdm
 from ..decoding.grammar import GrammarSpec
 from ..errors import InvalidParameterError
 from ..kernels.linear import GGUFEmbedding, NativeLinear
-from ..models import draft_forms
 from ..models.draft_head import DraftHead, draft_ids
-from ..models.loading import LoadedModel, default_draft_quantization, load_pair
+from ..models.loading import LoadedModel, choose_draft_form, default_draft_quantization, load_pair
 from ..models.quantize import QuantizedLinear
 from ..server.tools import request_prompt
 from .config import PEER_FAMILIES, BenchConfig, as_command
@@ -173,7 +172,7 @@ def _contenders(config: BenchConfig, models: Models, max_seq_len: int, log: Call
 def _load_models(config: BenchConfig, log: Callable[[str], None]) -> Models:
     draft_quantization = config.draft_quantization or default_draft_quantization(config.quantization)
     if draft_quantization == "auto" and config.uses_draft:  # the draft's fastest form here, named in the log
-        draft_quantization = draft_forms.choose(config.draft_model)
+        draft_quantization = choose_draft_form(config.draft_model)
     log(f"loading {config.model} ({_form(config.dtype, config.quantization)}) ...")
     if config.uses_draft:
         log(f"loading {config.draft_model} ({_form(config.dtype, draft_quantization)}) ...")

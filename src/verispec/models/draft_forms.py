@@ -18,6 +18,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -30,9 +31,10 @@ MARGIN = 0.03  # a coarser form must save at least this share of a draft step (b
 CONTEXT, STEPS, ROUNDS = 64, 8, 5
 
 
-def choose(source: str, progress: bool = True) -> str:
+def choose(source: str, load: Callable[[str, str], torch.nn.Module], progress: bool = True) -> str:
     """The form the draft `source` (a bundled name or a GGUF file) drafts fastest in here, measured once and
-    cached; 'gguf' where there is nothing to choose (no native kernels, or not a GGUF file)."""
+    cached; 'gguf' where there is nothing to choose (no native kernels, or not a GGUF file). `load(source, form)`:
+    the model in that form (loading.py's, passed in: loading calls this module)."""
     from ..kernels import native
 
     path = bundled.locate(source, progress)
@@ -42,7 +44,7 @@ def choose(source: str, progress: bool = True) -> str:
     cache = bundled.cache_dir() / "draft-forms.json"
     known = _read(cache)
     if key not in known:
-        known[key] = _measure(source, progress)
+        known[key] = _measure(source, load)
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps(known, indent=1))
     chosen = known[key]
@@ -77,10 +79,8 @@ def _read(cache: Path) -> dict:
     return known if isinstance(known, dict) else {}
 
 
-def _measure(source: str, progress: bool) -> dict:
-    from .loading import load_model
-
-    models = {form: load_model(source, "float32", progress=progress, quantization=form).model for form in CANDIDATES}
+def _measure(source: str, load: Callable[[str, str], torch.nn.Module]) -> dict:
+    models = {form: load(source, form) for form in CANDIDATES}
     samples: dict[str, list[float]] = {form: [] for form in CANDIDATES}
     for _ in range(ROUNDS):
         for form, model in models.items():

@@ -143,7 +143,7 @@ def load_pair(
     draft_form = draft_quantization or default_draft_quantization(quantization)
     if draft_form == "auto":
         given = draft is None or isinstance(draft, LoadedModel)
-        draft_form = "gguf" if given else draft_forms.choose(str(draft), progress)
+        draft_form = "gguf" if given else choose_draft_form(str(draft), progress)
     wanted = [(target, quantization), (draft, draft_form)]
     loaded: dict[tuple[str, str], LoadedModel] = {}  # one copy of the weights per source and form
     models: list[LoadedModel | None] = []
@@ -159,6 +159,15 @@ def load_pair(
     if second is not None:
         first.tokenizer.check_compatible(second.tokenizer)
     return first, second
+
+
+def choose_draft_form(draft: str, progress: bool = True) -> str:
+    """The draft's fastest form on this machine (draft_forms.py), measured on models loaded here."""
+
+    def load(source: str, form: str) -> Transformer:
+        return load_model(source, "float32", progress=progress, quantization=form).model
+
+    return draft_forms.choose(draft, load, progress)
 
 
 def default_draft_quantization(target: str) -> str:
