@@ -133,3 +133,31 @@ def test_auto_keeps_the_form_that_drafts_fastest_here_and_remembers_it(own_cache
     monkeypatch.setattr(draft_forms, "_measure", lambda *args: pytest.fail("measured again"))
     _, draft = load_pair(FIXTURE, FIXTURE, progress=False, quantization="gguf")  # the default: auto
     assert (Q4_0_TILE in _kernel_types(draft.model)["layers"]) == (chosen == "q4_0")
+
+
+def test_the_api_refuses_a_coarse_target_and_names_the_forms_it_takes():
+    from verispec.errors import InvalidParameterError
+    from verispec.models.loading import load_pair
+
+    with pytest.raises(InvalidParameterError, match="drafts"):
+        load_pair(FIXTURE, None, progress=False, quantization="q4_0")
+    with pytest.raises(InvalidParameterError, match="q4_0"):
+        load_model(FIXTURE, progress=False, quantization="q5_0")
+
+
+def test_a_cache_entry_out_of_shape_is_measured_again(own_cache, monkeypatch):
+    import json
+
+    from verispec.models import draft_forms
+    from verispec.models.loading import choose_draft_form
+
+    monkeypatch.setattr(draft_forms, "_step_seconds", lambda model: 0.01)
+    choose_draft_form(str(FIXTURE), progress=False)
+    cache = own_cache / "draft-forms.json"
+    known = json.loads(cache.read_text())
+    (key,) = known
+    cache.write_text(json.dumps({key: {"form": "q3_k"}}))  # edited by hand
+    assert choose_draft_form(str(FIXTURE), progress=False) == "gguf"  # level timings: the file as stored
+    assert json.loads(cache.read_text())[key]["form"] == "gguf"
+    cache.write_text("{not json")
+    assert choose_draft_form(str(FIXTURE), progress=False) == "gguf"

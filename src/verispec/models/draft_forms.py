@@ -14,6 +14,7 @@ prepared files) and printed.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
 import sys
@@ -43,10 +44,9 @@ def choose(source: str, load: Callable[[str, str], torch.nn.Module], progress: b
     key = _key(path, native)
     cache = bundled.cache_dir() / "draft-forms.json"
     known = _read(cache)
-    if key not in known:
+    if not _valid(known.get(key)):  # not measured yet here, or an entry edited out of shape: measured again
         known[key] = _measure(source, load)
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps(known, indent=1))
+        _write(cache, known)
     chosen = known[key]
     if progress:
         steps = ", ".join(f"{form} {ms:.2f} ms" for form, ms in chosen["step_ms"].items())
@@ -77,6 +77,20 @@ def _read(cache: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return known if isinstance(known, dict) else {}
+
+
+def _valid(entry: object) -> bool:
+    if not isinstance(entry, dict) or entry.get("form") not in CANDIDATES or not isinstance(entry.get("step_ms"), dict):
+        return False
+    return all(isinstance(ms, int | float) for ms in entry["step_ms"].values())
+
+
+def _write(cache: Path, known: dict) -> None:
+    """Whole or not at all: another process reading it meanwhile sees the old file or the new one."""
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_name(f"{cache.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(known, indent=1))
+    os.replace(tmp, cache)
 
 
 def _measure(source: str, load: Callable[[str, str], torch.nn.Module]) -> dict:

@@ -24,7 +24,7 @@ from .hf_source import load_hf_folder
 from .model import Transformer
 from .quantize import ACTIVATION_DTYPE, use_quantized_linears
 from .tokenizer import Tokenizer
-from .weight_forms import COARSE_DRAFT, DRAFT_QUANTIZATIONS, QUANTIZATIONS
+from .weight_forms import COARSE_DRAFT, DRAFT_QUANTIZATIONS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -100,7 +100,8 @@ def _checked_form(dtype: str | torch.dtype, device: str | None, quantization: st
     """The dtype and device a model is loaded in (a quantized one computes in ACTIVATION_DTYPE, on the CPU)."""
     torch_dtype, torch_device = resolve_dtype(dtype), resolve_device(device)
     if quantization not in DRAFT_QUANTIZATIONS:
-        raise InvalidParameterError(f"unknown quantization '{quantization}' (choose from {', '.join(QUANTIZATIONS)})")
+        choices = ", ".join(DRAFT_QUANTIZATIONS)
+        raise InvalidParameterError(f"unknown quantization '{quantization}' (choose from {choices}; q4_0: drafts only)")
     if quantization in ("gguf", COARSE_DRAFT) and torch_device.type != "cpu":
         raise InvalidParameterError(f"{quantization} quantization runs on the native CPU kernels; use --device cpu")
     if quantization != "none":
@@ -140,6 +141,8 @@ def load_pair(
     the weights serves both when they name the same source in the same format; the tokenizers must match.
     `draft_quantization` None: default_draft_quantization of the target's; 'auto': the draft's fastest form here
     (draft_forms.py)."""
+    if quantization == COARSE_DRAFT:  # the target's numbers are the output: never coarsened
+        raise InvalidParameterError(f"{COARSE_DRAFT} is a form for drafts (draft_quantization), not targets")
     draft_form = draft_quantization or default_draft_quantization(quantization)
     if draft_form == "auto":
         given = draft is None or isinstance(draft, LoadedModel)
