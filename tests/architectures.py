@@ -41,7 +41,14 @@ _TEXT_SPECS: dict[str, tuple[str, dict]] = {
     # five local layers (their own rotary base) and a global one (linear scaling)
     "gemma3": ("gemma3_text", {"num_hidden_layers": 6, "sliding_window": WINDOW, "query_pre_attn_scalar": 24,
                                "rope_local_base_freq": 100.0, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
+    # three Gated DeltaNet layers (two key heads shared by four value heads) and a gated full-attention layer whose
+    # rotary turns half of each head; the sequence (48) crosses no DeltaNet chunk (64): HYBRID_LONG does
+    "qwen3.5": ("qwen3_5_text", {"num_hidden_layers": 4, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                                 "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+                                 "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                                     "partial_rotary_factor": 0.5}}),
 }  # fmt: skip
+HYBRID = ["qwen3.5"]  # architectures with linear-attention layers: the PyTorch path only
 # multimodal checkpoints: the text model of text_config beside a one-layer vision tower verispec leaves unread
 _WRAPPER_SPECS: dict[str, tuple[str, dict, dict, dict]] = {
     "mistral3": ("mistral3", {"model_type": "mistral", "sliding_window": None},
@@ -90,12 +97,13 @@ def make_model(name: str, seed: int = 0, dims: dict = SMALL, half_exact: bool = 
     wrapper = name in _WRAPPER_SPECS
     model = (AutoModelForImageTextToText if wrapper else AutoModelForCausalLM).from_config(config).eval()
     gemma = name.startswith("gemma")
+    zero_centred = gemma or name in HYBRID  # their norms multiply by 1 + w (a DeltaNet's own norm by w)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for key, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=generator)
             if "norm" in key:
-                p.copy_((0.0 if gemma else 1.0) + 0.1 * noise)
+                p.copy_((0.0 if zero_centred and "linear_attn.norm" not in key else 1.0) + 0.1 * noise)
             elif p.dim() == 1:
                 p.copy_(0.1 * noise)
             elif "embed" in key:
@@ -141,3 +149,32 @@ def tokens(seed: int = 1, length: int = SEQUENCE) -> torch.Tensor:
 def reference_logits(model, ids: torch.Tensor) -> torch.Tensor:
     """transformers' float32 logits [positions, vocab] of one sequence."""
     return model(input_ids=ids).logits[0].float()
+
+
+def add_mtp(folder: Path, seed: int = 5) -> dict[str, torch.Tensor]:
+    """Give a saved qwen3.5 checkpoint an MTP layer in Qwen3.5's published layout (transformers has no MTP module: its
+    Qwen3.5 loaders skip `mtp.*`): `mtp.fc` [hidden, 2 x hidden], the two input norms, a full-attention decoder layer
+    `mtp.layers.0.*` shaped as the model's own, `mtp.norm`; weights drawn as make_model draws them, in a file of their
+    own, and `mtp_num_hidden_layers: 1` in config.json. Returns the tensors."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    config = json.loads((folder / "config.json").read_text())
+    attention = config["layer_types"].index("full_attention")
+    own = f"model.layers.{attention}."
+    layer = {key.removeprefix(own): value for key, value in load_file(folder / "model.safetensors").items()
+             if key.startswith(own)}  # fmt: skip
+    hidden = config["hidden_size"]
+    shapes = {"mtp.fc.weight": (hidden, 2 * hidden), "mtp.pre_fc_norm_embedding.weight": (hidden,),
+              "mtp.pre_fc_norm_hidden.weight": (hidden,), "mtp.norm.weight": (hidden,)}  # fmt: skip
+    shapes |= {f"mtp.layers.0.{key}": tuple(value.shape) for key, value in layer.items()}
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for key, shape in shapes.items():
+        noise = torch.randn(shape, generator=generator)
+        tensors[key] = 0.1 * noise if "norm" in key else noise * 1.5 / math.sqrt(shape[1])
+    save_file(tensors, folder / "mtp.safetensors")
+    config["mtp_num_hidden_layers"] = 1
+    (folder / "config.json").write_text(json.dumps(config))
+    return tensors

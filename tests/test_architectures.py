@@ -28,7 +28,7 @@ from verispec import load_model
 from verispec.kernels import native
 from verispec.models.gguf_native import native_from_dense
 
-from architectures import NAMES, tokens
+from architectures import HYBRID, NAMES, tokens
 
 FIXTURES = Path(__file__).parent / "fixtures" / "architectures"
 GGUF_NAMES = sorted(path.stem for path in FIXTURES.glob("*.gguf"))
@@ -59,8 +59,11 @@ def test_the_pytorch_path_computes_what_transformers_computes(name, architecture
     assert_close(_prefill_then_decode(model, ids), expected)
 
 
+NATIVE = [name for name in NAMES if name not in HYBRID]  # the native stack has no linear-attention layers
+
+
 @needs_native
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NATIVE)
 def test_the_native_stack_computes_what_transformers_computes(name, architecture, monkeypatch):
     """Dense float32 weights on the stack; the prefill cut into chunks of 7 rows, so that chunks cross the sliding
     windows (8) too."""
@@ -132,3 +135,12 @@ def test_gguf_files_compute_what_transformers_computes(name, tmp_path, monkeypat
         assert model.fused_blocks is not None
         model.kv_dtype = torch.float32
         assert_close(_prefill_then_decode(model, ids), expected)
+
+
+@needs_native
+@pytest.mark.parametrize("name", HYBRID)
+def test_a_hybrid_model_is_refused_by_the_native_stack_in_one_line(name, architecture):
+    from verispec.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="runs on PyTorch"):
+        native_from_dense(load_model(architecture(name)[0], "float32", progress=False).model)

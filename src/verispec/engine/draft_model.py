@@ -270,16 +270,22 @@ class BatchedDrafter:
         """The next draft token from the head's logits; None when the grammar allows none of the draft's tokens."""
         if _plain_greedy(job):
             return self.head.argmax(logits)
-        logits = self.head.over_vocab(logits)
-        if job.adjustments is not None:
-            logits = job.adjustments.apply(logits[None], drafted)[0]
-        if job.grammar is not None:
-            logits = logits.masked_fill(~job.grammar.mask_after(drafted), float("-inf"))
-            if torch.isneginf(logits).all():
-                return None
-        if job.params.greedy:
-            return int(logits.argmax())
-        return keyed_draw(logits, job.params, job.noise, len(job.tokens) + len(drafted))
+        return pick_draft(self.head.over_vocab(logits), job, drafted)
+
+
+def pick_draft(logits: torch.Tensor, job: DraftJob, drafted: list[int]) -> int | None:
+    """The next draft token from a drafter's logits over the target's vocabulary, after the job's logit adjustments
+    and within its grammar (None where the grammar allows none): the argmax when greedy, else the draw of the
+    sequence's keyed noise at the drafted token's position (the draw the target's own will most often equal)."""
+    if job.adjustments is not None:
+        logits = job.adjustments.apply(logits[None], drafted)[0]
+    if job.grammar is not None:
+        logits = logits.masked_fill(~job.grammar.mask_after(drafted), float("-inf"))
+        if torch.isneginf(logits).all():
+            return None
+    if job.params.greedy:
+        return int(logits.argmax())
+    return keyed_draw(logits, job.params, job.noise, len(job.tokens) + len(drafted))
 
 
 def _plain_greedy(job: DraftJob) -> bool:

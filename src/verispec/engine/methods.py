@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from ..errors import InvalidParameterError
 
 if TYPE_CHECKING:  # imported when a proposer is built: `verispec --help` and argument checks need no PyTorch
+    from ..models.model import Transformer
     from .draft_model import BatchedDrafter
     from .proposer import Proposer
 
@@ -42,6 +43,9 @@ class Setup:
     model: BatchedDrafter | None  # the draft model, ready (None: none given, or the method uses none)
     slots: int
     suffix_cache_tokens: int
+    target: Transformer | None = None  # the target (a method that drafts with its own layers: mtp)
+    max_len: int = 0  # the positions a slot's caches hold, in blocks of the target cache's number
+    num_blocks: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +57,7 @@ class Method:
     # the most tokens one proposal holds when the draft model's k is k: the engine reserves room for that many
     widest: Callable[[int], int] = lambda k: k
     trees: bool = False  # its lookups may propose token trees (--token-trees)
+    target_drafts: bool = False  # it drafts with the target's own layers (its cache is the engine's to budget)
 
     @property
     def needs_draft_model(self) -> bool:
@@ -136,6 +141,12 @@ def _suffix_widest(k: int) -> int:
     return max(k, LOOKUP_MAX)
 
 
+def _mtp(setup: Setup) -> Proposer:
+    from .mtp import MtpDrafter
+
+    return MtpDrafter(setup.target, setup.slots, setup.max_len, setup.num_blocks or None)
+
+
 register(Method(name="draft", summary="the --speculative-model drafts", build=_draft, draft_model=DraftModelUse.NEEDED))
 register(Method(name="ngram", summary="prompt lookup in the context (no draft model)", build=_ngram,
                 draft_model=DraftModelUse.UNUSED))  # fmt: skip
@@ -146,4 +157,9 @@ register(Method(
     summary="lookups in the context and earlier requests' outputs, up to 15 tokens where the match is long, the "
     "draft model elsewhere (with --speculative-model none: the lookups alone)",
     build=_suffix, draft_model=DraftModelUse.OPTIONAL, widest=_suffix_widest, trees=True,
+))  # fmt: skip
+register(Method(
+    name="mtp",
+    summary="the target's own multi-token-prediction layer (Qwen3.5 checkpoints that carry one)",
+    build=_mtp, draft_model=DraftModelUse.UNUSED, target_drafts=True,
 ))  # fmt: skip

@@ -113,8 +113,9 @@ class PrefixBlocks:
     """The target cache's prefix reuse. `chunk`: the prefill chunk of a model whose passes are not row-invariant,
     None for one whose are."""
 
-    def __init__(self, cache: KVCache, chunk: int | None, answers: bool = True):
-        self.cache, self.chunk, self.answers = cache, chunk, answers
+    def __init__(self, cache: KVCache, chunk: int | None, answers: bool = True, reuse: bool = True):
+        """`reuse` False: nothing is registered, so nothing is reused (a hybrid model's cache)."""
+        self.cache, self.chunk, self.answers, self.reuse_any = cache, chunk, answers, reuse
         self.prompts: dict[int, Prompt] = {}  # per slot: the prompt its request prefills
         self.decoded_keys: dict[int, list[bytes]] = {}  # per slot: the keys of the full blocks decoding filled
 
@@ -216,6 +217,8 @@ class PrefixBlocks:
     def _register(self, slot: int, start: int, end: int) -> None:
         """Register the slot's blocks holding prompt positions in [start, end) (with what each holds from its start)."""
         prompt, cache, size, pool = self.prompts[slot], self.cache, self.cache.block_size, self.cache.pool
+        if not self.reuse_any:
+            return
         for index in range(start // size, cache.blocks_for(min(end, prompt.end))):
             block, low = cache.blocks[slot][index], index * size
             held = min(end, prompt.end, low + size) - low
@@ -235,7 +238,7 @@ class PrefixBlocks:
         """Register the slot's full blocks that decoding filled (its cache holding `tokens`' first positions), on a
         row-invariant model: their bits are what a prefill of those tokens writes."""
         prompt, cache, size = self.prompts.get(slot), self.cache, self.cache.block_size
-        if prompt is None or self.chunk is not None or not self.answers:
+        if prompt is None or self.chunk is not None or not self.answers or not self.reuse_any:
             return
         keys = self.decoded_keys.setdefault(slot, [])
         first = len(prompt.keys) + len(keys)  # the first full block not yet registered

@@ -43,7 +43,9 @@ from ..kernels.native import argmax_rows
 from ..models.draft_head import draft_ids
 from ..models.kv_cache import BLOCK_SIZE, CacheFullError, KVCache
 from ..models.loading import LoadedModel
+from ..models.mtp import mtp_config
 from ..models.passes import pass_logits
+from ..models.recurrent_state import RecurrentState
 from .admission import WaitingQueue, fairness_victim
 from .budget import cache_blocks
 from .draft_model import CATCH_UP_WIDTH, BatchedDrafter, draft_cut_for, draft_view
@@ -180,6 +182,12 @@ class Scheduler:
         if draft is not None:
             self.tokenizer.check_compatible(draft.tokenizer)
             limits.append(draft.model.config.max_position_embeddings)
+            if draft.model.config.hybrid:
+                raise InvalidParameterError(
+                    "a draft model with linear-attention layers (Qwen3.5) is not supported: its cache is forked and "
+                    "rolled back to any length, which a recurrent state is not; draft with the target's own MTP layer "
+                    "(--speculative-method mtp), lookups (suffix, ngram), or a draft model without such layers"
+                )
         self.max_model_len = min(limits)
         vocabs = [target.model.config.vocab_size] + ([draft.model.config.vocab_size] if draft is not None else [])
         self.vocab_size = min(vocabs)  # token ids both models can embed
@@ -212,11 +220,13 @@ class Scheduler:
         block_bytes = KVCache.block_bytes(target.model.config, target.model.cache_dtype)
         if drafting:
             block_bytes += KVCache.block_bytes(draft.model.config, draft.model.cache_dtype)
+        if self.method is not None and self.method.target_drafts:  # the MTP layer's one layer of keys and values
+            block_bytes += KVCache.block_bytes(mtp_config(target.model.config), target.model.cache_dtype)
         # the default budget: each slot's DEFAULT_SLOT_TOKENS, and at least one whole context (blocks are taken as
         # written, so one long request may use what many short ones would)
         wanted = max(slots * _blocks(min(self.max_model_len, DEFAULT_SLOT_TOKENS) + self.widest + 1),
                      _blocks(self.max_model_len + self.widest + 1))  # fmt: skip
-        num_blocks = cache_blocks(self.config.kv_cache_memory, wanted, block_bytes, target.model.device)
+        num_blocks = cache_blocks(self._block_budget(target), wanted, block_bytes, target.model.device)
         held = num_blocks * BLOCK_SIZE - self.widest - 1  # the longest context one sequence can have
         self.context_cut = held < self.max_model_len  # the budget, not the models or max_model_len, sets it
         if held < 2:
@@ -231,11 +241,13 @@ class Scheduler:
                         num_blocks * BLOCK_SIZE, self.max_model_len, held)  # fmt: skip
             self.max_model_len = held
         self.cache = target.model.new_cache(slots, self.max_model_len + self.widest + 1, num_blocks)
-        # prefill reuse (prefixes.py): to the token where the target's passes are row-invariant (the native stack)
+        # prefill reuse (prefixes.py): to the token where the target's passes are row-invariant (the native stack);
+        # none on a hybrid model (a block's keys without the recurrent state at its end are of no use)
         invariant = target.model.fused_blocks is not None
         self.prefixes = PrefixBlocks(
-            self.cache, None if invariant else self.config.prefill_chunk, answers=self.config.answer_reuse
-        )
+            self.cache, None if invariant else self.config.prefill_chunk, answers=self.config.answer_reuse,
+            reuse=not target.model.config.hybrid,
+        )  # fmt: skip
         # blocks taken as they are written, a sequence preempted where none is left: where a prefill of its tokens
         # writes the bits decoding wrote (row-invariant passes), so that a resumed sequence goes on exactly; else
         # each request reserves its whole length when admitted
@@ -250,8 +262,29 @@ class Scheduler:
             )
         self.proposer: Proposer | None = None
         if self.method is not None:
-            setup = Setup(model=model, slots=slots, suffix_cache_tokens=self.config.suffix_cache_tokens)
+            setup = Setup(
+                model=model,
+                slots=slots,
+                suffix_cache_tokens=self.config.suffix_cache_tokens,
+                target=target.model,
+                max_len=self.max_model_len + self.widest + 1,
+                num_blocks=num_blocks,
+            )
             self.proposer = self.method.build(setup)
+
+    def _block_budget(self, target: LoadedModel) -> int | None:
+        """What --kv-cache-memory leaves for the KV blocks (None: the default budget): a hybrid model's recurrent
+        state is taken first, for every slot at every length a verify pass keeps (models/recurrent_state.py)."""
+        budget, config = self.config.kv_cache_memory, target.model.config
+        if budget is None or not config.hybrid:
+            return budget
+        states = self.config.max_num_seqs * (self.widest + 2) * RecurrentState.slot_bytes(config)
+        if budget <= states:
+            raise InvalidParameterError(
+                f"a KV cache budget of {budget} bytes does not hold the linear-attention state: {states} bytes for "
+                f"{self.config.max_num_seqs} sequences at up to {self.widest + 2} lengths each"
+            )
+        return budget - states
 
     # ---- any thread ---------------------------------------------------------------------------------
     def kv_cache_bytes(self) -> tuple[int, int]:

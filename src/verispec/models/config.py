@@ -1,4 +1,5 @@
-"""Shape of a decoder: Llama-family (Llama, Qwen2/3, Qwen3-MoE, Mistral, SmolLM2/3, Phi-3) and Gemma 2/3.
+"""Shape of a decoder: Llama-family (Llama, Qwen2/3, Qwen3-MoE, Mistral, SmolLM2/3, Phi-3), Gemma 2/3, and Qwen3.5's
+hybrid of Gated DeltaNet (linear attention) and gated full attention.
 
 Every field past `head_dim` describes a departure from a plain Llama block, and its default is Llama's, so a
 config written before they existed still reads as what it was. Which source field sets each one, and what
@@ -53,10 +54,43 @@ class ModelConfig:
     expert_intermediate_size: int = 0
     norm_topk_prob: bool = False
     dense_layers: tuple[int, ...] = ()  # layers that keep a dense MLP all the same
+    # the rotary turns the first rotary_dim of each head's dimensions only (Qwen3.5: a quarter), 0: all of them
+    rotary_dim: int = 0
+    # the attention's output times sigmoid(a gate the query projection also makes, per head) (Qwen3.5)
+    attn_output_gate: bool = False
+    # layers whose token mixer is a Gated DeltaNet (delta_net.py) in place of attention (Qwen3.5), and its shape:
+    # key/query heads and their size, value heads and their size, the causal convolution's width
+    linear_layers: tuple[int, ...] = ()
+    linear_key_heads: int = 0
+    linear_key_dim: int = 0
+    linear_value_heads: int = 0
+    linear_value_dim: int = 0
+    linear_conv_kernel: int = 0
+    # multi-token-prediction layers the checkpoint carries (Qwen3.5's drafter: mtp.py), 0: none
+    mtp_layers: int = 0
 
     @property
     def head_size(self) -> int:
         return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def rotary_size(self) -> int:
+        """How many of a head's dimensions the rotary turns."""
+        return self.rotary_dim or self.head_size
+
+    @property
+    def hybrid(self) -> bool:
+        """Whether some layers carry a recurrent state (linear attention) beside the KV cache."""
+        return bool(self.linear_layers)
+
+    def linear(self, layer: int) -> bool:
+        """Whether layer `layer`'s token mixer is a Gated DeltaNet."""
+        return layer in self.linear_layers
+
+    @property
+    def linear_conv_dim(self) -> int:
+        """The channels the DeltaNet's convolution runs over: queries, keys and values."""
+        return 2 * self.linear_key_heads * self.linear_key_dim + self.linear_value_heads * self.linear_value_dim
 
     @property
     def scale(self) -> float:

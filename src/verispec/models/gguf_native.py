@@ -248,6 +248,16 @@ def native_stack(config: ModelConfig, model: Transformer) -> NativeStack | None:
 DENSE_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 30}  # GGML type ids
 
 
+def refuse_unnative(config: ModelConfig, where: str) -> None:
+    """ModelLoadError where the native stack lacks a layer the model has (Qwen3.5's linear attention, its gated
+    attention and partial rotary)."""
+    if config.hybrid or config.attn_output_gate or config.rotary_dim:
+        raise ModelLoadError(
+            f"{where} has linear-attention layers and a gated, partly rotated attention (Qwen3.5): it runs on PyTorch "
+            "(--quantization none), not on the native kernels"
+        )
+
+
 def native_from_dense(model: Transformer, dtype: torch.dtype = torch.float32, coarsen: bool = False) -> Transformer:
     """A PyTorch model with dense weights (a Hugging Face folder loaded unquantized) moved onto the native kernels:
     each matrix as a dense part in `dtype` (float32, float16 or bfloat16: the library's F32, F16, BF16 products
@@ -255,6 +265,7 @@ def native_from_dense(model: Transformer, dtype: torch.dtype = torch.float32, co
     float32 the weights are the checkpoint's own values (tests compare this path with transformers). `coarsen`: the
     layers' matrices whose rows split into 32-weight blocks requantized to Q4_0 instead (a draft's form; the head
     and the embeddings stay dense)."""
+    refuse_unnative(model.config, "this model")
     qtype = DENSE_TYPES[dtype]
 
     def rows_of(weight: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ A field outside the first two lists is refused unless its value is null, false, 
 So a rope type, a bias, an activation or an option verispec does not compute is never silently ignored. The
 rotary dictionary (`rope_parameters`, or `rope_scaling` in older files) has its own list per rope type (rope.py).
 
-Multimodal checkpoints (`gemma3`, `mistral3`) are read as their `text_config`: verispec takes text only, so a
+Multimodal checkpoints (`gemma3`, `mistral3`, `qwen3_5`) are read as their `text_config`: verispec takes text only, so a
 prompt never reaches the vision tower and projector, whose weights are left unread (hf_source.py).
 """
 
@@ -26,14 +26,15 @@ from .rope import RopeScaling, yarn_attention_factor
 FAMILIES = {
     "llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "phi3": "phi3",
     "smollm3": "smollm3", "gemma2": "gemma2", "gemma3_text": "gemma3", "gemma3": "gemma3", "mistral3": "mistral",
+    "qwen3_5_text": "qwen35", "qwen3_5": "qwen35",
 }  # fmt: skip
 # multimodal model_types: their text model is `text_config`, of one of these model_types
-WRAPPERS = {"gemma3": {"gemma3_text"}, "mistral3": {"mistral", "llama"}}
+WRAPPERS = {"gemma3": {"gemma3_text"}, "mistral3": {"mistral", "llama"}, "qwen3_5": {"qwen3_5_text"}}
 # fields of a wrapper that only concern the vision part
 _VISION_FIELDS = {
     "vision_config", "image_token_index", "image_token_id", "projector_hidden_act", "vision_feature_layer",
     "vision_feature_select_strategy", "multimodal_projector_bias", "spatial_merge_size", "mm_tokens_per_image",
-    "boi_token_index", "eoi_token_index",
+    "boi_token_index", "eoi_token_index", "video_token_id", "vision_start_token_id", "vision_end_token_id",
 }  # fmt: skip
 HARMLESS = {
     # bookkeeping and dtypes
@@ -143,8 +144,9 @@ def _config(f: _Fields, family: str) -> ModelConfig:
     if bias and family not in ("qwen2", "mistral"):  # qwen2's q/k/v always have a bias; mistral's never
         raise f.refuse("attention_bias", bias, "a bias on the attention's output projection is not computed")
     theta, scaling, local_theta = _rope(f, family, head_dim or hidden // num_heads)
-    windows = _windows(f, family, layers)
+    windows = _windows(f, family, layers) if family != "qwen35" else (0,) * layers
     experts = _experts(f, family, layers)
+    hybrid = _hybrid(f, layers, head_dim or hidden // num_heads) if family == "qwen35" else {}
     return ModelConfig(
         vocab_size=f.require("vocab_size"),
         hidden_size=hidden,
@@ -162,15 +164,43 @@ def _config(f: _Fields, family: str) -> ModelConfig:
         rope_local_theta=local_theta if any(windows) else 0.0,
         no_rope_layers=_no_rope_layers(f, family, layers),
         layer_windows=windows if any(windows) else (),
-        qk_norm=family in ("qwen3", "qwen3moe", "gemma3"),
+        qk_norm=family in ("qwen3", "qwen3moe", "gemma3", "qwen35"),
         post_norms=gemma,
-        norm_offset=1.0 if gemma else 0.0,
+        norm_offset=1.0 if gemma or family == "qwen35" else 0.0,  # Qwen3.5's norms multiply by 1 + w too
         activation="gelu_tanh" if gemma else "silu",
         embed_scale=gemma,
         query_scale=float(f.field("query_pre_attn_scalar", 256)) ** -0.5 if gemma else 0.0,
         attn_softcap=_softcap(f, "attn_logit_softcapping", family, 50.0),
         final_softcap=_softcap(f, "final_logit_softcapping", family, 30.0),
         **experts,
+        **hybrid,
+    )
+
+
+def _hybrid(f: _Fields, layers: int, head_dim: int) -> dict:
+    """Qwen3.5: which layers are Gated DeltaNets (layer_types, else every full_attention_interval-th layer attends),
+    their shape, the attention's output gate and partial rotary, and the MTP layers."""
+    types = f.get("layer_types")
+    if types is None:
+        interval = f.get("full_attention_interval", 4)
+        types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
+    f.read.add("full_attention_interval")
+    if len(types) != layers or set(types) - {"linear_attention", "full_attention"}:
+        raise f.refuse("layer_types", types, "not one of linear_attention / full_attention per layer")
+    if f.get("mtp_use_dedicated_embeddings", False):
+        raise f.refuse("mtp_use_dedicated_embeddings", True, "an MTP layer with embeddings of its own is not read")
+    params = f.raw.get("rope_parameters") or f.raw.get("rope_scaling") or {}
+    factor = params.get("partial_rotary_factor", f.raw.get("partial_rotary_factor", 0.25))
+    return dict(
+        linear_layers=tuple(i for i, kind in enumerate(types) if kind == "linear_attention"),
+        linear_key_heads=int(f.require("linear_num_key_heads")),
+        linear_key_dim=int(f.require("linear_key_head_dim")),
+        linear_value_heads=int(f.require("linear_num_value_heads")),
+        linear_value_dim=int(f.require("linear_value_head_dim")),
+        linear_conv_kernel=int(f.get("linear_conv_kernel_dim", 4)),
+        attn_output_gate=True,
+        rotary_dim=int(head_dim * factor),
+        mtp_layers=int(f.get("mtp_num_hidden_layers", 0)),
     )
 
 
@@ -262,7 +292,7 @@ def _rope(f: _Fields, family: str, head_dim: int) -> tuple[float, RopeScaling | 
         "partial_rotary_factor",
         "original_max_position_embeddings",
     }  # the last: the pretraining context, read by scaled types
-    if f.raw.get("partial_rotary_factor", 1.0) != 1.0:
+    if f.raw.get("partial_rotary_factor", 1.0) != 1.0 and family != "qwen35":
         raise f.refuse("partial_rotary_factor", f.raw["partial_rotary_factor"], "partial rotary is not computed")
     nested = isinstance(params, dict) and ({"full_attention", "sliding_attention"} & set(params))
     if nested:
@@ -271,6 +301,11 @@ def _rope(f: _Fields, family: str, head_dim: int) -> tuple[float, RopeScaling | 
         glob, local = params, {}
     default_global = 1_000_000.0 if family == "gemma3" else 10_000.0
     theta = float(glob.get("rope_theta", f.raw.get("rope_theta", default_global)))
+    if family == "qwen35":
+        # Qwen3.5's multimodal rotary: text tokens have equal time, height and width positions, so its interleaved
+        # sections turn every frequency by the token's position, the plain rotary (on partial_rotary_factor of it)
+        glob = {key: value for key, value in glob.items() if key not in ("mrope_section", "mrope_interleaved")}
+        glob.pop("partial_rotary_factor", None)
     scaling = _scaling(f, glob, head_dim)
     local_theta = 0.0
     if family == "gemma3":

@@ -41,6 +41,17 @@ _LAYER_NAMES = {
     "up": "mlp.up_proj.weight",
     "down": "mlp.down_proj.weight",
 }
+# a Gated DeltaNet layer's (Qwen3.5)
+_LINEAR_NAMES = {
+    "ssm_qkv": "linear_attn.in_proj_qkv.weight", "ssm_z": "linear_attn.in_proj_z.weight",
+    "ssm_b": "linear_attn.in_proj_b.weight", "ssm_a": "linear_attn.in_proj_a.weight",
+    "ssm_conv": "linear_attn.conv1d.weight", "ssm_dt_bias": "linear_attn.dt_bias", "ssm_a_log": "linear_attn.A_log",
+    "ssm_norm": "linear_attn.norm.weight", "ssm_out": "linear_attn.out_proj.weight",
+    "q_gate": "self_attn.q_proj.weight",
+}  # fmt: skip
+# the MTP layer's own tensors (Qwen3.5), at the checkpoint's top level
+_MTP_NAMES = {"mtp.fc": "mtp.fc.weight", "mtp.enorm": "mtp.pre_fc_norm_embedding.weight",
+              "mtp.hnorm": "mtp.pre_fc_norm_hidden.weight", "mtp.norm": "mtp.norm.weight"}  # fmt: skip
 # where the text model's tensors are: plain, and inside multimodal checkpoints (transformers 5, then 4)
 _PREFIXES = (("model.", "lm_head.weight"), ("model.language_model.", "lm_head.weight"),
              ("language_model.model.", "language_model.lm_head.weight"))  # fmt: skip
@@ -70,15 +81,21 @@ class HFSource:
         if self.multimodal:  # whether transformers ties a wrapper's head depends on its version: the file says
             self.config = replace(self.config, tie_word_embeddings=self.head not in self.index)
         self._names = _LAYER_NAMES | (_GEMMA_NORMS if self.family in ("gemma2", "gemma3") else _LLAMA_NORMS)
+        self._names |= _LINEAR_NAMES
         self._check_every_tensor_is_read(folder)
 
     def _where(self, name: str) -> tuple[str, tuple[int, int] | None]:
         """The checkpoint key of a canonical name, and the rows of it that hold it (None: all)."""
+        if name in _MTP_NAMES:
+            return _MTP_NAMES[name], None
         layer, _, short = name.partition(".")  # "3.expert7.gate": layer 3, "expert7.gate"
         if not short:
             return {"embed": f"{self.prefix}embed_tokens.weight", "norm": f"{self.prefix}norm.weight",
                     "lm_head": self.head}[name], None  # fmt: skip
         base = f"{self.prefix}layers.{layer}."
+        if layer == "mtp":  # "mtp.0.q": the MTP's decoder layer 0
+            layer, _, short = short.partition(".")
+            base = f"mtp.layers.{layer}."
         c = self.config
         if self.family == "phi3" and short in ("q", "k", "v"):
             q, kv = c.num_heads * c.head_size, c.num_kv_heads * c.head_size
@@ -112,6 +129,14 @@ class HFSource:
         handle = self.index.get(key)
         if handle is None:
             return None
+        short = name.rpartition(".")[2]
+        if short in ("q", "q_gate") and self.config.attn_output_gate:
+            # q_proj's rows are, per head, its query then its gate (transformers chunks each head's 2 x head size)
+            c = self.config
+            both = handle.get_tensor(key).view(c.num_heads, 2, c.head_size, -1)
+            return both[:, 0 if short == "q" else 1].reshape(c.num_heads * c.head_size, -1)
+        if short == "ssm_conv":
+            return handle.get_tensor(key).squeeze(1)  # [channels, 1, width] -> [channels, width]
         if part is None and rows is None:
             return handle.get_tensor(key)
         start, stop = part or (0, None)

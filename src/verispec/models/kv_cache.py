@@ -30,6 +30,11 @@ content unregisters it.
 Reservations. A slot may reserve blocks (the scheduler reserves what a request needs when it admits it): reserved
 blocks are handed out to that slot alone. Beyond its reservation a slot takes what no reservation holds; where nothing
 is left `ensure` raises CacheFullError (the scheduler then preempts a sequence: engine/scheduler.py).
+
+Hybrid models (Qwen3.5). Only the attention layers have keys and values (the pools of the linear-attention layers are
+empty); those layers' recurrent state lives in `recurrent` (recurrent_state.py), which `set_length` and `release` roll
+back and clear with the blocks. Sharing blocks (prefix reuse, forks, token trees) would hand a slot keys without the
+state that goes with them: those operations are refused for a hybrid cache.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import torch
 
 from ..errors import VerispecError
 from .config import ModelConfig
+from .recurrent_state import RecurrentState
 
 BLOCK_SIZE = 64
 
@@ -224,9 +230,11 @@ class KVCache:
         num_blocks = num_slots * self.max_blocks if num_blocks is None else num_blocks
         if num_blocks < 1:
             raise ValueError(f"a cache needs at least one block, got {num_blocks}")
-        shape = (num_blocks, config.num_kv_heads, block_size, config.head_size)
-        self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
-        self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+        shapes = [(num_blocks, 0 if config.linear(i) else config.num_kv_heads, block_size, config.head_size)
+                  for i in range(config.num_layers)]  # fmt: skip
+        self.keys = [torch.empty(shape, dtype=dtype, device=device) for shape in shapes]
+        self.values = [torch.empty(shape, dtype=dtype, device=device) for shape in shapes]
+        self.recurrent = RecurrentState(config, num_slots, device) if config.hybrid else None
         self.lengths = [0] * num_slots
         self.blocks: list[list[int]] = [[] for _ in range(num_slots)]  # each slot's blocks in position order
         # the same on the CPU for the native stack, which reads it in place (-1: no block)
@@ -251,7 +259,7 @@ class KVCache:
     def block_bytes(config: ModelConfig, dtype: torch.dtype, block_size: int = BLOCK_SIZE) -> int:
         """Bytes one block takes over all layers, keys and values."""
         per_layer = config.num_kv_heads * block_size * config.head_size * torch.empty(0, dtype=dtype).element_size()
-        return 2 * config.num_layers * per_layer
+        return 2 * (config.num_layers - len(config.linear_layers)) * per_layer
 
     def nbytes(self) -> int:
         """Bytes of the whole pool (what it may grow to)."""
@@ -274,6 +282,8 @@ class KVCache:
     def set_length(self, slot: int, length: int) -> None:
         if not 0 <= length <= self.lengths[slot]:
             raise ValueError(f"slot {slot}: cannot set length {length} (holds {self.lengths[slot]})")
+        if self.recurrent is not None:
+            self.recurrent.set_length(slot, length)
         self.lengths[slot] = length
 
     def shrink(self, slot: int, length: int) -> None:
@@ -292,6 +302,8 @@ class KVCache:
         self.blocks[slot].clear()
         self._table[slot] = -1
         self.lengths[slot] = 0
+        if self.recurrent is not None:
+            self.recurrent.release(slot)
         self.pool.reserved -= self.reserved[slot]
         self.reserved[slot] = 0
 
@@ -351,6 +363,7 @@ class KVCache:
         """Append a full registered `block` to the slot (its length a whole number of blocks, then one block more),
         copy-free; it takes the place of the slot's own block there, if any. False where the block is idle and taking
         it would leave less than the reservations need."""
+        self._unshared("share")
         size, length = self.block_size, self.lengths[slot]
         if length % size:
             raise ValueError(f"slot {slot} holds {length} positions: a shared block starts at a multiple of {size}")
@@ -370,6 +383,7 @@ class KVCache:
     def copy_from(self, slot: int, block: int, end: int) -> None:
         """Copy into the slot its positions [length, end), all in one block, from `block`'s same rows; its length
         becomes `end`."""
+        self._unshared("copy_from")
         start, size = self.lengths[slot], self.block_size
         if not start < end <= (start // size + 1) * size:
             raise ValueError(f"slot {slot} holds {start} positions: cannot copy up to {end} from one block")
@@ -388,6 +402,7 @@ class KVCache:
         shared, the rest of its last block copied; the slot's length becomes `end`. The positions before the slot's
         length in a block it takes from the source are the source's: a fork is for caches whose bits need not match
         (the draft model's)."""
+        self._unshared("fork")
         start, size = self.lengths[slot], self.block_size
         if not start <= end <= self.lengths[source]:
             raise ValueError(f"slot {slot} holds {start} positions, {source} {self.lengths[source]}: no fork to {end}")
@@ -406,6 +421,7 @@ class KVCache:
         """After a token tree's pass from `start` (its root there, node i stored at start + i): keep the nodes
         `rows` (a root-to-node path, rows[0] == 0) at start .. start + len(rows) - 1, where a chain would have
         them, and drop the rest."""
+        self._unshared("keep_path")
         if not rows or rows[0] != 0 or any(b <= a for a, b in zip(rows, rows[1:], strict=False)):
             raise ValueError(f"{rows} is not a path from a tree's root")
         if start + rows[-1] >= self.lengths[slot]:
@@ -416,6 +432,10 @@ class KVCache:
             for layer in self.keys + self.values:
                 layer[target] = layer[source]
         self.lengths[slot] = start + len(rows)
+
+    def _unshared(self, operation: str) -> None:
+        if self.recurrent is not None:
+            raise ValueError(f"{operation}: a hybrid model's cache shares no blocks (its recurrent state cannot go)")
 
     # ---- addresses ------------------------------------------------------------------------------------------
     def where(self, slot: int, positions) -> tuple[torch.Tensor, slice, torch.Tensor]:

@@ -22,6 +22,7 @@ from .converted import converted_folder
 from .gguf_converted import load_gguf_converted
 from .hf_source import load_hf_folder
 from .model import Transformer
+from .mtp import transformer
 from .quantize import ACTIVATION_DTYPE, use_quantized_linears
 from .tokenizer import Tokenizer
 from .weight_forms import COARSE_DRAFT, DRAFT_QUANTIZATIONS
@@ -89,7 +90,7 @@ def load_model(
     else:
         config, state, tokenizer = load_gguf_converted(path, torch_dtype, progress, quantization)
     with torch.device("meta"):
-        model = Transformer(config)
+        model = transformer(config)
         if quantization != "none":
             use_quantized_linears(model, state)
     model.load_state_dict(state, assign=True, strict=True)

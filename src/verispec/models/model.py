@@ -1,7 +1,11 @@
 """A Llama-family decoder in plain PyTorch, over a paged KV cache (kv_cache.py).
 
 What departs from a plain Llama block (q/k norms, post-norms, GeGLU, soft-capping, sliding windows, layers
-without rotary, scaled rotary tables) is read from the config (config.py) and costs nothing where it is off.
+without rotary, scaled rotary tables, a partial rotary, a gated attention output, linear-attention layers) is read
+from the config (config.py) and costs nothing where it is off.
+
+A hybrid model's linear-attention layers (delta_net.py) keep a recurrent state beside the cache, per length
+(recurrent_state.py): `cache.set_length` rolls it back with the keys. Its passes never hold token trees.
 
 `forward(tokens, cache, slots)` runs any number of new tokens for one or several sequences (slots) at
 once and appends their keys/values to the cache; rolling back rejected tokens is `cache.set_length`.
@@ -20,6 +24,7 @@ from torch import nn
 
 from ..kernels.stack import TREE_ROWS
 from .config import ModelConfig
+from .delta_net import GatedDeltaNet
 from .kv_cache import KVCache, lay_out
 from .rope import rotary_table
 
@@ -65,8 +70,11 @@ class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int = 0):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_size
-        qkv_out = (config.num_heads + 2 * config.num_kv_heads) * config.head_size
+        # [q; k; v] or, with an output gate, [q; k; v; gate]
+        self.gated = config.attn_output_gate
+        qkv_out = (config.num_heads * (2 if self.gated else 1) + 2 * config.num_kv_heads) * config.head_size
         self.wqkv = nn.Linear(config.hidden_size, qkv_out, bias=config.qkv_bias)
+        self.rotary = config.rotary_size
         self.wo = nn.Linear(config.num_heads * config.head_size, config.hidden_size, bias=False)
         norm = (config.head_size, config.rms_norm_eps, config.norm_offset)
         self.q_norm = RMSNorm(*norm) if config.qk_norm else None
@@ -85,18 +93,15 @@ class Attention(nn.Module):
         """`cos`/`sin` None: this layer has no rotary embedding; `masks`: per window (0: none), the mask; `where`:
         the pass's addresses in the cache (PassPages)."""
         batch, seq, _ = x.shape
-        q, k, v = self.wqkv(x).split(
-            [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim],
-            dim=-1,
-        )
+        queries, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q, k, v, *gate = self.wqkv(x).split([queries, kv, kv] + [queries] * self.gated, dim=-1)
         q = q.view(batch, seq, self.num_heads, self.head_dim)
         k = k.view(batch, seq, self.num_kv_heads, self.head_dim)
         v = v.view(batch, seq, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if cos is not None:
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
+            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
         layer_keys, layer_values = cache.keys[layer], cache.values[layer]
         layer_keys[where.written] = k.reshape(batch * seq, self.num_kv_heads, self.head_dim).to(layer_keys.dtype)
         layer_values[where.written] = v.reshape(batch * seq, self.num_kv_heads, self.head_dim).to(layer_values.dtype)
@@ -104,7 +109,7 @@ class Attention(nn.Module):
         span = max(starts) + seq
         keys, values = lay_out(layer_keys[where.read], span), lay_out(layer_values[where.read], span)
         if self.batch_invariant and invariant:
-            return self.wo(self._attend_per_query(q, keys, values, starts).to(x.dtype))
+            return self._out(self._attend_per_query(q, keys, values, starts).to(x.dtype), gate)
         mask = masks[self.window]
         if self.softcap:
             out = self._softcapped(q.transpose(1, 2), keys, values, mask)
@@ -112,7 +117,20 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(
                 q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=True, scale=self.query_scale
             )
-        return self.wo(out.transpose(1, 2).reshape(batch, seq, -1).to(x.dtype))
+        return self._out(out.transpose(1, 2).reshape(batch, seq, -1).to(x.dtype), gate)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The rotary on the head's first `rotary` dimensions (all of them but where the config says fewer)."""
+        if self.rotary == self.head_dim:
+            return x * cos + rotate_half(x) * sin
+        turned, kept = x[..., : self.rotary], x[..., self.rotary :]
+        return torch.cat([turned * cos + rotate_half(turned) * sin, kept], dim=-1)
+
+    def _out(self, attended: torch.Tensor, gate: list[torch.Tensor]) -> torch.Tensor:
+        """The output projection of the attention [batch, seq, heads x head size], times sigmoid(gate) where gated."""
+        if gate:
+            attended = attended * torch.sigmoid(gate[0])
+        return self.wo(attended)
 
     def _softcapped(self, q, keys, values, mask) -> torch.Tensor:
         """Attention with its scores soft-capped (cap * tanh(score / cap)) before the mask and softmax, as
@@ -200,32 +218,50 @@ class Block(nn.Module):
         super().__init__()
         norm = (config.hidden_size, config.rms_norm_eps, config.norm_offset)
         self.attn_norm = RMSNorm(*norm)
-        self.attn = Attention(config, layer)
+        # the token mixer: attention, or a Gated DeltaNet (its index among the linear layers: its recurrent state)
+        self.linear = config.linear(layer)
+        self.attn = (
+            GatedDeltaNet(config, config.linear_layers.index(layer)) if self.linear else Attention(config, layer)
+        )
         self.mlp_norm = RMSNorm(*norm)
         self.mlp = MixtureOfExperts(config) if config.moe(layer) else MLP(config)
         self.post_attn_norm = RMSNorm(*norm) if config.post_norms else None
         self.post_mlp_norm = RMSNorm(*norm) if config.post_norms else None
 
     def forward(self, x, cos, sin, masks, cache, layer, where, slots, starts, invariant):
-        h = self.attn(self.attn_norm(x), cos, sin, masks, cache, layer, where, slots, starts, invariant)
+        if self.linear:  # verify and decode passes keep the state after every row: the recurrent form
+            h = self.attn(self.attn_norm(x), cache.recurrent, slots, starts, recurrent_form=invariant)
+        else:
+            h = self.attn(self.attn_norm(x), cos, sin, masks, cache, layer, where, slots, starts, invariant)
         x = x + (h if self.post_attn_norm is None else self.post_attn_norm(h))
         h = self.mlp(self.mlp_norm(x))
         return x + (h if self.post_mlp_norm is None else self.post_mlp_norm(h))
 
 
 class Transformer(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, embeddings: bool = True):
+        """`embeddings` False: no embeddings and no head of its own (the MTP layer, mtp.py, takes its target's)."""
         super().__init__()
         self.config = config
-        embed = torch.empty(config.vocab_size, config.hidden_size)
-        if embed.device.type != "meta":  # on meta (loading), initialising would import torch._dynamo: ~1 s
-            nn.init.normal_(embed)
-        self.embed = nn.Embedding(config.vocab_size, config.hidden_size, _weight=embed)
+        self.embed: nn.Embedding | None = None
+        if embeddings:
+            embed = torch.empty(config.vocab_size, config.hidden_size)
+            if embed.device.type != "meta":  # on meta (loading), initialising would import torch._dynamo: ~1 s
+                nn.init.normal_(embed)
+            self.embed = nn.Embedding(config.vocab_size, config.hidden_size, _weight=embed)
         self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_offset)
         self.lm_head = (
-            None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            None
+            if config.tie_word_embeddings or not embeddings
+            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         )
+        # the checkpoint's multi-token-prediction layer (a drafter trained with the model), or None: mtp.py's
+        # `transformer` makes a model with it
+        self.mtp: nn.Module | None = None
+        # called as hidden_sink(slots, starts, hidden [batch, seq, hidden]) with every pass's final hidden states
+        # (after the last norm: what the MTP layer reads), or None
+        self.hidden_sink = None
         self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
         self._layer_tables = [config.rope_table(i) for i in range(config.num_layers)]  # per layer, or -1: none
         self._windows = sorted(set(config.layer_windows) - {0})
@@ -264,9 +300,8 @@ class Transformer(nn.Module):
         """The rotary cos and sin tables [tables, at least `length` positions, head size] (float64), made once and
         kept: table t is the one the layers with config.rope_table(layer) == t take (rope.py)."""
         if self._rope_cache is None or self._rope_cache[0].shape[1] < length:
-            made = [
-                rotary_table(theta, self.config.head_size, length, s) for theta, s in self.config.rope_table_specs()
-            ]
+            size = self.config.rotary_size
+            made = [rotary_table(theta, size, length, s) for theta, s in self.config.rope_table_specs()]
             cos, sin = torch.stack([c for c, _ in made]), torch.stack([s for _, s in made])
             self._rope_cache = (cos.to(self.device), sin.to(self.device))
         return self._rope_cache
@@ -304,6 +339,8 @@ class Transformer(nn.Module):
         draft's restricted head, see draft_head.py).
         """
         batch, seq = tokens.shape
+        if parents is not None and self.config.hybrid:
+            raise ValueError("a hybrid model's passes hold no token trees (its recurrent state follows one chain)")
         starts = self._reserve(cache, slots, [seq] * batch)
         offsets = [list(range(seq))] * batch if parents is None else self._tree_offsets(parents, batch, seq)
         x = self.embed(tokens)
@@ -319,6 +356,8 @@ class Transformer(nn.Module):
         x = self._layers(x, cache, slots, Rows(starts=starts, offsets=offsets, parents=parents), invariant=invariant)
         for slot in slots:
             cache.lengths[slot] += seq
+        if self.hidden_sink is not None:
+            self.hidden_sink(slots, starts, self.norm(x))
         return self._logits(x, num_logits, head)
 
     def _layers(
@@ -396,6 +435,8 @@ class Transformer(nn.Module):
             if start + length > cache.max_len:
                 raise ValueError(f"sequence of {start + length} tokens exceeds the cache's {cache.max_len}")
             cache.ensure(slot, start + length)
+            if cache.recurrent is not None:
+                cache.recurrent.begin(slot, start)
         return starts
 
     def _fused_rows(self, x: torch.Tensor, cache: KVCache, slots: list[int], rows: Rows) -> None:
@@ -426,18 +467,25 @@ class Transformer(nn.Module):
     def takes_trees(self) -> bool:
         """Whether a verify pass may hold token trees (`forward`'s parents): the native stack takes them, and so
         does ordinary attention; the per-query attention of a batch-invariant model without the stack does not."""
+        if self.config.hybrid:
+            return False
         return self.fused_blocks is not None or not any(layer.attn.batch_invariant for layer in self.layers)
 
     def _logits(self, x: torch.Tensor, num_logits: int | None, head: nn.Module | None) -> torch.Tensor:
         if num_logits is not None:
             x = x[:, -num_logits:]
-        x = self.norm(x)
+        return self.head_logits(self.norm(x), head)
+
+    @torch.inference_mode()
+    def head_logits(self, normed: torch.Tensor, head: nn.Module | None = None) -> torch.Tensor:
+        """float32 logits of hidden states after the last norm: the output head (or `head`), soft-capped where the
+        config says so."""
         if head is not None:
-            logits = head(x)
+            logits = head(normed)
         elif self.lm_head is None:
-            logits = F.linear(x, self.embed.weight)
+            logits = F.linear(normed, self.embed.weight)
         else:
-            logits = self.lm_head(x)
+            logits = self.lm_head(normed)
         cap = self.config.final_softcap
         return logits.float() if not cap else (torch.tanh(logits / cap) * cap).float()
 

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .model import Transformer
+from .mtp import transformer
 
 GROUP = 32
 ACTIVATION_DTYPE = torch.bfloat16
@@ -255,7 +256,7 @@ def quantize_model(model, mode: str):
     if model.lm_head is None:
         state |= {f"lm_head.{key}": value for key, value in quantized_entries([model.embed.weight], mode).items()}
     with torch.device("meta"):
-        quantized = Transformer(model.config)
+        quantized = transformer(model.config)
         use_quantized_linears(quantized, state)
     quantized.load_state_dict(state, assign=True, strict=True)
     return quantized.eval()

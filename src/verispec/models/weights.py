@@ -22,7 +22,10 @@ from .quantize import ACTIVATION_DTYPE, Int4Weight, quantized_linear
 
 # canonical names: "embed", "norm", "lm_head", and per layer "{i}.attn_norm", "{i}.q", "{i}.k", "{i}.v",
 # "{i}.q_bias", "{i}.k_bias", "{i}.v_bias", "{i}.o", "{i}.mlp_norm", "{i}.gate", "{i}.up", "{i}.down", and where
-# the config has them "{i}.q_norm", "{i}.k_norm" (qk_norm), "{i}.post_attn_norm", "{i}.post_mlp_norm" (post_norms)
+# the config has them "{i}.q_norm", "{i}.k_norm" (qk_norm), "{i}.post_attn_norm", "{i}.post_mlp_norm" (post_norms),
+# "{i}.q_gate" (the attention's output gate); a linear-attention layer's "{i}.ssm_qkv", "ssm_z", "ssm_b", "ssm_a" (its
+# input projections), "ssm_conv" [channels, width], "ssm_dt_bias", "ssm_a_log", "ssm_norm", "ssm_out" in place of the
+# attention's; an MTP layer's "mtp.fc", "mtp.enorm", "mtp.hnorm", "mtp.norm" and its decoder layer's "mtp.0.*"
 Rows = tuple[int, int] | None  # a [start, stop) range of a matrix's rows, or all of them
 Fetch = Callable[[str, Rows], "torch.Tensor | None"]
 FetchInt4 = Callable[[str, Rows], "Int4Weight | None"]
@@ -33,13 +36,29 @@ CHUNK_ROWS = 16384  # a multiple of every int4 packing block (16, 32, 64 rows)
 def canonical_names(config: ModelConfig) -> list[str]:
     """Every canonical name a model of `config` reads (a source checks that it holds nothing else)."""
     names = ["embed", "norm"] + ([] if config.tie_word_embeddings else ["lm_head"])
-    per_layer = ["attn_norm", "q", "k", "v", "o", "mlp_norm"]
-    per_layer += ["q_bias", "k_bias", "v_bias"] if config.qkv_bias else []
-    per_layer += ["q_norm", "k_norm"] if config.qk_norm else []
-    per_layer += ["post_attn_norm", "post_mlp_norm"] if config.post_norms else []
     for i in range(config.num_layers):
-        names += [f"{i}.{name}" for name in per_layer + _mlp_names(config, i)]
+        names += [f"{i}.{name}" for name in _layer_names(config, i)]
+    if config.mtp_layers:
+        from .mtp import mtp_config
+
+        names += ["mtp.fc", "mtp.enorm", "mtp.hnorm", "mtp.norm"]
+        names += [f"mtp.0.{name}" for name in _layer_names(mtp_config(config), 0)]
     return names
+
+
+_LINEAR_NAMES = ["ssm_qkv", "ssm_z", "ssm_b", "ssm_a", "ssm_conv", "ssm_dt_bias", "ssm_a_log", "ssm_norm", "ssm_out"]
+
+
+def _layer_names(config: ModelConfig, i: int) -> list[str]:
+    if config.linear(i):
+        mixer = list(_LINEAR_NAMES)
+    else:
+        mixer = ["q", "k", "v", "o"]
+        mixer += ["q_bias", "k_bias", "v_bias"] if config.qkv_bias else []
+        mixer += ["q_norm", "k_norm"] if config.qk_norm else []
+        mixer += ["q_gate"] if config.attn_output_gate else []
+    norms = ["attn_norm", "mlp_norm"] + (["post_attn_norm", "post_mlp_norm"] if config.post_norms else [])
+    return norms + mixer + _mlp_names(config, i)
 
 
 def _mlp_names(config: ModelConfig, layer: int) -> list[str]:
@@ -94,6 +113,8 @@ def state_dict_parts(
     yield "norm", {"norm.weight": source.get("norm")}
     for i in range(config.num_layers):
         yield f"layer-{i:03d}", _layer(source, config, i)
+    if config.mtp_layers:
+        yield "mtp", _mtp(source, config)
 
 
 class _Source:
@@ -131,29 +152,59 @@ class _Source:
         return {f"{prefix}.{key}": value for key, value in quantized_linear(pieces, self.quantization).items()}
 
 
-def _layer(source: _Source, config: ModelConfig, i: int) -> dict[str, torch.Tensor]:
-    prefix, get = f"layers.{i}", source.get
-    state = {f"{prefix}.attn_norm.weight": get(f"{i}.attn_norm")}
-    state |= source.linear(f"{prefix}.attn.wqkv", [f"{i}.q", f"{i}.k", f"{i}.v"])
-    if config.qkv_bias:
-        state[f"{prefix}.attn.wqkv.bias"] = torch.cat([get(f"{i}.{n}_bias") for n in "qkv"])
-    state |= source.linear(f"{prefix}.attn.wo", [f"{i}.o"])
-    if config.qk_norm:
-        state[f"{prefix}.attn.q_norm.weight"] = get(f"{i}.q_norm")
-        state[f"{prefix}.attn.k_norm.weight"] = get(f"{i}.k_norm")
+def _mtp(source: _Source, config: ModelConfig) -> dict[str, torch.Tensor]:
+    """The MTP layer's state (mtp.py), under "mtp.": its input norms and projection, its decoder layer, its norm."""
+    from .mtp import mtp_config
+
+    state = {"mtp.enorm.weight": source.get("mtp.enorm"), "mtp.hnorm.weight": source.get("mtp.hnorm"),
+             "mtp.norm.weight": source.get("mtp.norm")}  # fmt: skip
+    state |= source.linear("mtp.fc", ["mtp.fc"])
+    return state | _layer(source, mtp_config(config), 0, names="mtp.0.", prefix="mtp.layers.0")
+
+
+def _layer(source: _Source, config: ModelConfig, i: int, names: str = "", prefix: str = "") -> dict[str, torch.Tensor]:
+    """Layer i's state under `prefix` (layers.{i}), read from the canonical names that start with `names` ({i}.)."""
+    prefix, get, n = prefix or f"layers.{i}", source.get, names or f"{i}."
+    state = {f"{prefix}.attn_norm.weight": get(f"{n}attn_norm")}
+    if config.linear(i):
+        state |= _linear_attention(source, prefix, n)
+    else:
+        state |= _attention(source, config, prefix, n)
     if config.post_norms:
-        state[f"{prefix}.post_attn_norm.weight"] = get(f"{i}.post_attn_norm")
-        state[f"{prefix}.post_mlp_norm.weight"] = get(f"{i}.post_mlp_norm")
-    state[f"{prefix}.mlp_norm.weight"] = get(f"{i}.mlp_norm")
+        state[f"{prefix}.post_attn_norm.weight"] = get(f"{n}post_attn_norm")
+        state[f"{prefix}.post_mlp_norm.weight"] = get(f"{n}post_mlp_norm")
+    state[f"{prefix}.mlp_norm.weight"] = get(f"{n}mlp_norm")
     if not config.moe(i):
-        state |= source.linear(f"{prefix}.mlp.w_gate_up", [f"{i}.gate", f"{i}.up"])
-        return state | source.linear(f"{prefix}.mlp.w_down", [f"{i}.down"])
-    state[f"{prefix}.mlp.router.weight"] = get(f"{i}.router")  # never quantized: it picks the experts
+        state |= source.linear(f"{prefix}.mlp.w_gate_up", [f"{n}gate", f"{n}up"])
+        return state | source.linear(f"{prefix}.mlp.w_down", [f"{n}down"])
+    state[f"{prefix}.mlp.router.weight"] = get(f"{n}router")  # never quantized: it picks the experts
     for e in range(config.num_experts):
         expert = f"{prefix}.mlp.experts.{e}"
-        state |= source.linear(f"{expert}.w_gate_up", [f"{i}.expert{e}.gate", f"{i}.expert{e}.up"])
-        state |= source.linear(f"{expert}.w_down", [f"{i}.expert{e}.down"])
+        state |= source.linear(f"{expert}.w_gate_up", [f"{n}expert{e}.gate", f"{n}expert{e}.up"])
+        state |= source.linear(f"{expert}.w_down", [f"{n}expert{e}.down"])
     return state
+
+
+def _attention(source: _Source, config: ModelConfig, prefix: str, n: str) -> dict[str, torch.Tensor]:
+    get = source.get
+    gate = [f"{n}q_gate"] if config.attn_output_gate else []
+    state = source.linear(f"{prefix}.attn.wqkv", [f"{n}q", f"{n}k", f"{n}v", *gate])
+    if config.qkv_bias:
+        state[f"{prefix}.attn.wqkv.bias"] = torch.cat([get(f"{n}{b}_bias") for b in "qkv"])
+    state |= source.linear(f"{prefix}.attn.wo", [f"{n}o"])
+    if config.qk_norm:
+        state[f"{prefix}.attn.q_norm.weight"] = get(f"{n}q_norm")
+        state[f"{prefix}.attn.k_norm.weight"] = get(f"{n}k_norm")
+    return state
+
+
+def _linear_attention(source: _Source, prefix: str, n: str) -> dict[str, torch.Tensor]:
+    """A Gated DeltaNet's state (delta_net.py): its input projections as one matrix, the rest as they are."""
+    get, mixer = source.get, f"{prefix}.attn"
+    state = source.linear(f"{mixer}.w_qkvzba", [f"{n}ssm_qkv", f"{n}ssm_z", f"{n}ssm_b", f"{n}ssm_a"])
+    state |= source.linear(f"{mixer}.out", [f"{n}ssm_out"])
+    return state | {f"{mixer}.conv": get(f"{n}ssm_conv"), f"{mixer}.dt_bias": get(f"{n}ssm_dt_bias"),
+                    f"{mixer}.a_log": get(f"{n}ssm_a_log"), f"{mixer}.norm": get(f"{n}ssm_norm")}  # fmt: skip
 
 
 def _check_finite(name: str, *tensors: torch.Tensor) -> None:

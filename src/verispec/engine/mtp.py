@@ -1,0 +1,118 @@
+"""Drafting with the target's own multi-token-prediction layer (models/mtp.py): the `mtp` method.
+
+The MTP layer at position i reads the token at i + 1 and the target's hidden state at i; the target hands every pass's
+hidden states over (`Transformer.hidden_sink`), kept here per slot and position until read. At each propose a
+sequence of n tokens (the last, the target's own token, not yet verified) has the target's hidden states of positions
+0 .. n - 2 from passes where those tokens were final (the prompt's prefill, then verify passes: a rejected draft's
+position is recomputed by the next pass before it is read). So the MTP layer catches up on positions
+[held, n - 1) with (tokens[i + 1], hidden[i]), its last row predicting the token after the target's own (position n);
+each further draft reads the layer's own output in place of the target's hidden state. Those chained positions are
+guesses: the next propose rolls the layer's cache back to what it read of the target (`held`).
+
+Drafts are point masses to the acceptance rule like any proposer's: greedy drafts are the layer's argmax, sampled
+ones its draw with the sequence's keyed noise (draft_model.pick_draft), so the output is the target's whatever the
+layer proposes.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..errors import InvalidParameterError
+from ..models.model import Transformer
+from .draft_model import pick_draft
+from .drafting import DraftCost, DraftJob, Proposal
+
+
+class MtpDrafter:
+    looks_up = False
+    drafter = None  # no draft model: the draft policy prices this proposer by the steps it times
+
+    def __init__(self, target: Transformer, slots: int, max_len: int, num_blocks: int | None = None):
+        if target.mtp is None:
+            raise InvalidParameterError(
+                "the mtp speculative method needs a target whose checkpoint carries a multi-token-prediction layer "
+                "(Qwen3.5: mtp_num_hidden_layers in its config and its mtp.* tensors); this one has none"
+            )
+        self.target, self.model = target, target.mtp
+        self.cache = self.model.new_cache(slots, max_len, num_blocks)
+        self.hidden: list[dict[int, torch.Tensor]] = [{} for _ in range(slots)]  # per slot: position -> hidden
+        self.held = [0] * slots  # per slot: positions the layer has read from the target (final ones)
+        self.spent = DraftCost()
+        target.hidden_sink = self._keep
+
+    def _keep(self, slots: list[int], starts: list[int], hidden: torch.Tensor) -> None:
+        for row, (slot, start) in enumerate(zip(slots, starts, strict=True)):
+            for t in range(hidden.shape[1]):
+                self.hidden[slot][start + t] = hidden[row, t]
+
+    def admit(self, slot: int, partition: str) -> None:
+        self.cache.release(slot)
+        self.hidden[slot].clear()
+        self.held[slot] = 0
+
+    def lag(self, slot: int, tokens: list[int], model_tokens: list[int] | None = None) -> int:
+        return max(0, len(tokens) - 1 - self.held[slot])
+
+    def finished(self, slot: int, output: list[int], partition: str) -> None:
+        self.hidden[slot].clear()
+
+    def forget(self, history: bool = True, prompts: bool = True) -> None:
+        """Nothing is kept across requests (a slot's cache starts over at admission)."""
+
+    @torch.inference_mode()
+    def propose(self, jobs: list[DraftJob]) -> list[Proposal]:
+        self.spent = DraftCost(modelled=True)
+        # a sequence whose target has passed no new position since the last propose (none verified) drafts nothing
+        ready = [job for job in jobs if job.k and len(job.tokens) - 1 > self.held[job.slot]]
+        drafted: dict[int, list[int]] = {job.slot: [] for job in jobs}
+        if ready:
+            hidden = self._catch_up(ready, drafted)
+            self._chain(ready, drafted, hidden)
+        return [Proposal(torch.tensor(drafted[job.slot], dtype=torch.long)) for job in jobs]
+
+    def _catch_up(self, jobs: list[DraftJob], drafted: dict[int, list[int]]) -> torch.Tensor:
+        """Read what each sequence's target passes gave since the last propose; the first drafts. Returns each job's
+        last output hidden state [jobs, 1, hidden]."""
+        begin = time.perf_counter()
+        rows, states = [], []
+        for job in jobs:
+            held, end = self.held[job.slot], len(job.tokens) - 1
+            self.cache.set_length(job.slot, min(held, self.cache.lengths[job.slot]))
+            rows.append(job.tokens[held + 1 : end + 1])
+            states.append(torch.stack([self.hidden[job.slot].pop(i) for i in range(held, end)]))
+            self.held[job.slot] = end
+        width = max(len(row) for row in rows)
+        tokens = torch.tensor([row + [0] * (width - len(row)) for row in rows], device=self.model.device)
+        hidden = torch.stack([torch.cat([s, s[-1:].expand(width - len(s), -1)]) for s in states])  # padded
+        normed = self.model.draft(self.target, tokens, hidden, self.cache, [job.slot for job in jobs])
+        last = torch.stack([normed[i, len(row) - 1] for i, row in enumerate(rows)])
+        for job in jobs:
+            self.cache.set_length(job.slot, self.held[job.slot])  # padded rows forgotten
+        self._pick(jobs, drafted, self.target.head_logits(last))
+        caught_up = sum(max(0, len(row) - 1 - job.k) for job, row in zip(jobs, rows, strict=True))
+        if caught_up:  # more than a step's accepted tokens: the context the layer lacked (a prompt)
+            self.spent.catch_up_seconds, self.spent.catch_up_tokens = time.perf_counter() - begin, caught_up
+        return last[:, None]
+
+    def _chain(self, jobs: list[DraftJob], drafted: dict[int, list[int]], hidden: torch.Tensor) -> None:
+        """Further drafts, each from the layer's own last output and the draft before it."""
+        for step in range(1, max(job.k for job in jobs)):
+            active = [i for i, job in enumerate(jobs) if job.k > step and len(drafted[job.slot]) == step]
+            if not active:
+                return
+            tokens = torch.tensor([[drafted[jobs[i].slot][-1]] for i in active], device=self.model.device)
+            slots = [jobs[i].slot for i in active]
+            normed = self.model.draft(self.target, tokens, hidden[active], self.cache, slots)
+            hidden = hidden.clone()
+            hidden[active] = normed
+            self._pick([jobs[i] for i in active], drafted, self.target.head_logits(normed[:, -1]))
+
+    @staticmethod
+    def _pick(jobs: list[DraftJob], drafted: dict[int, list[int]], logits: torch.Tensor) -> None:
+        for job, row in zip(jobs, logits, strict=True):
+            choice = pick_draft(row, job, drafted[job.slot])
+            if choice is not None:
+                drafted[job.slot].append(choice)

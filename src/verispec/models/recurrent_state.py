@@ -1,0 +1,69 @@
+"""The recurrent state of a hybrid model's linear-attention layers (delta_net.py), beside its KV cache.
+
+A KV cache rolls back by length because every position keeps its own keys; a recurrent state is one value that each
+token overwrites, so it cannot. Here each slot keeps its state *per length*: a pass that appends n tokens to a slot
+records the state after each of them (the recurrent form makes each one anyway: keeping it is keeping a reference, no
+copy), and `set_length` (the cache's rollback: a rejected draft, a padded row) picks the one at the new length. So a
+rollback costs nothing but the memory of the states a verify pass made, and lands exactly on the state after the last
+accepted token. A pass starts by dropping every state but the one at its slot's length (`begin`).
+
+Rules: a length is only ever set to one a pass recorded (else ValueError: a rollback into a prefill, whose chunked
+form keeps its last state only, or past what was computed); a released slot starts again from zeros.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import ModelConfig
+
+State = tuple[torch.Tensor, torch.Tensor]  # a layer's convolution window [channels, width - 1], its [heads, k, v]
+
+
+class RecurrentState:
+    def __init__(self, config: ModelConfig, num_slots: int, device):
+        self.layers = len(config.linear_layers)
+        window = torch.zeros(config.linear_conv_dim, config.linear_conv_kernel - 1, device=device)
+        state = torch.zeros(config.linear_value_heads, config.linear_key_dim, config.linear_value_dim, device=device)
+        self._zero: list[State | None] = [(window, state)] * self.layers
+        # per slot: length -> each linear layer's state at that length (None: not yet made by the pass in flight)
+        self.saved: list[dict[int, list[State | None]]] = [{0: list(self._zero)} for _ in range(num_slots)]
+
+    @staticmethod
+    def slot_bytes(config: ModelConfig) -> int:
+        """Bytes of one slot's state at one length (float32)."""
+        per_layer = config.linear_conv_dim * (config.linear_conv_kernel - 1)
+        per_layer += config.linear_value_heads * config.linear_key_dim * config.linear_value_dim
+        return 4 * per_layer * len(config.linear_layers)
+
+    def begin(self, slot: int, length: int) -> None:
+        """A pass appends to the slot at `length`: only the state there is kept."""
+        self.saved[slot] = {length: self._complete(slot, length)}
+
+    def get(self, slot: int, layer: int, length: int) -> State:
+        state = self._complete(slot, length)[layer]
+        assert state is not None
+        return state
+
+    def put(self, slot: int, layer: int, length: int, windows: list[torch.Tensor], states: list[torch.Tensor]) -> None:
+        """Layer `layer`'s states after the tokens at lengths length + 1, length + 2, ..."""
+        for i, (window, state) in enumerate(zip(windows, states, strict=True)):
+            entry = self.saved[slot].setdefault(length + 1 + i, [None] * self.layers)
+            entry[layer] = (window, state)
+
+    def set_length(self, slot: int, length: int) -> None:
+        """The slot rolls back (or on) to `length`: a length its last pass recorded."""
+        self._complete(slot, length)
+
+    def release(self, slot: int) -> None:
+        self.saved[slot] = {0: list(self._zero)}
+
+    def _complete(self, slot: int, length: int) -> list[State | None]:
+        entry = self.saved[slot].get(length)
+        if entry is None or any(state is None for state in entry):
+            held = sorted(n for n, e in self.saved[slot].items() if all(s is not None for s in e))
+            raise ValueError(
+                f"slot {slot}: the linear-attention state was not kept at length {length} (kept at {held}): a "
+                "recurrent state rolls back only to a length its last pass recorded"
+            )
+        return entry

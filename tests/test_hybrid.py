@@ -1,0 +1,254 @@
+"""Qwen3.5's hybrid layers (Gated DeltaNet beside gated attention) and its MTP drafter, on a tiny random checkpoint
+made by transformers (architectures.py, "qwen3.5"; MTP weights in the published layout: architectures.add_mtp).
+
+What must hold: prefills in the chunked form and decoding in the recurrent form compute transformers' logits; a
+rejected draft rolls the recurrent state back to the last accepted token exactly (a state one token off is far outside
+the tolerance: the control); greedy speculative output is plain greedy output with every method, in batches, with
+drafts accepted in part (an oracle that drafts the right continuation with every third token wrong); a seeded sampled
+request's text is plain decoding's for that seed across those rollbacks, and is not when the rollback lands one token
+off (the control); the MTP layer computes what its published layout means (a reference made of transformers' own
+Qwen3.5 decoder layer and norms); what cannot work is refused in one line.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_architectures import assert_close
+
+from verispec import SpeculativeGenerator, load_model
+from verispec.decoding.sampling import SamplingParams
+from verispec.engine.drafting import DraftCost, Proposal
+from verispec.engine.methods import DraftModelUse, Method, register, unregister
+from verispec.engine.requests import EngineRequest
+from verispec.engine.scheduler import Scheduler, SchedulerConfig
+from verispec.errors import InvalidParameterError
+from verispec.models.recurrent_state import RecurrentState
+
+from architectures import add_mtp, make_model, reference_logits, save, tokens
+
+PROMPTS = [[(37 * i + 11) % 250 for i in range(41)], [5, 6, 7, 8, 9, 10, 11, 12, 13], [3, 4, 5, 6, 7] * 6]
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory):
+    """(transformers' model, its folder with an MTP layer, verispec's LoadedModel of it, the MTP tensors)."""
+    model = make_model("qwen3.5")
+    folder = save(model, tmp_path_factory.mktemp("qwen35"))
+    mtp = add_mtp(folder)
+    return model, folder, load_model(folder, "float32", progress=False), mtp
+
+
+def _decode(model, ids: torch.Tensor, cache, start: int, end: int) -> torch.Tensor:
+    return torch.cat([model(ids[:, t : t + 1], cache, [0])[0] for t in range(start, end)])
+
+
+def test_a_chunked_prefill_then_decoding_computes_what_transformers_computes(hybrid):
+    """150 tokens: a prefill of 130 in the chunked form crosses two DeltaNet chunks (64), then 20 decode steps."""
+    reference, _, loaded, _ = hybrid
+    model, ids = loaded.model, tokens(length=150)
+    expected = reference_logits(reference, ids)
+    cache = model.new_cache(max_len=ids.shape[1])
+    prefill = model(ids[:, :130], cache, [0], invariant=False)[0]
+    assert_close(torch.cat([prefill, _decode(model, ids, cache, 130, 150)]), expected)
+
+
+def _after_a_rejected_draft(model, ids: torch.Tensor, off_by_one: bool = False) -> torch.Tensor:
+    """Prefill 100 tokens, verify [100, 101, three wrong drafts], keep 102 positions, decode on to 110."""
+    cache = model.new_cache(max_len=160)
+    model(ids[:, :100], cache, [0], invariant=False)
+    model(torch.tensor([[int(ids[0, 100]), int(ids[0, 101]), 7, 8, 9]]), cache, [0])
+    if off_by_one:  # the control: the state after one more token (the first wrong draft) stands at 102
+        cache.recurrent.saved[0][102] = cache.recurrent.saved[0][103]
+    cache.set_length(0, 102)
+    return _decode(model, ids, cache, 102, 110)
+
+
+def test_a_rejected_draft_rolls_the_state_back_to_the_last_accepted_token(hybrid):
+    model, ids = hybrid[2].model, tokens(length=110)
+    cache = model.new_cache(max_len=160)
+    model(ids[:, :100], cache, [0], invariant=False)
+    straight = _decode(model, ids, cache, 100, 110)[2:]
+    assert_close(_after_a_rejected_draft(model, ids), straight)
+    assert float((_after_a_rejected_draft(model, ids, off_by_one=True) - straight).abs().max()) > 0.1
+
+
+def test_the_state_rolls_back_only_to_lengths_a_pass_recorded(hybrid):
+    model = hybrid[2].model
+    cache = model.new_cache(2, max_len=64)
+    model(tokens(length=20), cache, [0], invariant=False)  # a prefill keeps its last state only
+    with pytest.raises(ValueError, match="not kept at length 10"):
+        cache.set_length(0, 10)
+    model(tokens(length=4), cache, [0])  # a verify pass keeps one per row
+    cache.set_length(0, 22)
+    cache.release(0)
+    assert cache.lengths[0] == 0 and torch.equal(cache.recurrent.get(0, 0, 0)[1], cache.recurrent.get(1, 0, 0)[1])
+    for share in (lambda: cache.fork(1, 0, 0), lambda: cache.keep_path(0, 0, [0])):
+        with pytest.raises(ValueError, match="shares no blocks"):
+            share()
+    assert not model.takes_trees
+
+
+class Oracle:
+    """Drafts the continuation a plain run gave (`truths`: each prompt's whole sequence), every third drafted token
+    wrong: drafts are accepted in part, and the state rolls back into the middle of verify passes."""
+
+    looks_up, drafter = False, None
+
+    def __init__(self, truths: list[list[int]]):
+        self.truths, self.spent = truths, DraftCost()
+
+    def propose(self, jobs):
+        self.spent = DraftCost(modelled=True)
+        return [self._draft(job) for job in jobs]
+
+    def _draft(self, job):
+        n = len(job.tokens)
+        truth = next((t for t in self.truths if t[:n] == job.tokens), [])
+        drafted = [(t + 1) % 250 if (n + i) % 3 == 0 else t for i, t in enumerate(truth[n : n + job.k])]
+        return Proposal(torch.tensor(drafted, dtype=torch.long))
+
+    def admit(self, slot, partition): ...
+
+    def lag(self, slot, tokens, model_tokens=None):
+        return 0
+
+    def finished(self, slot, output, partition): ...
+
+    def forget(self, history=True, prompts=True): ...
+
+
+def _run(target, requests: list[tuple[list[int], SamplingParams]], method: str, draft=None) -> list:
+    """The requests through one scheduler (3 slots: batched, padded passes); each one's output tokens."""
+    config = SchedulerConfig(max_num_seqs=3, max_model_len=200, draft_policy="always", speculative_method=method,
+                             num_speculative_tokens=3)  # fmt: skip
+    scheduler = Scheduler(target, draft, config)
+    events: list[list] = []
+    for i, (ids, params) in enumerate(requests):
+        events.append([])
+        request = EngineRequest(request_id=str(i), prompt_ids=ids, params=params, max_tokens=20, ignore_eos=True,
+                                sink=events[-1].append)  # fmt: skip
+        scheduler.submit(request)
+    scheduler.run_until_idle(max_steps=2000)
+    return [e[-1].output for e in events]
+
+
+def _plain(loaded, ids: list[int], params: SamplingParams) -> list[int]:
+    generator = SpeculativeGenerator(loaded, None, max_seq_len=200, progress=False)
+    return generator.generate(ids, max_tokens=20, ignore_eos=True, temperature=params.temperature,
+                              seed=params.seed).token_ids  # fmt: skip
+
+
+def reference_greedy(model, ids: list[int], max_tokens: int) -> list[int]:
+    """Plain greedy decoding without a cache: the whole sequence again at every step."""
+    seq, out = list(ids), []
+    for _ in range(max_tokens):
+        token = int(model(torch.tensor([seq]), model.new_cache(max_len=len(seq)), [0])[0, -1].argmax())
+        seq.append(token)
+        out.append(token)
+    return out
+
+
+@pytest.fixture
+def oracle(hybrid):
+    """The `oracle` method, drafting each prompt's plain greedy continuation (or a given one)."""
+    truths: list[list[int]] = []
+    register(Method(name="oracle", summary="test", build=lambda setup: Oracle(truths),
+                    draft_model=DraftModelUse.UNUSED))  # fmt: skip
+    yield truths
+    unregister("oracle")
+
+
+@pytest.mark.parametrize("method", ["oracle", "mtp", "suffix", "ngram", "draft"])
+def test_greedy_speculative_output_is_plain_greedy_output(method, hybrid, oracle, architecture):
+    loaded = hybrid[2]
+    expected = [reference_greedy(loaded.model, ids, 20) for ids in PROMPTS]
+    oracle += [ids + out for ids, out in zip(PROMPTS, expected, strict=True)]
+    draft = None
+    if method == "draft":  # a Llama of the same vocabulary (a hybrid draft is refused: below)
+        draft = load_model(architecture("llama")[0], "float32", progress=False)
+    outputs = _run(loaded, [(ids, SamplingParams()) for ids in PROMPTS], method, draft)
+    assert [o.token_ids for o in outputs] == expected
+    assert sum(o.stats.drafted for o in outputs) > 0
+    if method == "oracle":  # drafts accepted in part: rollbacks inside verify passes
+        assert 0 < sum(o.stats.accepted for o in outputs) < sum(o.stats.drafted for o in outputs)
+
+
+def test_seeded_sampled_text_is_plain_decodings_across_rollbacks(hybrid, oracle, monkeypatch):
+    """Six seeds, each sampled request drafted by the oracle from its own plain sampled text (every third token
+    wrong), beside others; the control rolls the state back to the latest recorded length (one token or more off)."""
+    loaded = hybrid[2]
+    requests = [(PROMPTS[seed % 3], SamplingParams(temperature=1.0, seed=seed)) for seed in range(6)]
+    expected = [_plain(loaded, ids, params) for ids, params in requests]
+    oracle += [ids + out for (ids, _), out in zip(requests, expected, strict=True)]
+    outputs = _run(loaded, requests, "oracle")
+    assert [o.token_ids for o in outputs] == expected
+    assert 0 < sum(o.stats.accepted for o in outputs) < sum(o.stats.drafted for o in outputs)
+
+    def latest(self, slot, length):  # the control: whatever the pass made last, not the state at `length`
+        self.saved[slot] = {length: self.saved[slot][max(self.saved[slot])]}
+
+    monkeypatch.setattr(RecurrentState, "begin", latest)
+    assert [o.token_ids for o in _run(loaded, requests, "oracle")] != expected
+
+
+def test_the_mtp_layer_computes_its_published_layout(hybrid):
+    """verispec's MTP layer against one made of transformers' Qwen3.5 modules with the same tensors: the target's
+    final hidden states (transformers') and the next tokens in, the head's logits out, at every position."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import (
+        Qwen3_5DecoderLayer,
+        Qwen3_5RMSNorm,
+        Qwen3_5TextRotaryEmbedding,
+    )
+
+    reference, _, loaded, mtp = hybrid
+    config = reference.config
+    ids = tokens(length=30)
+    with torch.inference_mode():
+        hidden = reference.model(input_ids=ids).last_hidden_state  # after the final norm
+        layer = Qwen3_5DecoderLayer(config, config.layer_types.index("full_attention")).eval()
+        layer.load_state_dict({k.removeprefix("mtp.layers.0."): v for k, v in mtp.items() if ".layers.0." in k})
+        norms = {}
+        for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+            norms[name] = Qwen3_5RMSNorm(config.hidden_size, config.rms_norm_eps)
+            norms[name].weight.copy_(mtp[f"mtp.{name}.weight"])
+        embedded = reference.model.embed_tokens(ids[:, 1:])
+        x = torch.cat([norms["pre_fc_norm_embedding"](embedded), norms["pre_fc_norm_hidden"](hidden[:, :-1])], -1)
+        x = x @ mtp["mtp.fc.weight"].T
+        positions = torch.arange(x.shape[1])[None]
+        rotary = Qwen3_5TextRotaryEmbedding(config)(x, positions)
+        mask = torch.full((x.shape[1], x.shape[1]), float("-inf")).triu(1)[None, None]
+        x = layer(x, position_embeddings=rotary, attention_mask=mask, position_ids=positions)
+        expected = reference.lm_head(norms["norm"](x))[0]
+    model = loaded.model
+    cache = model.mtp.new_cache(max_len=32)
+    got = model.head_logits(model.mtp.draft(model, ids[:, 1:], hidden[:, :-1], cache, [0]))[0]
+    assert_close(got, expected)
+
+
+def test_the_mtp_method_reads_the_target_hidden_states_it_was_given(hybrid):
+    """The MTP drafter's first draft is the layer's argmax over what the target's passes handed it."""
+    loaded = hybrid[2]
+    model, ids = loaded.model, PROMPTS[0]
+    outputs = _run(loaded, [(ids, SamplingParams())], "mtp")
+    assert outputs[0].stats.drafted > 0
+    cache = model.new_cache(max_len=64)
+    hidden = []
+    model.hidden_sink = lambda slots, starts, h: hidden.append(h)
+    try:
+        model(torch.tensor([ids]), cache, [0], invariant=False)
+    finally:
+        model.hidden_sink = None
+    assert hidden[0].shape == (1, len(ids), model.config.hidden_size)
+
+
+def test_what_cannot_work_is_refused_in_one_line(hybrid, tmp_path):
+    loaded = hybrid[2]
+    with pytest.raises(InvalidParameterError, match="linear-attention layers"):
+        Scheduler(loaded, loaded, SchedulerConfig(speculative_method="draft"))
+    plain = load_model(save(make_model("qwen3.5"), tmp_path / "plain"), "float32", progress=False)
+    assert plain.model.mtp is None
+    with pytest.raises(InvalidParameterError, match="multi-token-prediction layer"):
+        Scheduler(plain, None, SchedulerConfig(speculative_method="mtp"))
+    with pytest.raises(InvalidParameterError, match="linear-attention state"):
+        Scheduler(loaded, None, SchedulerConfig(speculative_method="mtp", kv_cache_memory=4096))
