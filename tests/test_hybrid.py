@@ -118,10 +118,10 @@ class Oracle:
     def forget(self, history=True, prompts=True): ...
 
 
-def _run(target, requests: list[tuple[list[int], SamplingParams]], method: str, draft=None) -> list:
+def _run(target, requests: list[tuple[list[int], SamplingParams]], method: str, draft=None, **more) -> list:
     """The requests through one scheduler (3 slots: batched, padded passes); each one's output tokens."""
     config = SchedulerConfig(max_num_seqs=3, max_model_len=200, draft_policy="always", speculative_method=method,
-                             num_speculative_tokens=3)  # fmt: skip
+                             num_speculative_tokens=3, **more)  # fmt: skip
     scheduler = Scheduler(target, draft, config)
     events: list[list] = []
     for i, (ids, params) in enumerate(requests):
@@ -224,6 +224,22 @@ def test_the_mtp_layer_computes_its_published_layout(hybrid):
     cache = model.mtp.new_cache(max_len=32)
     got = model.head_logits(model.mtp.draft(model, ids[:, 1:], hidden[:, :-1], cache, [0]))[0]
     assert_close(got, expected)
+
+
+def test_the_mtp_head_is_restricted_as_draft_vocab_says_and_the_output_stays_the_targets(hybrid):
+    """By default the MTP drafter reads the first MTP_HEAD_ROWS rows of a large vocabulary's head (and the stop
+    tokens), all of a small one's; --draft-vocab N sets N, 0 the whole head. Greedy output is plain greedy output with
+    a head of 100 rows (the tiny vocabulary's 258), sampled output plain sampling's for its seed."""
+    from verispec.engine.mtp import MTP_HEAD_ROWS, mtp_head_rows
+
+    assert mtp_head_rows(None, 248320) == MTP_HEAD_ROWS and mtp_head_rows(None, 258) is None
+    assert mtp_head_rows(0, 248320) is None and mtp_head_rows(1000, 248320) == 1000
+    loaded = hybrid[2]
+    requests = [(ids, SamplingParams()) for ids in PROMPTS] + [(PROMPTS[0], SamplingParams(temperature=1.0, seed=4))]
+    expected = [_plain(loaded, ids, params) for ids, params in requests]
+    outputs = _run(loaded, requests, "mtp", draft_vocab=100)
+    assert [o.token_ids for o in outputs] == expected
+    assert sum(o.stats.drafted for o in outputs) > 0
 
 
 def test_the_mtp_method_reads_the_target_hidden_states_it_was_given(hybrid):

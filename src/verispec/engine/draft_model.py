@@ -180,7 +180,7 @@ class BatchedDrafter:
     def _greedy_in_one_call(self, jobs: list[DraftJob], todo: list[list[int]]) -> bool:
         """Whether this propose can run as one native call: greedy jobs only, and room in every slot for the
         longest draft's steps (a shorter draft is fed as far; near the end of its context it may have no room)."""
-        if self.greedy_steps is None or not all(_plain_greedy(job) for job in jobs):
+        if self.greedy_steps is None or not all(plain_greedy(job) for job in jobs):
             return False
         steps = max(job.k for job in jobs)
         room = all(
@@ -268,7 +268,7 @@ class BatchedDrafter:
 
     def _choose(self, logits: torch.Tensor, job: DraftJob, drafted: list[int]) -> int | None:
         """The next draft token from the head's logits; None when the grammar allows none of the draft's tokens."""
-        if _plain_greedy(job):
+        if plain_greedy(job):
             return self.head.argmax(logits)
         return pick_draft(self.head.over_vocab(logits), job, drafted)
 
@@ -288,6 +288,6 @@ def pick_draft(logits: torch.Tensor, job: DraftJob, drafted: list[int]) -> int |
     return keyed_draw(logits, job.params, job.noise, len(job.tokens) + len(drafted))
 
 
-def _plain_greedy(job: DraftJob) -> bool:
+def plain_greedy(job: DraftJob) -> bool:
     """Greedy with nothing that changes the draft's logits (no active logit adjustments, no grammar)."""
     return job.params.greedy and (job.adjustments is None or not job.adjustments.active) and job.grammar is None

@@ -46,6 +46,8 @@ class Setup:
     target: Transformer | None = None  # the target (a method that drafts with its own layers: mtp)
     max_len: int = 0  # the positions a slot's caches hold, in blocks of the target cache's number
     num_blocks: int = 0
+    draft_vocab: int | None = None  # --draft-vocab (a drafter's restricted head), None: not given
+    stop_ids: frozenset[int] = frozenset()  # the tokenizer's stop tokens (a restricted head keeps them)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,9 +144,13 @@ def _suffix_widest(k: int) -> int:
 
 
 def _mtp(setup: Setup) -> Proposer:
-    from .mtp import MtpDrafter
+    from ..models.draft_head import frequent_ids
+    from .mtp import MtpDrafter, mtp_head_rows
 
-    return MtpDrafter(setup.target, setup.slots, setup.max_len, setup.num_blocks or None)
+    vocab = setup.target.config.vocab_size
+    rows = mtp_head_rows(setup.draft_vocab, vocab)
+    ids = frequent_ids(rows, vocab, setup.stop_ids) if rows and rows < vocab else None
+    return MtpDrafter(setup.target, setup.slots, setup.max_len, setup.num_blocks or None, head_ids=ids)
 
 
 register(Method(name="draft", summary="the --speculative-model drafts", build=_draft, draft_model=DraftModelUse.NEEDED))

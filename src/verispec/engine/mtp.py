@@ -12,6 +12,12 @@ guesses: the next propose rolls the layer's cache back to what it read of the ta
 Drafts are point masses to the acceptance rule like any proposer's: greedy drafts are the layer's argmax, sampled
 ones its draw with the sequence's keyed noise (draft_model.pick_draft), so the output is the target's whatever the
 layer proposes.
+
+The head. The layer's logits come from the target's head, the largest matrix it reads (Qwen3.5: 248,320 rows): over
+all of it, a draft step of the layer costs 0.35 of a target step on Qwen3.5-0.8B's shape; over its first 16,384 rows
+0.06 (benchmarks/hybrid_costs.py). So the MTP drafter reads the head restricted as --draft-vocab says
+(models/draft_head.py: the first N ids and the stop tokens), MTP_HEAD_ROWS by default where the vocabulary is larger
+than twice that; --draft-vocab 0 reads all of it.
 """
 
 from __future__ import annotations
@@ -21,22 +27,37 @@ import time
 import torch
 
 from ..errors import InvalidParameterError
+from ..models.draft_head import DraftHead
 from ..models.model import Transformer
-from .draft_model import pick_draft
+from .draft_model import pick_draft, plain_greedy
 from .drafting import DraftCost, DraftJob, Proposal
+
+MTP_HEAD_ROWS = 32768  # the MTP drafter's head by default (a --draft-vocab of that many ids)
+
+
+def mtp_head_rows(draft_vocab: int | None, vocab_size: int) -> int | None:
+    """The rows the MTP drafter's head keeps for a --draft-vocab (None: not given), None meaning all."""
+    if draft_vocab is None:
+        return MTP_HEAD_ROWS if vocab_size > 2 * MTP_HEAD_ROWS else None
+    return draft_vocab or None
 
 
 class MtpDrafter:
     looks_up = False
     drafter = None  # no draft model: the draft policy prices this proposer by the steps it times
 
-    def __init__(self, target: Transformer, slots: int, max_len: int, num_blocks: int | None = None):
+    def __init__(
+        self, target: Transformer, slots: int, max_len: int, num_blocks: int | None = None,
+        head_ids: torch.Tensor | None = None,
+    ):  # fmt: skip
+        """`head_ids`: the target's ids the layer may draft (a restricted head: models/draft_head.py), None: all."""
         if target.mtp is None:
             raise InvalidParameterError(
                 "the mtp speculative method needs a target whose checkpoint carries a multi-token-prediction layer "
                 "(Qwen3.5: mtp_num_hidden_layers in its config and its mtp.* tensors); this one has none"
             )
         self.target, self.model = target, target.mtp
+        self.head = DraftHead(target, target.config.vocab_size, head_ids)
         self.cache = self.model.new_cache(slots, max_len, num_blocks)
         self.hidden: list[dict[int, torch.Tensor]] = [{} for _ in range(slots)]  # per slot: position -> hidden
         self.held = [0] * slots  # per slot: positions the layer has read from the target (final ones)
@@ -91,7 +112,7 @@ class MtpDrafter:
         last = torch.stack([normed[i, len(row) - 1] for i, row in enumerate(rows)])
         for job in jobs:
             self.cache.set_length(job.slot, self.held[job.slot])  # padded rows forgotten
-        self._pick(jobs, drafted, self.target.head_logits(last))
+        self._pick(jobs, drafted, self._logits(last))
         caught_up = sum(max(0, len(row) - 1 - job.k) for job, row in zip(jobs, rows, strict=True))
         if caught_up:  # more than a step's accepted tokens: the context the layer lacked (a prompt)
             self.spent.catch_up_seconds, self.spent.catch_up_tokens = time.perf_counter() - begin, caught_up
@@ -108,11 +129,17 @@ class MtpDrafter:
             normed = self.model.draft(self.target, tokens, hidden[active], self.cache, slots)
             hidden = hidden.clone()
             hidden[active] = normed
-            self._pick([jobs[i] for i in active], drafted, self.target.head_logits(normed[:, -1]))
+            self._pick([jobs[i] for i in active], drafted, self._logits(normed[:, -1]))
 
-    @staticmethod
-    def _pick(jobs: list[DraftJob], drafted: dict[int, list[int]], logits: torch.Tensor) -> None:
+    def _logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """The head's logits of the layer's outputs: over the restricted rows where there are some."""
+        return self.target.head_logits(normed, self.head.module)
+
+    def _pick(self, jobs: list[DraftJob], drafted: dict[int, list[int]], logits: torch.Tensor) -> None:
         for job, row in zip(jobs, logits, strict=True):
-            choice = pick_draft(row, job, drafted[job.slot])
+            if plain_greedy(job):
+                choice = self.head.argmax(row)
+            else:
+                choice = pick_draft(self.head.over_vocab(row), job, drafted[job.slot])
             if choice is not None:
                 drafted[job.slot].append(choice)

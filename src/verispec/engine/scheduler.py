@@ -269,6 +269,8 @@ class Scheduler:
                 target=target.model,
                 max_len=self.max_model_len + self.widest + 1,
                 num_blocks=num_blocks,
+                draft_vocab=self.config.draft_vocab,
+                stop_ids=frozenset(self.tokenizer.stop_token_ids),
             )
             self.proposer = self.method.build(setup)
 
