@@ -151,11 +151,11 @@ def reference_logits(model, ids: torch.Tensor) -> torch.Tensor:
     return model(input_ids=ids).logits[0].float()
 
 
-def add_mtp(folder: Path, seed: int = 5) -> dict[str, torch.Tensor]:
+def add_mtp(folder: Path, seed: int = 5, half_exact: bool = False) -> dict[str, torch.Tensor]:
     """Give a saved qwen3.5 checkpoint an MTP layer in Qwen3.5's published layout (transformers has no MTP module: its
     Qwen3.5 loaders skip `mtp.*`): `mtp.fc` [hidden, 2 x hidden], the two input norms, a full-attention decoder layer
-    `mtp.layers.0.*` shaped as the model's own, `mtp.norm`; weights drawn as make_model draws them, in a file of their
-    own, and `mtp_num_hidden_layers: 1` in config.json. Returns the tensors."""
+    `mtp.layers.0.*` shaped as the model's own, `mtp.norm`; weights drawn as make_model draws them, added to
+    model.safetensors (where converters look), and `mtp_num_hidden_layers: 1` in config.json. Returns the tensors."""
     import json
 
     from safetensors.torch import load_file, save_file
@@ -174,7 +174,10 @@ def add_mtp(folder: Path, seed: int = 5) -> dict[str, torch.Tensor]:
     for key, shape in shapes.items():
         noise = torch.randn(shape, generator=generator)
         tensors[key] = 0.1 * noise if "norm" in key else noise * 1.5 / math.sqrt(shape[1])
-    save_file(tensors, folder / "mtp.safetensors")
+        if half_exact:  # as make_model's
+            tensors[key] = tensors[key].half().float()
+    saved = load_file(folder / "model.safetensors")
+    save_file(saved | tensors, folder / "model.safetensors", metadata={"format": "pt"})  # where converters look
     config["mtp_num_hidden_layers"] = 1
     (folder / "config.json").write_text(json.dumps(config))
     return tensors

@@ -258,6 +258,24 @@ def test_the_mtp_method_reads_the_target_hidden_states_it_was_given(hybrid):
     assert hidden[0].shape == (1, len(ids), model.config.hidden_size)
 
 
+def test_a_gguf_file_from_llamacpps_converter_holds_the_same_mtp_layer(tmp_path, monkeypatch):
+    """The fixture (tests/fixtures/architectures/qwen3.5.gguf: llama.cpp's converter wrote the MTP layer as its last
+    block, norms as 1 + w, value heads in its tiled order) gives the MTP layer the Hugging Face folder it was made from
+    gives; the model's logits are test_architectures.py's."""
+    from test_architectures import FIXTURES
+
+    from architectures import TINY
+
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))
+    folder = save(make_model("qwen3.5", dims=TINY, half_exact=True), tmp_path / "hf")
+    add_mtp(folder, half_exact=True)
+    ours = [load_model(source, "float32", progress=False).model for source in (folder, FIXTURES / "qwen3.5.gguf")]
+    assert ours[1].config.mtp_layers == 1 and ours[1].config.norm_offset == 0.0  # the file's norms hold 1 + w
+    ids, hidden = tokens(length=12), torch.randn(1, 11, ours[0].config.hidden_size, generator=torch.Generator())
+    got = [m.head_logits(m.mtp.draft(m, ids[:, 1:], hidden, m.mtp.new_cache(max_len=16), [0]))[0] for m in ours]
+    assert_close(got[1], got[0])
+
+
 def test_what_cannot_work_is_refused_in_one_line(hybrid, tmp_path):
     loaded = hybrid[2]
     with pytest.raises(InvalidParameterError, match="linear-attention layers"):

@@ -14,10 +14,11 @@ ones its draw with the sequence's keyed noise (draft_model.pick_draft), so the o
 layer proposes.
 
 The head. The layer's logits come from the target's head, the largest matrix it reads (Qwen3.5: 248,320 rows): over
-all of it, a draft step of the layer costs 0.35 of a target step on Qwen3.5-0.8B's shape; over its first 16,384 rows
-0.06 (benchmarks/hybrid_costs.py). So the MTP drafter reads the head restricted as --draft-vocab says
-(models/draft_head.py: the first N ids and the stop tokens), MTP_HEAD_ROWS by default where the vocabulary is larger
-than twice that; --draft-vocab 0 reads all of it.
+all of it, a draft step of the layer costs a third of a target step on Qwen3.5-0.8B's shape, over its first 16,384
+rows a twentieth (benchmarks/hybrid_costs.py; docs/models.md). So the MTP drafter reads the head restricted as
+--draft-vocab says (models/draft_head.py: the first N ids and the stop tokens), by default MTP_HEAD_ROWS (the command
+line's default, also from the Python API) where the vocabulary is larger than twice that; --draft-vocab 0 reads all
+of it.
 """
 
 from __future__ import annotations
@@ -26,13 +27,14 @@ import time
 
 import torch
 
+from ..defaults import DEFAULT_DRAFT_VOCAB
 from ..errors import InvalidParameterError
 from ..models.draft_head import DraftHead
 from ..models.model import Transformer
 from .draft_model import pick_draft, plain_greedy
 from .drafting import DraftCost, DraftJob, Proposal
 
-MTP_HEAD_ROWS = 32768  # the MTP drafter's head by default (a --draft-vocab of that many ids)
+MTP_HEAD_ROWS = DEFAULT_DRAFT_VOCAB  # the MTP drafter's head by default: the command line's --draft-vocab, everywhere
 
 
 def mtp_head_rows(draft_vocab: int | None, vocab_size: int) -> int | None:

@@ -24,7 +24,9 @@ from ..errors import ModelLoadError
 from .config import ModelConfig
 from .rope import RopeScaling, yarn_attention_factor
 
-ARCHITECTURES = ("llama", "mistral", "mistral3", "qwen2", "qwen3", "qwen3moe", "phi3", "smollm3", "gemma2", "gemma3")
+ARCHITECTURES = (
+    "llama", "mistral", "mistral3", "qwen2", "qwen3", "qwen3moe", "phi3", "smollm3", "gemma2", "gemma3", "qwen35",
+)  # fmt: skip
 # llama.cpp's converter interleaves each head's rotary halves of q and k for these (its "normal" rope type)
 PERMUTED = {"llama", "mistral", "mistral3", "smollm3"}
 GEMMA = {"gemma2", "gemma3"}
@@ -37,7 +39,11 @@ READ = {
     "attention.sliding_window_pattern", "attn_logit_softcapping", "final_logit_softcapping", "attention.causal",
     "expert_count", "expert_used_count", "expert_feed_forward_length",
 }  # fmt: skip
-HARMLESS = {"vocab_size", "rope.scaling.finetuned"}
+# Qwen3.5 (qwen35): its linear-attention layers' shape, which blocks are recurrent, the MTP blocks after the rest
+READ |= {"ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.time_step_rank", "ssm.inner_size",
+         "attention.recurrent_layers", "full_attention_interval", "nextn_predict_layers"}  # fmt: skip
+# the multimodal rotary's sections: text tokens' three positions are equal, so they turn as the plain rotary does
+HARMLESS = {"vocab_size", "rope.scaling.finetuned", "rope.dimension_sections"}
 _SHOWN = 8  # values of an array key shown in a refusal
 HARMLESS_PREFIXES = ("general.", "tokenizer.", "quantize.")
 
@@ -101,12 +107,14 @@ def config_from_gguf(
 def _config(k: _Keys, arch: str, tensors: dict, floats) -> ModelConfig:
     num_heads = int(k.require("attention.head_count"))
     hidden = int(k.require("embedding_length"))
-    layers = int(k.require("block_count"))
+    mtp = int(k.get("nextn_predict_layers", 0)) if arch == "qwen35" else 0
+    layers = int(k.require("block_count")) - mtp  # the MTP blocks come after the model's own
     head_dim = int(k.get("attention.key_length", hidden // num_heads))
     if int(k.get("attention.value_length", head_dim)) != head_dim:
         raise k.refuse(f"{arch}.attention.value_length", k.get("attention.value_length"), "not the key length")
-    if int(k.get("rope.dimension_count", head_dim)) != head_dim:
-        raise k.refuse(f"{arch}.rope.dimension_count", k.get("rope.dimension_count"), "partial rotary")
+    rotary = int(k.get("rope.dimension_count", head_dim))
+    if rotary != head_dim and arch != "qwen35":
+        raise k.refuse(f"{arch}.rope.dimension_count", rotary, "partial rotary")
     if not k.get("attention.causal", True):
         raise k.refuse(f"{arch}.attention.causal", False, "verispec decodes causally only")
     context = int(k.get("context_length", 4096))
@@ -132,7 +140,7 @@ def _config(k: _Keys, arch: str, tensors: dict, floats) -> ModelConfig:
         rope_local_theta=local_theta if any(windows) and local_theta != theta else 0.0,
         no_rope_layers=tuple(i for i in range(layers) if (i + 1) % 4 == 0) if arch == "smollm3" else (),
         layer_windows=windows if any(windows) else (),
-        qk_norm="blk.0.attn_q_norm.weight" in tensors,
+        qk_norm=any(name.endswith(".attn_q_norm.weight") for name in tensors),  # qwen35's block 0 is recurrent
         post_norms=gemma,
         activation="gelu_tanh" if gemma else "silu",
         embed_scale=gemma,
@@ -140,7 +148,29 @@ def _config(k: _Keys, arch: str, tensors: dict, floats) -> ModelConfig:
         attn_softcap=float(k.get("attn_logit_softcapping", 50.0)) if arch == "gemma2" else 0.0,
         final_softcap=float(k.get("final_logit_softcapping", 30.0 if arch == "gemma2" else 0.0)) if gemma else 0.0,
         **_experts(k, arch, layers, tensors),
+        **(_hybrid(k, layers, rotary if rotary != head_dim else 0, mtp) if arch == "qwen35" else {}),
     )
+
+
+def _hybrid(k: _Keys, layers: int, rotary: int, mtp: int) -> dict:
+    """Qwen3.5 as llama.cpp's converter writes it: the recurrent (Gated DeltaNet) blocks flagged one per block (the
+    MTP blocks last), their heads in ssm.* keys (group_count key heads of state_size, time_step_rank value heads of
+    inner_size / time_step_rank); the attention gated and partly rotated. Its norms hold 1 + w already."""
+    flags = k.get("attention.recurrent_layers")
+    if flags is None:
+        interval = int(k.get("full_attention_interval", 4))
+        flags = [(i + 1) % interval != 0 for i in range(layers)]
+    if len(flags) < layers or any(flags[layers:]):
+        raise k.refuse(f"{k.arch}.attention.recurrent_layers", flags, f"not one flag per block ({layers} + {mtp} MTP)")
+    k.read.add("full_attention_interval")
+    value_heads = int(k.require("ssm.time_step_rank"))
+    return dict(
+        linear_layers=tuple(i for i in range(layers) if flags[i]), linear_key_heads=int(k.require("ssm.group_count")),
+        linear_key_dim=int(k.require("ssm.state_size")), linear_value_heads=value_heads,
+        linear_value_dim=int(k.require("ssm.inner_size")) // value_heads,
+        linear_conv_kernel=int(k.require("ssm.conv_kernel")), attn_output_gate=True, rotary_dim=rotary,
+        mtp_layers=mtp,
+    )  # fmt: skip
 
 
 def _experts(k: _Keys, arch: str, layers: int, tensors: dict) -> dict:

@@ -53,6 +53,8 @@ def load_native(
     if not (folder / "config.json").is_file():
         _write_index(path, folder, progress, coarsen)
     config = ModelConfig.from_json((folder / "config.json").read_text())
+    if config.hybrid:
+        return None  # linear attention is not on the native stack: the model runs on PyTorch (loading.py)
     index = json.loads((folder / "tensors.json").read_text())
     matrices = [entry["type"] for entry in index["tensors"].values() if len(entry["shape"]) > 1]
     if any(qtype not in native.QUANT_TYPES for qtype in matrices):

@@ -33,6 +33,15 @@ _LAYER_NAMES = {
     "post_mlp_norm": "post_ffw_norm.weight",
 }
 _GLOBAL_NAMES = {"embed": "token_embd.weight", "norm": "output_norm.weight", "lm_head": "output.weight"}
+# Qwen3.5 (qwen35): a Gated DeltaNet block's tensors; its MLP's input norm is post_attention_norm; q holds the gate
+_QWEN35_NAMES = {
+    "ssm_qkv": "attn_qkv.weight", "ssm_z": "attn_gate.weight", "ssm_b": "ssm_beta.weight", "ssm_a": "ssm_alpha.weight",
+    "ssm_conv": "ssm_conv1d.weight", "ssm_dt_bias": "ssm_dt.bias", "ssm_a_log": "ssm_a", "ssm_norm": "ssm_norm.weight",
+    "ssm_out": "ssm_out.weight", "mlp_norm": "post_attention_norm.weight", "q_gate": "attn_q.weight",
+}  # fmt: skip
+# the MTP block's own tensors (the block after the model's layers)
+_MTP_NAMES = {"mtp.fc": "nextn.eh_proj.weight", "mtp.enorm": "nextn.enorm.weight", "mtp.hnorm": "nextn.hnorm.weight",
+              "mtp.norm": "nextn.shared_head_norm.weight"}  # fmt: skip
 
 
 class GGUFSource:
@@ -52,7 +61,7 @@ class GGUFSource:
         self.tensors = {t.name: t for t in self.reader.tensors}
         shapes = {name: tuple(int(d) for d in t.shape) for name, t in self.tensors.items()}
         self.arch, self.config = config_from_gguf(self.reader.fields, shapes, self._floats, str(path))
-        self.fused = "blk.0.attn_qkv.weight" in self.tensors
+        self.fused = "blk.0.attn_qkv.weight" in self.tensors and self.arch != "qwen35"  # qwen35's: a DeltaNet's
         self._check_every_tensor_is_read()
 
     def _floats(self, name: str) -> list[float]:
@@ -63,10 +72,18 @@ class GGUFSource:
 
     def _where(self, name: str) -> tuple[str, tuple[int, int] | None]:
         """The tensor of a canonical name, and the rows of it that hold it (None: all)."""
+        c = self.config
+        if name in _MTP_NAMES:
+            return f"blk.{c.num_layers}.{_MTP_NAMES[name]}", None
         layer, _, short = name.partition(".")
         if not short:
             return _GLOBAL_NAMES[name], None
-        c, base = self.config, f"blk.{layer}."
+        if layer == "mtp":  # "mtp.0.q": the MTP block's decoder layer
+            layer, _, short = short.partition(".")
+            layer = str(c.num_layers + int(layer))
+        base = f"blk.{layer}."
+        if self.arch == "qwen35" and short in _QWEN35_NAMES:
+            return base + _QWEN35_NAMES[short], None
         if self.fused and short in ("q", "k", "v"):
             q, kv = c.num_heads * c.head_size, c.num_kv_heads * c.head_size
             return base + "attn_qkv.weight", {"q": (0, q), "k": (q, q + kv), "v": (q + kv, q + 2 * kv)}[short]
@@ -141,15 +158,39 @@ class GGUFSource:
         array = dequantize(data, tensor.tensor_type)
         array = array.reshape(shape or array.shape)
         weight = torch.from_numpy(np.array(array, dtype=np.float32))  # a writable copy
+        if self.arch == "qwen35":
+            return self._qwen35(name, weight)
         heads = self._rope_heads(name)
         if heads is not None and rows is not None:
             raise ValueError(f"{name}: rotary rows are permuted per head; fetch the whole matrix")
         return weight if heads is None else undo_rope_permutation(weight, heads)
 
+    def _qwen35(self, name: str, weight: torch.Tensor) -> torch.Tensor:
+        """What llama.cpp's converter changed, undone: q's rows are each head's query then its gate (as
+        transformers', split here); A is stored as -exp(A_log); and where value heads outnumber key heads, the value
+        heads are put in tiled order (value head j of key head g at j x key heads + g) in every tensor that has
+        them, which is put back in transformers' grouped order (at g x (value heads / key heads) + j)."""
+        c, short = self.config, name.rpartition(".")[2]
+        if short in ("q", "q_gate"):
+            both = weight.view(c.num_heads, 2, c.head_size, -1)
+            return both[:, 0 if short == "q" else 1].reshape(c.num_heads * c.head_size, -1)
+        if short == "ssm_a_log":
+            weight = torch.log(-weight)
+        keys, values = c.linear_key_heads, c.linear_value_heads
+        if keys == values or short not in _VALUE_HEADED:
+            return weight
+        if short == "ssm_qkv" or short == "ssm_conv":  # the value rows follow q's and k's
+            split = 2 * keys * c.linear_key_dim
+            return torch.cat([weight[:split], _grouped(weight[split:], keys, values, 0)])
+        if short == "ssm_out":  # the value heads are its columns
+            return _grouped(weight, keys, values, 1)
+        return _grouped(weight, keys, values, 0)
+
     def fetch_int4(self, name: str, rows: tuple[int, int] | None = None) -> Int4Weight | None:
-        """The exact int4 form of a 4-bit tensor (Q4_K, Q4_0, Q4_1), else None (rows as in `fetch`)."""
+        """The exact int4 form of a 4-bit tensor (Q4_K, Q4_0, Q4_1), else None (rows as in `fetch`; and for qwen35,
+        whose tensors `fetch` reorders)."""
         tensor, part = self._tensor(name)
-        if tensor is None or len(tensor.shape) != 2:
+        if self.arch == "qwen35" or tensor is None or len(tensor.shape) != 2:
             return None
         rows = _within(part, rows)
         cols, count = (int(d) for d in tensor.shape)
@@ -160,6 +201,17 @@ class GGUFSource:
         if weight is None or heads is None:
             return weight
         return Int4Weight(*(undo_rope_permutation(t, heads) for t in (weight.q, weight.scale, weight.zero)))
+
+
+_VALUE_HEADED = {"ssm_qkv", "ssm_conv", "ssm_z", "ssm_b", "ssm_a", "ssm_dt_bias", "ssm_a_log", "ssm_out"}
+
+
+def _grouped(weight: torch.Tensor, keys: int, values: int, dim: int) -> torch.Tensor:
+    """Value heads along `dim` from llama.cpp's tiled order to transformers' grouped order (see GGUFSource._qwen35)."""
+    moved = weight.movedim(dim, 0)
+    per = values // keys
+    tiled = moved.reshape(per, keys, -1, *moved.shape[1:])  # [value heads per key head, key heads, head size, ...]
+    return tiled.transpose(0, 1).reshape(moved.shape).movedim(0, dim).contiguous()
 
 
 def _within(part: tuple[int, int] | None, rows: tuple[int, int] | None) -> tuple[int, int] | None:

@@ -18,6 +18,7 @@ import torch
 
 from ..errors import InvalidParameterError
 from . import bundled, draft_forms
+from .config import ModelConfig
 from .converted import converted_folder
 from .gguf_converted import load_gguf_converted
 from .hf_source import load_hf_folder
@@ -84,7 +85,10 @@ def load_model(
         if native is not None:
             model, tokenizer = native
             return LoadedModel(text, path, model, tokenizer)
-        quantization = "int4"  # not a GGUF file, or block types without a native kernel: PyTorch's kernels
+        # not a GGUF file, or block types without a native kernel: PyTorch's kernels; a hybrid model's weights as
+        # stored, dequantized (the layers the native stack lacks are computed in `dtype`)
+        quantization = "none" if _hybrid(path) else "int4"
+        torch_dtype = resolve_dtype(dtype) if quantization == "none" else torch_dtype
     if path.is_dir():
         config, state, tokenizer = load_hf_folder(path, torch_dtype, quantization)
     else:
@@ -110,6 +114,14 @@ def _checked_form(dtype: str | torch.dtype, device: str | None, quantization: st
             raise InvalidParameterError("int4/int8 quantization runs on the CPU kernels; use --device cpu")
         torch_dtype = ACTIVATION_DTYPE
     return torch_dtype, torch_device
+
+
+def _hybrid(path: Path) -> bool:
+    """Whether a GGUF file (its config cached by the native loader) has linear-attention layers."""
+    from .gguf_native import FORM
+
+    cached = converted_folder(path, FORM) / "config.json"
+    return cached.is_file() and ModelConfig.from_json(cached.read_text()).hybrid
 
 
 def _native_available() -> bool:
