@@ -88,3 +88,20 @@ def test_token_trees_on_the_gpu_give_plain_greedy_output():
     for output, prompt in zip(outputs, FORKING * 2, strict=True):
         assert output.token_ids == plain.generate(prompt, max_tokens=40, ignore_eos=True).token_ids
     assert trees > 0
+
+
+def test_qwen35_on_the_gpu_rolls_back_exactly_and_keeps_the_output(tmp_path, monkeypatch):
+    """Qwen3.5's linear attention and its recurrent state kept per length, with the MTP drafter, on the GPU
+    (test_hybrid.check_the_gguf_fixture_on)."""
+    from test_hybrid import Oracle, check_the_gguf_fixture_on
+
+    from verispec.engine.methods import DraftModelUse, Method, register, unregister
+
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    truths: list[list[int]] = []
+    register(Method(name="oracle", summary="test", build=lambda setup: Oracle(truths),
+                    draft_model=DraftModelUse.UNUSED))  # fmt: skip
+    try:
+        check_the_gguf_fixture_on("cuda", truths)
+    finally:
+        unregister("oracle")

@@ -150,7 +150,7 @@ def reference_greedy(model, ids: list[int], max_tokens: int) -> list[int]:
 
 
 @pytest.fixture
-def oracle(hybrid):
+def oracle():
     """The `oracle` method, drafting each prompt's plain greedy continuation (or a given one)."""
     truths: list[list[int]] = []
     register(Method(name="oracle", summary="test", build=lambda setup: Oracle(truths),
@@ -274,6 +274,32 @@ def test_a_gguf_file_from_llamacpps_converter_holds_the_same_mtp_layer(tmp_path,
     ids, hidden = tokens(length=12), torch.randn(1, 11, ours[0].config.hidden_size, generator=torch.Generator())
     got = [m.head_logits(m.mtp.draft(m, ids[:, 1:], hidden, m.mtp.new_cache(max_len=16), [0]))[0] for m in ours]
     assert_close(got[1], got[0])
+
+
+def check_the_gguf_fixture_on(device: str, truths: list[list[int]]) -> None:
+    """The qwen3.5 GGUF fixture (llama.cpp's conversion, with its MTP layer) on `device`: transformers' logits (a
+    prefill, then steps), greedy output with the MTP drafter and with the oracle (`truths`: its list) equal to plain
+    greedy decoding, seeded sampled text equal to plain sampling's (test_cuda.py runs it on a GPU)."""
+    import numpy as np
+    from test_architectures import FIXTURES, _prefill_then_decode
+
+    loaded = load_model(FIXTURES / "qwen3.5.gguf", "float32", device=device, progress=False)
+    expected = torch.from_numpy(np.load(FIXTURES / "qwen3.5.logits.npy"))
+    assert_close(_prefill_then_decode(loaded.model, tokens().to(device)).cpu(), expected)
+    greedy = [(ids, SamplingParams()) for ids in PROMPTS]
+    sampled = [(PROMPTS[seed % 3], SamplingParams(temperature=1.0, seed=seed)) for seed in range(3)]
+    expected = [_plain(loaded, ids, params) for ids, params in greedy + sampled]
+    truths += [ids + out for (ids, _), out in zip(greedy + sampled, expected, strict=True)]
+    for method in ("mtp", "oracle"):
+        outputs = _run(loaded, greedy + sampled, method)
+        assert [o.token_ids for o in outputs] == expected, method
+        assert sum(o.stats.drafted for o in outputs) > 0
+    assert 0 < sum(o.stats.accepted for o in outputs) < sum(o.stats.drafted for o in outputs)
+
+
+def test_the_gguf_fixture_drafts_and_keeps_the_output(oracle, tmp_path, monkeypatch):
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    check_the_gguf_fixture_on("cpu", oracle)
 
 
 def test_what_cannot_work_is_refused_in_one_line(hybrid, tmp_path):
