@@ -47,8 +47,15 @@ _TEXT_SPECS: dict[str, tuple[str, dict]] = {
                                  "linear_key_head_dim": 16, "linear_value_head_dim": 16,
                                  "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                                      "partial_rotary_factor": 0.5}}),
+    # the same with a mixture in every layer: four experts, two per token, and a shared expert beside them
+    "qwen3.5-moe": ("qwen3_5_moe_text", {"num_hidden_layers": 4, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                                         "linear_key_head_dim": 16, "linear_value_head_dim": 16, "num_experts": 4,
+                                         "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                         "shared_expert_intermediate_size": 48,
+                                         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                                             "partial_rotary_factor": 0.5}}),
 }  # fmt: skip
-HYBRID = ["qwen3.5"]  # architectures with linear-attention layers: the PyTorch path only
+HYBRID = ["qwen3.5", "qwen3.5-moe"]  # architectures with linear-attention layers: the PyTorch path only
 # multimodal checkpoints: the text model of text_config beside a one-layer vision tower verispec leaves unread
 _WRAPPER_SPECS: dict[str, tuple[str, dict, dict, dict]] = {
     "mistral3": ("mistral3", {"model_type": "mistral", "sliding_window": None},

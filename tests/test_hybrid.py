@@ -276,15 +276,15 @@ def test_a_gguf_file_from_llamacpps_converter_holds_the_same_mtp_layer(tmp_path,
     assert_close(got[1], got[0])
 
 
-def check_the_gguf_fixture_on(device: str, truths: list[list[int]]) -> None:
-    """The qwen3.5 GGUF fixture (llama.cpp's conversion, with its MTP layer) on `device`: transformers' logits (a
+def check_the_gguf_fixture_on(device: str, truths: list[list[int]], name: str = "qwen3.5") -> None:
+    """A Qwen3.5 GGUF fixture (llama.cpp's conversion, with its MTP layer) on `device`: transformers' logits (a
     prefill, then steps), greedy output with the MTP drafter and with the oracle (`truths`: its list) equal to plain
     greedy decoding, seeded sampled text equal to plain sampling's (test_cuda.py runs it on a GPU)."""
     import numpy as np
     from test_architectures import FIXTURES, _prefill_then_decode
 
-    loaded = load_model(FIXTURES / "qwen3.5.gguf", "float32", device=device, progress=False)
-    expected = torch.from_numpy(np.load(FIXTURES / "qwen3.5.logits.npy"))
+    loaded = load_model(FIXTURES / f"{name}.gguf", "float32", device=device, progress=False)
+    expected = torch.from_numpy(np.load(FIXTURES / f"{name}.logits.npy"))
     assert_close(_prefill_then_decode(loaded.model, tokens().to(device)).cpu(), expected)
     greedy = [(ids, SamplingParams()) for ids in PROMPTS]
     sampled = [(PROMPTS[seed % 3], SamplingParams(temperature=1.0, seed=seed)) for seed in range(3)]
@@ -297,9 +297,10 @@ def check_the_gguf_fixture_on(device: str, truths: list[list[int]]) -> None:
     assert 0 < sum(o.stats.accepted for o in outputs) < sum(o.stats.drafted for o in outputs)
 
 
-def test_the_gguf_fixture_drafts_and_keeps_the_output(oracle, tmp_path, monkeypatch):
+@pytest.mark.parametrize("name", ["qwen3.5", "qwen3.5-moe"])
+def test_the_gguf_fixture_drafts_and_keeps_the_output(name, oracle, tmp_path, monkeypatch):
     monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
-    check_the_gguf_fixture_on("cpu", oracle)
+    check_the_gguf_fixture_on("cpu", oracle, name)
 
 
 def test_what_cannot_work_is_refused_in_one_line(hybrid, tmp_path):

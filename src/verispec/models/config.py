@@ -54,6 +54,9 @@ class ModelConfig:
     expert_intermediate_size: int = 0
     norm_topk_prob: bool = False
     dense_layers: tuple[int, ...] = ()  # layers that keep a dense MLP all the same
+    # beside the experts, a shared expert every row goes through, weighted by sigmoid(a gate of the row) (Qwen3.5-MoE);
+    # its MLP's size, 0: none
+    shared_expert_intermediate_size: int = 0
     # the rotary turns the first rotary_dim of each head's dimensions only (Qwen3.5: a quarter), 0: all of them
     rotary_dim: int = 0
     # the attention's output times sigmoid(a gate the query projection also makes, per head) (Qwen3.5)

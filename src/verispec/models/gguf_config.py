@@ -26,7 +26,9 @@ from .rope import RopeScaling, yarn_attention_factor
 
 ARCHITECTURES = (
     "llama", "mistral", "mistral3", "qwen2", "qwen3", "qwen3moe", "phi3", "smollm3", "gemma2", "gemma3", "qwen35",
+    "qwen35moe",
 )  # fmt: skip
+HYBRID = {"qwen35", "qwen35moe"}  # Qwen3.5: linear attention beside gated attention (qwen35moe: with experts)
 # llama.cpp's converter interleaves each head's rotary halves of q and k for these (its "normal" rope type)
 PERMUTED = {"llama", "mistral", "mistral3", "smollm3"}
 GEMMA = {"gemma2", "gemma3"}
@@ -41,7 +43,8 @@ READ = {
 }  # fmt: skip
 # Qwen3.5 (qwen35): its linear-attention layers' shape, which blocks are recurrent, the MTP blocks after the rest
 READ |= {"ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.time_step_rank", "ssm.inner_size",
-         "attention.recurrent_layers", "full_attention_interval", "nextn_predict_layers"}  # fmt: skip
+         "attention.recurrent_layers", "full_attention_interval", "nextn_predict_layers",
+         "expert_shared_feed_forward_length"}  # fmt: skip
 # the multimodal rotary's sections: text tokens' three positions are equal, so they turn as the plain rotary does
 HARMLESS = {"vocab_size", "rope.scaling.finetuned", "rope.dimension_sections"}
 _SHOWN = 8  # values of an array key shown in a refusal
@@ -107,13 +110,13 @@ def config_from_gguf(
 def _config(k: _Keys, arch: str, tensors: dict, floats) -> ModelConfig:
     num_heads = int(k.require("attention.head_count"))
     hidden = int(k.require("embedding_length"))
-    mtp = int(k.get("nextn_predict_layers", 0)) if arch == "qwen35" else 0
+    mtp = int(k.get("nextn_predict_layers", 0)) if arch in HYBRID else 0
     layers = int(k.require("block_count")) - mtp  # the MTP blocks come after the model's own
     head_dim = int(k.get("attention.key_length", hidden // num_heads))
     if int(k.get("attention.value_length", head_dim)) != head_dim:
         raise k.refuse(f"{arch}.attention.value_length", k.get("attention.value_length"), "not the key length")
     rotary = int(k.get("rope.dimension_count", head_dim))
-    if rotary != head_dim and arch != "qwen35":
+    if rotary != head_dim and arch not in HYBRID:
         raise k.refuse(f"{arch}.rope.dimension_count", rotary, "partial rotary")
     if not k.get("attention.causal", True):
         raise k.refuse(f"{arch}.attention.causal", False, "verispec decodes causally only")
@@ -148,7 +151,7 @@ def _config(k: _Keys, arch: str, tensors: dict, floats) -> ModelConfig:
         attn_softcap=float(k.get("attn_logit_softcapping", 50.0)) if arch == "gemma2" else 0.0,
         final_softcap=float(k.get("final_logit_softcapping", 30.0 if arch == "gemma2" else 0.0)) if gemma else 0.0,
         **_experts(k, arch, layers, tensors),
-        **(_hybrid(k, layers, rotary if rotary != head_dim else 0, mtp) if arch == "qwen35" else {}),
+        **(_hybrid(k, layers, rotary if rotary != head_dim else 0, mtp) if arch in HYBRID else {}),
     )
 
 
@@ -176,6 +179,10 @@ def _hybrid(k: _Keys, layers: int, rotary: int, mtp: int) -> dict:
 def _experts(k: _Keys, arch: str, layers: int, tensors: dict) -> dict:
     """Qwen3-MoE's mixture; llama.cpp renormalizes the chosen experts' weights for this architecture, always."""
     count = int(k.get("expert_count", 0))
+    if arch == "qwen35moe":  # every layer a mixture, renormalized, with a shared expert
+        return dict(num_experts=count, experts_per_token=int(k.require("expert_used_count")),
+                    expert_intermediate_size=int(k.require("expert_feed_forward_length")), norm_topk_prob=True,
+                    shared_expert_intermediate_size=int(k.require("expert_shared_feed_forward_length")))  # fmt: skip
     if arch != "qwen3moe" or not count:
         if count:
             raise k.refuse(f"{arch}.expert_count", count, "verispec computes a mixture of experts for qwen3moe only")

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ..errors import ModelLoadError
-from .gguf_config import PERMUTED, config_from_gguf
+from .gguf_config import HYBRID, PERMUTED, config_from_gguf
 from .quantize import Int4Weight, int4_from_gguf
 from .tokenizer import Tokenizer
 from .weights import canonical_names
@@ -38,6 +38,8 @@ _QWEN35_NAMES = {
     "ssm_qkv": "attn_qkv.weight", "ssm_z": "attn_gate.weight", "ssm_b": "ssm_beta.weight", "ssm_a": "ssm_alpha.weight",
     "ssm_conv": "ssm_conv1d.weight", "ssm_dt_bias": "ssm_dt.bias", "ssm_a_log": "ssm_a", "ssm_norm": "ssm_norm.weight",
     "ssm_out": "ssm_out.weight", "mlp_norm": "post_attention_norm.weight", "q_gate": "attn_q.weight",
+    "shared.gate": "ffn_gate_shexp.weight", "shared.up": "ffn_up_shexp.weight", "shared.down": "ffn_down_shexp.weight",
+    "shared_gate": "ffn_gate_inp_shexp.weight",
 }  # fmt: skip
 # the MTP block's own tensors (the block after the model's layers)
 _MTP_NAMES = {"mtp.fc": "nextn.eh_proj.weight", "mtp.enorm": "nextn.enorm.weight", "mtp.hnorm": "nextn.hnorm.weight",
@@ -61,7 +63,7 @@ class GGUFSource:
         self.tensors = {t.name: t for t in self.reader.tensors}
         shapes = {name: tuple(int(d) for d in t.shape) for name, t in self.tensors.items()}
         self.arch, self.config = config_from_gguf(self.reader.fields, shapes, self._floats, str(path))
-        self.fused = "blk.0.attn_qkv.weight" in self.tensors and self.arch != "qwen35"  # qwen35's: a DeltaNet's
+        self.fused = "blk.0.attn_qkv.weight" in self.tensors and self.arch not in HYBRID  # qwen35's: a DeltaNet's
         self._check_every_tensor_is_read()
 
     def _floats(self, name: str) -> list[float]:
@@ -82,7 +84,7 @@ class GGUFSource:
             layer, _, short = short.partition(".")
             layer = str(c.num_layers + int(layer))
         base = f"blk.{layer}."
-        if self.arch == "qwen35" and short in _QWEN35_NAMES:
+        if self.arch in HYBRID and short in _QWEN35_NAMES:
             return base + _QWEN35_NAMES[short], None
         if self.fused and short in ("q", "k", "v"):
             q, kv = c.num_heads * c.head_size, c.num_kv_heads * c.head_size
@@ -158,7 +160,7 @@ class GGUFSource:
         array = dequantize(data, tensor.tensor_type)
         array = array.reshape(shape or array.shape)
         weight = torch.from_numpy(np.array(array, dtype=np.float32))  # a writable copy
-        if self.arch == "qwen35":
+        if self.arch in HYBRID:
             return self._qwen35(name, weight)
         heads = self._rope_heads(name)
         if heads is not None and rows is not None:
@@ -190,7 +192,7 @@ class GGUFSource:
         """The exact int4 form of a 4-bit tensor (Q4_K, Q4_0, Q4_1), else None (rows as in `fetch`; and for qwen35,
         whose tensors `fetch` reorders)."""
         tensor, part = self._tensor(name)
-        if self.arch == "qwen35" or tensor is None or len(tensor.shape) != 2:
+        if self.arch in HYBRID or tensor is None or len(tensor.shape) != 2:
             return None
         rows = _within(part, rows)
         cols, count = (int(d) for d in tensor.shape)

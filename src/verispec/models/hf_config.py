@@ -26,10 +26,12 @@ from .rope import RopeScaling, yarn_attention_factor
 FAMILIES = {
     "llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "phi3": "phi3",
     "smollm3": "smollm3", "gemma2": "gemma2", "gemma3_text": "gemma3", "gemma3": "gemma3", "mistral3": "mistral",
-    "qwen3_5_text": "qwen35", "qwen3_5": "qwen35",
+    "qwen3_5_text": "qwen35", "qwen3_5": "qwen35", "qwen3_5_moe_text": "qwen35moe", "qwen3_5_moe": "qwen35moe",
 }  # fmt: skip
+HYBRID = {"qwen35", "qwen35moe"}  # Qwen3.5's families: linear attention beside gated attention
 # multimodal model_types: their text model is `text_config`, of one of these model_types
-WRAPPERS = {"gemma3": {"gemma3_text"}, "mistral3": {"mistral", "llama"}, "qwen3_5": {"qwen3_5_text"}}
+WRAPPERS = {"gemma3": {"gemma3_text"}, "mistral3": {"mistral", "llama"}, "qwen3_5": {"qwen3_5_text"},
+            "qwen3_5_moe": {"qwen3_5_moe_text"}}  # fmt: skip
 # fields of a wrapper that only concern the vision part
 _VISION_FIELDS = {
     "vision_config", "image_token_index", "image_token_id", "projector_hidden_act", "vision_feature_layer",
@@ -144,9 +146,9 @@ def _config(f: _Fields, family: str) -> ModelConfig:
     if bias and family not in ("qwen2", "mistral"):  # qwen2's q/k/v always have a bias; mistral's never
         raise f.refuse("attention_bias", bias, "a bias on the attention's output projection is not computed")
     theta, scaling, local_theta = _rope(f, family, head_dim or hidden // num_heads)
-    windows = _windows(f, family, layers) if family != "qwen35" else (0,) * layers
+    windows = _windows(f, family, layers) if family not in HYBRID else (0,) * layers
     experts = _experts(f, family, layers)
-    hybrid = _hybrid(f, layers, head_dim or hidden // num_heads) if family == "qwen35" else {}
+    hybrid = _hybrid(f, layers, head_dim or hidden // num_heads) if family in HYBRID else {}
     return ModelConfig(
         vocab_size=f.require("vocab_size"),
         hidden_size=hidden,
@@ -164,9 +166,9 @@ def _config(f: _Fields, family: str) -> ModelConfig:
         rope_local_theta=local_theta if any(windows) else 0.0,
         no_rope_layers=_no_rope_layers(f, family, layers),
         layer_windows=windows if any(windows) else (),
-        qk_norm=family in ("qwen3", "qwen3moe", "gemma3", "qwen35"),
+        qk_norm=family in ("qwen3", "qwen3moe", "gemma3") or family in HYBRID,
         post_norms=gemma,
-        norm_offset=1.0 if gemma or family == "qwen35" else 0.0,  # Qwen3.5's norms multiply by 1 + w too
+        norm_offset=1.0 if gemma or family in HYBRID else 0.0,  # Qwen3.5's norms multiply by 1 + w too
         activation="gelu_tanh" if gemma else "silu",
         embed_scale=gemma,
         query_scale=float(f.field("query_pre_attn_scalar", 256)) ** -0.5 if gemma else 0.0,
@@ -205,7 +207,12 @@ def _hybrid(f: _Fields, layers: int, head_dim: int) -> dict:
 
 
 def _experts(f: _Fields, family: str, layers: int) -> dict:
-    """Qwen3-MoE's mixture: its size, and the layers left dense (mlp_only_layers, or off decoder_sparse_step)."""
+    """Qwen3-MoE's mixture: its size, and the layers left dense (mlp_only_layers, or off decoder_sparse_step);
+    Qwen3.5-MoE's: every layer, the chosen experts' weights renormalized, and a shared expert beside them."""
+    if family == "qwen35moe":
+        return dict(num_experts=int(f.require("num_experts")), experts_per_token=int(f.require("num_experts_per_tok")),
+                    expert_intermediate_size=int(f.require("moe_intermediate_size")), norm_topk_prob=True,
+                    shared_expert_intermediate_size=int(f.require("shared_expert_intermediate_size")))  # fmt: skip
     if family != "qwen3moe":
         return {}
     count = f.get("num_experts") or f.require("num_local_experts")  # transformers 5 saves the second name
@@ -292,7 +299,7 @@ def _rope(f: _Fields, family: str, head_dim: int) -> tuple[float, RopeScaling | 
         "partial_rotary_factor",
         "original_max_position_embeddings",
     }  # the last: the pretraining context, read by scaled types
-    if f.raw.get("partial_rotary_factor", 1.0) != 1.0 and family != "qwen35":
+    if f.raw.get("partial_rotary_factor", 1.0) != 1.0 and family not in HYBRID:
         raise f.refuse("partial_rotary_factor", f.raw["partial_rotary_factor"], "partial rotary is not computed")
     nested = isinstance(params, dict) and ({"full_attention", "sliding_attention"} & set(params))
     if nested:
@@ -301,7 +308,7 @@ def _rope(f: _Fields, family: str, head_dim: int) -> tuple[float, RopeScaling | 
         glob, local = params, {}
     default_global = 1_000_000.0 if family == "gemma3" else 10_000.0
     theta = float(glob.get("rope_theta", f.raw.get("rope_theta", default_global)))
-    if family == "qwen35":
+    if family in HYBRID:
         # Qwen3.5's multimodal rotary: text tokens have equal time, height and width positions, so its interleaved
         # sections turn every frequency by the token's position, the plain rotary (on partial_rotary_factor of it)
         glob = {key: value for key, value in glob.items() if key not in ("mrope_section", "mrope_interleaved")}

@@ -48,6 +48,9 @@ _LINEAR_NAMES = {
     "ssm_conv": "linear_attn.conv1d.weight", "ssm_dt_bias": "linear_attn.dt_bias", "ssm_a_log": "linear_attn.A_log",
     "ssm_norm": "linear_attn.norm.weight", "ssm_out": "linear_attn.out_proj.weight",
     "q_gate": "self_attn.q_proj.weight",
+    # Qwen3.5-MoE's shared expert and its gate
+    "shared.gate": "mlp.shared_expert.gate_proj.weight", "shared.up": "mlp.shared_expert.up_proj.weight",
+    "shared.down": "mlp.shared_expert.down_proj.weight", "shared_gate": "mlp.shared_expert_gate.weight",
 }  # fmt: skip
 # the MTP layer's own tensors (Qwen3.5), at the checkpoint's top level
 _MTP_NAMES = {"mtp.fc": "mtp.fc.weight", "mtp.enorm": "mtp.pre_fc_norm_embedding.weight",

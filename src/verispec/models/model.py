@@ -191,13 +191,17 @@ class MLP(nn.Module):
 class MixtureOfExperts(nn.Module):
     """Each row through its top k experts (MLPs), weighted by the router's softmax over all experts (float32),
     renormalized over the k chosen where the config says so: transformers' Qwen3-MoE block. Ties among the router's
-    probabilities go to the lower expert."""
+    probabilities go to the lower expert. Where the config has a shared expert (Qwen3.5-MoE), every row goes through it
+    too, weighted by sigmoid(its gate's one output)."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.router = nn.Linear(config.hidden_size, config.num_experts, bias=False)
         self.experts = nn.ModuleList(MLP(config, config.expert_intermediate_size) for _ in range(config.num_experts))
         self.top_k, self.renormalize = config.experts_per_token, config.norm_topk_prob
+        shared = config.shared_expert_intermediate_size
+        self.shared = MLP(config, shared) if shared else None
+        self.shared_gate = nn.Linear(config.hidden_size, 1, bias=False) if shared else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
@@ -210,6 +214,8 @@ class MixtureOfExperts(nn.Module):
         for expert in chosen.unique().tolist():
             picked, rank = torch.where(chosen == expert)
             out.index_add_(0, picked, self.experts[expert](rows[picked]) * weights[picked, rank, None])
+        if self.shared is not None:
+            out = out + torch.sigmoid(self.shared_gate(rows)) * self.shared(rows)
         return out.reshape(x.shape)
 
 

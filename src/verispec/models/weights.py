@@ -65,7 +65,10 @@ def _mlp_names(config: ModelConfig, layer: int) -> list[str]:
     """A layer's MLP: gate, up, down; or a mixture's router and each expert's (expert{e}.gate, ...)."""
     if not config.moe(layer):
         return ["gate", "up", "down"]
-    return ["router"] + [f"expert{e}.{n}" for e in range(config.num_experts) for n in ("gate", "up", "down")]
+    names = ["router"] + [f"expert{e}.{n}" for e in range(config.num_experts) for n in ("gate", "up", "down")]
+    if config.shared_expert_intermediate_size:
+        names += ["shared.gate", "shared.up", "shared.down", "shared_gate"]
+    return names
 
 
 def assemble_state_dict(
@@ -182,6 +185,10 @@ def _layer(source: _Source, config: ModelConfig, i: int, names: str = "", prefix
         expert = f"{prefix}.mlp.experts.{e}"
         state |= source.linear(f"{expert}.w_gate_up", [f"{n}expert{e}.gate", f"{n}expert{e}.up"])
         state |= source.linear(f"{expert}.w_down", [f"{n}expert{e}.down"])
+    if config.shared_expert_intermediate_size:
+        state |= source.linear(f"{prefix}.mlp.shared.w_gate_up", [f"{n}shared.gate", f"{n}shared.up"])
+        state |= source.linear(f"{prefix}.mlp.shared.w_down", [f"{n}shared.down"])
+        state[f"{prefix}.mlp.shared_gate.weight"] = get(f"{n}shared_gate")  # never quantized: one row
     return state
 
 
