@@ -69,6 +69,9 @@ class ModelConfig:
     linear_value_heads: int = 0
     linear_value_dim: int = 0
     linear_conv_kernel: int = 0
+    # where value heads outnumber key heads: value head h reads key head h % key heads (llama.cpp's tiled order) rather
+    # than h // (value heads / key heads) (transformers' grouped order)
+    linear_heads_tiled: bool = False
     # multi-token-prediction layers the checkpoint carries (Qwen3.5's drafter: mtp.py), 0: none
     mtp_layers: int = 0
 

@@ -10,7 +10,8 @@ value size]:
     o_t = S^T q_t
 
 then o is RMS-normalised per head, times its weight and SiLU(z_t), and projected out. Several value heads may share a
-key head (they take it in order: value head h reads key head h // (value heads / key heads)).
+key head: value head h reads key head h // (value heads / key heads) in transformers' order, h % key heads in
+llama.cpp's (its converter reorders the value heads of every tensor that has them: `linear_heads_tiled`).
 
 Two forms compute the same recurrence:
 - `recurrent`: token by token. Decode and verify passes use it: a row's state is its own prefix's whatever else
@@ -96,6 +97,7 @@ class GatedDeltaNet(nn.Module):
         self.a_log = nn.Parameter(torch.zeros(self.value_heads))
         self.norm = nn.Parameter(torch.ones(self.value_dim))
         self.eps = c.rms_norm_eps
+        self.tiled = c.linear_heads_tiled
         self.out = nn.Linear(values, c.hidden_size, bias=False)
         self.batch_invariant = False  # what Attention has: each row's state is its own whatever the flag
 
@@ -131,6 +133,9 @@ class GatedDeltaNet(nn.Module):
         keys = self.key_heads * self.key_dim
         q, k, v = convolved.split([keys, keys, self.value_heads * self.value_dim], dim=-1)
         repeat = self.value_heads // self.key_heads
-        q = l2_normalised(q.view(-1, self.key_heads, self.key_dim)).repeat_interleave(repeat, dim=1)
-        k = l2_normalised(k.view(-1, self.key_heads, self.key_dim)).repeat_interleave(repeat, dim=1)
+        q, k = (l2_normalised(t.view(-1, self.key_heads, self.key_dim)) for t in (q, k))
+        if self.tiled:
+            q, k = q.repeat(1, repeat, 1), k.repeat(1, repeat, 1)
+        else:
+            q, k = q.repeat_interleave(repeat, dim=1), k.repeat_interleave(repeat, dim=1)
         return q * self.key_dim**-0.5, k, v.view(-1, self.value_heads, self.value_dim)

@@ -158,7 +158,8 @@ def _config(k: _Keys, arch: str, tensors: dict, floats) -> ModelConfig:
 def _hybrid(k: _Keys, layers: int, rotary: int, mtp: int) -> dict:
     """Qwen3.5 as llama.cpp's converter writes it: the recurrent (Gated DeltaNet) blocks flagged one per block (the
     MTP blocks last), their heads in ssm.* keys (group_count key heads of state_size, time_step_rank value heads of
-    inner_size / time_step_rank); the attention gated and partly rotated. Its norms hold 1 + w already."""
+    inner_size / time_step_rank, in its tiled order); the attention gated and partly rotated. Its norms hold 1 + w
+    already."""
     flags = k.get("attention.recurrent_layers")
     if flags is None:
         interval = int(k.get("full_attention_interval", 4))
@@ -171,7 +172,8 @@ def _hybrid(k: _Keys, layers: int, rotary: int, mtp: int) -> dict:
         linear_layers=tuple(i for i in range(layers) if flags[i]), linear_key_heads=int(k.require("ssm.group_count")),
         linear_key_dim=int(k.require("ssm.state_size")), linear_value_heads=value_heads,
         linear_value_dim=int(k.require("ssm.inner_size")) // value_heads,
-        linear_conv_kernel=int(k.require("ssm.conv_kernel")), attn_output_gate=True, rotary_dim=rotary,
+        linear_conv_kernel=int(k.require("ssm.conv_kernel")), linear_heads_tiled=True, attn_output_gate=True,
+        rotary_dim=rotary,
         mtp_layers=mtp,
     )  # fmt: skip
 

@@ -37,7 +37,7 @@ _GLOBAL_NAMES = {"embed": "token_embd.weight", "norm": "output_norm.weight", "lm
 _QWEN35_NAMES = {
     "ssm_qkv": "attn_qkv.weight", "ssm_z": "attn_gate.weight", "ssm_b": "ssm_beta.weight", "ssm_a": "ssm_alpha.weight",
     "ssm_conv": "ssm_conv1d.weight", "ssm_dt_bias": "ssm_dt.bias", "ssm_a_log": "ssm_a", "ssm_norm": "ssm_norm.weight",
-    "ssm_out": "ssm_out.weight", "mlp_norm": "post_attention_norm.weight", "q_gate": "attn_q.weight",
+    "ssm_out": "ssm_out.weight", "mlp_norm": "post_attention_norm.weight",
     "shared.gate": "ffn_gate_shexp.weight", "shared.up": "ffn_up_shexp.weight", "shared.down": "ffn_down_shexp.weight",
     "shared_gate": "ffn_gate_inp_shexp.weight",
 }  # fmt: skip
@@ -168,29 +168,13 @@ class GGUFSource:
         return weight if heads is None else undo_rope_permutation(weight, heads)
 
     def _qwen35(self, name: str, weight: torch.Tensor) -> torch.Tensor:
-        """What llama.cpp's converter changed, undone: q's rows are each head's query then its gate (as
-        transformers', split here); A is stored as -exp(A_log); and where value heads outnumber key heads, the value
-        heads are put in tiled order (value head j of key head g at j x key heads + g) in every tensor that has
-        them, which is put back in transformers' grouped order (at g x (value heads / key heads) + j)."""
-        c, short = self.config, name.rpartition(".")[2]
-        if short in ("q", "q_gate"):
-            both = weight.view(c.num_heads, 2, c.head_size, -1)
-            return both[:, 0 if short == "q" else 1].reshape(c.num_heads * c.head_size, -1)
-        if short == "ssm_a_log":
-            weight = torch.log(-weight)
-        keys, values = c.linear_key_heads, c.linear_value_heads
-        if keys == values or short not in _VALUE_HEADED:
-            return weight
-        if short == "ssm_qkv" or short == "ssm_conv":  # the value rows follow q's and k's
-            split = 2 * keys * c.linear_key_dim
-            return torch.cat([weight[:split], _grouped(weight[split:], keys, values, 0)])
-        if short == "ssm_out":  # the value heads are its columns
-            return _grouped(weight, keys, values, 1)
-        return _grouped(weight, keys, values, 0)
+        """llama.cpp's converter stores A as -exp(A_log): read back as A_log. (Its value heads stay in its tiled
+        order, which the config says: `linear_heads_tiled`.)"""
+        return torch.log(-weight) if name.endswith(".ssm_a_log") else weight
 
     def fetch_int4(self, name: str, rows: tuple[int, int] | None = None) -> Int4Weight | None:
         """The exact int4 form of a 4-bit tensor (Q4_K, Q4_0, Q4_1), else None (rows as in `fetch`; and for qwen35,
-        whose tensors `fetch` reorders)."""
+        whose tensors `fetch` may transform)."""
         tensor, part = self._tensor(name)
         if self.arch in HYBRID or tensor is None or len(tensor.shape) != 2:
             return None
@@ -203,17 +187,6 @@ class GGUFSource:
         if weight is None or heads is None:
             return weight
         return Int4Weight(*(undo_rope_permutation(t, heads) for t in (weight.q, weight.scale, weight.zero)))
-
-
-_VALUE_HEADED = {"ssm_qkv", "ssm_conv", "ssm_z", "ssm_b", "ssm_a", "ssm_dt_bias", "ssm_a_log", "ssm_out"}
-
-
-def _grouped(weight: torch.Tensor, keys: int, values: int, dim: int) -> torch.Tensor:
-    """Value heads along `dim` from llama.cpp's tiled order to transformers' grouped order (see GGUFSource._qwen35)."""
-    moved = weight.movedim(dim, 0)
-    per = values // keys
-    tiled = moved.reshape(per, keys, -1, *moved.shape[1:])  # [value heads per key head, key heads, head size, ...]
-    return tiled.transpose(0, 1).reshape(moved.shape).movedim(0, dim).contiguous()
 
 
 def _within(part: tuple[int, int] | None, rows: tuple[int, int] | None) -> tuple[int, int] | None:

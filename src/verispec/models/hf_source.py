@@ -47,7 +47,6 @@ _LINEAR_NAMES = {
     "ssm_b": "linear_attn.in_proj_b.weight", "ssm_a": "linear_attn.in_proj_a.weight",
     "ssm_conv": "linear_attn.conv1d.weight", "ssm_dt_bias": "linear_attn.dt_bias", "ssm_a_log": "linear_attn.A_log",
     "ssm_norm": "linear_attn.norm.weight", "ssm_out": "linear_attn.out_proj.weight",
-    "q_gate": "self_attn.q_proj.weight",
     # Qwen3.5-MoE's shared expert and its gate
     "shared.gate": "mlp.shared_expert.gate_proj.weight", "shared.up": "mlp.shared_expert.up_proj.weight",
     "shared.down": "mlp.shared_expert.down_proj.weight", "shared_gate": "mlp.shared_expert_gate.weight",
@@ -132,13 +131,7 @@ class HFSource:
         handle = self.index.get(key)
         if handle is None:
             return None
-        short = name.rpartition(".")[2]
-        if short in ("q", "q_gate") and self.config.attn_output_gate:
-            # q_proj's rows are, per head, its query then its gate (transformers chunks each head's 2 x head size)
-            c = self.config
-            both = handle.get_tensor(key).view(c.num_heads, 2, c.head_size, -1)
-            return both[:, 0 if short == "q" else 1].reshape(c.num_heads * c.head_size, -1)
-        if short == "ssm_conv":
+        if name.rpartition(".")[2] == "ssm_conv":
             return handle.get_tensor(key).squeeze(1)  # [channels, 1, width] -> [channels, width]
         if part is None and rows is None:
             return handle.get_tensor(key)

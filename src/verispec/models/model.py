@@ -70,7 +70,7 @@ class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int = 0):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_size
-        # [q; k; v] or, with an output gate, [q; k; v; gate]
+        # [q; k; v]; with an output gate q's rows are, per head, its query then its gate (as checkpoints store them)
         self.gated = config.attn_output_gate
         qkv_out = (config.num_heads * (2 if self.gated else 1) + 2 * config.num_kv_heads) * config.head_size
         self.wqkv = nn.Linear(config.hidden_size, qkv_out, bias=config.qkv_bias)
@@ -93,9 +93,13 @@ class Attention(nn.Module):
         """`cos`/`sin` None: this layer has no rotary embedding; `masks`: per window (0: none), the mask; `where`:
         the pass's addresses in the cache (PassPages)."""
         batch, seq, _ = x.shape
-        queries, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q, k, v, *gate = self.wqkv(x).split([queries, kv, kv] + [queries] * self.gated, dim=-1)
-        q = q.view(batch, seq, self.num_heads, self.head_dim)
+        queries, kv = self.num_heads * self.head_dim * (2 if self.gated else 1), self.num_kv_heads * self.head_dim
+        q, k, v = self.wqkv(x).split([queries, kv, kv], dim=-1)
+        gate = []
+        if self.gated:
+            q, gated = q.view(batch, seq, self.num_heads, 2, self.head_dim).unbind(3)
+            gate = [gated.reshape(batch, seq, -1)]
+        q = q.reshape(batch, seq, self.num_heads, self.head_dim)
         k = k.view(batch, seq, self.num_kv_heads, self.head_dim)
         v = v.view(batch, seq, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:

@@ -22,10 +22,11 @@ from .quantize import ACTIVATION_DTYPE, Int4Weight, quantized_linear
 
 # canonical names: "embed", "norm", "lm_head", and per layer "{i}.attn_norm", "{i}.q", "{i}.k", "{i}.v",
 # "{i}.q_bias", "{i}.k_bias", "{i}.v_bias", "{i}.o", "{i}.mlp_norm", "{i}.gate", "{i}.up", "{i}.down", and where
-# the config has them "{i}.q_norm", "{i}.k_norm" (qk_norm), "{i}.post_attn_norm", "{i}.post_mlp_norm" (post_norms),
-# "{i}.q_gate" (the attention's output gate); a linear-attention layer's "{i}.ssm_qkv", "ssm_z", "ssm_b", "ssm_a" (its
-# input projections), "ssm_conv" [channels, width], "ssm_dt_bias", "ssm_a_log", "ssm_norm", "ssm_out" in place of the
-# attention's; an MTP layer's "mtp.fc", "mtp.enorm", "mtp.hnorm", "mtp.norm" and its decoder layer's "mtp.0.*"
+# the config has them "{i}.q_norm", "{i}.k_norm" (qk_norm), "{i}.post_attn_norm", "{i}.post_mlp_norm" (post_norms)
+# (with an output gate "{i}.q" holds, per head, the query's rows then the gate's); a linear-attention layer's
+# "{i}.ssm_qkv", "ssm_z", "ssm_b", "ssm_a" (its input projections), "ssm_conv" [channels, width], "ssm_dt_bias",
+# "ssm_a_log", "ssm_norm", "ssm_out" in place of the attention's; a shared expert's "{i}.shared.gate", ".up", ".down"
+# and "{i}.shared_gate"; an MTP layer's "mtp.fc", "mtp.enorm", "mtp.hnorm", "mtp.norm" and its layer's "mtp.0.*"
 Rows = tuple[int, int] | None  # a [start, stop) range of a matrix's rows, or all of them
 Fetch = Callable[[str, Rows], "torch.Tensor | None"]
 FetchInt4 = Callable[[str, Rows], "Int4Weight | None"]
@@ -56,7 +57,6 @@ def _layer_names(config: ModelConfig, i: int) -> list[str]:
         mixer = ["q", "k", "v", "o"]
         mixer += ["q_bias", "k_bias", "v_bias"] if config.qkv_bias else []
         mixer += ["q_norm", "k_norm"] if config.qk_norm else []
-        mixer += ["q_gate"] if config.attn_output_gate else []
     norms = ["attn_norm", "mlp_norm"] + (["post_attn_norm", "post_mlp_norm"] if config.post_norms else [])
     return norms + mixer + _mlp_names(config, i)
 
@@ -194,8 +194,7 @@ def _layer(source: _Source, config: ModelConfig, i: int, names: str = "", prefix
 
 def _attention(source: _Source, config: ModelConfig, prefix: str, n: str) -> dict[str, torch.Tensor]:
     get = source.get
-    gate = [f"{n}q_gate"] if config.attn_output_gate else []
-    state = source.linear(f"{prefix}.attn.wqkv", [f"{n}q", f"{n}k", f"{n}v", *gate])
+    state = source.linear(f"{prefix}.attn.wqkv", [f"{n}q", f"{n}k", f"{n}v"])
     if config.qkv_bias:
         state[f"{prefix}.attn.wqkv.bias"] = torch.cat([get(f"{n}{b}_bias") for b in "qkv"])
     state |= source.linear(f"{prefix}.attn.wo", [f"{n}o"])
