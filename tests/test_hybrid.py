@@ -269,21 +269,26 @@ def test_a_gguf_file_from_llamacpps_converter_holds_the_same_mtp_layer(tmp_path,
     monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))
     folder = save(make_model("qwen3.5", dims=TINY, half_exact=True), tmp_path / "hf")
     add_mtp(folder, half_exact=True)
-    ours = [load_model(source, "float32", progress=False).model for source in (folder, FIXTURES / "qwen3.5.gguf")]
+    gguf = FIXTURES / "qwen3.5.gguf"
+    ours = [load_model(source, "float32", progress=False, quantization=form).model
+            for source, form in ((folder, "none"), (gguf, "none"), (gguf, "gguf"))]  # fmt: skip
     assert ours[1].config.mtp_layers == 1 and ours[1].config.norm_offset == 0.0  # the file's norms hold 1 + w
     ids, hidden = tokens(length=12), torch.randn(1, 11, ours[0].config.hidden_size, generator=torch.Generator())
     got = [m.head_logits(m.mtp.draft(m, ids[:, 1:], hidden, m.mtp.new_cache(max_len=16), [0]))[0] for m in ours]
     assert_close(got[1], got[0])
+    assert_close(got[2], got[0])  # with the MTP layer's matrices on the native kernels
 
 
-def check_the_gguf_fixture_on(device: str, truths: list[list[int]], name: str = "qwen3.5") -> None:
+def check_the_gguf_fixture_on(
+    device: str, truths: list[list[int]], name: str = "qwen3.5", quantization: str = "none"
+) -> None:
     """A Qwen3.5 GGUF fixture (llama.cpp's conversion, with its MTP layer) on `device`: transformers' logits (a
     prefill, then steps), greedy output with the MTP drafter and with the oracle (`truths`: its list) equal to plain
     greedy decoding, seeded sampled text equal to plain sampling's (test_cuda.py runs it on a GPU)."""
     import numpy as np
     from test_architectures import FIXTURES, _prefill_then_decode
 
-    loaded = load_model(FIXTURES / f"{name}.gguf", "float32", device=device, progress=False)
+    loaded = load_model(FIXTURES / f"{name}.gguf", "float32", device=device, progress=False, quantization=quantization)
     expected = torch.from_numpy(np.load(FIXTURES / f"{name}.logits.npy"))
     assert_close(_prefill_then_decode(loaded.model, tokens().to(device)).cpu(), expected)
     greedy = [(ids, SamplingParams()) for ids in PROMPTS]
@@ -298,9 +303,16 @@ def check_the_gguf_fixture_on(device: str, truths: list[list[int]], name: str = 
 
 
 @pytest.mark.parametrize("name", ["qwen3.5", "qwen3.5-moe"])
-def test_the_gguf_fixture_drafts_and_keeps_the_output(name, oracle, tmp_path, monkeypatch):
+@pytest.mark.parametrize("quantization", ["none", "gguf"])
+def test_the_gguf_fixture_drafts_and_keeps_the_output(name, quantization, oracle, tmp_path, monkeypatch):
+    """Dequantized on PyTorch (none), and with every matrix on the native kernels as the file stores it (gguf: the
+    CPU default; the blocks one by one, the native stack having no linear attention)."""
+    from verispec.kernels import native
+
+    if quantization == "gguf" and not native.available():
+        pytest.skip("native kernels not compiled")
     monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
-    check_the_gguf_fixture_on("cpu", oracle, name)
+    check_the_gguf_fixture_on("cpu", oracle, name, quantization)
 
 
 def test_what_cannot_work_is_refused_in_one_line(hybrid, tmp_path):

@@ -53,8 +53,6 @@ def load_native(
     if not (folder / "config.json").is_file():
         _write_index(path, folder, progress, coarsen)
     config = ModelConfig.from_json((folder / "config.json").read_text())
-    if config.hybrid:
-        return None  # linear attention is not on the native stack: the model runs on PyTorch (loading.py)
     index = json.loads((folder / "tensors.json").read_text())
     matrices = [entry["type"] for entry in index["tensors"].values() if len(entry["shape"]) > 1]
     if any(qtype not in native.QUANT_TYPES for qtype in matrices):
@@ -64,7 +62,7 @@ def load_native(
         if (folder / f"{extra}.bin").is_file() and (folder / f"{extra}.bin").stat().st_size:
             data[extra] = np.memmap(folder / f"{extra}.bin", mode="c")
     native.claim_threads()
-    model = _build(config, index, data)
+    model = _build_hybrid(config, index, data) if config.hybrid else _build(config, index, data)
     return model, Tokenizer.load_for_gguf(folder, path)
 
 
@@ -135,6 +133,66 @@ def _build(config: ModelConfig, index: dict, data: dict[str, np.memmap]) -> Tran
     return _on_the_stack(model)
 
 
+def _build_hybrid(config: ModelConfig, index: dict, data: dict[str, np.memmap]) -> Transformer:
+    """A Qwen3.5 file (linear attention beside gated attention, an MTP block after the layers) with every matrix on
+    the native kernels as the file stores it, and the rest on PyTorch: the native stack has no Gated DeltaNet, so the
+    blocks run one by one (no `fused_blocks`). Each product sums in the kernels' fixed order and the attention runs
+    per query, so a verify row's result is its own whatever shares the pass, as on the stack."""
+    from .mtp import transformer
+
+    tensors = _Tensors(index, data)
+    with torch.device("meta"):
+        model = transformer(config)
+    state = {"norm.weight": tensors.floats("output_norm.weight")}
+    for i, block in enumerate(model.layers):
+        state |= _hybrid_block(block, tensors, config, i, f"layers.{i}.")
+    embed_type, embed = tensors.raw_rows("token_embd.weight")
+    model.embed = GGUFEmbedding(embed_type, embed, config.hidden_size)
+    head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
+    model.lm_head = tensors.linear([head], config.hidden_size)
+    if model.mtp is not None:  # block N (the layers' count): the MTP layer, its input projection and norms
+        p, mtp = f"blk.{config.num_layers}.", model.mtp
+        mtp.fc = tensors.linear([p + "nextn.eh_proj.weight"], 2 * config.hidden_size)
+        names = {"enorm": "nextn.enorm", "hnorm": "nextn.hnorm", "norm": "nextn.shared_head_norm"}
+        state |= {f"mtp.{ours}.weight": tensors.floats(p + theirs + ".weight") for ours, theirs in names.items()}
+        state |= _hybrid_block(mtp.layers[0], tensors, mtp.config, 0, "mtp.layers.0.", block_index=config.num_layers)
+    model.load_state_dict(state, assign=True, strict=True)
+    return model.eval()
+
+
+def _hybrid_block(
+    block, tensors: _Tensors, config: ModelConfig, layer: int, prefix: str, block_index: int | None = None
+) -> dict[str, torch.Tensor]:
+    """A Qwen3.5 block's matrices onto the native kernels; returns its other weights (norms, the DeltaNet's vectors)
+    under `prefix`. `block_index`: the file's block number where it is not `layer` (the MTP block)."""
+    p = f"blk.{layer if block_index is None else block_index}."
+    hidden, state = config.hidden_size, {}
+    if config.linear(layer):
+        mixer = block.attn
+        qkvzba = [p + "attn_qkv.weight", p + "attn_gate.weight", p + "ssm_beta.weight", p + "ssm_alpha.weight"]
+        mixer.w_qkvzba = tensors.linear(qkvzba, hidden)
+        mixer.out = tensors.linear([p + "ssm_out.weight"], config.linear_value_heads * config.linear_value_dim)
+        state |= {prefix + "attn.conv": tensors.floats(p + "ssm_conv1d.weight").view(config.linear_conv_dim, -1),
+                  prefix + "attn.dt_bias": tensors.floats(p + "ssm_dt.bias"),
+                  prefix + "attn.a_log": torch.log(-tensors.floats(p + "ssm_a")),  # the file holds -exp(A_log)
+                  prefix + "attn.norm": tensors.floats(p + "ssm_norm.weight")}  # fmt: skip
+    else:
+        block.attn.wqkv = tensors.linear([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], hidden)
+        block.attn.wo = tensors.linear([p + "attn_output.weight"], config.num_heads * config.head_size)
+        block.attn.batch_invariant = True
+        block.attn.attend_per_query = native.attention
+        state |= {prefix + "attn.q_norm.weight": tensors.floats(p + "attn_q_norm.weight"),
+                  prefix + "attn.k_norm.weight": tensors.floats(p + "attn_k_norm.weight")}  # fmt: skip
+    _mlp(block, tensors, config=config, layer=layer, arch="qwen35", block_index=block_index)
+    if config.shared_expert_intermediate_size:
+        shared = block.mlp.shared
+        shared.w_gate_up = tensors.linear([p + "ffn_gate_shexp.weight", p + "ffn_up_shexp.weight"], hidden)
+        shared.w_down = tensors.linear([p + "ffn_down_shexp.weight"], config.shared_expert_intermediate_size)
+        block.mlp.shared_gate = tensors.linear([p + "ffn_gate_inp_shexp.weight"], hidden)
+    return state | {prefix + "attn_norm.weight": tensors.floats(p + "attn_norm.weight"),
+                    prefix + "mlp_norm.weight": tensors.floats(p + "post_attention_norm.weight")}  # fmt: skip
+
+
 def _attention(block, tensors: _Tensors, config: ModelConfig, layer: int, permuted: bool) -> None:
     """Layer `layer`'s q/k/v and output matrices on the native kernels (llama.cpp permuted some architectures' q and
     k rows: `permuted` undoes it); its attention per query, so decode and verify passes stay identical."""
@@ -154,9 +212,10 @@ def _attention(block, tensors: _Tensors, config: ModelConfig, layer: int, permut
     block.attn.attend_per_query = native.attention
 
 
-def _mlp(block, tensors: _Tensors, config: ModelConfig, layer: int, arch: str) -> None:
-    """Layer `layer`'s MLP (or its router and each expert's rows of the 3-D expert tensors) on the native kernels."""
-    p, hidden = f"blk.{layer}.", config.hidden_size
+def _mlp(block, tensors: _Tensors, config: ModelConfig, layer: int, arch: str, block_index: int | None = None) -> None:
+    """Layer `layer`'s MLP (or its router and each expert's rows of the 3-D expert tensors) on the native kernels
+    (`block_index`: the file's block where it is not `layer`)."""
+    p, hidden = f"blk.{layer if block_index is None else block_index}.", config.hidden_size
     if config.moe(layer):
         block.mlp.router = tensors.linear([p + "ffn_gate_inp.weight"], hidden)
         for e, expert in enumerate(block.mlp.experts):

@@ -66,6 +66,17 @@ class GGUFSource:
         self.fused = "blk.0.attn_qkv.weight" in self.tensors and self.arch not in HYBRID  # qwen35's: a DeltaNet's
         self._check_every_tensor_is_read()
 
+    @staticmethod
+    def architecture(path: Path) -> str | None:
+        """A GGUF file's `general.architecture`, read without its config (ModelLoadError: not a GGUF file)."""
+        try:
+            from gguf import GGUFReader
+
+            field = GGUFReader(path).fields.get("general.architecture")
+        except Exception as exc:  # the gguf package raises assorted errors for non-GGUF bytes
+            raise ModelLoadError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from None
+        return None if field is None else str(field.contents())
+
     def _floats(self, name: str) -> list[float]:
         tensor = self.tensors[name]
         from gguf.quants import dequantize

@@ -16,9 +16,8 @@ from pathlib import Path
 
 import torch
 
-from ..errors import InvalidParameterError
+from ..errors import InvalidParameterError, ModelLoadError
 from . import bundled, draft_forms
-from .config import ModelConfig
 from .converted import converted_folder
 from .gguf_converted import load_gguf_converted
 from .hf_source import load_hf_folder
@@ -86,7 +85,7 @@ def load_model(
             model, tokenizer = native
             return LoadedModel(text, path, model, tokenizer)
         # not a GGUF file, or block types without a native kernel: PyTorch's kernels; a hybrid model's weights as
-        # stored, dequantized (the layers the native stack lacks are computed in `dtype`)
+        # stored, dequantized
         quantization = "none" if _hybrid(path) else "int4"
         torch_dtype = resolve_dtype(dtype) if quantization == "none" else torch_dtype
     if path.is_dir():
@@ -117,11 +116,16 @@ def _checked_form(dtype: str | torch.dtype, device: str | None, quantization: st
 
 
 def _hybrid(path: Path) -> bool:
-    """Whether a GGUF file (its config cached by the native loader) has linear-attention layers."""
-    from .gguf_native import FORM
+    """Whether a GGUF file is of an architecture with linear-attention layers (Qwen3.5)."""
+    if not path.is_file():
+        return False
+    from .gguf_config import HYBRID
+    from .gguf_source import GGUFSource
 
-    cached = converted_folder(path, FORM) / "config.json"
-    return cached.is_file() and ModelConfig.from_json(cached.read_text()).hybrid
+    try:
+        return GGUFSource.architecture(path) in HYBRID
+    except ModelLoadError:
+        return False  # the loader that follows says what is wrong with the file
 
 
 def _native_available() -> bool:
