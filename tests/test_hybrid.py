@@ -73,6 +73,34 @@ def test_a_rejected_draft_rolls_the_state_back_to_the_last_accepted_token(hybrid
     assert float((_after_a_rejected_draft(model, ids, off_by_one=True) - straight).abs().max()) > 0.1
 
 
+def test_the_native_recurrence_computes_the_pytorch_one_with_the_same_bits_at_any_thread_count(monkeypatch):
+    """vsk_delta.c against delta_net.recurrent's PyTorch loop (the same algebra, other summation orders: within 1e-5
+    relative), and its bits alike at 1 and 3 threads (the pool splits the heads; a head's sums are in one order)."""
+    from verispec.kernels import native
+    from verispec.models import delta_net
+
+    if not native.available():
+        pytest.skip("native kernels not compiled")
+    generator = torch.Generator().manual_seed(3)
+    steps, heads, size = 6, 4, 32
+    q, k = (delta_net.l2_normalised(torch.randn(steps, heads, size, generator=generator)) for _ in range(2))
+    v = torch.randn(steps, heads, size, generator=generator)
+    g, beta = -torch.rand(steps, heads, generator=generator), torch.rand(steps, heads, generator=generator)
+    state = torch.randn(heads, size, size, generator=generator)
+    ours = native.delta_steps(q * size**-0.5, k, v, g, beta, state)
+    monkeypatch.setattr(native, "available", lambda: False)
+    reference = delta_net.recurrent(q * size**-0.5, k, v, g, beta, state)
+    assert float((ours[0] - reference[0]).abs().max()) < 1e-5 * float(reference[0].abs().max())
+    assert float((ours[1] - torch.stack(reference[1])).abs().max()) < 1e-5 * float(state.abs().max())
+    before = native.threads()
+    native.set_threads(3)
+    try:
+        again = native.delta_steps(q * size**-0.5, k, v, g, beta, state)
+    finally:
+        native.set_threads(before)
+    assert torch.equal(again[0], ours[0]) and torch.equal(again[1], ours[1])
+
+
 def test_the_state_rolls_back_only_to_lengths_a_pass_recorded(hybrid):
     model = hybrid[2].model
     cache = model.new_cache(2, max_len=64)

@@ -71,6 +71,7 @@ _SIGNATURES = {
         [_c_p, _c_int, _c_int, _c_int, _c_int, _c_p, _c_p, _c_size, _c_int, _c_f, _c_int, _c_f, _c_p],
         None,
     ),
+    "vsk_delta_steps": ([_c_p] * 8 + [_c_int] * 4, None),
 }
 
 
@@ -314,6 +315,26 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     base = rows.data_ptr()
     chosen = [lib.vsk_argmax(base + i * stride, width) for i in range(rows.shape[0])]
     return torch.tensor(chosen, dtype=torch.long).reshape(x.shape[:-1])
+
+
+def delta_steps(
+    q, k, v, g, beta, state: torch.Tensor, into: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Gated DeltaNet recurrence of T tokens of one sequence (vsk_delta.c; models/delta_net.py's `recurrent`):
+    q, k [T, heads, key size] (normalised, scaled, one per value head), v [T, heads, value size], g and beta [T, heads],
+    state [heads, key size, value size]; all float32. Returns the outputs [T, heads, value size] and the state after
+    each token [T, heads, key size, value size] (written into `into`, contiguous float32, where given: memory already
+    touched, not fresh pages). Each head's result is its own, in one fixed order."""
+    q, k, v, g, beta, state = (t.contiguous().float() for t in (q, k, v, g, beta, state))
+    steps, heads, key = q.shape
+    value = v.shape[-1]
+    states = torch.empty(steps, heads, key, value) if into is None else into
+    out = torch.empty(steps, heads, value)
+    _lib().vsk_delta_steps(
+        state.data_ptr(), states.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(),
+        out.data_ptr(), steps, heads, key, value,
+    )  # fmt: skip
+    return out, states
 
 
 def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scale: float, window: int = 0,

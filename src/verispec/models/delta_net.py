@@ -23,10 +23,13 @@ Two forms compute the same recurrence:
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels import native
 from .config import ModelConfig
 
 CHUNK = 64
@@ -37,17 +40,24 @@ def l2_normalised(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
 
 
-def recurrent(q, k, v, g, beta, state: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def recurrent(q, k, v, g, beta, state: torch.Tensor, into=None) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """One sequence token by token: q, k [T, heads, key size] (normalised and scaled), v [T, heads, value size], g and
     beta [T, heads], state [heads, key size, value size]. Returns the outputs [T, heads, value size] and the state
-    after each token (new tensors: the one before stays as it was)."""
+    after each token (new tensors: the one before stays as it was). On a CPU with the native library: its kernel
+    (vsk_delta.c: each head through all T tokens in cache, the same algebra), the states written into `into()`'s
+    tensor [T, heads, key size, value size] where given."""
+    if state.device.type == "cpu" and native.available():
+        out, after = native.delta_steps(q, k, v, g, beta, state, into() if into is not None else None)
+        return out, list(after.unbind(0))
     outputs, states = [], []
     for t in range(q.shape[0]):
-        state = state * g[t].exp()[:, None, None]
-        remembered = (state * k[t, :, :, None]).sum(1)  # S^T k: [heads, value size]
-        update = (v[t] - remembered) * beta[t, :, None]
-        state = state + k[t, :, :, None] * update[:, None, :]
-        outputs.append((state * q[t, :, :, None]).sum(1))
+        # S is read once for both S^T k and S^T q (before the decay, which scales both), then written once as
+        # exp(g) S + k u^T; the output S'^T q = exp(g) S^T q + (q . k) u needs no second read of it
+        decay = g[t].exp()[:, None]  # [heads, 1]
+        read = torch.bmm(torch.stack([k[t], q[t]], dim=1), state)  # [heads, 2, value size]
+        update = (v[t] - decay * read[:, 0]) * beta[t, :, None]
+        state = (state * decay[:, :, None]).baddbmm_(k[t, :, :, None], update[:, None, :])
+        outputs.append(decay * read[:, 1] + (q[t] * k[t]).sum(-1, keepdim=True) * update)
         states.append(state)
     return torch.stack(outputs), states
 
@@ -116,7 +126,8 @@ class GatedDeltaNet(nn.Module):
             convolved = F.silu((taps * self.conv.float()[:, None, :]).sum(-1)).T  # [seq, channels]
             q, k, v = self._heads(convolved)
             if recurrent_form:
-                out, after = recurrent(q, k, v, g[row], beta[row], state)
+                buffer = partial(states.buffer, slot, self.index, seq, state)
+                out, after = recurrent(q, k, v, g[row], beta[row], state, into=buffer)
                 windows = [conv_in[:, t + 1 : t + width] for t in range(seq)]
                 states.put(slot, self.index, start, windows, after)
             else:
