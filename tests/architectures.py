@@ -54,8 +54,13 @@ _TEXT_SPECS: dict[str, tuple[str, dict]] = {
                                          "shared_expert_intermediate_size": 48,
                                          "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                                              "partial_rotary_factor": 0.5}}),
+    # sinks, biases, four experts (two per token) with the clamped SwiGLU (a limit of 1 that bites; gpt-oss's is 7), a
+    # sliding layer then a global one, yarn; its experts' intermediate size is intermediate_size (SMALL's 128)
+    "gpt-oss": ("gpt_oss", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": WINDOW,
+                            "layer_types": ["sliding_attention", "full_attention"], "swiglu_limit": 1.0}),
 }  # fmt: skip
-HYBRID = ["qwen3.5", "qwen3.5-moe"]  # architectures with linear-attention layers: the PyTorch path only
+HYBRID = ["qwen3.5", "qwen3.5-moe"]  # architectures with linear-attention layers: not on the native stack
+PYTORCH_ONLY = [*HYBRID, "gpt-oss"]  # architectures the native stack does not run (sinks, biased experts)
 # multimodal checkpoints: the text model of text_config beside a one-layer vision tower verispec leaves unread
 _WRAPPER_SPECS: dict[str, tuple[str, dict, dict, dict]] = {
     "mistral3": ("mistral3", {"model_type": "mistral", "sliding_window": None},
@@ -116,7 +121,9 @@ def make_model(name: str, seed: int = 0, dims: dict = SMALL, half_exact: bool = 
             elif "embed" in key:
                 p.copy_(noise)
             else:
-                p.copy_(noise * 1.5 / math.sqrt(p.shape[1] if p.dim() == 2 else p[0].numel()))
+                # gpt-oss keeps its experts as [experts, in, out] (x @ W): their fan-in is the second dimension
+                fan_in = p.shape[1] if p.dim() == 2 or name == "gpt-oss" else p[0].numel()
+                p.copy_(noise * 1.5 / math.sqrt(fan_in))
             if half_exact:
                 p.copy_(p.half().float())
     return model

@@ -15,9 +15,10 @@ from verispec.kernels import native
 from verispec.models.gguf_native import native_from_dense
 from verispec.testing import truncated_copy
 
-from architectures import HYBRID, NAMES
+from architectures import NAMES, PYTORCH_ONLY
 
-NAMES = [name for name in NAMES if name not in HYBRID]  # on the native stack; hybrid models: test_hybrid.py
+NAMES = [name for name in NAMES if name not in PYTORCH_ONLY]  # on the native stack; the others: test_hybrid.py,
+# test_gpt_oss.py
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="native kernels not compiled")
 

@@ -28,7 +28,7 @@ from verispec import load_model
 from verispec.kernels import native
 from verispec.models.gguf_native import native_from_dense
 
-from architectures import HYBRID, NAMES, tokens
+from architectures import NAMES, PYTORCH_ONLY, tokens
 
 FIXTURES = Path(__file__).parent / "fixtures" / "architectures"
 GGUF_NAMES = sorted(path.stem for path in FIXTURES.glob("*.gguf"))
@@ -59,7 +59,7 @@ def test_the_pytorch_path_computes_what_transformers_computes(name, architecture
     assert_close(_prefill_then_decode(model, ids), expected)
 
 
-NATIVE = [name for name in NAMES if name not in HYBRID]  # the native stack has no linear-attention layers
+NATIVE = [name for name in NAMES if name not in PYTORCH_ONLY]  # no linear attention, sinks or biased experts there
 
 
 @needs_native
@@ -142,8 +142,8 @@ def test_gguf_files_compute_what_transformers_computes(name, tmp_path, monkeypat
 
 
 @needs_native
-@pytest.mark.parametrize("name", HYBRID)
-def test_a_hybrid_model_is_refused_by_the_native_stack_in_one_line(name, architecture):
+@pytest.mark.parametrize("name", PYTORCH_ONLY)
+def test_what_the_native_stack_lacks_is_refused_in_one_line(name, architecture):
     from verispec.errors import ModelLoadError
 
     with pytest.raises(ModelLoadError, match="runs on PyTorch"):

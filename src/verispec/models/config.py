@@ -74,6 +74,15 @@ class ModelConfig:
     linear_heads_tiled: bool = False
     # multi-token-prediction layers the checkpoint carries (Qwen3.5's drafter: mtp.py), 0: none
     mtp_layers: int = 0
+    # per head a learned sink logit in every attention softmax: it takes its share and adds no value (gpt-oss)
+    attn_sinks: bool = False
+    o_bias: bool = False  # a bias on the attention's output projection (gpt-oss)
+    # gpt-oss's mixture: biases on the router and the experts' products, the softmax over the chosen k logits only
+    moe_biases: bool = False
+    router_softmax_topk: bool = False
+    # activation "swiglu_oai" (gpt-oss): (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g), g = min(gate, limit)
+    swiglu_alpha: float = 0.0
+    swiglu_limit: float = 0.0
 
     @property
     def head_size(self) -> int:

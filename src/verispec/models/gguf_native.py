@@ -317,6 +317,11 @@ def refuse_unnative(config: ModelConfig, where: str) -> None:
             f"{where} has linear-attention layers and a gated, partly rotated attention (Qwen3.5): it runs on PyTorch "
             "(--quantization none), not on the native kernels"
         )
+    if config.attn_sinks or config.o_bias or config.moe_biases or config.activation == "swiglu_oai":
+        raise ModelLoadError(
+            f"{where} has attention sinks, biased experts and a clamped SwiGLU (gpt-oss): it runs on PyTorch "
+            "(--quantization none), not on the native kernels"
+        )
 
 
 def native_from_dense(model: Transformer, dtype: torch.dtype = torch.float32, coarsen: bool = False) -> Transformer:

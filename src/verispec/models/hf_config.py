@@ -27,6 +27,7 @@ FAMILIES = {
     "llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "phi3": "phi3",
     "smollm3": "smollm3", "gemma2": "gemma2", "gemma3_text": "gemma3", "gemma3": "gemma3", "mistral3": "mistral",
     "qwen3_5_text": "qwen35", "qwen3_5": "qwen35", "qwen3_5_moe_text": "qwen35moe", "qwen3_5_moe": "qwen35moe",
+    "gpt_oss": "gptoss",
 }  # fmt: skip
 HYBRID = {"qwen35", "qwen35moe"}  # Qwen3.5's families: linear attention beside gated attention
 # multimodal model_types: their text model is `text_config`, of one of these model_types
@@ -139,11 +140,11 @@ def _config(f: _Fields, family: str) -> ModelConfig:
     activation = activation or f.get("hidden_act", "gelu_pytorch_tanh" if gemma else "silu")
     if family in ("gemma2", "gemma3"):
         f.read.add("hidden_act")  # Gemma's modules read hidden_activation, older files carry both
-    wanted = "gelu_pytorch_tanh" if gemma else "silu"
+    wanted = "gelu_pytorch_tanh" if gemma else "silu"  # gpt-oss's config says silu; its experts clamp (gptoss below)
     if activation != wanted:
         raise f.refuse("hidden_act", activation, f"{family} is computed with {wanted} only")
     bias = f.get("attention_bias", False)
-    if bias and family not in ("qwen2", "mistral"):  # qwen2's q/k/v always have a bias; mistral's never
+    if bias and family not in ("qwen2", "mistral", "gptoss"):  # qwen2's q/k/v always have a bias; mistral's never
         raise f.refuse("attention_bias", bias, "a bias on the attention's output projection is not computed")
     theta, scaling, local_theta = _rope(f, family, head_dim or hidden // num_heads)
     windows = _windows(f, family, layers) if family not in HYBRID else (0,) * layers
@@ -158,7 +159,7 @@ def _config(f: _Fields, family: str) -> ModelConfig:
         intermediate_size=f.require("intermediate_size"),
         rope_theta=theta,
         rms_norm_eps=f.get("rms_norm_eps", 1e-6),
-        qkv_bias=family == "qwen2",
+        qkv_bias=family == "qwen2" or (family == "gptoss" and bool(bias)),
         tie_word_embeddings=f.get("tie_word_embeddings", gemma or family == "smollm3"),
         max_position_embeddings=f.get("max_position_embeddings", 4096),
         head_dim=head_dim,
@@ -169,14 +170,23 @@ def _config(f: _Fields, family: str) -> ModelConfig:
         qk_norm=family in ("qwen3", "qwen3moe", "gemma3") or family in HYBRID,
         post_norms=gemma,
         norm_offset=1.0 if gemma or family in HYBRID else 0.0,  # Qwen3.5's norms multiply by 1 + w too
-        activation="gelu_tanh" if gemma else "silu",
+        activation="gelu_tanh" if gemma else "swiglu_oai" if family == "gptoss" else "silu",
         embed_scale=gemma,
         query_scale=float(f.field("query_pre_attn_scalar", 256)) ** -0.5 if gemma else 0.0,
         attn_softcap=_softcap(f, "attn_logit_softcapping", family, 50.0),
         final_softcap=_softcap(f, "final_logit_softcapping", family, 30.0),
         **experts,
         **hybrid,
+        **(_gpt_oss(f, bool(bias)) if family == "gptoss" else {}),
     )
+
+
+def _gpt_oss(f: _Fields, bias: bool) -> dict:
+    """gpt-oss: sinks in every attention, biases on its output and on the mixture's router and experts (every layer a
+    mixture, the softmax over the chosen experts' logits), the clamped SwiGLU."""
+    alpha, limit = float(f.get("swiglu_alpha", 1.702)), float(f.get("swiglu_limit", 7.0))
+    return dict(attn_sinks=True, o_bias=bias, moe_biases=True, router_softmax_topk=True, swiglu_alpha=alpha,
+                swiglu_limit=limit)  # fmt: skip
 
 
 def _hybrid(f: _Fields, layers: int, head_dim: int) -> dict:
@@ -209,6 +219,10 @@ def _hybrid(f: _Fields, layers: int, head_dim: int) -> dict:
 def _experts(f: _Fields, family: str, layers: int) -> dict:
     """Qwen3-MoE's mixture: its size, and the layers left dense (mlp_only_layers, or off decoder_sparse_step);
     Qwen3.5-MoE's: every layer, the chosen experts' weights renormalized, and a shared expert beside them."""
+    if family == "gptoss":
+        count = int(f.require("num_local_experts"))
+        return dict(num_experts=count, experts_per_token=int(f.require("num_experts_per_tok")),
+                    expert_intermediate_size=int(f.require("intermediate_size")))  # fmt: skip
     if family == "qwen35moe":
         return dict(num_experts=int(f.require("num_experts")), experts_per_token=int(f.require("num_experts_per_tok")),
                     expert_intermediate_size=int(f.require("moe_intermediate_size")), norm_topk_prob=True,
@@ -254,6 +268,14 @@ def _windows(f: _Fields, family: str, layers: int) -> tuple[int, ...]:
     """Per layer, the sliding window (0: full attention), as transformers' modules of this family apply it."""
     # transformers' default where config.json has no sliding_window
     window = f.field("sliding_window", None if family in ("llama", "phi3", "smollm3") else 4096)
+    if family == "gptoss":  # its layer_types say which layers slide (every other one, from the first)
+        f.read.add("layer_types")
+        types = f.raw.get("layer_types") or [
+            "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)
+        ]
+        if len(types) != layers or set(types) - {"sliding_attention", "full_attention"}:
+            raise f.refuse("layer_types", types, "not one of sliding_attention / full_attention per layer")
+        return tuple(int(window) if kind == "sliding_attention" else 0 for kind in types)
     if family in ("qwen2", "qwen3", "qwen3moe", "smollm3") and not f.get("use_sliding_window", False):
         window = None  # transformers drops the window unless use_sliding_window is set
     if family == "llama" and window:

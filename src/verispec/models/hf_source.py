@@ -37,6 +37,8 @@ _LAYER_NAMES = {
     "o": "self_attn.o_proj.weight",
     "q_norm": "self_attn.q_norm.weight",
     "k_norm": "self_attn.k_norm.weight",
+    "o_bias": "self_attn.o_proj.bias",
+    "sinks": "self_attn.sinks",
     "gate": "mlp.gate_proj.weight",
     "up": "mlp.up_proj.weight",
     "down": "mlp.down_proj.weight",
@@ -105,6 +107,8 @@ class HFSource:
         if self.family == "phi3" and short in ("gate", "up"):
             inter = c.intermediate_size
             return base + "mlp.gate_up_proj.weight", (0, inter) if short == "gate" else (inter, 2 * inter)
+        if self.family == "gptoss" and (short.startswith("expert") or short.startswith("router")):
+            return _gpt_oss_where(base, short)
         if short == "router":
             return base + "mlp.gate.weight", None
         if short.startswith("expert"):  # expert{e}.gate, .up, .down
@@ -131,6 +135,8 @@ class HFSource:
         handle = self.index.get(key)
         if handle is None:
             return None
+        if self.family == "gptoss" and ".expert" in f".{name}":
+            return _gpt_oss_expert(handle.get_tensor(key), name)
         if name.rpartition(".")[2] == "ssm_conv":
             return handle.get_tensor(key).squeeze(1)  # [channels, 1, width] -> [channels, width]
         if part is None and rows is None:
@@ -139,6 +145,27 @@ class HFSource:
         if rows is not None:
             start, stop = start + rows[0], start + rows[1]
         return handle.get_slice(key)[start:stop]
+
+
+def _gpt_oss_where(base: str, short: str) -> tuple[str, None]:
+    """gpt-oss's router and its experts' fused tensors (all experts in one: gate_up_proj [experts, hidden, 2 x inter],
+    gate and up interleaved by column; down_proj [experts, inter, hidden]; their biases)."""
+    if short.startswith("router"):
+        return base + ("mlp.router.bias" if short == "router_bias" else "mlp.router.weight"), None
+    kind = short.partition(".")[2]
+    fused = "down_proj" if kind.startswith("down") else "gate_up_proj"
+    return f"{base}mlp.experts.{fused}{'_bias' if kind.endswith('_bias') else ''}", None
+
+
+def _gpt_oss_expert(fused: torch.Tensor, name: str) -> torch.Tensor:
+    """One expert's matrix (as a Linear's weight [out, in]) or bias out of gpt-oss's fused expert tensors."""
+    short = name.rpartition("expert")[2]  # "3.gate", "3.up_bias"
+    index, _, kind = short.partition(".")
+    tensor = fused[int(index)]
+    if kind.startswith("down"):
+        return tensor if kind == "down_bias" else tensor.T.contiguous()
+    part = tensor[..., 0::2] if kind.startswith("gate") else tensor[..., 1::2]  # columns interleaved gate, up
+    return part if kind.endswith("_bias") else part.T.contiguous()
 
 
 def load_hf_folder(path: Path, dtype: torch.dtype, quantization: str):

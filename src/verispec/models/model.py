@@ -75,7 +75,8 @@ class Attention(nn.Module):
         qkv_out = (config.num_heads * (2 if self.gated else 1) + 2 * config.num_kv_heads) * config.head_size
         self.wqkv = nn.Linear(config.hidden_size, qkv_out, bias=config.qkv_bias)
         self.rotary = config.rotary_size
-        self.wo = nn.Linear(config.num_heads * config.head_size, config.hidden_size, bias=False)
+        self.wo = nn.Linear(config.num_heads * config.head_size, config.hidden_size, bias=config.o_bias)
+        self.sinks = nn.Parameter(torch.zeros(config.num_heads)) if config.attn_sinks else None
         norm = (config.head_size, config.rms_norm_eps, config.norm_offset)
         self.q_norm = RMSNorm(*norm) if config.qk_norm else None
         self.k_norm = RMSNorm(*norm) if config.qk_norm else None
@@ -115,8 +116,8 @@ class Attention(nn.Module):
         if self.batch_invariant and invariant:
             return self._out(self._attend_per_query(q, keys, values, starts).to(x.dtype), gate)
         mask = masks[self.window]
-        if self.softcap:
-            out = self._softcapped(q.transpose(1, 2), keys, values, mask)
+        if self.softcap or self.sinks is not None:
+            out = self._eager(q.transpose(1, 2), keys, values, mask)
         else:
             out = F.scaled_dot_product_attention(
                 q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=True, scale=self.query_scale
@@ -136,16 +137,24 @@ class Attention(nn.Module):
             attended = attended * torch.sigmoid(gate[0])
         return self.wo(attended)
 
-    def _softcapped(self, q, keys, values, mask) -> torch.Tensor:
-        """Attention with its scores soft-capped (cap * tanh(score / cap)) before the mask and softmax, as
-        transformers' eager attention does (PyTorch's fused attention has no such step)."""
+    def _eager(self, q, keys, values, mask) -> torch.Tensor:
+        """Attention with what PyTorch's fused attention has no step for, as transformers' eager attention does: scores
+        soft-capped (cap * tanh(score / cap)) before the mask and softmax, and sink logits in the softmax."""
         group = self.num_heads // self.num_kv_heads
         keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
         scores = torch.matmul(q, keys.transpose(2, 3)) * self.scale
-        scores = torch.tanh(scores / self.softcap) * self.softcap
+        if self.softcap:
+            scores = torch.tanh(scores / self.softcap) * self.softcap
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
-        return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), values)
+        return torch.matmul(self._softmax(scores).to(q.dtype), values)
+
+    def _softmax(self, scores: torch.Tensor) -> torch.Tensor:
+        """The softmax over the last dimension (float32), the sink of each head (dimension -3) taking its share."""
+        if self.sinks is None:
+            return torch.softmax(scores, dim=-1, dtype=torch.float32)
+        sinks = self.sinks.float().view(-1, 1, 1).expand(*scores.shape[:-1], 1)
+        return torch.softmax(torch.cat([scores.float(), sinks], dim=-1), dim=-1)[..., :-1]
 
     def _attend_per_query(self, q, keys, values, starts) -> torch.Tensor:
         """Each query attends to exactly its own prefix, one call per query: the same shapes, hence the
@@ -170,26 +179,31 @@ class Attention(nn.Module):
                 scores = torch.matmul(grouped[row, t], keys[row, :, first:span].transpose(1, 2)) * self.scale
                 if self.softcap:
                     scores = torch.tanh(scores / self.softcap) * self.softcap
-                probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+                probs = self._softmax(scores.view(self.num_heads, 1, -1)).view(scores.shape).to(q.dtype)
                 rows.append(torch.matmul(probs, values[row, :, first:span]).reshape(-1))
         return torch.stack(rows).reshape(batch, seq, -1)
 
 
 class MLP(nn.Module):
-    """act(gate) * up, then down: SwiGLU (silu) or GeGLU (gelu, tanh-approximated)."""
+    """act(gate) * up, then down: SwiGLU (silu), GeGLU (gelu, tanh-approximated), or gpt-oss's clamped SwiGLU."""
 
-    def __init__(self, config: ModelConfig, intermediate_size: int = 0):
+    def __init__(self, config: ModelConfig, intermediate_size: int = 0, bias: bool = False):
         super().__init__()
         inter = intermediate_size or config.intermediate_size
-        self.w_gate_up = nn.Linear(config.hidden_size, 2 * inter, bias=False)
-        self.w_down = nn.Linear(inter, config.hidden_size, bias=False)
-        if config.activation not in ("silu", "gelu_tanh"):
-            raise ValueError(f"activation '{config.activation}' is not silu or gelu_tanh")
-        self.gelu = config.activation == "gelu_tanh"
+        self.w_gate_up = nn.Linear(config.hidden_size, 2 * inter, bias=bias)
+        self.w_down = nn.Linear(inter, config.hidden_size, bias=bias)
+        if config.activation not in ("silu", "gelu_tanh", "swiglu_oai"):
+            raise ValueError(f"activation '{config.activation}' is not silu, gelu_tanh or swiglu_oai")
+        self.activation, self.alpha, self.limit = config.activation, config.swiglu_alpha, config.swiglu_limit
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w_gate_up(x).chunk(2, dim=-1)
-        return self.w_down((F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)) * up)
+        if self.activation == "gelu_tanh":
+            return self.w_down(F.gelu(gate, approximate="tanh") * up)
+        if self.activation == "swiglu_oai":
+            gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)
+            return self.w_down((up + 1) * gate * torch.sigmoid(gate * self.alpha))
+        return self.w_down(F.silu(gate) * up)
 
 
 class MixtureOfExperts(nn.Module):
@@ -200,17 +214,24 @@ class MixtureOfExperts(nn.Module):
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.router = nn.Linear(config.hidden_size, config.num_experts, bias=False)
-        self.experts = nn.ModuleList(MLP(config, config.expert_intermediate_size) for _ in range(config.num_experts))
+        self.router = nn.Linear(config.hidden_size, config.num_experts, bias=config.moe_biases)
+        self.experts = nn.ModuleList(
+            MLP(config, config.expert_intermediate_size, bias=config.moe_biases) for _ in range(config.num_experts)
+        )
         self.top_k, self.renormalize = config.experts_per_token, config.norm_topk_prob
+        self.topk_softmax = config.router_softmax_topk
         shared = config.shared_expert_intermediate_size
         self.shared = MLP(config, shared) if shared else None
         self.shared_gate = nn.Linear(config.hidden_size, 1, bias=False) if shared else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        probs = torch.softmax(self.router(rows), dim=-1, dtype=torch.float32)
-        weights, chosen = torch.topk(probs, self.top_k, dim=-1)
+        if self.topk_softmax:  # gpt-oss: the k largest logits, then their softmax
+            logits, chosen = torch.topk(self.router(rows), self.top_k, dim=-1)
+            weights = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        else:
+            probs = torch.softmax(self.router(rows), dim=-1, dtype=torch.float32)
+            weights, chosen = torch.topk(probs, self.top_k, dim=-1)
         if self.renormalize:
             weights = weights / weights.sum(-1, keepdim=True)
         weights = weights.to(x.dtype)

@@ -57,6 +57,8 @@ def _layer_names(config: ModelConfig, i: int) -> list[str]:
         mixer = ["q", "k", "v", "o"]
         mixer += ["q_bias", "k_bias", "v_bias"] if config.qkv_bias else []
         mixer += ["q_norm", "k_norm"] if config.qk_norm else []
+        mixer += ["o_bias"] if config.o_bias else []
+        mixer += ["sinks"] if config.attn_sinks else []
     norms = ["attn_norm", "mlp_norm"] + (["post_attn_norm", "post_mlp_norm"] if config.post_norms else [])
     return norms + mixer + _mlp_names(config, i)
 
@@ -65,7 +67,9 @@ def _mlp_names(config: ModelConfig, layer: int) -> list[str]:
     """A layer's MLP: gate, up, down; or a mixture's router and each expert's (expert{e}.gate, ...)."""
     if not config.moe(layer):
         return ["gate", "up", "down"]
-    names = ["router"] + [f"expert{e}.{n}" for e in range(config.num_experts) for n in ("gate", "up", "down")]
+    kinds = ("gate", "up", "down") + (("gate_bias", "up_bias", "down_bias") if config.moe_biases else ())
+    names = ["router"] + [f"expert{e}.{n}" for e in range(config.num_experts) for n in kinds]
+    names += ["router_bias"] if config.moe_biases else []
     if config.shared_expert_intermediate_size:
         names += ["shared.gate", "shared.up", "shared.down", "shared_gate"]
     return names
@@ -181,10 +185,16 @@ def _layer(source: _Source, config: ModelConfig, i: int, names: str = "", prefix
         state |= source.linear(f"{prefix}.mlp.w_gate_up", [f"{n}gate", f"{n}up"])
         return state | source.linear(f"{prefix}.mlp.w_down", [f"{n}down"])
     state[f"{prefix}.mlp.router.weight"] = get(f"{n}router")  # never quantized: it picks the experts
+    if config.moe_biases:
+        state[f"{prefix}.mlp.router.bias"] = get(f"{n}router_bias")
     for e in range(config.num_experts):
         expert = f"{prefix}.mlp.experts.{e}"
         state |= source.linear(f"{expert}.w_gate_up", [f"{n}expert{e}.gate", f"{n}expert{e}.up"])
         state |= source.linear(f"{expert}.w_down", [f"{n}expert{e}.down"])
+        if config.moe_biases:
+            gate_up = [get(f"{n}expert{e}.gate_bias"), get(f"{n}expert{e}.up_bias")]
+            state[f"{expert}.w_gate_up.bias"] = torch.cat(gate_up)
+            state[f"{expert}.w_down.bias"] = get(f"{n}expert{e}.down_bias")
     if config.shared_expert_intermediate_size:
         state |= source.linear(f"{prefix}.mlp.shared.w_gate_up", [f"{n}shared.gate", f"{n}shared.up"])
         state |= source.linear(f"{prefix}.mlp.shared.w_down", [f"{n}shared.down"])
@@ -198,6 +208,10 @@ def _attention(source: _Source, config: ModelConfig, prefix: str, n: str) -> dic
     if config.qkv_bias:
         state[f"{prefix}.attn.wqkv.bias"] = torch.cat([get(f"{n}{b}_bias") for b in "qkv"])
     state |= source.linear(f"{prefix}.attn.wo", [f"{n}o"])
+    if config.o_bias:
+        state[f"{prefix}.attn.wo.bias"] = get(f"{n}o_bias")
+    if config.attn_sinks:
+        state[f"{prefix}.attn.sinks"] = get(f"{n}sinks")
     if config.qk_norm:
         state[f"{prefix}.attn.q_norm.weight"] = get(f"{n}q_norm")
         state[f"{prefix}.attn.k_norm.weight"] = get(f"{n}k_norm")

@@ -1,0 +1,82 @@
+"""gpt-oss (model_type gpt_oss) on a tiny random checkpoint made by transformers (architectures.py, "gpt-oss": sinks,
+biases, four experts with the clamped SwiGLU, a sliding layer then a global one, yarn): its logits are transformers'
+(test_architectures.py); here, what each of its parts changes (a model read without its sinks, or without the
+clamp, is far outside the tolerance: the controls), and the output of speculative decoding on it: greedy output is
+plain greedy output with a draft model and with lookups, seeded sampled text is plain sampling's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_architecture_invariants import reference_greedy
+from test_architectures import assert_close
+
+from verispec import SpeculativeGenerator, load_model
+from verispec.testing import tiny_loaded, truncated_copy
+
+from architectures import tokens
+
+PROMPTS = [[(37 * i + 11) % 250 for i in range(41)], [3, 4, 5, 6, 7] * 6]
+
+
+@pytest.fixture(scope="module")
+def gpt_oss(architecture):
+    folder, expected = architecture("gpt-oss")
+    return load_model(folder, "float32", progress=False), expected
+
+
+def _logits(model) -> torch.Tensor:
+    ids = tokens()
+    return model(ids, model.new_cache(max_len=ids.shape[1]), [0])[0]
+
+
+def test_its_parts_each_move_the_logits(gpt_oss):
+    """Sinks off, or the clamp lifted, and the logits leave the tolerance (the tests would catch either missing)."""
+    loaded, expected = gpt_oss
+    model = loaded.model
+    assert_close(_logits(model), expected)
+    assert model.config.attn_sinks and model.config.activation == "swiglu_oai" and model.config.router_softmax_topk
+    sinks = [layer.attn.sinks.data.clone() for layer in model.layers]
+    experts = [expert for layer in model.layers for expert in layer.mlp.experts]
+    try:
+        for layer in model.layers:
+            layer.attn.sinks.data.fill_(-1e9)  # a sink no query attends to: plain attention
+        assert float((_logits(model) - expected).abs().max()) > 1e-2
+        for layer, saved in zip(model.layers, sinks, strict=True):
+            layer.attn.sinks.data.copy_(saved)
+        for expert in experts:
+            expert.limit = 1e9
+        assert float((_logits(model) - expected).abs().max()) > 1e-2
+    finally:
+        for layer, saved in zip(model.layers, sinks, strict=True):
+            layer.attn.sinks.data.copy_(saved)
+        for expert in experts:
+            expert.limit = model.config.swiglu_limit
+    assert_close(_logits(model), expected)
+
+
+@pytest.mark.parametrize("method", ["draft", "suffix", "ngram"])
+def test_greedy_speculative_output_is_plain_greedy_output(method, gpt_oss):
+    loaded, _ = gpt_oss
+    model = loaded.model
+    draft = tiny_loaded(truncated_copy(model, 1), loaded.tokenizer) if method == "draft" else None
+    generator = SpeculativeGenerator(loaded, draft, num_speculative_tokens=3, speculative_method=method,
+                                     adaptive=False, progress=False)  # fmt: skip
+    drafted = 0
+    for ids in PROMPTS:
+        out = generator.generate(ids, max_tokens=20, ignore_eos=True)
+        assert out.token_ids == reference_greedy(model, ids, 20, set()), ids
+        drafted += out.stats.drafted
+    assert drafted > 0
+
+
+def test_seeded_sampled_text_is_plain_decodings(gpt_oss):
+    loaded, _ = gpt_oss
+    draft = tiny_loaded(truncated_copy(loaded.model, 1), loaded.tokenizer)
+    plain = SpeculativeGenerator(loaded, None, progress=False)
+    spec = SpeculativeGenerator(loaded, draft, num_speculative_tokens=3, speculative_method="draft", adaptive=False,
+                                progress=False)  # fmt: skip
+    for seed in range(4):
+        expected = plain.generate(PROMPTS[0], max_tokens=20, ignore_eos=True, temperature=1.0, seed=seed).token_ids
+        got = spec.generate(PROMPTS[0], max_tokens=20, ignore_eos=True, temperature=1.0, seed=seed)
+        assert got.token_ids == expected and got.stats.drafted > 0
