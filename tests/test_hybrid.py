@@ -270,6 +270,30 @@ def test_the_mtp_head_is_restricted_as_draft_vocab_says_and_the_output_stays_the
     assert sum(o.stats.drafted for o in outputs) > 0
 
 
+def test_a_long_prompt_catches_up_alone_and_the_output_stays_the_targets(hybrid, monkeypatch):
+    """A 150-token prompt's MTP catch-up (fed alone, here 64 rows a pass: FEED_ROWS) beside short sequences: greedy
+    output is plain greedy output, and a finished request's MTP blocks are given back at once."""
+    from verispec.engine import mtp
+
+    monkeypatch.setattr(mtp, "FEED_ROWS", 64)
+    loaded = hybrid[2]
+    long = [(13 * i + 5) % 250 for i in range(150)]
+    requests = [(long, SamplingParams()), (PROMPTS[1], SamplingParams()), (PROMPTS[2], SamplingParams())]
+    config = SchedulerConfig(max_num_seqs=3, max_model_len=200, draft_policy="always", speculative_method="mtp",
+                             num_speculative_tokens=3)  # fmt: skip
+    scheduler = Scheduler(loaded, None, config)
+    events: list[list] = []
+    for i, (ids, params) in enumerate(requests):
+        events.append([])
+        scheduler.submit(EngineRequest(request_id=str(i), prompt_ids=ids, params=params, max_tokens=12,
+                                       ignore_eos=True, sink=events[-1].append))  # fmt: skip
+    scheduler.run_until_idle(max_steps=2000)
+    for (ids, params), got in zip(requests, events, strict=True):
+        assert got[-1].output.token_ids == _plain(loaded, ids, params)[:12]
+    assert all(got[-1].output.stats.drafted > 0 for got in events)
+    assert scheduler.proposer.cache.pool.in_use() == 0  # every finished request's blocks given back
+
+
 def test_the_mtp_method_reads_the_target_hidden_states_it_was_given(hybrid):
     """The MTP drafter's first draft is the layer's argmax over what the target's passes handed it."""
     loaded = hybrid[2]

@@ -34,6 +34,8 @@ from ..models.model import Transformer
 from .draft_model import pick_draft, plain_greedy
 from .drafting import DraftCost, DraftJob, Proposal
 
+CATCH_UP_ROWS = 8  # a catch-up longer than this (a prompt) is fed alone first, FEED_ROWS rows a pass
+FEED_ROWS = 256
 MTP_HEAD_ROWS = DEFAULT_DRAFT_VOCAB  # the MTP drafter's head by default: the command line's --draft-vocab, everywhere
 
 
@@ -60,13 +62,15 @@ class MtpDrafter:
             )
         self.target, self.model = target, target.mtp
         self.head = DraftHead(target, target.config.vocab_size, head_ids)
-        self.cache = self.model.new_cache(slots, max_len, num_blocks)
+        self.cache = self.model.new_cache(slots, max_len + CATCH_UP_ROWS, num_blocks)  # padded catch-ups' room
         self.hidden: list[dict[int, torch.Tensor]] = [{} for _ in range(slots)]  # per slot: position -> hidden
         self.held = [0] * slots  # per slot: positions the layer has read from the target (final ones)
         self.spent = DraftCost()
         target.hidden_sink = self._keep
 
     def _keep(self, slots: list[int], starts: list[int], hidden: torch.Tensor) -> None:
+        """Every position's final hidden state, until the layer reads it (a sequence that does not draft keeps its
+        positions' until it does, or ends: hidden size x 4 bytes a position)."""
         for row, (slot, start) in enumerate(zip(slots, starts, strict=True)):
             for t in range(hidden.shape[1]):
                 self.hidden[slot][start + t] = hidden[row, t]
@@ -80,7 +84,7 @@ class MtpDrafter:
         return max(0, len(tokens) - 1 - self.held[slot])
 
     def finished(self, slot: int, output: list[int], partition: str) -> None:
-        self.hidden[slot].clear()
+        self.admit(slot, partition)  # its blocks given back at once, not when the slot is next taken
 
     def forget(self, history: bool = True, prompts: bool = True) -> None:
         """Nothing is kept across requests (a slot's cache starts over at admission)."""
@@ -98,27 +102,43 @@ class MtpDrafter:
 
     def _catch_up(self, jobs: list[DraftJob], drafted: dict[int, list[int]]) -> torch.Tensor:
         """Read what each sequence's target passes gave since the last propose; the first drafts. Returns each job's
-        last output hidden state [jobs, 1, hidden]."""
+        last output hidden state [jobs, 1, hidden]. A long catch-up (a prompt) is fed alone first, FEED_ROWS rows a
+        pass, so that no other job is padded to it; what is read is marked read only once the layer has run on it
+        (a pass that fails leaves every sequence as it was)."""
         begin = time.perf_counter()
-        rows, states = [], []
+        for job in jobs:  # the chained guesses of the last propose are forgotten
+            self.cache.set_length(job.slot, min(self.held[job.slot], self.cache.lengths[job.slot]))
+        caught_up = 0
         for job in jobs:
-            held, end = self.held[job.slot], len(job.tokens) - 1
-            self.cache.set_length(job.slot, min(held, self.cache.lengths[job.slot]))
+            end = len(job.tokens) - 1
+            while end - self.held[job.slot] > CATCH_UP_ROWS:
+                stop = min(self.held[job.slot] + FEED_ROWS, end - CATCH_UP_ROWS)
+                caught_up += stop - self.held[job.slot]
+                self._feed([job], [stop])
+        last = self._feed(jobs, [len(job.tokens) - 1 for job in jobs])
+        self._pick(jobs, drafted, self._logits(last))
+        if caught_up:  # the context the layer lacked (a prompt), beyond a step's accepted tokens
+            self.spent.catch_up_seconds, self.spent.catch_up_tokens = time.perf_counter() - begin, caught_up
+        return last[:, None]
+
+    def _feed(self, jobs: list[DraftJob], ends: list[int]) -> torch.Tensor:
+        """The layer over each job's positions [held, end) (the token at i + 1, the target's hidden state at i), in
+        one padded pass; returns each job's last output [jobs, hidden]."""
+        rows, states = [], []
+        for job, end in zip(jobs, ends, strict=True):
+            held = self.held[job.slot]
             rows.append(job.tokens[held + 1 : end + 1])
-            states.append(torch.stack([self.hidden[job.slot].pop(i) for i in range(held, end)]))
-            self.held[job.slot] = end
+            states.append(torch.stack([self.hidden[job.slot][i] for i in range(held, end)]))
         width = max(len(row) for row in rows)
         tokens = torch.tensor([row + [0] * (width - len(row)) for row in rows], device=self.model.device)
         hidden = torch.stack([torch.cat([s, s[-1:].expand(width - len(s), -1)]) for s in states])  # padded
         normed = self.model.draft(self.target, tokens, hidden, self.cache, [job.slot for job in jobs])
-        last = torch.stack([normed[i, len(row) - 1] for i, row in enumerate(rows)])
-        for job in jobs:
-            self.cache.set_length(job.slot, self.held[job.slot])  # padded rows forgotten
-        self._pick(jobs, drafted, self._logits(last))
-        caught_up = sum(max(0, len(row) - 1 - job.k) for job, row in zip(jobs, rows, strict=True))
-        if caught_up:  # more than a step's accepted tokens: the context the layer lacked (a prompt)
-            self.spent.catch_up_seconds, self.spent.catch_up_tokens = time.perf_counter() - begin, caught_up
-        return last[:, None]
+        for job, end in zip(jobs, ends, strict=True):
+            for i in range(self.held[job.slot], end):
+                del self.hidden[job.slot][i]
+            self.held[job.slot] = end
+            self.cache.set_length(job.slot, end)  # padded rows forgotten
+        return torch.stack([normed[i, len(row) - 1] for i, row in enumerate(rows)])
 
     def _chain(self, jobs: list[DraftJob], drafted: dict[int, list[int]], hidden: torch.Tensor) -> None:
         """Further drafts, each from the layer's own last output and the draft before it."""

@@ -261,6 +261,7 @@ class Scheduler:
                 draft.model, vocab, num_slots=slots, max_len=draft_len, head_ids=ids, num_blocks=num_blocks
             )
         self.proposer: Proposer | None = None
+        target.model.hidden_sink = None  # an earlier engine's drafter on the same model reads no more
         if self.method is not None:
             setup = Setup(
                 model=model,
@@ -280,11 +281,12 @@ class Scheduler:
         budget, config = self.config.kv_cache_memory, target.model.config
         if budget is None or not config.hybrid:
             return budget
-        states = self.config.max_num_seqs * (self.widest + 2) * RecurrentState.slot_bytes(config)
+        # a verify pass's rows' states in one of two tensors per slot and layer, and a prefill's last state
+        states = self.config.max_num_seqs * (2 * (self.widest + 1) + 1) * RecurrentState.slot_bytes(config)
         if budget <= states:
             raise InvalidParameterError(
                 f"a KV cache budget of {budget} bytes does not hold the linear-attention state: {states} bytes for "
-                f"{self.config.max_num_seqs} sequences at up to {self.widest + 2} lengths each"
+                f"{self.config.max_num_seqs} sequences at up to {2 * (self.widest + 1) + 1} lengths each"
             )
         return budget - states
 

@@ -317,6 +317,9 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     return torch.tensor(chosen, dtype=torch.long).reshape(x.shape[:-1])
 
 
+DELTA_MAX_VALUE = 1024  # vsk_delta.c's VSK_DELTA_MAX_V
+
+
 def delta_steps(
     q, k, v, g, beta, state: torch.Tensor, into: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -328,6 +331,8 @@ def delta_steps(
     q, k, v, g, beta, state = (t.contiguous().float() for t in (q, k, v, g, beta, state))
     steps, heads, key = q.shape
     value = v.shape[-1]
+    if value > DELTA_MAX_VALUE:
+        raise ValueError(f"a value head of {value} (the kernel takes at most {DELTA_MAX_VALUE})")
     states = torch.empty(steps, heads, key, value) if into is None else into
     out = torch.empty(steps, heads, value)
     _lib().vsk_delta_steps(

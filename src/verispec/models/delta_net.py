@@ -43,10 +43,10 @@ def l2_normalised(x: torch.Tensor) -> torch.Tensor:
 def recurrent(q, k, v, g, beta, state: torch.Tensor, into=None) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """One sequence token by token: q, k [T, heads, key size] (normalised and scaled), v [T, heads, value size], g and
     beta [T, heads], state [heads, key size, value size]. Returns the outputs [T, heads, value size] and the state
-    after each token (new tensors: the one before stays as it was). On a CPU with the native library: its kernel
-    (vsk_delta.c: each head through all T tokens in cache, the same algebra), the states written into `into()`'s
-    tensor [T, heads, key size, value size] where given."""
-    if state.device.type == "cpu" and native.available():
+    after each token (`state` itself is not written). On a CPU with the native library: its kernel (vsk_delta.c: each
+    head through all T tokens in cache, the same algebra), the states written into `into()`'s tensor [T, heads, key
+    size, value size] where given (recurrent_state.py's buffers, reused two passes later)."""
+    if state.device.type == "cpu" and native.available() and v.shape[-1] <= native.DELTA_MAX_VALUE:
         out, after = native.delta_steps(q, k, v, g, beta, state, into() if into is not None else None)
         return out, list(after.unbind(0))
     outputs, states = [], []

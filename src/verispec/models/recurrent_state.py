@@ -8,7 +8,9 @@ rollback costs nothing but the memory of the states a verify pass made, and land
 accepted token. A pass starts by dropping every state but the one at its slot's length (`begin`).
 
 Rules: a length is only ever set to one a pass recorded (else ValueError: a rollback into a prefill, whose chunked
-form keeps its last state only, or past what was computed); a released slot starts again from zeros.
+form keeps its last state only, or past what was computed); a released slot starts again from zeros. Memory: the
+native recurrence writes a pass's states into one of two tensors per slot and layer (`buffer`), so a slot holds at
+most twice a pass's rows of states, and a prefill's last.
 """
 
 from __future__ import annotations

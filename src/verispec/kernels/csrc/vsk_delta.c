@@ -10,11 +10,11 @@
  * stays in cache from one token to the next. A head's result depends on nothing but its own inputs, in one fixed order
  * whatever the thread count: the same bits alone or beside other work. */
 #include <math.h>
-#include <stdlib.h>
 
 #include "vsk.h"
 
 #define VSK_API __attribute__((visibility("default")))
+#define VSK_DELTA_MAX_V 1024
 
 typedef struct {
     const float *state; /* [H][K][V]: the state before the first token */
@@ -30,7 +30,7 @@ static void delta_heads(const void *ctx, int begin, int end) {
     const delta_job *j = ctx;
     const int T = j->T, H = j->H, K = j->K, V = j->V;
     const size_t head = (size_t)K * V, step = (size_t)H * head;
-    float *scratch = malloc(sizeof(float) * 3 * (size_t)V);
+    float scratch[3 * VSK_DELTA_MAX_V]; /* V <= VSK_DELTA_MAX_V: native.delta_steps checks */
     float *rk = scratch, *rq = scratch + V, *u = scratch + 2 * V;
     for (int h = begin; h < end; h++) {
         const float *S = j->state + h * head;
@@ -64,7 +64,6 @@ static void delta_heads(const void *ctx, int begin, int end) {
             S = N;
         }
     }
-    free(scratch);
 }
 
 VSK_API void vsk_delta_steps(const float *state, float *states, const float *q, const float *k, const float *v,
