@@ -132,7 +132,7 @@ class MtpDrafter:
         width = max(len(row) for row in rows)
         tokens = torch.tensor([row + [0] * (width - len(row)) for row in rows], device=self.model.device)
         hidden = torch.stack([torch.cat([s, s[-1:].expand(width - len(s), -1)]) for s in states])  # padded
-        normed = self.model.draft(self.target, tokens, hidden, self.cache, [job.slot for job in jobs])
+        normed = self.model.draft(self.target, tokens, hidden, cache=self.cache, slots=[job.slot for job in jobs])
         for job, end in zip(jobs, ends, strict=True):
             for i in range(self.held[job.slot], end):
                 del self.hidden[job.slot][i]
@@ -148,7 +148,7 @@ class MtpDrafter:
                 return
             tokens = torch.tensor([[drafted[jobs[i].slot][-1]] for i in active], device=self.model.device)
             slots = [jobs[i].slot for i in active]
-            normed = self.model.draft(self.target, tokens, hidden[active], self.cache, slots)
+            normed = self.model.draft(self.target, tokens, hidden[active], cache=self.cache, slots=slots)
             hidden = hidden.clone()
             hidden[active] = normed
             self._pick([jobs[i] for i in active], drafted, self._logits(normed[:, -1]))

@@ -260,20 +260,24 @@ class Scheduler:
             model = BatchedDrafter(
                 draft.model, vocab, num_slots=slots, max_len=draft_len, head_ids=ids, num_blocks=num_blocks
             )
-        self.proposer: Proposer | None = None
+        self.proposer = self._build_proposer(target, model, num_blocks)
+
+    def _build_proposer(self, target: LoadedModel, model: BatchedDrafter | None, num_blocks: int) -> Proposer | None:
+        """The method's proposer (None: plain decoding), over the draft model `model` where it uses one."""
         target.model.hidden_sink = None  # an earlier engine's drafter on the same model reads no more
-        if self.method is not None:
-            setup = Setup(
-                model=model,
-                slots=slots,
-                suffix_cache_tokens=self.config.suffix_cache_tokens,
-                target=target.model,
-                max_len=self.max_model_len + self.widest + 1,
-                num_blocks=num_blocks,
-                draft_vocab=self.config.draft_vocab,
-                stop_ids=frozenset(self.tokenizer.stop_token_ids),
-            )
-            self.proposer = self.method.build(setup)
+        if self.method is None:
+            return None
+        setup = Setup(
+            model=model,
+            slots=self.config.max_num_seqs,
+            suffix_cache_tokens=self.config.suffix_cache_tokens,
+            target=target.model,
+            max_len=self.max_model_len + self.widest + 1,
+            num_blocks=num_blocks,
+            draft_vocab=self.config.draft_vocab,
+            stop_ids=frozenset(self.tokenizer.stop_token_ids),
+        )
+        return self.method.build(setup)
 
     def _block_budget(self, target: LoadedModel) -> int | None:
         """What --kv-cache-memory leaves for the KV blocks (None: the default budget): a hybrid model's recurrent

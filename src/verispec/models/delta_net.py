@@ -47,7 +47,7 @@ def recurrent(q, k, v, g, beta, state: torch.Tensor, into=None) -> tuple[torch.T
     head through all T tokens in cache, the same algebra), the states written into `into()`'s tensor [T, heads, key
     size, value size] where given (recurrent_state.py's buffers, reused two passes later)."""
     if state.device.type == "cpu" and native.available() and v.shape[-1] <= native.DELTA_MAX_VALUE:
-        out, after = native.delta_steps(q, k, v, g, beta, state, into() if into is not None else None)
+        out, after = native.delta_steps(q, k, v, g=g, beta=beta, state=state, into=into() if into else None)
         return out, list(after.unbind(0))
     outputs, states = [], []
     for t in range(q.shape[0]):
@@ -127,12 +127,13 @@ class GatedDeltaNet(nn.Module):
             q, k, v = self._heads(convolved)
             if recurrent_form:
                 buffer = partial(states.buffer, slot, self.index, seq, state)
-                out, after = recurrent(q, k, v, g[row], beta[row], state, into=buffer)
+                out, after = recurrent(q, k, v, g=g[row], beta=beta[row], state=state, into=buffer)
                 windows = [conv_in[:, t + 1 : t + width] for t in range(seq)]
-                states.put(slot, self.index, start, windows, after)
+                states.put(slot, self.index, start, windows=windows, states=after)
             else:
-                out, final = chunked(q, k, v, g[row], beta[row], state)
-                states.put(slot, self.index, start + seq - 1, [conv_in[:, seq : seq + width - 1]], [final])
+                out, final = chunked(q, k, v, g=g[row], beta=beta[row], state=state)
+                last = [conv_in[:, seq : seq + width - 1]]
+                states.put(slot, self.index, start + seq - 1, windows=last, states=[final])
             rows.append(out)
         out = torch.stack(rows)  # [batch, seq, value heads, value size]
         normed = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm.float()

@@ -145,7 +145,7 @@ def _build_hybrid(config: ModelConfig, index: dict, data: dict[str, np.memmap]) 
         model = transformer(config)
     state = {"norm.weight": tensors.floats("output_norm.weight")}
     for i, block in enumerate(model.layers):
-        state |= _hybrid_block(block, tensors, config, i, f"layers.{i}.")
+        state |= _hybrid_block(block, tensors, config, layer=i, prefix=f"layers.{i}.")
     embed_type, embed = tensors.raw_rows("token_embd.weight")
     model.embed = GGUFEmbedding(embed_type, embed, config.hidden_size)
     head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
@@ -155,7 +155,9 @@ def _build_hybrid(config: ModelConfig, index: dict, data: dict[str, np.memmap]) 
         mtp.fc = tensors.linear([p + "nextn.eh_proj.weight"], 2 * config.hidden_size)
         names = {"enorm": "nextn.enorm", "hnorm": "nextn.hnorm", "norm": "nextn.shared_head_norm"}
         state |= {f"mtp.{ours}.weight": tensors.floats(p + theirs + ".weight") for ours, theirs in names.items()}
-        state |= _hybrid_block(mtp.layers[0], tensors, mtp.config, 0, "mtp.layers.0.", block_index=config.num_layers)
+        state |= _hybrid_block(
+            mtp.layers[0], tensors, mtp.config, layer=0, prefix="mtp.layers.0.", block_index=config.num_layers
+        )
     model.load_state_dict(state, assign=True, strict=True)
     return model.eval()
 
