@@ -26,7 +26,7 @@ from .rope import RopeScaling, yarn_attention_factor
 
 ARCHITECTURES = (
     "llama", "mistral", "mistral3", "qwen2", "qwen3", "qwen3moe", "phi3", "smollm3", "gemma2", "gemma3", "qwen35",
-    "qwen35moe",
+    "qwen35moe", "gpt-oss",
 )  # fmt: skip
 HYBRID = {"qwen35", "qwen35moe"}  # Qwen3.5: linear attention beside gated attention (qwen35moe: with experts)
 # llama.cpp's converter interleaves each head's rotary halves of q and k for these (its "normal" rope type)
@@ -135,7 +135,7 @@ def _config(k: _Keys, arch: str, tensors: dict, floats) -> ModelConfig:
         intermediate_size=int(k.require("feed_forward_length")),
         rope_theta=theta,
         rms_norm_eps=float(k.get("attention.layer_norm_rms_epsilon", 1e-6)),
-        qkv_bias="blk.0.attn_q.bias" in tensors,
+        qkv_bias="blk.0.attn_q.bias" in tensors,  # gpt-oss: on q, k and v (its output's: _gpt_oss)
         tie_word_embeddings="output.weight" not in tensors,
         max_position_embeddings=context,
         head_dim=head_dim,
@@ -145,14 +145,21 @@ def _config(k: _Keys, arch: str, tensors: dict, floats) -> ModelConfig:
         layer_windows=windows if any(windows) else (),
         qk_norm=any(name.endswith(".attn_q_norm.weight") for name in tensors),  # qwen35's block 0 is recurrent
         post_norms=gemma,
-        activation="gelu_tanh" if gemma else "silu",
+        activation="gelu_tanh" if gemma else "swiglu_oai" if arch == "gpt-oss" else "silu",
         embed_scale=gemma,
         query_scale=(hidden / num_heads if big_gemma else head_dim) ** -0.5 if gemma else 0.0,
         attn_softcap=float(k.get("attn_logit_softcapping", 50.0)) if arch == "gemma2" else 0.0,
         final_softcap=float(k.get("final_logit_softcapping", 30.0 if arch == "gemma2" else 0.0)) if gemma else 0.0,
         **_experts(k, arch, layers, tensors),
         **(_hybrid(k, layers, rotary if rotary != head_dim else 0, mtp) if arch in HYBRID else {}),
+        **(_gpt_oss(tensors) if arch == "gpt-oss" else {}),
     )
+
+
+def _gpt_oss(tensors: dict) -> dict:
+    """gpt-oss as llama.cpp computes it: sinks, an output bias, the clamped SwiGLU with its fixed constants (llama.cpp's
+    alpha 1.702 and limit 7, stored in no key), its sliding layers every other one from the first (below)."""
+    return dict(attn_sinks=True, o_bias="blk.0.attn_output.bias" in tensors, swiglu_alpha=1.702, swiglu_limit=7.0)
 
 
 def _hybrid(k: _Keys, layers: int, rotary: int, mtp: int) -> dict:
@@ -181,6 +188,10 @@ def _hybrid(k: _Keys, layers: int, rotary: int, mtp: int) -> dict:
 def _experts(k: _Keys, arch: str, layers: int, tensors: dict) -> dict:
     """Qwen3-MoE's mixture; llama.cpp renormalizes the chosen experts' weights for this architecture, always."""
     count = int(k.get("expert_count", 0))
+    if arch == "gpt-oss":  # every layer a mixture, the softmax over the chosen logits, biases (models/config.py)
+        return dict(num_experts=count, experts_per_token=int(k.require("expert_used_count")),
+                    expert_intermediate_size=int(k.require("expert_feed_forward_length")), moe_biases=True,
+                    router_softmax_topk=True)  # fmt: skip
     if arch == "qwen35moe":  # every layer a mixture, renormalized, with a shared expert
         return dict(num_experts=count, experts_per_token=int(k.require("expert_used_count")),
                     expert_intermediate_size=int(k.require("expert_feed_forward_length")), norm_topk_prob=True,
@@ -203,6 +214,8 @@ def _windows(k: _Keys, arch: str, layers: int) -> tuple[int, ...]:
         return (0,) * layers
     if arch == "phi3":
         return (window,) * layers
+    if arch == "gpt-oss":  # llama.cpp: the even layers slide
+        return tuple(window if i % 2 == 0 else 0 for i in range(layers))
     if arch not in GEMMA:
         raise k.refuse(f"{arch}.attention.sliding_window", window, f"llama.cpp's {arch} takes no sliding window")
     if isinstance(pattern, list):

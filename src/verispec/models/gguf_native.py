@@ -53,6 +53,8 @@ def load_native(
     if not (folder / "config.json").is_file():
         _write_index(path, folder, progress, coarsen)
     config = ModelConfig.from_json((folder / "config.json").read_text())
+    if _beyond_the_kernels(config):
+        return None  # gpt-oss: on PyTorch, its weights dequantized (loading.py)
     index = json.loads((folder / "tensors.json").read_text())
     matrices = [entry["type"] for entry in index["tensors"].values() if len(entry["shape"]) > 1]
     if any(qtype not in native.QUANT_TYPES for qtype in matrices):
@@ -319,11 +321,16 @@ def refuse_unnative(config: ModelConfig, where: str) -> None:
             f"{where} has linear-attention layers and a gated, partly rotated attention (Qwen3.5): it runs on PyTorch "
             "(--quantization none), not on the native kernels"
         )
-    if config.attn_sinks or config.o_bias or config.moe_biases or config.activation == "swiglu_oai":
+    if _beyond_the_kernels(config):
         raise ModelLoadError(
             f"{where} has attention sinks, biased experts and a clamped SwiGLU (gpt-oss): it runs on PyTorch "
             "(--quantization none), not on the native kernels"
         )
+
+
+def _beyond_the_kernels(config: ModelConfig) -> bool:
+    """Whether the model has parts no native path computes (gpt-oss's sinks, biased experts, clamped SwiGLU)."""
+    return config.attn_sinks or config.o_bias or config.moe_biases or config.activation == "swiglu_oai"
 
 
 def native_from_dense(model: Transformer, dtype: torch.dtype = torch.float32, coarsen: bool = False) -> Transformer:

@@ -41,6 +41,9 @@ _QWEN35_NAMES = {
     "shared.gate": "ffn_gate_shexp.weight", "shared.up": "ffn_up_shexp.weight", "shared.down": "ffn_down_shexp.weight",
     "shared_gate": "ffn_gate_inp_shexp.weight",
 }  # fmt: skip
+# gpt-oss: its sinks and biases; its MLP's input norm is post_attention_norm
+_GPT_OSS_NAMES = {"sinks": "attn_sinks.weight", "o_bias": "attn_output.bias", "router_bias": "ffn_gate_inp.bias",
+                  "mlp_norm": "post_attention_norm.weight"}  # fmt: skip
 # the MTP block's own tensors (the block after the model's layers)
 _MTP_NAMES = {"mtp.fc": "nextn.eh_proj.weight", "mtp.enorm": "nextn.enorm.weight", "mtp.hnorm": "nextn.hnorm.weight",
               "mtp.norm": "nextn.shared_head_norm.weight"}  # fmt: skip
@@ -97,6 +100,8 @@ class GGUFSource:
         base = f"blk.{layer}."
         if self.arch in HYBRID and short in _QWEN35_NAMES:
             return base + _QWEN35_NAMES[short], None
+        if self.arch == "gpt-oss" and short in _GPT_OSS_NAMES:
+            return base + _GPT_OSS_NAMES[short], None
         if self.fused and short in ("q", "k", "v"):
             q, kv = c.num_heads * c.head_size, c.num_kv_heads * c.head_size
             return base + "attn_qkv.weight", {"q": (0, q), "k": (q, q + kv), "v": (q + kv, q + 2 * kv)}[short]
@@ -107,6 +112,9 @@ class GGUFSource:
             return base + "ffn_gate_inp.weight", None
         if short.startswith("expert"):  # expert{e}.gate: rows e * rows .. of the 3-D tensor ffn_gate_exps
             expert, _, kind = short.partition(".")
+            if kind.endswith("_bias"):  # gpt-oss: expert e's bias, row e of ffn_gate_exps.bias [experts, rows]
+                e = int(expert.removeprefix("expert"))
+                return f"{base}ffn_{kind.removesuffix('_bias')}_exps.bias", (e, e + 1)
             e, rows = (
                 int(expert.removeprefix("expert")),
                 c.hidden_size if kind == "down" else c.expert_intermediate_size,
@@ -173,6 +181,8 @@ class GGUFSource:
         weight = torch.from_numpy(np.array(array, dtype=np.float32))  # a writable copy
         if self.arch in HYBRID:
             return self._qwen35(name, weight)
+        if self.arch == "gpt-oss" and name.endswith("_bias"):
+            return weight.reshape(-1)  # an expert's bias: one row of its 2-D tensor
         heads = self._rope_heads(name)
         if heads is not None and rows is not None:
             raise ValueError(f"{name}: rotary rows are permuted per head; fetch the whole matrix")

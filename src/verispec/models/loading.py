@@ -86,7 +86,7 @@ def load_model(
             return LoadedModel(text, path, model, tokenizer)
         # not a GGUF file, or block types without a native kernel: PyTorch's kernels; a hybrid model's weights as
         # stored, dequantized
-        quantization = "none" if _hybrid(path) else "int4"
+        quantization = "none" if _dequantized(path) else "int4"
         torch_dtype = resolve_dtype(dtype) if quantization == "none" else torch_dtype
     if path.is_dir():
         config, state, tokenizer = load_hf_folder(path, torch_dtype, quantization)
@@ -115,15 +115,16 @@ def _checked_form(dtype: str | torch.dtype, device: str | None, quantization: st
     return torch_dtype, torch_device
 
 
-def _hybrid(path: Path) -> bool:
-    """Whether a GGUF file is of an architecture with linear-attention layers (Qwen3.5)."""
+def _dequantized(path: Path) -> bool:
+    """Whether a GGUF file the native kernels do not run is read with its weights dequantized rather than requantized
+    to int4 (whose text would be another model's): Qwen3.5's (linear attention) and gpt-oss's files."""
     if not path.is_file():
         return False
     from .gguf_config import HYBRID
     from .gguf_source import GGUFSource
 
     try:
-        return GGUFSource.architecture(path) in HYBRID
+        return GGUFSource.architecture(path) in HYBRID | {"gpt-oss"}
     except ModelLoadError:
         return False  # the loader that follows says what is wrong with the file
 
