@@ -80,3 +80,22 @@ def test_seeded_sampled_text_is_plain_decodings(gpt_oss):
         expected = plain.generate(PROMPTS[0], max_tokens=20, ignore_eos=True, temperature=1.0, seed=seed).token_ids
         got = spec.generate(PROMPTS[0], max_tokens=20, ignore_eos=True, temperature=1.0, seed=seed)
         assert got.token_ids == expected and got.stats.drafted > 0
+
+
+def test_a_harmony_vocabulary_ends_generation_at_return_and_call_not_at_end():
+    """gpt-oss writes its reasoning, ends it with <|end|> and goes on to its answer: <|end|> stops nothing there, while
+    <|return|> and <|call|> do; a vocabulary without the harmony tokens keeps <|end|> (Phi-3's end of turn)."""
+    from tokenizers import Tokenizer as Raw
+    from tokenizers import models
+
+    from verispec.models.tokenizer import Tokenizer
+
+    def stops(*specials: str) -> set[str]:
+        raw = Raw(models.WordLevel({"a": 0, "<unk>": 1}, unk_token="<unk>"))
+        raw.add_special_tokens(list(specials))
+        tokenizer = Tokenizer(raw, eos_token="<|endoftext|>")
+        return {raw.id_to_token(i) for i in tokenizer.stop_token_ids}
+
+    harmony = ("<|endoftext|>", "<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>")
+    assert stops(*harmony) == {"<|endoftext|>", "<|return|>", "<|call|>"}
+    assert stops("<|endoftext|>", "<|end|>") == {"<|endoftext|>", "<|end|>"}

@@ -20,6 +20,9 @@ from ..errors import InvalidParameterError, ModelLoadError, TokenizerMismatchErr
 # End-of-generation tokens that chat checkpoints use besides their declared eos (llama.cpp treats the
 # same texts as end-of-generation).
 _END_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<|end_of_text|>")
+# gpt-oss's harmony format: <|end|> ends a message (its reasoning, say) and the answer goes on; <|return|> ends the
+# answer and <|call|> a tool call (llama.cpp's end-of-generation tokens for it too)
+_HARMONY_ENDS = ("<|return|>", "<|call|>")
 _CONFIG = "verispec_tokenizer.json"  # our settings beside tokenizer.json in a converted cache
 SAVED_FORMAT = 2  # 2: a BPE's merges saved as "a b" strings where they can be (_quick_to_parse)
 # transformers' optional clean-up of spaces before punctuation, for tokenizers whose config asks for it
@@ -50,7 +53,10 @@ class Tokenizer:
         )
         self.clean_up_spaces = clean_up_spaces
         self.extra_stop_ids = tuple(extra_stop_ids)
-        stops = {raw.token_to_id(t) for t in (eos_token, *_END_TEXTS) if t} | set(extra_stop_ids)
+        ends = _END_TEXTS
+        if raw.token_to_id("<|channel|>") is not None and raw.token_to_id("<|return|>") is not None:  # harmony
+            ends = tuple(t for t in _END_TEXTS if t != "<|end|>") + _HARMONY_ENDS
+        stops = {raw.token_to_id(t) for t in (eos_token, *ends) if t} | set(extra_stop_ids)
         self.stop_token_ids = frozenset(i for i in stops if i is not None)
 
     @cached_property
