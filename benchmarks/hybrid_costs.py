@@ -35,6 +35,7 @@ from verispec.models.config import ModelConfig
 from verispec.models.converted import cache_dir
 from verispec.models.draft_head import DraftHead, frequent_ids
 from verispec.models.mtp import transformer
+from verispec.models.recurrent_state import RecurrentState
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA_CPP = Path.home() / ".cache/llamacpp-native/llama_cpp_python-0.3.36/vendor/llama.cpp"
@@ -155,7 +156,7 @@ def measure(label: str, model, context: int, reps: int) -> None:
         if rows < config.vocab_size:
             heads[rows] = DraftHead(model, config.vocab_size, frequent_ids(rows, config.vocab_size, frozenset())).module
     drafts = {rows: _median(mtp_step(head), reps) for rows, head in heads.items()}
-    state_mib = RecurrentBytes(config) / 2**20
+    state_mib = RecurrentState.slot_bytes(config) / 2**20
     from verispec.kernels import native
 
     threads = native.threads() if native.available() else 0
@@ -170,12 +171,6 @@ def measure(label: str, model, context: int, reps: int) -> None:
     for rows, seconds_per_draft in drafts.items():
         print(f"  MTP draft step, head of {rows:6d} rows   {seconds_per_draft * 1e3:7.1f} ms   "
               f"c = {seconds_per_draft / steps[1]:.3f}")  # fmt: skip
-
-
-def RecurrentBytes(config: ModelConfig) -> int:  # noqa: N802 (reads as the quantity it is)
-    from verispec.models.recurrent_state import RecurrentState
-
-    return RecurrentState.slot_bytes(config)
 
 
 def main() -> None:

@@ -214,15 +214,13 @@ def _windows(k: _Keys, arch: str, layers: int) -> tuple[int, ...]:
         return (0,) * layers
     if arch == "phi3":
         return (window,) * layers
-    if arch == "gpt-oss":  # llama.cpp: the even layers slide
-        return tuple(window if i % 2 == 0 else 0 for i in range(layers))
-    if arch not in GEMMA:
+    if arch not in GEMMA | {"gpt-oss"}:
         raise k.refuse(f"{arch}.attention.sliding_window", window, f"llama.cpp's {arch} takes no sliding window")
     if isinstance(pattern, list):
         if len(pattern) != layers:
             raise k.refuse(f"{arch}.attention.sliding_window_pattern", pattern, "not one flag per layer")
         return tuple(window if flag else 0 for flag in pattern)
-    n = int(pattern) if pattern is not None else (2 if arch == "gemma2" else 6)
+    n = int(pattern) if pattern is not None else (6 if arch == "gemma3" else 2)  # gemma2, gpt-oss: every other
     return tuple(window if n == 0 or i % n < n - 1 else 0 for i in range(layers))
 
 

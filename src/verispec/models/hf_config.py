@@ -268,14 +268,6 @@ def _windows(f: _Fields, family: str, layers: int) -> tuple[int, ...]:
     """Per layer, the sliding window (0: full attention), as transformers' modules of this family apply it."""
     # transformers' default where config.json has no sliding_window
     window = f.field("sliding_window", None if family in ("llama", "phi3", "smollm3") else 4096)
-    if family == "gptoss":  # its layer_types say which layers slide (every other one, from the first)
-        f.read.add("layer_types")
-        types = f.raw.get("layer_types") or [
-            "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)
-        ]
-        if len(types) != layers or set(types) - {"sliding_attention", "full_attention"}:
-            raise f.refuse("layer_types", types, "not one of sliding_attention / full_attention per layer")
-        return tuple(int(window) if kind == "sliding_attention" else 0 for kind in types)
     if family in ("qwen2", "qwen3", "qwen3moe", "smollm3") and not f.get("use_sliding_window", False):
         window = None  # transformers drops the window unless use_sliding_window is set
     if family == "llama" and window:
@@ -303,7 +295,7 @@ def _default_layer_type(f: _Fields, family: str, i: int) -> str:
         sliding = i >= f.raw.get("max_window_layers", 28)
     elif family == "smollm3":
         sliding = i in _no_rope_layers(f, family, f.raw["num_hidden_layers"])
-    elif family == "gemma2":
+    elif family in ("gemma2", "gptoss"):  # every other layer, from the first
         sliding = bool((i + 1) % 2)
     else:  # gemma3
         sliding = bool((i + 1) % f.raw.get("sliding_window_pattern", 6))

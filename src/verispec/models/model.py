@@ -505,12 +505,15 @@ class Transformer(nn.Module):
     def _logits(self, x: torch.Tensor, num_logits: int | None, head: nn.Module | None) -> torch.Tensor:
         if num_logits is not None:
             x = x[:, -num_logits:]
-        return self.head_logits(self.norm(x), head)
+        return self._head(self.norm(x), head)
 
     @torch.inference_mode()
     def head_logits(self, normed: torch.Tensor, head: nn.Module | None = None) -> torch.Tensor:
         """float32 logits of hidden states after the last norm: the output head (or `head`), soft-capped where the
-        config says so."""
+        config says so (for callers outside a forward, such as the MTP drafter)."""
+        return self._head(normed, head)
+
+    def _head(self, normed: torch.Tensor, head: nn.Module | None) -> torch.Tensor:
         if head is not None:
             logits = head(normed)
         elif self.lm_head is None:
