@@ -165,33 +165,36 @@ def reference_logits(model, ids: torch.Tensor) -> torch.Tensor:
     return model(input_ids=ids).logits[0].float()
 
 
-def add_mtp(folder: Path, seed: int = 5, half_exact: bool = False) -> dict[str, torch.Tensor]:
+def add_mtp(
+    folder: Path, seed: int = 5, half_exact: bool = False, generator: torch.Generator | None = None
+) -> dict[str, torch.Tensor]:
     """Give a saved qwen3.5 checkpoint an MTP layer in Qwen3.5's published layout (transformers has no MTP module: its
     Qwen3.5 loaders skip `mtp.*`): `mtp.fc` [hidden, 2 x hidden], the two input norms, a full-attention decoder layer
-    `mtp.layers.0.*` shaped as the model's own, `mtp.norm`; weights drawn as make_model draws them, added to
-    model.safetensors (where converters look), and `mtp_num_hidden_layers: 1` in config.json. Returns the tensors."""
+    `mtp.layers.0.*` shaped as the model's own, `mtp.norm`; drawn from `generator` (else one seeded with `seed`): norms
+    0.1 N(0, 1) (around 0: Qwen3.5's multiply by 1 + w), matrices 1.5 / sqrt(fan-in) N(0, 1), rounded to float16
+    values where `half_exact`; added to model.safetensors (where converters look), and `mtp_num_hidden_layers: 1` in
+    config.json. Returns the tensors. (tests/fixtures/llamacpp/make_fixtures.py draws its fixtures' with it too.)"""
     import json
 
     from safetensors.torch import load_file, save_file
 
     config = json.loads((folder / "config.json").read_text())
-    attention = config["layer_types"].index("full_attention")
-    own = f"model.layers.{attention}."
-    layer = {key.removeprefix(own): value for key, value in load_file(folder / "model.safetensors").items()
-             if key.startswith(own)}  # fmt: skip
+    own = f"model.layers.{config['layer_types'].index('full_attention')}."
+    saved = load_file(folder / "model.safetensors")
     hidden = config["hidden_size"]
     shapes = {"mtp.fc.weight": (hidden, 2 * hidden), "mtp.pre_fc_norm_embedding.weight": (hidden,),
-              "mtp.pre_fc_norm_hidden.weight": (hidden,), "mtp.norm.weight": (hidden,)}  # fmt: skip
-    shapes |= {f"mtp.layers.0.{key}": tuple(value.shape) for key, value in layer.items()}
-    generator = torch.Generator().manual_seed(seed)
+              "mtp.pre_fc_norm_hidden.weight": (hidden,)}  # fmt: skip
+    shapes |= {
+        f"mtp.layers.0.{key.removeprefix(own)}": tuple(v.shape) for key, v in saved.items() if key.startswith(own)
+    }
+    shapes["mtp.norm.weight"] = (hidden,)
+    generator = generator or torch.Generator().manual_seed(seed)
     tensors = {}
     for key, shape in shapes.items():
         noise = torch.randn(shape, generator=generator)
-        tensors[key] = 0.1 * noise if "norm" in key else noise * 1.5 / math.sqrt(shape[1])
+        tensors[key] = 0.1 * noise if len(shape) == 1 else 1.5 / shape[1] ** 0.5 * noise
         if half_exact:  # as make_model's
             tensors[key] = tensors[key].half().float()
-    saved = load_file(folder / "model.safetensors")
-    save_file(saved | tensors, folder / "model.safetensors", metadata={"format": "pt"})  # where converters look
-    config["mtp_num_hidden_layers"] = 1
-    (folder / "config.json").write_text(json.dumps(config))
+    save_file(saved | tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(config | {"mtp_num_hidden_layers": 1}, indent=2))
     return tensors
