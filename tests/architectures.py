@@ -58,9 +58,21 @@ _TEXT_SPECS: dict[str, tuple[str, dict]] = {
     # sliding layer then a global one, yarn; its experts' intermediate size is intermediate_size (SMALL's 128)
     "gpt-oss": ("gpt_oss", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": WINDOW,
                             "layer_types": ["sliding_attention", "full_attention"], "swiglu_limit": 1.0}),
+    # two sliding layers and a full one with wider heads (32), one kv head, values that are keys, a proportional
+    # rotary turning a quarter of them; then a sliding and a full layer attending to layers 2's and 1's keys and
+    # values with double-wide MLPs; per-layer inputs of 8; soft-capped logits
+    "gemma4": ("gemma4_text", {"num_hidden_layers": 5, "sliding_window": WINDOW, "global_head_dim": 32,
+                               "layer_types": ["sliding_attention", "full_attention", "sliding_attention",
+                                               "sliding_attention", "full_attention"],
+                               "num_global_key_value_heads": 1, "attention_k_eq_v": True, "num_kv_shared_layers": 2,
+                               "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": VOCAB,
+                               "use_double_wide_mlp": True, "final_logit_softcapping": 30.0,
+                               "rope_parameters": {"full_attention": {"rope_type": "proportional", "rope_theta": 1e4,
+                                                                      "partial_rotary_factor": 0.25},
+                                                   "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}}),
 }  # fmt: skip
 HYBRID = ["qwen3.5", "qwen3.5-moe"]  # architectures with linear-attention layers: not on the native stack
-PYTORCH_ONLY = [*HYBRID, "gpt-oss"]  # architectures the native stack does not run (sinks, biased experts)
+PYTORCH_ONLY = [*HYBRID, "gpt-oss", "gemma4", "gemma4-vision"]  # what the native stack does not run (sinks, biased experts, shared kv)
 # multimodal checkpoints: the text model of text_config beside a one-layer vision tower verispec leaves unread
 _WRAPPER_SPECS: dict[str, tuple[str, dict, dict, dict]] = {
     "mistral3": ("mistral3", {"model_type": "mistral", "sliding_window": None},
@@ -73,6 +85,10 @@ _WRAPPER_SPECS: dict[str, tuple[str, dict, dict, dict]] = {
                        "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 28, "patch_size": 14},
                       {"image_token_index": 255, "mm_tokens_per_image": 4, "boi_token_index": 253,
                        "eoi_token_index": 254}),
+    "gemma4-vision": ("gemma4", {"model_type": "gemma4_text", **_TEXT_SPECS["gemma4"][1]},
+                      {"model_type": "gemma4_vision", "hidden_size": 32, "intermediate_size": 64,
+                       "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16},
+                      {"audio_config": None}),
 }  # fmt: skip
 NAMES = [*_TEXT_SPECS, *_WRAPPER_SPECS]
 
@@ -108,8 +124,8 @@ def make_model(name: str, seed: int = 0, dims: dict = SMALL, half_exact: bool = 
     torch.manual_seed(seed)
     wrapper = name in _WRAPPER_SPECS
     model = (AutoModelForImageTextToText if wrapper else AutoModelForCausalLM).from_config(config).eval()
-    gemma = name.startswith("gemma")
-    zero_centred = gemma or name in HYBRID  # their norms multiply by 1 + w (a DeltaNet's own norm by w)
+    # their norms multiply by 1 + w (a DeltaNet's own norm, and Gemma 4's, by w)
+    zero_centred = (name.startswith("gemma") and not name.startswith("gemma4")) or name in HYBRID
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for key, p in model.named_parameters():
@@ -126,6 +142,9 @@ def make_model(name: str, seed: int = 0, dims: dict = SMALL, half_exact: bool = 
                 p.copy_(noise * 1.5 / math.sqrt(fan_in))
             if half_exact:
                 p.copy_(p.half().float())
+        for key, b in model.named_buffers():
+            if key.endswith("layer_scalar"):  # Gemma 4's, a buffer: drawn too, so that leaving it out shows
+                b.copy_(1.0 + 0.2 * torch.randn(b.shape, generator=generator))
     return model
 
 

@@ -83,10 +83,38 @@ class ModelConfig:
     # activation "swiglu_oai" (gpt-oss): (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g), g = min(gate, limit)
     swiglu_alpha: float = 0.0
     swiglu_limit: float = 0.0
+    # Gemma 4: per layer the head size and kv heads where layers differ (its full-attention layers' wider heads), ()
+    # for all head_size and num_kv_heads
+    layer_head_dims: tuple[int, ...] = ()
+    layer_kv_heads: tuple[int, ...] = ()
+    # per layer, the earlier layer whose keys and values it attends to (its own: it makes them), () for all their own
+    kv_sources: tuple[int, ...] = ()
+    k_eq_v: bool = False  # the full-attention layers' values are their key projection (before the key's norm)
+    v_norm: bool = False  # values RMS-normalised (no weight) before the cache
+    # per-layer inputs: a second embedding of per_layer_vocab rows, per_layer_input_size per layer, and a projection
+    # of the embeddings, both fed to each layer through a gate after its MLP, 0: none
+    per_layer_input_size: int = 0
+    per_layer_vocab: int = 0
+    layer_scalar: bool = False  # each layer's output times a learned scalar
+    wide_mlp_layers: tuple[int, ...] = ()  # layers whose MLP is twice intermediate_size
 
     @property
     def head_size(self) -> int:
         return self.head_dim or self.hidden_size // self.num_heads
+
+    def head_size_of(self, layer: int) -> int:
+        return self.layer_head_dims[layer] if self.layer_head_dims else self.head_size
+
+    def kv_heads_of(self, layer: int) -> int:
+        return self.layer_kv_heads[layer] if self.layer_kv_heads else self.num_kv_heads
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose keys and values layer `layer` attends to (itself, unless it shares an earlier one's)."""
+        return self.kv_sources[layer] if self.kv_sources else layer
+
+    def cached_kv_heads(self, layer: int) -> int:
+        """The kv heads layer `layer` keeps in the cache: none for a linear-attention layer or one sharing another's."""
+        return 0 if self.linear(layer) or self.kv_source(layer) != layer else self.kv_heads_of(layer)
 
     @property
     def rotary_size(self) -> int:
@@ -125,10 +153,12 @@ class ModelConfig:
             return -1
         return 1 if self.rope_local_theta and self.window(layer) else 0
 
-    def rope_table_specs(self) -> list[tuple[float, RopeScaling | None]]:
-        """(theta, scaling) of each rotary table the layers take."""
-        tables = [(self.rope_theta, self.rope_scaling)]
-        return tables + [(self.rope_local_theta, None)] if self.rope_local_theta else tables
+    def rope_table_specs(self) -> list[tuple[float, RopeScaling | None, int]]:
+        """(theta, scaling, size) of each rotary table the layers take; its size, the head dimensions it turns."""
+        sizes = {self.rope_table(i): self.head_size_of(i) for i in range(self.num_layers) if self.layer_head_dims}
+        size = sizes.get(0, self.rotary_size)
+        tables = [(self.rope_theta, self.rope_scaling, size)]
+        return tables + [(self.rope_local_theta, None, sizes.get(1, size))] if self.rope_local_theta else tables
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)

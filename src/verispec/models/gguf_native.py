@@ -329,8 +329,10 @@ def refuse_unnative(config: ModelConfig, where: str) -> None:
 
 
 def _beyond_the_kernels(config: ModelConfig) -> bool:
-    """Whether the model has parts no native path computes (gpt-oss's sinks, biased experts, clamped SwiGLU)."""
-    return config.attn_sinks or config.o_bias or config.moe_biases or config.activation == "swiglu_oai"
+    """Whether the model has parts no native path computes (gpt-oss's sinks, biased experts, clamped SwiGLU; Gemma 4's
+    per-layer head sizes, shared keys and values, per-layer inputs)."""
+    gpt_oss = config.attn_sinks or config.o_bias or config.moe_biases or config.activation == "swiglu_oai"
+    return gpt_oss or bool(config.layer_head_dims or config.kv_sources or config.per_layer_input_size or config.v_norm)
 
 
 def native_from_dense(model: Transformer, dtype: torch.dtype = torch.float32, coarsen: bool = False) -> Transformer:

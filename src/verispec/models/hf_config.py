@@ -27,17 +27,21 @@ FAMILIES = {
     "llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "phi3": "phi3",
     "smollm3": "smollm3", "gemma2": "gemma2", "gemma3_text": "gemma3", "gemma3": "gemma3", "mistral3": "mistral",
     "qwen3_5_text": "qwen35", "qwen3_5": "qwen35", "qwen3_5_moe_text": "qwen35moe", "qwen3_5_moe": "qwen35moe",
-    "gpt_oss": "gptoss",
+    "gpt_oss": "gptoss", "gemma4_text": "gemma4", "gemma4": "gemma4",
 }  # fmt: skip
+GEMMA = ("gemma2", "gemma3", "gemma4")
 HYBRID = {"qwen35", "qwen35moe"}  # Qwen3.5's families: linear attention beside gated attention
 # multimodal model_types: their text model is `text_config`, of one of these model_types
 WRAPPERS = {"gemma3": {"gemma3_text"}, "mistral3": {"mistral", "llama"}, "qwen3_5": {"qwen3_5_text"},
-            "qwen3_5_moe": {"qwen3_5_moe_text"}}  # fmt: skip
+            "qwen3_5_moe": {"qwen3_5_moe_text"}, "gemma4": {"gemma4_text"}}  # fmt: skip
 # fields of a wrapper that only concern the vision part
 _VISION_FIELDS = {
     "vision_config", "image_token_index", "image_token_id", "projector_hidden_act", "vision_feature_layer",
     "vision_feature_select_strategy", "multimodal_projector_bias", "spatial_merge_size", "mm_tokens_per_image",
     "boi_token_index", "eoi_token_index", "video_token_id", "vision_start_token_id", "vision_end_token_id",
+    # Gemma 4's audio and video parts
+    "audio_config", "audio_token_id", "boa_token_id", "eoa_token_id", "boi_token_id", "eoi_token_id",
+    "vision_soft_tokens_per_image", "video_token_index", "audio_token_index", "initializer_range", "eoa_token_index",
 }  # fmt: skip
 HARMLESS = {
     # bookkeeping and dtypes
@@ -135,10 +139,10 @@ def _config(f: _Fields, family: str) -> ModelConfig:
     hidden = f.require("hidden_size")
     layers = f.require("num_hidden_layers")
     head_dim = f.get("head_dim") or 0
-    gemma = family in ("gemma2", "gemma3")
+    gemma = family in GEMMA
     activation = f.get("hidden_activation") if gemma else None
     activation = activation or f.get("hidden_act", "gelu_pytorch_tanh" if gemma else "silu")
-    if family in ("gemma2", "gemma3"):
+    if gemma:
         f.read.add("hidden_act")  # Gemma's modules read hidden_activation, older files carry both
     wanted = "gelu_pytorch_tanh" if gemma else "silu"  # gpt-oss's config says silu; its experts clamp (gptoss below)
     if activation != wanted:
@@ -167,17 +171,62 @@ def _config(f: _Fields, family: str) -> ModelConfig:
         rope_local_theta=local_theta if any(windows) else 0.0,
         no_rope_layers=_no_rope_layers(f, family, layers),
         layer_windows=windows if any(windows) else (),
-        qk_norm=family in ("qwen3", "qwen3moe", "gemma3") or family in HYBRID,
+        qk_norm=family in ("qwen3", "qwen3moe", "gemma3", "gemma4") or family in HYBRID,
         post_norms=gemma,
-        norm_offset=1.0 if gemma or family in HYBRID else 0.0,  # Qwen3.5's norms multiply by 1 + w too
+        # Gemma 2/3's and Qwen3.5's norms multiply by 1 + w; Gemma 4's by w
+        norm_offset=1.0 if family in ("gemma2", "gemma3") or family in HYBRID else 0.0,
         activation="gelu_tanh" if gemma else "swiglu_oai" if family == "gptoss" else "silu",
         embed_scale=gemma,
-        query_scale=float(f.field("query_pre_attn_scalar", 256)) ** -0.5 if gemma else 0.0,
+        query_scale=1.0 if family == "gemma4" else float(f.field("query_pre_attn_scalar", 256)) ** -0.5 if gemma else 0.0,
         attn_softcap=_softcap(f, "attn_logit_softcapping", family, 50.0),
         final_softcap=_softcap(f, "final_logit_softcapping", family, 30.0),
         **experts,
         **hybrid,
         **(_gpt_oss(f, bool(bias)) if family == "gptoss" else {}),
+        **(_gemma4(f, layers, windows) if family == "gemma4" else {}),
+    )
+
+
+def _gemma4(f: _Fields, layers: int, windows: tuple[int, ...]) -> dict:
+    """Gemma 4: the full-attention layers' own head size and kv heads (per_layer_config, or global_head_dim and
+    num_global_key_value_heads in files that predate it), the last num_kv_shared_layers layers attending to the keys
+    and values of the last earlier layer of their kind, values that are keys (attention_k_eq_v) and normed, per-layer
+    inputs, a scalar per layer, the shared layers' double-wide MLP."""
+    if f.get("enable_moe_block", False):
+        raise f.refuse("enable_moe_block", True, "Gemma 4's mixture beside the MLP is not computed")
+    dims, kv_heads = [f.require("head_dim")] * layers, [f.get("num_key_value_heads", f.raw["num_attention_heads"])] * layers
+    k_eq_v = bool(f.get("attention_k_eq_v", False))
+    overrides = f.get("per_layer_config")
+    if overrides is None:  # what transformers' config derives from the older fields
+        full = {"head_dim": f.get("global_head_dim", 512)}
+        if k_eq_v and f.get("num_global_key_value_heads") is not None:
+            full["num_key_value_heads"] = f.get("num_global_key_value_heads")
+        overrides = {i: full for i in range(layers) if not windows[i]}
+    f.read |= {"global_head_dim", "num_global_key_value_heads"}
+    for layer, values in overrides.items():
+        if not str(layer).isdigit() or int(layer) >= layers or set(values) - {"head_dim", "num_key_value_heads"}:
+            raise f.refuse("per_layer_config", overrides, "only a layer's head_dim and num_key_value_heads are read")
+        dims[int(layer)] = int(values.get("head_dim", dims[int(layer)]))
+        kv_heads[int(layer)] = int(values.get("num_key_value_heads", kv_heads[int(layer)]))
+    sources = _kv_sources(f, layers, windows)
+    size = int(f.get("hidden_size_per_layer_input", 0))
+    return dict(
+        layer_head_dims=tuple(dims), layer_kv_heads=tuple(kv_heads), kv_sources=sources, k_eq_v=k_eq_v, v_norm=True,
+        per_layer_input_size=size, per_layer_vocab=int(f.get("vocab_size_per_layer_input", 0)) if size else 0,
+        layer_scalar=True,
+        wide_mlp_layers=tuple(i for i in range(layers) if sources[i] != i) if f.get("use_double_wide_mlp") else (),
+    )  # fmt: skip
+
+
+def _kv_sources(f: _Fields, layers: int, windows: tuple[int, ...]) -> tuple[int, ...]:
+    """Per layer, whose keys and values it attends to: the last num_kv_shared_layers layers share those of the last
+    layer before them of the same kind (sliding or full), as transformers' Gemma 4 does."""
+    shared = int(f.get("num_kv_shared_layers", 0))
+    first = layers - shared
+    if shared and (first <= 0 or {bool(w) for w in windows[first:]} - {bool(w) for w in windows[:first]}):
+        raise f.refuse("num_kv_shared_layers", shared, "its shared layers need an earlier layer of their kind")
+    return tuple(
+        i if i < first else max(j for j in range(first) if bool(windows[j]) == bool(windows[i])) for i in range(layers)
     )
 
 
@@ -245,7 +294,7 @@ def _softcap(f: _Fields, key: str, family: str, gemma2_default: float) -> float:
     value = f.field(key, gemma2_default if family == "gemma2" else None) or 0.0
     if family == "gemma3" and key == "attn_logit_softcapping":
         return 0.0
-    if value and family not in ("gemma2", "gemma3"):
+    if value and family not in GEMMA:
         raise f.refuse(key, value, f"soft-capping is computed for Gemma only, not {family}")
     return float(value)
 
@@ -267,13 +316,14 @@ def _no_rope_layers(f: _Fields, family: str, layers: int) -> tuple[int, ...]:
 def _windows(f: _Fields, family: str, layers: int) -> tuple[int, ...]:
     """Per layer, the sliding window (0: full attention), as transformers' modules of this family apply it."""
     # transformers' default where config.json has no sliding_window
-    window = f.field("sliding_window", None if family in ("llama", "phi3", "smollm3") else 4096)
+    window = f.field("sliding_window", None if family in ("llama", "phi3", "smollm3") else 512 if family == "gemma4" else 4096)
     if family in ("qwen2", "qwen3", "qwen3moe", "smollm3") and not f.get("use_sliding_window", False):
         window = None  # transformers drops the window unless use_sliding_window is set
     if family == "llama" and window:
         raise f.refuse("sliding_window", window, "Llama's modules take no sliding window")
-    if family in ("gemma2", "gemma3") and f.get("use_bidirectional_attention", False):
-        raise f.refuse("use_bidirectional_attention", True, "verispec decodes causally only")
+    bidirectional = f.get("use_bidirectional_attention", False)
+    if family in GEMMA and bidirectional and not (family == "gemma4" and bidirectional == "vision"):
+        raise f.refuse("use_bidirectional_attention", bidirectional, "verispec decodes causally only")
     f.read |= {"max_window_layers", "sliding_window_pattern", "layer_types"}
     if not window:
         if family == "gemma3" and "sliding_attention" in (f.raw.get("layer_types") or []):
@@ -286,6 +336,8 @@ def _windows(f: _Fields, family: str, layers: int) -> tuple[int, ...]:
         types = [_default_layer_type(f, family, i) for i in range(layers)]
     if len(types) != layers or set(types) - {"sliding_attention", "full_attention"}:
         raise f.refuse("layer_types", types, "not one of sliding_attention / full_attention per layer")
+    if family == "gemma4":  # transformers' Gemma 4 makes its last layer a full-attention one whatever the file says
+        types = [*types[:-1], "full_attention"]
     return tuple(int(window) if kind == "sliding_attention" else 0 for kind in types)
 
 
@@ -297,7 +349,7 @@ def _default_layer_type(f: _Fields, family: str, i: int) -> str:
         sliding = i in _no_rope_layers(f, family, f.raw["num_hidden_layers"])
     elif family in ("gemma2", "gptoss"):  # every other layer, from the first
         sliding = bool((i + 1) % 2)
-    else:  # gemma3
+    else:  # gemma3, gemma4
         sliding = bool((i + 1) % f.raw.get("sliding_window_pattern", 6))
     return "sliding_attention" if sliding else "full_attention"
 
@@ -313,6 +365,8 @@ def _rope(f: _Fields, family: str, head_dim: int) -> tuple[float, RopeScaling | 
         "partial_rotary_factor",
         "original_max_position_embeddings",
     }  # the last: the pretraining context, read by scaled types
+    if family == "gemma4":
+        return _gemma4_rope(f, params)
     if f.raw.get("partial_rotary_factor", 1.0) != 1.0 and family not in HYBRID:
         raise f.refuse("partial_rotary_factor", f.raw["partial_rotary_factor"], "partial rotary is not computed")
     nested = isinstance(params, dict) and ({"full_attention", "sliding_attention"} & set(params))
@@ -334,6 +388,20 @@ def _rope(f: _Fields, family: str, head_dim: int) -> tuple[float, RopeScaling | 
             raise f.refuse("rope_parameters.sliding_attention", local, "the local layers' rotary is plain")
         local_theta = float(local.get("rope_theta", f.raw.get("rope_local_base_freq", 10_000.0)))
     return theta, scaling, local_theta
+
+
+def _gemma4_rope(f: _Fields, params: dict) -> tuple[float, RopeScaling | None, float]:
+    """Gemma 4: its full-attention layers' proportional rotary (rope.py), its sliding layers' plain one."""
+    glob, local = params.get("full_attention") or {}, params.get("sliding_attention") or {}
+    glob = glob or {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}
+    kinds = (glob.get("rope_type", "default"), local.get("rope_type", "default"))
+    if kinds[0] not in ("proportional", "default") or set(glob) - {"rope_type", "rope_theta", "partial_rotary_factor", "factor"}:
+        raise f.refuse("rope_parameters.full_attention", glob, "verispec computes Gemma 4's proportional rotary")
+    if kinds[1] != "default" or set(local) - {"rope_type", "rope_theta"}:
+        raise f.refuse("rope_parameters.sliding_attention", local, "the sliding layers' rotary is plain")
+    partial = 1.0 if kinds[0] == "default" else float(glob.get("partial_rotary_factor", 1.0))
+    scaling = RopeScaling("proportional", factor=float(glob.get("factor", 1.0)), partial=partial)
+    return float(glob.get("rope_theta", 10_000.0)), scaling, float(local.get("rope_theta", 10_000.0))
 
 
 _UNSUPPORTED_ROPE = {

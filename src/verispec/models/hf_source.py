@@ -17,7 +17,7 @@ import torch
 from safetensors import safe_open
 
 from ..errors import ModelLoadError
-from .hf_config import WRAPPERS, config_from_hf
+from .hf_config import GEMMA, WRAPPERS, config_from_hf
 from .tokenizer import Tokenizer
 from .weights import assemble_state_dict, canonical_names
 
@@ -53,6 +53,11 @@ _LINEAR_NAMES = {
     "shared.gate": "mlp.shared_expert.gate_proj.weight", "shared.up": "mlp.shared_expert.up_proj.weight",
     "shared.down": "mlp.shared_expert.down_proj.weight", "shared_gate": "mlp.shared_expert_gate.weight",
 }  # fmt: skip
+# Gemma 4's per-layer inputs and layer scalars
+_GEMMA4_NAMES = {"ple_gate": "per_layer_input_gate.weight", "ple_up": "per_layer_projection.weight",
+                 "ple_norm": "post_per_layer_input_norm.weight", "scalar": "layer_scalar"}  # fmt: skip
+_GEMMA4_GLOBAL = {"ple_embed": "embed_tokens_per_layer.weight", "ple_project": "per_layer_model_projection.weight",
+                  "ple_norm": "per_layer_projection_norm.weight"}  # fmt: skip
 # the MTP layer's own tensors (Qwen3.5), at the checkpoint's top level
 _MTP_NAMES = {"mtp.fc": "mtp.fc.weight", "mtp.enorm": "mtp.pre_fc_norm_embedding.weight",
               "mtp.hnorm": "mtp.pre_fc_norm_hidden.weight", "mtp.norm": "mtp.norm.weight"}  # fmt: skip
@@ -84,8 +89,8 @@ class HFSource:
         )
         if self.multimodal:  # whether transformers ties a wrapper's head depends on its version: the file says
             self.config = replace(self.config, tie_word_embeddings=self.head not in self.index)
-        self._names = _LAYER_NAMES | (_GEMMA_NORMS if self.family in ("gemma2", "gemma3") else _LLAMA_NORMS)
-        self._names |= _LINEAR_NAMES
+        self._names = _LAYER_NAMES | (_GEMMA_NORMS if self.family in GEMMA else _LLAMA_NORMS)
+        self._names |= _LINEAR_NAMES | _GEMMA4_NAMES
         self._check_every_tensor_is_read(folder)
 
     def _where(self, name: str) -> tuple[str, tuple[int, int] | None]:
@@ -94,6 +99,8 @@ class HFSource:
             return _MTP_NAMES[name], None
         layer, _, short = name.partition(".")  # "3.expert7.gate": layer 3, "expert7.gate"
         if not short:
+            if name in _GEMMA4_GLOBAL:
+                return self.prefix + _GEMMA4_GLOBAL[name], None
             return {"embed": f"{self.prefix}embed_tokens.weight", "norm": f"{self.prefix}norm.weight",
                     "lm_head": self.head}[name], None  # fmt: skip
         base = f"{self.prefix}layers.{layer}."

@@ -31,6 +31,9 @@ Reservations. A slot may reserve blocks (the scheduler reserves what a request n
 blocks are handed out to that slot alone. Beyond its reservation a slot takes what no reservation holds; where nothing
 is left `ensure` raises CacheFullError (the scheduler then preempts a sequence: engine/scheduler.py).
 
+Layers that attend to an earlier layer's keys and values (Gemma 4's shared layers) keep none: their pools are empty
+and they read their source layer's.
+
 Hybrid models (Qwen3.5). Only the attention layers have keys and values (the pools of the linear-attention layers are
 empty); those layers' recurrent state lives in `recurrent` (recurrent_state.py), which `set_length` and `release` roll
 back and clear with the blocks. Sharing blocks (prefix reuse, forks, token trees) would hand a slot keys without the
@@ -230,7 +233,7 @@ class KVCache:
         num_blocks = num_slots * self.max_blocks if num_blocks is None else num_blocks
         if num_blocks < 1:
             raise ValueError(f"a cache needs at least one block, got {num_blocks}")
-        shapes = [(num_blocks, 0 if config.linear(i) else config.num_kv_heads, block_size, config.head_size)
+        shapes = [(num_blocks, config.cached_kv_heads(i), block_size, config.head_size_of(i))
                   for i in range(config.num_layers)]  # fmt: skip
         self.keys = [torch.empty(shape, dtype=dtype, device=device) for shape in shapes]
         self.values = [torch.empty(shape, dtype=dtype, device=device) for shape in shapes]
@@ -258,8 +261,8 @@ class KVCache:
     @staticmethod
     def block_bytes(config: ModelConfig, dtype: torch.dtype, block_size: int = BLOCK_SIZE) -> int:
         """Bytes one block takes over all layers, keys and values."""
-        per_layer = config.num_kv_heads * block_size * config.head_size * torch.empty(0, dtype=dtype).element_size()
-        return 2 * (config.num_layers - len(config.linear_layers)) * per_layer
+        values = sum(config.cached_kv_heads(i) * config.head_size_of(i) for i in range(config.num_layers))
+        return 2 * values * block_size * torch.empty(0, dtype=dtype).element_size()
 
     def nbytes(self) -> int:
         """Bytes of the whole pool (what it may grow to)."""

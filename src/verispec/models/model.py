@@ -69,18 +69,28 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int = 0):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_size
+        self.num_heads, self.head_dim = config.num_heads, config.head_size_of(layer)
+        self.num_kv_heads = config.kv_heads_of(layer)
+        # where its keys and values are: its own layer's cache, or an earlier layer's it shares (Gemma 4), which
+        # then makes them and this layer projects queries only
+        self.source = config.kv_source(layer)
+        self.shares = self.source != layer
+        # values are the key projection (Gemma 4's full-attention layers)
+        self.k_eq_v = config.k_eq_v and not config.window(layer) and not self.shares
         # [q; k; v]; with an output gate q's rows are, per head, its query then its gate (as checkpoints store them)
         self.gated = config.attn_output_gate
-        qkv_out = (config.num_heads * (2 if self.gated else 1) + 2 * config.num_kv_heads) * config.head_size
+        kv_outputs = 0 if self.shares else 1 if self.k_eq_v else 2
+        qkv_out = (config.num_heads * (2 if self.gated else 1) + kv_outputs * self.num_kv_heads) * self.head_dim
         self.wqkv = nn.Linear(config.hidden_size, qkv_out, bias=config.qkv_bias)
-        self.rotary = config.rotary_size
-        self.wo = nn.Linear(config.num_heads * config.head_size, config.hidden_size, bias=config.o_bias)
+        self.rotary = config.rotary_size if not config.layer_head_dims else self.head_dim
+        self.wo = nn.Linear(config.num_heads * self.head_dim, config.hidden_size, bias=config.o_bias)
         self.sinks = nn.Parameter(torch.zeros(config.num_heads)) if config.attn_sinks else None
-        norm = (config.head_size, config.rms_norm_eps, config.norm_offset)
+        norm = (self.head_dim, config.rms_norm_eps, config.norm_offset)
         self.q_norm = RMSNorm(*norm) if config.qk_norm else None
-        self.k_norm = RMSNorm(*norm) if config.qk_norm else None
-        self.scale = config.scale
+        self.k_norm = RMSNorm(*norm) if config.qk_norm and not self.shares else None
+        self.v_norm = config.v_norm
+        self.eps = config.rms_norm_eps
+        self.scale = config.query_scale or self.head_dim**-0.5
         self.query_scale = config.query_scale or None  # None: PyTorch's own 1 / sqrt(head size)
         self.window = config.window(layer)
         self.softcap = config.attn_softcap
@@ -94,27 +104,54 @@ class Attention(nn.Module):
         """`cos`/`sin` None: this layer has no rotary embedding; `masks`: per window (0: none), the mask; `where`:
         the pass's addresses in the cache (PassPages)."""
         batch, seq, _ = x.shape
-        queries, kv = self.num_heads * self.head_dim * (2 if self.gated else 1), self.num_kv_heads * self.head_dim
-        q, k, v = self.wqkv(x).split([queries, kv, kv], dim=-1)
+        projected = self.wqkv(x)
+        q, gate = self._queries(projected)
+        if cos is not None:
+            q = self._rotate(q, cos, sin)
+        layer_keys, layer_values = cache.keys[self.source], cache.values[self.source]
+        if not self.shares:  # a shared layer's source wrote this pass's keys and values before it
+            k, v = self._keys_values(projected, cos, sin)
+            layer_keys[where.written] = k.reshape(batch * seq, self.num_kv_heads, self.head_dim).to(layer_keys.dtype)
+            layer_values[where.written] = v.reshape(batch * seq, self.num_kv_heads, self.head_dim).to(
+                layer_values.dtype
+            )
+        q = q.to(layer_keys.dtype)  # the cache may hold float32 (see Transformer.new_cache)
+        span = max(starts) + seq
+        keys, values = lay_out(layer_keys[where.read], span), lay_out(layer_values[where.read], span)
+        return self._out(self._attend(q, keys, values, masks, starts, invariant).to(x.dtype), gate)
+
+    def _queries(self, projected: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The queries [batch, seq, heads, head size] (normed where the config says) of the q/k/v product, and the
+        output gate or []."""
+        batch, seq, _ = projected.shape
+        q = projected[..., : self.num_heads * self.head_dim * (2 if self.gated else 1)]
         gate = []
         if self.gated:
             q, gated = q.view(batch, seq, self.num_heads, 2, self.head_dim).unbind(3)
             gate = [gated.reshape(batch, seq, -1)]
         q = q.reshape(batch, seq, self.num_heads, self.head_dim)
-        k = k.view(batch, seq, self.num_kv_heads, self.head_dim)
-        v = v.view(batch, seq, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if cos is not None:
-            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
-        layer_keys, layer_values = cache.keys[layer], cache.values[layer]
-        layer_keys[where.written] = k.reshape(batch * seq, self.num_kv_heads, self.head_dim).to(layer_keys.dtype)
-        layer_values[where.written] = v.reshape(batch * seq, self.num_kv_heads, self.head_dim).to(layer_values.dtype)
-        q = q.to(layer_keys.dtype)  # the cache may hold float32 (see Transformer.new_cache)
-        span = max(starts) + seq
-        keys, values = lay_out(layer_keys[where.read], span), lay_out(layer_values[where.read], span)
+        return (self.q_norm(q) if self.q_norm is not None else q), gate
+
+    def _keys_values(self, projected: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer's keys (normed, turned) and values [batch, seq, kv heads, head size] of the q/k/v product."""
+        batch, seq, _ = projected.shape
+        kv = self.num_kv_heads * self.head_dim
+        k = projected[..., -kv * (1 if self.k_eq_v else 2) :]
+        k, v = (k, k) if self.k_eq_v else k.split([kv, kv], dim=-1)
+        k = k.reshape(batch, seq, self.num_kv_heads, self.head_dim)
+        v = v.reshape(batch, seq, self.num_kv_heads, self.head_dim)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        if self.v_norm:
+            v32 = v.float()
+            v = (v32 * torch.pow(v32.pow(2).mean(-1, keepdim=True) + self.eps, -0.5)).to(v.dtype)
+        return (self._rotate(k, cos, sin) if cos is not None else k), v
+
+    def _attend(self, q, keys, values, masks, starts, invariant) -> torch.Tensor:
+        """[batch, seq, heads x head size]: each query over its keys."""
+        batch, seq = q.shape[:2]
         if self.batch_invariant and invariant:
-            return self._out(self._attend_per_query(q, keys, values, starts).to(x.dtype), gate)
+            return self._attend_per_query(q, keys, values, starts)
         mask = masks[self.window]
         if self.softcap or self.sinks is not None:
             out = self._eager(q.transpose(1, 2), keys, values, mask)
@@ -122,7 +159,7 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(
                 q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=True, scale=self.query_scale
             )
-        return self._out(out.transpose(1, 2).reshape(batch, seq, -1).to(x.dtype), gate)
+        return out.transpose(1, 2).reshape(batch, seq, -1)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """The rotary on the head's first `rotary` dimensions (all of them but where the config says fewer)."""
@@ -255,18 +292,58 @@ class Block(nn.Module):
             GatedDeltaNet(config, config.linear_layers.index(layer)) if self.linear else Attention(config, layer)
         )
         self.mlp_norm = RMSNorm(*norm)
-        self.mlp = MixtureOfExperts(config) if config.moe(layer) else MLP(config)
+        wide = 2 * config.intermediate_size if layer in config.wide_mlp_layers else 0
+        self.mlp = MixtureOfExperts(config) if config.moe(layer) else MLP(config, wide)
         self.post_attn_norm = RMSNorm(*norm) if config.post_norms else None
         self.post_mlp_norm = RMSNorm(*norm) if config.post_norms else None
+        self.per_layer = PerLayerInput(config) if config.per_layer_input_size else None
+        self.scalar = nn.Parameter(torch.ones(1)) if config.layer_scalar else None
 
-    def forward(self, x, cos, sin, masks, cache, layer, where, slots, starts, invariant):
+    def forward(self, x, cos, sin, masks, cache, layer, where, slots, starts, invariant, per_layer=None):
+        """`per_layer`: this layer's per-layer input [batch, seq, size] where the model has them."""
         if self.linear:  # verify and decode passes keep the state after every row: the recurrent form
             h = self.attn(self.attn_norm(x), cache.recurrent, slots, starts, recurrent_form=invariant)
         else:
             h = self.attn(self.attn_norm(x), cos, sin, masks, cache, layer, where, slots, starts, invariant)
         x = x + (h if self.post_attn_norm is None else self.post_attn_norm(h))
         h = self.mlp(self.mlp_norm(x))
-        return x + (h if self.post_mlp_norm is None else self.post_mlp_norm(h))
+        x = x + (h if self.post_mlp_norm is None else self.post_mlp_norm(h))
+        if self.per_layer is not None:
+            x = x + self.per_layer(x, per_layer)
+        return x if self.scalar is None else x * self.scalar
+
+
+class PerLayerInput(nn.Module):
+    """Gemma 4's per-layer input, after a layer's MLP: norm(up(act(gate(x)) * input)), added to the stream."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.gate = nn.Linear(config.hidden_size, config.per_layer_input_size, bias=False)
+        self.up = nn.Linear(config.per_layer_input_size, config.hidden_size, bias=False)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_offset)
+
+    def forward(self, x: torch.Tensor, per_layer: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.up(F.gelu(self.gate(x), approximate="tanh") * per_layer))
+
+
+class PerLayerInputs(nn.Module):
+    """Every layer's per-layer input of a pass (Gemma 4): (norm(project(embedded) / sqrt(hidden)) + a second
+    embedding of the tokens times sqrt(its size)) / sqrt(2), [batch, seq, layers, size]."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.layers, self.size = config.num_layers, config.per_layer_input_size
+        self.embed = nn.Embedding(config.per_layer_vocab, self.layers * self.size)
+        self.project = nn.Linear(config.hidden_size, self.layers * self.size, bias=False)
+        self.norm = RMSNorm(self.size, config.rms_norm_eps, config.norm_offset)
+        self.hidden_scale = config.hidden_size**-0.5
+
+    def forward(self, tokens: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
+        shape = (*tokens.shape, self.layers, self.size)
+        scale = torch.tensor(self.size**0.5, dtype=torch.float32).to(self.embed.weight.dtype)  # as transformers rounds
+        looked_up = (self.embed(tokens) * scale).reshape(shape)
+        projected = self.norm((self.project(embedded) * self.hidden_scale).reshape(shape))
+        return (projected + looked_up) * 2.0**-0.5
 
 
 class Transformer(nn.Module):
@@ -282,6 +359,7 @@ class Transformer(nn.Module):
             self.embed = nn.Embedding(config.vocab_size, config.hidden_size, _weight=embed)
         self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_offset)
+        self.per_layer_inputs = PerLayerInputs(config) if config.per_layer_input_size and embeddings else None
         self.lm_head = (
             None
             if config.tie_word_embeddings or not embeddings
@@ -331,9 +409,11 @@ class Transformer(nn.Module):
         """The rotary cos and sin tables [tables, at least `length` positions, head size] (float64), made once and
         kept: table t is the one the layers with config.rope_table(layer) == t take (rope.py)."""
         if self._rope_cache is None or self._rope_cache[0].shape[1] < length:
-            size = self.config.rotary_size
-            made = [rotary_table(theta, size, length, s) for theta, s in self.config.rope_table_specs()]
-            cos, sin = torch.stack([c for c, _ in made]), torch.stack([s for _, s in made])
+            specs = self.config.rope_table_specs()
+            made = [rotary_table(theta, size, length, scaling) for theta, scaling, size in specs]
+            widest = max(size for _, _, size in specs)  # narrower tables padded (Gemma 4's): `_layers` cuts them
+            cos = torch.stack([F.pad(c, (0, widest - c.shape[1])) for c, _ in made])
+            sin = torch.stack([F.pad(s, (0, widest - s.shape[1])) for _, s in made])
             self._rope_cache = (cos.to(self.device), sin.to(self.device))
         return self._rope_cache
 
@@ -384,25 +464,37 @@ class Transformer(nn.Module):
             return self._logits(x.view(batch, seq, -1).to(self.dtype), num_logits, head)
         if parents is not None and invariant and any(layer.attn.batch_invariant for layer in self.layers):
             raise ValueError("token trees need the native stack or ordinary attention")
-        x = self._layers(x, cache, slots, Rows(starts=starts, offsets=offsets, parents=parents), invariant=invariant)
+        rows = Rows(starts=starts, offsets=offsets, parents=parents)
+        x = self._layers(x, cache, slots, rows, invariant=invariant, per_layer=self._per_layer(tokens, x))
         for slot in slots:
             cache.lengths[slot] += seq
         if self.hidden_sink is not None:
             self.hidden_sink(slots, starts, self.norm(x))
         return self._logits(x, num_logits, head)
 
+    def _per_layer(self, tokens: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
+        """The pass's per-layer inputs [batch, seq, layers, size] of its tokens and embeddings (Gemma 4), or None."""
+        if self.per_layer_inputs is None:
+            return None
+        scale = self.embedding_scale(x.dtype)
+        return self.per_layer_inputs(tokens, x if scale is None else x * scale)
+
     def _layers(
-        self, x: torch.Tensor, cache: KVCache, slots: list[int], rows: Rows, *, invariant: bool
+        self, x: torch.Tensor, cache: KVCache, slots: list[int], rows: Rows, *, invariant: bool,
+        per_layer: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The decoder layers on PyTorch over the padded batch `x` [batch, seq, hidden]."""
+        """The decoder layers on PyTorch over the padded batch `x` [batch, seq, hidden]; `per_layer` as `_per_layer`
+        makes them."""  # fmt: skip
         batch, seq = x.shape[:2]
         starts, offsets = rows.starts, rows.offsets
         cos_full, sin_full = self.rope_tables(cache.max_len)
         positions = torch.tensor(starts, device=x.device)[:, None] + torch.tensor(offsets, device=x.device)
+        sizes = [size for _, _, size in self.config.rope_table_specs()]
         tables = [
-            (cos_full[t][positions].to(self.dtype).unsqueeze(2), sin_full[t][positions].to(self.dtype).unsqueeze(2))
-            for t in range(cos_full.shape[0])
-        ]
+            (cos_full[t][positions][..., :size].to(self.dtype).unsqueeze(2),
+             sin_full[t][positions][..., :size].to(self.dtype).unsqueeze(2))
+            for t, size in enumerate(sizes)
+        ]  # fmt: skip
         scale = self.embedding_scale(x.dtype)
         if scale is not None:
             x = x * scale
@@ -419,7 +511,8 @@ class Transformer(nn.Module):
         for layer, block in enumerate(self.layers):
             table = self._layer_tables[layer]
             cos, sin = tables[table] if table >= 0 else (None, None)
-            x = block(x, cos, sin, masks, cache, layer, where, slots, starts, invariant)
+            layer_input = None if per_layer is None else per_layer[:, :, layer]
+            x = block(x, cos, sin, masks, cache, layer, where, slots, starts, invariant, per_layer=layer_input)
         return x
 
     @torch.inference_mode()

@@ -9,6 +9,8 @@ attention factor, for yarn), f_i = 1 / theta^(2i / D) rescaled by the rope type:
   high ones (wavelength under original / high_freq_factor) kept, a smooth ramp between.
 - `factors`: f_i / factors[i], the per-frequency divisors a GGUF file stores as its `rope_freqs` tensor
   (llama.cpp's converter writes llama3's scaling so).
+- `proportional` (Gemma 4's full-attention layers): the first int(partial x D / 2) frequencies as `default` over the
+  whole head (f_i = 1 / theta^(2i / D)), the rest 0 (those dimensions are not turned), all divided by factor.
 - `yarn`: a ramp between interpolated (f_i / factor) and original frequencies over the dimensions between the
   correction range of beta_fast and beta_slow rotations in the original context; cos and sin are multiplied by
   the attention factor (given, or 0.1 ln(factor) + 1; with mscale and mscale_all_dim, their ratio of those).
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-TYPES = ("linear", "llama3", "factors", "yarn")
+TYPES = ("linear", "llama3", "factors", "yarn", "proportional")
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class RopeScaling:
     truncate: bool = True  # yarn: the correction range rounded outwards to whole dimensions
     attention_factor: float = 1.0  # yarn: cos and sin multiplied by it
     factors: tuple[float, ...] = ()  # `factors`: one divisor per frequency
+    partial: float = 1.0  # proportional: the share of the frequencies that turn
 
     def __post_init__(self):
         if self.type not in TYPES:
@@ -63,6 +66,9 @@ def inverse_frequencies(theta: float, dim: int, scaling: RopeScaling | None = No
         return inv
     if scaling.type == "linear":
         return inv / scaling.factor
+    if scaling.type == "proportional":
+        turned = int(scaling.partial * dim // 2)
+        return torch.cat([inv[:turned], torch.zeros(dim // 2 - turned, dtype=torch.float64)]) / scaling.factor
     if scaling.type == "factors":
         if len(scaling.factors) != dim // 2:
             raise ValueError(f"{len(scaling.factors)} rope frequency factors for a head of {dim}")

@@ -26,7 +26,10 @@ from .quantize import ACTIVATION_DTYPE, Int4Weight, quantized_linear
 # (with an output gate "{i}.q" holds, per head, the query's rows then the gate's); a linear-attention layer's
 # "{i}.ssm_qkv", "ssm_z", "ssm_b", "ssm_a" (its input projections), "ssm_conv" [channels, width], "ssm_dt_bias",
 # "ssm_a_log", "ssm_norm", "ssm_out" in place of the attention's; a shared expert's "{i}.shared.gate", ".up", ".down"
-# and "{i}.shared_gate"; an MTP layer's "mtp.fc", "mtp.enorm", "mtp.hnorm", "mtp.norm" and its layer's "mtp.0.*"
+# and "{i}.shared_gate"; an MTP layer's "mtp.fc", "mtp.enorm", "mtp.hnorm", "mtp.norm" and its layer's "mtp.0.*";
+# Gemma 4's per-layer inputs "ple_embed", "ple_project", "ple_norm" and per layer "{i}.ple_gate", "{i}.ple_up",
+# "{i}.ple_norm", its "{i}.scalar"; a layer sharing another's keys and values has no "k", "v", "k_norm", one whose
+# values are its keys no "v"
 Rows = tuple[int, int] | None  # a [start, stop) range of a matrix's rows, or all of them
 Fetch = Callable[[str, Rows], "torch.Tensor | None"]
 FetchInt4 = Callable[[str, Rows], "Int4Weight | None"]
@@ -37,6 +40,7 @@ CHUNK_ROWS = 16384  # a multiple of every int4 packing block (16, 32, 64 rows)
 def canonical_names(config: ModelConfig) -> list[str]:
     """Every canonical name a model of `config` reads (a source checks that it holds nothing else)."""
     names = ["embed", "norm"] + ([] if config.tie_word_embeddings else ["lm_head"])
+    names += ["ple_embed", "ple_project", "ple_norm"] if config.per_layer_input_size else []
     for i in range(config.num_layers):
         names += [f"{i}.{name}" for name in _layer_names(config, i)]
     if config.mtp_layers:
@@ -54,13 +58,22 @@ def _layer_names(config: ModelConfig, i: int) -> list[str]:
     if config.linear(i):
         mixer = list(_LINEAR_NAMES)
     else:
-        mixer = ["q", "k", "v", "o"]
+        mixer = [*_qkv(config, i), "o"]
         mixer += ["q_bias", "k_bias", "v_bias"] if config.qkv_bias else []
-        mixer += ["q_norm", "k_norm"] if config.qk_norm else []
+        mixer += (["q_norm", "k_norm"] if len(_qkv(config, i)) > 1 else ["q_norm"]) if config.qk_norm else []
         mixer += ["o_bias"] if config.o_bias else []
         mixer += ["sinks"] if config.attn_sinks else []
     norms = ["attn_norm", "mlp_norm"] + (["post_attn_norm", "post_mlp_norm"] if config.post_norms else [])
-    return norms + mixer + _mlp_names(config, i)
+    extras = ["ple_gate", "ple_up", "ple_norm"] if config.per_layer_input_size else []
+    return norms + mixer + _mlp_names(config, i) + extras + (["scalar"] if config.layer_scalar else [])
+
+
+def _qkv(config: ModelConfig, i: int) -> list[str]:
+    """The projections an attention layer has: q, k, v; q alone where it shares another layer's keys and values;
+    q, k where its values are its keys (Gemma 4)."""
+    if config.kv_source(i) != i:
+        return ["q"]
+    return ["q", "k"] if config.k_eq_v and not config.window(i) else ["q", "k", "v"]
 
 
 def _mlp_names(config: ModelConfig, layer: int) -> list[str]:
@@ -118,6 +131,10 @@ def state_dict_parts(
     if head is not None:
         yield "head", source.linear("lm_head", [head])
     yield "norm", {"norm.weight": source.get("norm")}
+    if config.per_layer_input_size:
+        yield "per-layer-inputs", {"per_layer_inputs.embed.weight": source.get("ple_embed"),
+                                   "per_layer_inputs.norm.weight": source.get("ple_norm")} | source.linear(
+            "per_layer_inputs.project", ["ple_project"])  # fmt: skip
     for i in range(config.num_layers):
         yield f"layer-{i:03d}", _layer(source, config, i)
     if config.mtp_layers:
@@ -176,11 +193,17 @@ def _layer(source: _Source, config: ModelConfig, i: int, names: str = "", prefix
     if config.linear(i):
         state |= _linear_attention(source, prefix, n)
     else:
-        state |= _attention(source, config, prefix, n)
+        state |= _attention(source, config, prefix, n, layer=i)
     if config.post_norms:
         state[f"{prefix}.post_attn_norm.weight"] = get(f"{n}post_attn_norm")
         state[f"{prefix}.post_mlp_norm.weight"] = get(f"{n}post_mlp_norm")
     state[f"{prefix}.mlp_norm.weight"] = get(f"{n}mlp_norm")
+    if config.per_layer_input_size:
+        state |= source.linear(f"{prefix}.per_layer.gate", [f"{n}ple_gate"])
+        state |= source.linear(f"{prefix}.per_layer.up", [f"{n}ple_up"])
+        state[f"{prefix}.per_layer.norm.weight"] = get(f"{n}ple_norm")
+    if config.layer_scalar:
+        state[f"{prefix}.scalar"] = get(f"{n}scalar")
     if not config.moe(i):
         state |= source.linear(f"{prefix}.mlp.w_gate_up", [f"{n}gate", f"{n}up"])
         return state | source.linear(f"{prefix}.mlp.w_down", [f"{n}down"])
@@ -202,9 +225,9 @@ def _layer(source: _Source, config: ModelConfig, i: int, names: str = "", prefix
     return state
 
 
-def _attention(source: _Source, config: ModelConfig, prefix: str, n: str) -> dict[str, torch.Tensor]:
-    get = source.get
-    state = source.linear(f"{prefix}.attn.wqkv", [f"{n}q", f"{n}k", f"{n}v"])
+def _attention(source: _Source, config: ModelConfig, prefix: str, n: str, *, layer: int) -> dict[str, torch.Tensor]:
+    get, projections = source.get, _qkv(config, layer)
+    state = source.linear(f"{prefix}.attn.wqkv", [f"{n}{p}" for p in projections])
     if config.qkv_bias:
         state[f"{prefix}.attn.wqkv.bias"] = torch.cat([get(f"{n}{b}_bias") for b in "qkv"])
     state |= source.linear(f"{prefix}.attn.wo", [f"{n}o"])
@@ -214,7 +237,8 @@ def _attention(source: _Source, config: ModelConfig, prefix: str, n: str) -> dic
         state[f"{prefix}.attn.sinks"] = get(f"{n}sinks")
     if config.qk_norm:
         state[f"{prefix}.attn.q_norm.weight"] = get(f"{n}q_norm")
-        state[f"{prefix}.attn.k_norm.weight"] = get(f"{n}k_norm")
+        if len(projections) > 1:
+            state[f"{prefix}.attn.k_norm.weight"] = get(f"{n}k_norm")
     return state
 
 
