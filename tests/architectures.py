@@ -67,12 +67,14 @@ _TEXT_SPECS: dict[str, tuple[str, dict]] = {
                                "num_global_key_value_heads": 1, "attention_k_eq_v": True, "num_kv_shared_layers": 2,
                                "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": VOCAB,
                                "use_double_wide_mlp": True, "final_logit_softcapping": 30.0,
-                               "rope_parameters": {"full_attention": {"rope_type": "proportional", "rope_theta": 1e4,
-                                                                      "partial_rotary_factor": 0.25},
-                                                   "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}}),
+                               "rope_parameters": {
+                                   "full_attention": {"rope_type": "proportional", "rope_theta": 1e4,
+                                                      "partial_rotary_factor": 0.25},
+                                   "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}}),
 }  # fmt: skip
 HYBRID = ["qwen3.5", "qwen3.5-moe"]  # architectures with linear-attention layers: not on the native stack
-PYTORCH_ONLY = [*HYBRID, "gpt-oss", "gemma4", "gemma4-vision"]  # what the native stack does not run (sinks, biased experts, shared kv)
+# what the native stack does not run (sinks, biased experts, shared keys)
+PYTORCH_ONLY = [*HYBRID, "gpt-oss", "gemma4", "gemma4-vision"]
 # multimodal checkpoints: the text model of text_config beside a one-layer vision tower verispec leaves unread
 _WRAPPER_SPECS: dict[str, tuple[str, dict, dict, dict]] = {
     "mistral3": ("mistral3", {"model_type": "mistral", "sliding_window": None},
@@ -217,3 +219,39 @@ def add_mtp(
     save_file(saved | tensors, folder / "model.safetensors", metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(config | {"mtp_num_hidden_layers": 1}, indent=2))
     return tensors
+
+
+def make_assistant(seed: int = 7, ordered: bool = True, hidden: int = 32):
+    """A gemma4_assistant for the "gemma4" spec's target (its hidden size 64): two layers (sliding, full) whose head
+    shapes are the target's last sliding and full layers', ordered embeddings of 6 clusters of 43 tokens (2 chosen a
+    step) or the whole head; weights drawn as make_model draws them (norms 1 + noise: Gemma 4's multiply by w)."""
+    from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM
+
+    target = _TEXT_SPECS["gemma4"][1]
+    text = dict(_base(dict(SMALL, hidden_size=hidden, intermediate_size=2 * hidden)), model_type="gemma4_text",
+                num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"], sliding_window=WINDOW,
+                global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True, hidden_size_per_layer_input=0,
+                vocab_size_per_layer_input=0, rope_parameters=target["rope_parameters"])  # fmt: skip
+    config = Gemma4AssistantConfig(
+        text_config=text,
+        backbone_hidden_size=SMALL["hidden_size"],
+        use_ordered_embeddings=ordered,
+        num_centroids=6,
+        centroid_intermediate_top_k=2,
+    )
+    config.text_config._attn_implementation = "eager"
+    config._attn_implementation = "eager"
+    model = Gemma4AssistantForCausalLM(config).eval()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=generator)
+            if "norm" in key:
+                p.copy_(1.0 + 0.1 * noise)
+            elif "embed" in key or "lm_head" in key:
+                p.copy_(noise)
+            else:
+                p.copy_(noise * 1.5 / math.sqrt(p.shape[1]))
+        if ordered:
+            model.masked_embedding.token_ordering.copy_(torch.randperm(VOCAB, generator=generator))
+    return model

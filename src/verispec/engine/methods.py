@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from ..errors import InvalidParameterError
 
 if TYPE_CHECKING:  # imported when a proposer is built: `verispec --help` and argument checks need no PyTorch
+    from ..models.kv_cache import KVCache
     from ..models.model import Transformer
     from .draft_model import BatchedDrafter
     from .proposer import Proposer
@@ -48,6 +49,8 @@ class Setup:
     num_blocks: int = 0
     draft_vocab: int | None = None  # --draft-vocab (a drafter's restricted head), None: not given
     stop_ids: frozenset[int] = frozenset()  # the tokenizer's stop tokens (a restricted head keeps them)
+    assistant: Transformer | None = None  # a draft model that reads the target (draft_reads_target), as loaded
+    cache: KVCache | None = None  # the target's KV cache (what such a drafter reads)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +63,8 @@ class Method:
     widest: Callable[[int], int] = lambda k: k
     trees: bool = False  # its lookups may propose token trees (--token-trees)
     target_drafts: bool = False  # it drafts with the target's own layers (its cache is the engine's to budget)
+    # its draft model reads the target's hidden states and KV cache and keeps no cache (Gemma 4's assistant)
+    draft_reads_target: bool = False
 
     @property
     def needs_draft_model(self) -> bool:
@@ -153,6 +158,12 @@ def _mtp(setup: Setup) -> Proposer:
     return MtpDrafter(setup.target, setup.slots, setup.max_len, setup.num_blocks or None, head_ids=ids)
 
 
+def _assistant(setup: Setup) -> Proposer:
+    from .assistant import AssistantDrafter
+
+    return AssistantDrafter(setup.target, setup.assistant, setup.cache)
+
+
 register(Method(name="draft", summary="the --speculative-model drafts", build=_draft, draft_model=DraftModelUse.NEEDED))
 register(Method(name="ngram", summary="prompt lookup in the context (no draft model)", build=_ngram,
                 draft_model=DraftModelUse.UNUSED))  # fmt: skip
@@ -168,4 +179,10 @@ register(Method(
     name="mtp",
     summary="the target's own multi-token-prediction layer (Qwen3.5 checkpoints that carry one)",
     build=_mtp, draft_model=DraftModelUse.UNUSED, target_drafts=True,
+))  # fmt: skip
+register(Method(
+    name="assistant",
+    summary="a Gemma 4 assistant checkpoint (gemma4_assistant) as --speculative-model, reading the target's hidden "
+    "states and keys",
+    build=_assistant, draft_model=DraftModelUse.NEEDED, draft_reads_target=True,
 ))  # fmt: skip

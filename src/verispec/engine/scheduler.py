@@ -40,9 +40,11 @@ from ..decoding.stats import GenerationStats, proposer_name
 from ..decoding.stopping import StopChecker, check_stop
 from ..errors import InvalidParameterError, PromptTooLongError, VerispecError
 from ..kernels.native import argmax_rows
+from ..models.assistant import AssistantModel
 from ..models.draft_head import draft_ids
 from ..models.kv_cache import BLOCK_SIZE, CacheFullError, KVCache
 from ..models.loading import LoadedModel
+from ..models.model import Transformer
 from ..models.mtp import mtp_config
 from ..models.passes import pass_logits
 from ..models.recurrent_state import RecurrentState
@@ -180,6 +182,7 @@ class Scheduler:
         if self.config.max_model_len is not None:
             limits.append(self.config.max_model_len)
         if draft is not None:
+            self._check_assistant(draft)
             self.tokenizer.check_compatible(draft.tokenizer)
             limits.append(draft.model.config.max_position_embeddings)
             if draft.model.config.hybrid:
@@ -207,6 +210,13 @@ class Scheduler:
         self.last_prefill = 0.0  # when the last prefill chunk was computed (prefill yields to others' decoding)
         self.thread: threading.Thread | None = None
         self.stopping = False
+
+    def _check_assistant(self, draft: LoadedModel) -> None:
+        """A drafter that reads its target (Gemma 4's assistant) drafts by the method made for it, and only it does."""
+        reads_target = isinstance(draft.model, AssistantModel)
+        if reads_target != self.method.draft_reads_target:
+            wanted = "is a Gemma 4 assistant: draft with it by" if reads_target else "is not a Gemma 4 assistant, which"
+            raise InvalidParameterError(f"the speculative model {wanted} --speculative-method assistant")
 
     def _allocate_caches(self, target: LoadedModel, draft: LoadedModel | None) -> None:
         """The caches of both models, paged (models/kv_cache.py) in as many blocks each as the budget pays for
@@ -253,6 +263,9 @@ class Scheduler:
         # each request reserves its whole length when admitted
         self.on_demand = invariant
         model = None
+        if drafting and self.method.draft_reads_target:  # no cache of its own: it reads the target's
+            self.proposer = self._build_proposer(target, None, num_blocks, assistant=draft.model)
+            return
         if drafting:
             vocab = target.model.config.vocab_size
             draft_len = self.max_model_len + max(k, CATCH_UP_WIDTH) + 1
@@ -262,8 +275,11 @@ class Scheduler:
             )
         self.proposer = self._build_proposer(target, model, num_blocks)
 
-    def _build_proposer(self, target: LoadedModel, model: BatchedDrafter | None, num_blocks: int) -> Proposer | None:
-        """The method's proposer (None: plain decoding), over the draft model `model` where it uses one."""
+    def _build_proposer(
+        self, target: LoadedModel, model: BatchedDrafter | None, num_blocks: int, assistant: Transformer | None = None
+    ) -> Proposer | None:
+        """The method's proposer (None: plain decoding), over the draft model `model` where it uses one, or the
+        `assistant` that reads the target."""
         target.model.hidden_sink = None  # an earlier engine's drafter on the same model reads no more
         if self.method is None:
             return None
@@ -276,6 +292,8 @@ class Scheduler:
             num_blocks=num_blocks,
             draft_vocab=self.config.draft_vocab,
             stop_ids=frozenset(self.tokenizer.stop_token_ids),
+            assistant=assistant,
+            cache=self.cache,
         )
         return self.method.build(setup)
 

@@ -16,6 +16,7 @@ prompt never reaches the vision tower and projector, whose weights are left unre
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from ..errors import ModelLoadError
@@ -177,7 +178,7 @@ def _config(f: _Fields, family: str) -> ModelConfig:
         norm_offset=1.0 if family in ("gemma2", "gemma3") or family in HYBRID else 0.0,
         activation="gelu_tanh" if gemma else "swiglu_oai" if family == "gptoss" else "silu",
         embed_scale=gemma,
-        query_scale=1.0 if family == "gemma4" else float(f.field("query_pre_attn_scalar", 256)) ** -0.5 if gemma else 0.0,
+        query_scale=_query_scale(f, family),
         attn_softcap=_softcap(f, "attn_logit_softcapping", family, 50.0),
         final_softcap=_softcap(f, "final_logit_softcapping", family, 30.0),
         **experts,
@@ -187,6 +188,13 @@ def _config(f: _Fields, family: str) -> ModelConfig:
     )
 
 
+def _query_scale(f: _Fields, family: str) -> float:
+    """Gemma 2/3: query_pre_attn_scalar ** -0.5; Gemma 4: 1 (its q/k norms scale); others 0 (head size ** -0.5)."""
+    if family == "gemma4":
+        return 1.0
+    return float(f.field("query_pre_attn_scalar", 256)) ** -0.5 if family in GEMMA else 0.0
+
+
 def _gemma4(f: _Fields, layers: int, windows: tuple[int, ...]) -> dict:
     """Gemma 4: the full-attention layers' own head size and kv heads (per_layer_config, or global_head_dim and
     num_global_key_value_heads in files that predate it), the last num_kv_shared_layers layers attending to the keys
@@ -194,7 +202,10 @@ def _gemma4(f: _Fields, layers: int, windows: tuple[int, ...]) -> dict:
     inputs, a scalar per layer, the shared layers' double-wide MLP."""
     if f.get("enable_moe_block", False):
         raise f.refuse("enable_moe_block", True, "Gemma 4's mixture beside the MLP is not computed")
-    dims, kv_heads = [f.require("head_dim")] * layers, [f.get("num_key_value_heads", f.raw["num_attention_heads"])] * layers
+    dims, kv_heads = (
+        [f.require("head_dim")] * layers,
+        [f.get("num_key_value_heads", f.raw["num_attention_heads"])] * layers,
+    )
     k_eq_v = bool(f.get("attention_k_eq_v", False))
     overrides = f.get("per_layer_config")
     if overrides is None:  # what transformers' config derives from the older fields
@@ -316,7 +327,9 @@ def _no_rope_layers(f: _Fields, family: str, layers: int) -> tuple[int, ...]:
 def _windows(f: _Fields, family: str, layers: int) -> tuple[int, ...]:
     """Per layer, the sliding window (0: full attention), as transformers' modules of this family apply it."""
     # transformers' default where config.json has no sliding_window
-    window = f.field("sliding_window", None if family in ("llama", "phi3", "smollm3") else 512 if family == "gemma4" else 4096)
+    window = f.field(
+        "sliding_window", None if family in ("llama", "phi3", "smollm3") else 512 if family == "gemma4" else 4096
+    )
     if family in ("qwen2", "qwen3", "qwen3moe", "smollm3") and not f.get("use_sliding_window", False):
         window = None  # transformers drops the window unless use_sliding_window is set
     if family == "llama" and window:
@@ -395,7 +408,8 @@ def _gemma4_rope(f: _Fields, params: dict) -> tuple[float, RopeScaling | None, f
     glob, local = params.get("full_attention") or {}, params.get("sliding_attention") or {}
     glob = glob or {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}
     kinds = (glob.get("rope_type", "default"), local.get("rope_type", "default"))
-    if kinds[0] not in ("proportional", "default") or set(glob) - {"rope_type", "rope_theta", "partial_rotary_factor", "factor"}:
+    known = {"rope_type", "rope_theta", "partial_rotary_factor", "factor"}
+    if kinds[0] not in ("proportional", "default") or set(glob) - known:
         raise f.refuse("rope_parameters.full_attention", glob, "verispec computes Gemma 4's proportional rotary")
     if kinds[1] != "default" or set(local) - {"rope_type", "rope_theta"}:
         raise f.refuse("rope_parameters.sliding_attention", local, "the sliding layers' rotary is plain")
@@ -442,3 +456,31 @@ def _scaling(f: _Fields, params: dict, head_dim: int) -> RopeScaling | None:
     return RopeScaling("yarn", factor=factor, original_max_position_embeddings=int(original),
                        beta_fast=float(params.get("beta_fast") or 32), beta_slow=float(params.get("beta_slow") or 1),
                        truncate=bool(params.get("truncate", True)), attention_factor=float(attention))  # fmt: skip
+
+
+def assistant_config(raw: dict, where: str) -> tuple[ModelConfig, int, tuple[int, int]]:
+    """(its layers' config, the target's hidden size, (centroids, chosen per step) or (0, 0)) of a gemma4_assistant
+    config.json: a Gemma 4 text model whose every layer reads its target's keys and values (kv_sources -1)."""
+    outer = _Fields(raw, where, "gemma4_assistant")
+    text = dict(outer.require("text_config"))
+    if text.get("model_type") != "gemma4_text":
+        raise outer.refuse("text_config.model_type", text.get("model_type"), "an assistant of Gemma 4's text model")
+    layers = text.get("num_hidden_layers", 0)
+    if text.get("num_kv_shared_layers", layers) not in (0, layers):
+        raise outer.refuse(
+            "text_config.num_kv_shared_layers", text["num_kv_shared_layers"], "every layer reads its target's"
+        )
+    for key in ("hidden_size_per_layer_input", "vocab_size_per_layer_input", "use_double_wide_mlp", "enable_moe_block"):
+        if text.get(key):
+            raise outer.refuse(f"text_config.{key}", text[key], "an assistant has none (transformers checks the same)")
+    family, config = config_from_hf({**text, "num_kv_shared_layers": 0}, where)
+    config = replace(config, kv_sources=(-1,) * config.num_layers, tie_word_embeddings=True)
+    ordered = bool(outer.get("use_ordered_embeddings", False))
+    centroids = (int(outer.get("num_centroids", 2048)), int(outer.get("centroid_intermediate_top_k", 32)))
+    if ordered and config.vocab_size % centroids[0]:
+        raise outer.refuse("num_centroids", centroids[0], f"it does not divide the vocabulary ({config.vocab_size})")
+    if not outer.get("tie_word_embeddings", True):
+        raise outer.refuse("tie_word_embeddings", False, "an assistant's head is its embedding matrix")
+    backbone = int(outer.require("backbone_hidden_size"))
+    outer.check_the_rest()
+    return config, backbone, centroids if ordered else (0, 0)

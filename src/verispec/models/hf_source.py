@@ -17,6 +17,7 @@ import torch
 from safetensors import safe_open
 
 from ..errors import ModelLoadError
+from .config import ModelConfig
 from .hf_config import GEMMA, WRAPPERS, config_from_hf
 from .tokenizer import Tokenizer
 from .weights import assemble_state_dict, canonical_names
@@ -66,16 +67,26 @@ _PREFIXES = (("model.", "lm_head.weight"), ("model.language_model.", "lm_head.we
              ("language_model.model.", "language_model.lm_head.weight"))  # fmt: skip
 
 
+def read_config(folder: Path) -> dict:
+    """A folder's config.json; ModelLoadError where there is none or it does not parse."""
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise ModelLoadError(f"{folder}: not a model folder (no config.json) and not a GGUF file")
+    try:
+        return json.loads(config_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"{config_path}: unreadable ({exc})") from None
+
+
 class HFSource:
-    def __init__(self, folder: Path):
-        config_path = folder / "config.json"
-        if not config_path.is_file():
-            raise ModelLoadError(f"{folder}: not a model folder (no config.json) and not a GGUF file")
-        try:
-            raw = json.loads(config_path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ModelLoadError(f"{config_path}: unreadable ({exc})") from None
-        self.family, self.config = config_from_hf(raw, str(folder))
+    def __init__(
+        self, folder: Path, parsed: tuple[str, ModelConfig] | None = None, extra: frozenset[str] = frozenset()
+    ):
+        """`parsed`: (family, config) where the caller has read config.json (an assistant's); `extra`: tensors the
+        caller reads itself."""
+        raw = read_config(folder)
+        self.family, self.config = parsed or config_from_hf(raw, str(folder))
+        self.extra = extra
         self.multimodal = raw.get("model_type") in WRAPPERS
         generation = folder / "generation_config.json"
         eos = json.loads(generation.read_text()).get("eos_token_id") if generation.is_file() else None
@@ -126,7 +137,7 @@ class HFSource:
     def _check_every_tensor_is_read(self, folder: Path) -> None:
         read = {self._where(name)[0] for name in canonical_names(self.config)}
         for key in self.index:
-            if key in read or key.endswith("rotary_emb.inv_freq"):
+            if key in read or key in self.extra or key.endswith("rotary_emb.inv_freq"):
                 continue
             if self.config.tie_word_embeddings and key == self.head:
                 continue  # transformers ties the head to the embeddings whatever copy was saved
@@ -185,3 +196,36 @@ def load_hf_folder(path: Path, dtype: torch.dtype, quantization: str):
     except ModelLoadError as exc:
         raise ModelLoadError(f"{path}: {exc}") from None
     return source.config, state, Tokenizer.from_transformers(path, extra_stop_ids=source.stop_ids)
+
+
+# an assistant's tensors beside its decoder (models/assistant.py)
+_ASSISTANT_NAMES = {"pre.weight": "pre_projection.weight", "post.weight": "post_projection.weight",
+                    "centroids.weight": "masked_embedding.centroids.weight",
+                    "token_ordering": "masked_embedding.token_ordering"}  # fmt: skip
+
+
+def load_assistant_folder(path: Path, raw: dict, dtype: torch.dtype):
+    """(the AssistantModel, its tokenizer or None) of a gemma4_assistant checkpoint folder, on PyTorch in `dtype`."""
+    from .assistant import AssistantModel
+    from .hf_config import assistant_config
+
+    config, backbone, centroids = assistant_config(raw, str(path))
+    extra = frozenset(_ASSISTANT_NAMES.values()) | {"lm_head.weight"}
+    source = HFSource(path, parsed=("gemma4", config), extra=extra)
+    try:
+        state = assemble_state_dict(config, source.fetch, dtype)
+        for name, key in _ASSISTANT_NAMES.items():
+            if centroids[0] or name in ("pre.weight", "post.weight"):
+                if key not in source.index:
+                    raise KeyError(key)
+                state[name] = source.index[key].get_tensor(key)
+    except KeyError as missing:
+        raise ModelLoadError(f"{path}: checkpoint lacks the tensor for {missing}") from None
+    state = {name: t.to(dtype) if t.is_floating_point() else t.long() for name, t in state.items()}
+    with torch.device("meta"):
+        model = AssistantModel(config, backbone, centroids)
+    if not centroids[0]:
+        state["token_ordering"] = torch.zeros(0, dtype=torch.long)
+    model.load_state_dict(state, assign=True, strict=True)
+    tokenizer = Tokenizer.from_transformers(path) if (path / "tokenizer.json").is_file() else None
+    return model.eval(), tokenizer

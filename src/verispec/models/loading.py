@@ -20,7 +20,7 @@ from ..errors import InvalidParameterError, ModelLoadError
 from . import bundled, draft_forms
 from .converted import converted_folder
 from .gguf_converted import load_gguf_converted
-from .hf_source import load_hf_folder
+from .hf_source import load_assistant_folder, load_hf_folder, read_config
 from .model import Transformer
 from .mtp import transformer
 from .quantize import ACTIVATION_DTYPE, use_quantized_linears
@@ -74,6 +74,9 @@ def load_model(
     torch_dtype, torch_device = _checked_form(dtype, device, quantization)
     text = str(source)
     path = bundled.locate(text, progress)
+    if path.is_dir() and read_config(path).get("model_type") == "gemma4_assistant":  # a drafter, on PyTorch
+        assistant, tokenizer = load_assistant_folder(path, read_config(path), resolve_dtype(dtype))
+        return LoadedModel(text, path, assistant.to(torch_device), tokenizer)
     if quantization == COARSE_DRAFT and path.is_dir() and _native_available():
         from .gguf_native import native_from_dense
 
@@ -177,6 +180,8 @@ def load_pair(
             loaded[key] = load_model(source, dtype, device=device, progress=progress, quantization=form)
         models.append(loaded[key])
     first, second = models
+    if second is not None and second.tokenizer is None:  # an assistant without tokenizer files: its target's ids
+        second.tokenizer = first.tokenizer
     if second is not None:
         first.tokenizer.check_compatible(second.tokenizer)
     return first, second

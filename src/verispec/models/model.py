@@ -118,7 +118,8 @@ class Attention(nn.Module):
         q = q.to(layer_keys.dtype)  # the cache may hold float32 (see Transformer.new_cache)
         span = max(starts) + seq
         keys, values = lay_out(layer_keys[where.read], span), lay_out(layer_values[where.read], span)
-        return self._out(self._attend(q, keys, values, masks, starts, invariant).to(x.dtype), gate)
+        attended = self._attend(q, keys, values, masks=masks, starts=starts, invariant=invariant)
+        return self._out(attended.to(x.dtype), gate)
 
     def _queries(self, projected: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The queries [batch, seq, heads, head size] (normed where the config says) of the q/k/v product, and the
@@ -147,7 +148,7 @@ class Attention(nn.Module):
             v = (v32 * torch.pow(v32.pow(2).mean(-1, keepdim=True) + self.eps, -0.5)).to(v.dtype)
         return (self._rotate(k, cos, sin) if cos is not None else k), v
 
-    def _attend(self, q, keys, values, masks, starts, invariant) -> torch.Tensor:
+    def _attend(self, q, keys, values, *, masks, starts, invariant) -> torch.Tensor:
         """[batch, seq, heads x head size]: each query over its keys."""
         batch, seq = q.shape[:2]
         if self.batch_invariant and invariant:
@@ -480,7 +481,13 @@ class Transformer(nn.Module):
         return self.per_layer_inputs(tokens, x if scale is None else x * scale)
 
     def _layers(
-        self, x: torch.Tensor, cache: KVCache, slots: list[int], rows: Rows, *, invariant: bool,
+        self,
+        x: torch.Tensor,
+        cache: KVCache,
+        slots: list[int],
+        rows: Rows,
+        *,
+        invariant: bool,
         per_layer: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The decoder layers on PyTorch over the padded batch `x` [batch, seq, hidden]; `per_layer` as `_per_layer`
