@@ -124,3 +124,18 @@ def test_seeded_sampled_text_is_plain_decodings_with_the_assistant(gemma4, assis
         expected = plain.generate(PROMPTS[0], max_tokens=20, ignore_eos=True, temperature=1.0, seed=seed).token_ids
         got = spec.generate(PROMPTS[0], max_tokens=20, ignore_eos=True, temperature=1.0, seed=seed)
         assert got.token_ids == expected and got.stats.drafted > 0
+
+
+def test_an_assistant_drafts_by_its_method_only_and_for_a_target_it_fits(gemma4, assistant, drafters, architecture):
+    """One line each: an assistant given to another method, the assistant method without an assistant, an assistant
+    for a target of other shapes."""
+    from verispec.errors import InvalidParameterError
+
+    loaded, _, _ = gemma4
+    with pytest.raises(InvalidParameterError, match="is a Gemma 4 assistant"):
+        SpeculativeGenerator(loaded, str(assistant[1]), speculative_method="draft", progress=False)
+    with pytest.raises(InvalidParameterError, match="is not a Gemma 4 assistant"):
+        SpeculativeGenerator(loaded, drafters, speculative_method="assistant", progress=False)
+    other = load_model(architecture("gemma3")[0], "float32", progress=False)
+    with pytest.raises(InvalidParameterError, match="does not fit this target"):
+        SpeculativeGenerator(other, str(assistant[1]), speculative_method="assistant", progress=False)

@@ -14,7 +14,12 @@ qwen35's from the AMD EPYC (AVX-512, no AVX-VNNI) that made its fixtures:
 - F16 files, 0.025: llama.cpp rounds each activation to float16 before its F16 products, and its flash attention
   holds the queries and sums the values in float16; verispec multiplies float32 activations (its KV cache is float16
   on the native stack, float32 on PyTorch). Measured: at most 0.012, but qwen35-f16 0.021 (with llama.cpp's
-  float16 rounding of every matrix product's input emulated in verispec's float32 forward: 0.004).
+  float16 rounding of every matrix product's input emulated in verispec's float32 forward: 0.004). One fixture
+  has its own bound, gemma4-f16 0.04 (DENSE_EXCEPTIONS): 0.036 at one position (27) of 40, at most 0.007 at the
+  others (0.021 at 27 with verispec's cache in float16 as llama.cpp's); transformers' float32 logits are 0.018
+  standard deviations from llama.cpp's there, and verispec's of the F16 file 0.018 from transformers' in the other
+  direction (the file's float16 weights). The bound still tells the F16 file from the Q8_0 one (0.73 apart:
+  test_the_gemma4_bound_tells_the_weights_apart).
 - Quantized files, native kernels, 0.3: llama.cpp quantizes every activation to 8 bits (per 32 values with a float16
   scale, Q8_0/Q8_1, for Q4_0, Q4_1, Q5_0, Q8_0 and IQ4_NL; per 256 with a float32 scale, Q8_K, for the K-quants and
   IQ4_XS) and so does verispec, but it keeps Q8_0's scale in float32 and attends in float32 (no float16 queries or
@@ -71,6 +76,7 @@ DENSE = {"F32", "F16", "BF16"}
 Q8_K_TYPES = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"}  # llama.cpp quantizes their activations as Q8_K
 TOLERANCE = {"dense": 0.025, "native": 0.3, "float32": 0.3}  # x the standard deviation of llama.cpp's logits
 HYBRID = {"qwen35"}  # llama.cpp architectures with linear-attention layers
+DENSE_EXCEPTIONS = {"gemma4-f16": 0.04}  # one position's rounding, amplified (the docstring)
 HYBRID_QUANTIZED = 0.6  # quantized hybrid files on the float32 path (the docstring: this fixture's rounding noise)
 POSITION_0 = 1e-4  # Q8_K files on the native kernels at position 0, x the standard deviation
 
@@ -100,7 +106,7 @@ def without_kernel(entry: dict) -> list[str]:
 
 def tolerance(entry: dict, path: str) -> float:
     if matrix_types(entry) <= DENSE:
-        return TOLERANCE["dense"]
+        return DENSE_EXCEPTIONS.get(entry["name"], TOLERANCE["dense"])
     return HYBRID_QUANTIZED if entry["architecture"] in HYBRID and path == "float32" else TOLERANCE[path]
 
 
@@ -196,3 +202,14 @@ def test_fixtures_are_what_the_manifest_says():
             assert (FIXTURES / entry["file"]).stat().st_size == entry["bytes"], entry["file"]
             array = logits[entry["logits"]]
             assert array.dtype == np.float32 and array.shape[0] == len(entry["tokens"]), entry["name"]
+
+
+def test_the_gemma4_bound_tells_the_weights_apart(llamacpp_logits):
+    """gemma4-f16's own bound is no blanket: verispec's logits of its F16 file against llama.cpp's of its Q8_0 file
+    (same tokens) are far outside it."""
+    f16, q8 = ENTRIES["gemma4-f16"], ENTRIES["gemma4-q8_0"]
+    assert f16["tokens"] == q8["tokens"]
+    got = logits_of(load(f16, "float32").model, f16["tokens"])
+    compare(got, llamacpp_logits[f16["logits"]], tolerance(f16, "float32"))
+    with pytest.raises(AssertionError, match="max"):
+        compare(got, llamacpp_logits[q8["logits"]], tolerance(f16, "float32"))

@@ -26,7 +26,7 @@ from .rope import RopeScaling, yarn_attention_factor
 
 ARCHITECTURES = (
     "llama", "mistral", "mistral3", "qwen2", "qwen3", "qwen3moe", "phi3", "smollm3", "gemma2", "gemma3", "qwen35",
-    "qwen35moe", "gpt-oss",
+    "qwen35moe", "gpt-oss", "gemma4",
 )  # fmt: skip
 HYBRID = {"qwen35", "qwen35moe"}  # Qwen3.5: linear attention beside gated attention (qwen35moe: with experts)
 # llama.cpp's converter interleaves each head's rotary halves of q and k for these (its "normal" rope type)
@@ -45,6 +45,9 @@ READ = {
 READ |= {"ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.time_step_rank", "ssm.inner_size",
          "attention.recurrent_layers", "full_attention_interval", "nextn_predict_layers",
          "expert_shared_feed_forward_length"}  # fmt: skip
+# Gemma 4: its sliding layers' own head size and rotary, the layers sharing keys and values, the per-layer inputs
+READ |= {"attention.key_length_swa", "attention.value_length_swa", "rope.dimension_count_swa",
+         "attention.shared_kv_layers", "embedding_length_per_layer_input"}  # fmt: skip
 # the multimodal rotary's sections: text tokens' three positions are equal, so they turn as the plain rotary does
 HARMLESS = {"vocab_size", "rope.scaling.finetuned", "rope.dimension_sections"}
 _SHOWN = 8  # values of an array key shown in a refusal
@@ -102,7 +105,7 @@ def config_from_gguf(
             f"{where}: architecture '{arch}' is not supported (supported: {', '.join(sorted(ARCHITECTURES))})"
         )
     keys = _Keys(fields, arch, where)
-    config = _config(keys, arch, tensors, floats)
+    config = _gemma4(keys, tensors, floats) if arch == "gemma4" else _config(keys, arch, tensors, floats)
     keys.check_the_rest()
     return arch, config
 
@@ -153,6 +156,67 @@ def _config(k: _Keys, arch: str, tensors: dict, floats) -> ModelConfig:
         **_experts(k, arch, layers, tensors),
         **(_hybrid(k, layers, rotary if rotary != head_dim else 0, mtp) if arch in HYBRID else {}),
         **(_gpt_oss(tensors) if arch == "gpt-oss" else {}),
+    )
+
+
+def _gemma4(k: _Keys, tensors: dict, floats) -> ModelConfig:
+    """Gemma 4 as llama.cpp's converter writes it: the full-attention layers' head size in key_length, the sliding
+    ones' in key_length_swa (each layer's kv heads one value or one per layer), the proportional rotary of the full
+    layers as rope_freqs (1e30 for the dimensions it does not turn; all of a head: dimension_count), the last
+    shared_kv_layers layers reading earlier ones' keys and values, values that are keys where a full layer has no
+    attn_v, per-layer inputs, a scalar per layer (layer_output_scale), the wider MLPs in feed_forward_length's list.
+    Its norms multiply by w, as stored."""
+    heads, hidden, layers = int(k.require("attention.head_count")), int(k.require("embedding_length")), int(
+        k.require("block_count"))  # fmt: skip
+    windows = _windows(k, "gemma4", layers)
+    dims = {0: int(k.require("attention.key_length")), 1: int(k.get("attention.key_length_swa", 0))}
+    for key, size in (("attention.value_length", dims[0]), ("attention.value_length_swa", dims[1])):
+        if int(k.get(key, size)) != size:
+            raise k.refuse(f"gemma4.{key}", k.get(key), "values of another size than keys")
+    for key, size in (("rope.dimension_count", dims[0]), ("rope.dimension_count_swa", dims[1])):
+        if int(k.get(key, size)) != size:
+            raise k.refuse(f"gemma4.{key}", k.get(key), "a rotary on part of the head (llama.cpp's partial rope)")
+    kv = k.require("attention.head_count_kv")
+    kv = [int(v) for v in kv] if isinstance(kv, list) else [int(kv)] * layers
+    sources = _shared_sources(k, windows)
+    ff = k.require("feed_forward_length")
+    ff = [int(v) for v in ff] if isinstance(ff, list) else [int(ff)] * layers
+    if len(kv) != layers or len(ff) != layers or set(ff) - {ff[0], 2 * ff[0]}:
+        raise k.refuse("gemma4.feed_forward_length", ff, "not one size per layer, twice it where widened")
+    own_full = [i for i in range(layers) if not windows[i] and sources[i] == i]
+    without_v = {i for i in own_full if f"blk.{i}.attn_v.weight" not in tensors}
+    if without_v not in (set(), set(own_full)):
+        raise k.refuse("gemma4 tensors", sorted(without_v), "some full-attention layers with attn_v, some without")
+    theta = float(k.get("rope.freq_base", 10000.0))
+    factors = tuple(floats("rope_freqs.weight")) if "rope_freqs.weight" in tensors else ()
+    size = int(k.get("embedding_length_per_layer_input", 0))
+    return ModelConfig(
+        vocab_size=int(tensors["token_embd.weight"][1]), hidden_size=hidden, num_layers=layers, num_heads=heads,
+        num_kv_heads=kv[0], intermediate_size=ff[0], rope_theta=theta,
+        rms_norm_eps=float(k.get("attention.layer_norm_rms_epsilon", 1e-6)), tie_word_embeddings="output.weight" not in
+        tensors, max_position_embeddings=int(k.get("context_length", 4096)), head_dim=dims[1] or dims[0],
+        rope_scaling=RopeScaling("factors", factors=factors) if factors else None,
+        rope_local_theta=float(k.get("rope.freq_base_swa", 10000.0)), layer_windows=windows, qk_norm=True,
+        post_norms=True, activation="gelu_tanh", embed_scale=True, query_scale=1.0,
+        final_softcap=float(k.get("final_logit_softcapping", 0.0)),
+        layer_head_dims=tuple(dims[bool(w)] for w in windows), layer_kv_heads=tuple(kv), kv_sources=sources,
+        k_eq_v=bool(without_v), v_norm=True, per_layer_input_size=size,
+        per_layer_vocab=int(tensors["per_layer_token_embd.weight"][1]) if size else 0,
+        layer_scalar="blk.0.layer_output_scale.weight" in tensors,
+        wide_mlp_layers=tuple(i for i in range(layers) if ff[i] != ff[0]),
+    )  # fmt: skip
+
+
+def _shared_sources(k: _Keys, windows: tuple[int, ...]) -> tuple[int, ...]:
+    """Per layer, whose keys and values it reads: the last shared_kv_layers read the last earlier layer's of their
+    kind (llama.cpp's rule, transformers' too)."""
+    layers, shared = len(windows), int(k.get("attention.shared_kv_layers", 0))
+    first = layers - shared
+    kinds = {bool(w) for w in windows[:first]}
+    if shared and (first <= 0 or {bool(w) for w in windows[first:]} - kinds):
+        raise k.refuse("gemma4.attention.shared_kv_layers", shared, "its layers need an earlier layer of their kind")
+    return tuple(
+        i if i < first else max(j for j in range(first) if bool(windows[j]) == bool(windows[i])) for i in range(layers)
     )
 
 
@@ -214,7 +278,7 @@ def _windows(k: _Keys, arch: str, layers: int) -> tuple[int, ...]:
         return (0,) * layers
     if arch == "phi3":
         return (window,) * layers
-    if arch not in GEMMA | {"gpt-oss"}:
+    if arch not in GEMMA | {"gpt-oss", "gemma4"}:
         raise k.refuse(f"{arch}.attention.sliding_window", window, f"llama.cpp's {arch} takes no sliding window")
     if isinstance(pattern, list):
         if len(pattern) != layers:

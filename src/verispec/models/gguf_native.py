@@ -322,9 +322,10 @@ def refuse_unnative(config: ModelConfig, where: str) -> None:
             "(--quantization none), not on the native kernels"
         )
     if _beyond_the_kernels(config):
+        parts = ("per-layer head sizes, layers sharing keys and values, per-layer inputs (Gemma 4)" if config.v_norm
+                 else "attention sinks, biased experts and a clamped SwiGLU (gpt-oss)")  # fmt: skip
         raise ModelLoadError(
-            f"{where} has attention sinks, biased experts and a clamped SwiGLU (gpt-oss): it runs on PyTorch "
-            "(--quantization none), not on the native kernels"
+            f"{where} has {parts}: it runs on PyTorch (--quantization none), not on the native kernels"
         )
 
 

@@ -44,6 +44,11 @@ _QWEN35_NAMES = {
 # gpt-oss: its sinks and biases; its MLP's input norm is post_attention_norm
 _GPT_OSS_NAMES = {"sinks": "attn_sinks.weight", "o_bias": "attn_output.bias", "router_bias": "ffn_gate_inp.bias",
                   "mlp_norm": "post_attention_norm.weight"}  # fmt: skip
+# Gemma 4's per-layer inputs and layer scalars
+_GEMMA4_NAMES = {"ple_gate": "inp_gate.weight", "ple_up": "proj.weight", "ple_norm": "post_norm.weight",
+                 "scalar": "layer_output_scale.weight"}  # fmt: skip
+_GEMMA4_GLOBAL = {"ple_embed": "per_layer_token_embd.weight", "ple_project": "per_layer_model_proj.weight",
+                  "ple_norm": "per_layer_proj_norm.weight"}  # fmt: skip
 # the MTP block's own tensors (the block after the model's layers)
 _MTP_NAMES = {"mtp.fc": "nextn.eh_proj.weight", "mtp.enorm": "nextn.enorm.weight", "mtp.hnorm": "nextn.hnorm.weight",
               "mtp.norm": "nextn.shared_head_norm.weight"}  # fmt: skip
@@ -93,13 +98,15 @@ class GGUFSource:
             return f"blk.{c.num_layers}.{_MTP_NAMES[name]}", None
         layer, _, short = name.partition(".")
         if not short:
-            return _GLOBAL_NAMES[name], None
+            return (_GLOBAL_NAMES | _GEMMA4_GLOBAL)[name], None
         if layer == "mtp":  # "mtp.0.q": the MTP block's decoder layer
             layer, _, short = short.partition(".")
             layer = str(c.num_layers + int(layer))
         base = f"blk.{layer}."
         if self.arch in HYBRID and short in _QWEN35_NAMES:
             return base + _QWEN35_NAMES[short], None
+        if self.arch == "gemma4" and short in _GEMMA4_NAMES:
+            return base + _GEMMA4_NAMES[short], None
         if self.arch == "gpt-oss" and short in _GPT_OSS_NAMES:
             return base + _GPT_OSS_NAMES[short], None
         if self.fused and short in ("q", "k", "v"):

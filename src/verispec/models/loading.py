@@ -120,14 +120,14 @@ def _checked_form(dtype: str | torch.dtype, device: str | None, quantization: st
 
 def _dequantized(path: Path) -> bool:
     """Whether a GGUF file the native kernels do not run is read with its weights dequantized rather than requantized
-    to int4 (whose text would be another model's): Qwen3.5's (linear attention) and gpt-oss's files."""
+    to int4 (whose text would be another model's): Qwen3.5's (linear attention), gpt-oss's and Gemma 4's files."""
     if not path.is_file():
         return False
     from .gguf_config import HYBRID
     from .gguf_source import GGUFSource
 
     try:
-        return GGUFSource.architecture(path) in HYBRID | {"gpt-oss"}
+        return GGUFSource.architecture(path) in HYBRID | {"gpt-oss", "gemma4"}
     except ModelLoadError:
         return False  # the loader that follows says what is wrong with the file
 
