@@ -125,7 +125,7 @@ def measure(label: str, model: Transformer, context: int, args) -> None:
     print(f"  decode step T(1)        {steps[1] * 1e3:8.1f} ms")
     for rows in (4, 8):
         print(
-            f"  verify pass T({rows})        {steps[rows] * 1e3:8.1f} ms   T({rows})/T(1) {steps[rows] / steps[1]:.2f}"
+            f"  verify pass T({rows})        {steps[rows] * 1e3:8.1f} ms   T({rows})/T(1) {steps[rows] / steps[1]:.2f}"  # noqa: E501
         )
     hidden = torch.randn(1, config.hidden_size)
     for size in args.assistant_hidden:
@@ -134,7 +134,7 @@ def measure(label: str, model: Transformer, context: int, args) -> None:
             helper.bind(model)
             params = sum(p.numel() for p in helper.parameters()) / 1e6
 
-            def draft():
+            def draft(helper=helper):
                 helper.step(model, [int(ids[0, context])], hidden, cache=cache, slots=[0])
 
             seconds = _median(draft, reps)
