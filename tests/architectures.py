@@ -72,9 +72,12 @@ _TEXT_SPECS: dict[str, tuple[str, dict]] = {
                                                       "partial_rotary_factor": 0.25},
                                    "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}}),
 }  # fmt: skip
+# Gemma 4's 26B-A4B form: the same with a mixture beside every layer's MLP (four experts of 32, two per token)
+_TEXT_SPECS["gemma4-moe"] = ("gemma4_text", {**_TEXT_SPECS["gemma4"][1], "enable_moe_block": True, "num_experts": 4,
+                                             "top_k_experts": 2, "moe_intermediate_size": 32})  # fmt: skip
 HYBRID = ["qwen3.5", "qwen3.5-moe"]  # architectures with linear-attention layers: not on the native stack
 # what the native stack does not run (sinks, biased experts, shared keys)
-PYTORCH_ONLY = [*HYBRID, "gpt-oss", "gemma4", "gemma4-vision"]
+PYTORCH_ONLY = [*HYBRID, "gpt-oss", "gemma4", "gemma4-moe", "gemma4-vision"]
 # multimodal checkpoints: the text model of text_config beside a one-layer vision tower verispec leaves unread
 _WRAPPER_SPECS: dict[str, tuple[str, dict, dict, dict]] = {
     "mistral3": ("mistral3", {"model_type": "mistral", "sliding_window": None},
@@ -134,6 +137,8 @@ def make_model(name: str, seed: int = 0, dims: dict = SMALL, half_exact: bool = 
             noise = torch.randn(p.shape, generator=generator)
             if "norm" in key:
                 p.copy_((0.0 if zero_centred and "linear_attn.norm" not in key else 1.0) + 0.1 * noise)
+            elif p.dim() == 1 and name.startswith("gemma4") and key.endswith("scale"):  # its router's scales
+                p.copy_(1.0 + 0.1 * noise)
             elif p.dim() == 1:
                 p.copy_(0.1 * noise)
             elif "embed" in key:

@@ -139,3 +139,31 @@ def test_an_assistant_drafts_by_its_method_only_and_for_a_target_it_fits(gemma4,
     other = load_model(architecture("gemma3")[0], "float32", progress=False)
     with pytest.raises(InvalidParameterError, match="does not fit this target"):
         SpeculativeGenerator(other, str(assistant[1]), speculative_method="assistant", progress=False)
+
+
+def test_the_mixture_beside_the_mlp_counts_and_speculation_on_it_is_plain_decoding(architecture, drafters):
+    """Gemma 4's 26B-A4B form ("gemma4-moe": its logits are transformers', test_architectures.py): without the experts'
+    own scales, or without the mixture, the logits leave the tolerance; greedy output with a draft model and with
+    lookups is plain greedy output."""
+    folder, expected = architecture("gemma4-moe")
+    loaded = load_model(folder, "float32", progress=False)
+    model = loaded.model
+    assert_close(_logits(model), expected)
+    saved = [(layer.beside, layer.beside.expert_scale.data.clone()) for layer in model.layers]
+    try:
+        for layer in model.layers:
+            layer.beside.expert_scale.data.fill_(1.0)
+        assert float((_logits(model) - expected).abs().max()) > 1e-2
+        for layer in model.layers:
+            layer.beside = None
+        assert float((_logits(model) - expected).abs().max()) > 1e-2
+    finally:
+        for layer, (beside, scale) in zip(model.layers, saved, strict=True):
+            layer.beside = beside
+            beside.expert_scale.data.copy_(scale)
+    for method, draft in (("draft", drafters), ("ngram", None)):
+        generator = SpeculativeGenerator(loaded, draft, num_speculative_tokens=3, speculative_method=method,
+                                         adaptive=False, progress=False)  # fmt: skip
+        for ids in PROMPTS:
+            out = generator.generate(ids, max_tokens=16, ignore_eos=True)
+            assert out.token_ids == reference_greedy(model, ids, 16, set()), (method, ids)

@@ -97,6 +97,8 @@ class ModelConfig:
     per_layer_vocab: int = 0
     layer_scalar: bool = False  # each layer's output times a learned scalar
     wide_mlp_layers: tuple[int, ...] = ()  # layers whose MLP is twice intermediate_size
+    # Gemma 4's 26B-A4B: the mixture (num_experts ...) beside the dense MLP in every layer, not in place of it
+    moe_beside_mlp: bool = False
 
     @property
     def head_size(self) -> int:
@@ -140,7 +142,7 @@ class ModelConfig:
         return self.query_scale or self.head_size**-0.5
 
     def moe(self, layer: int) -> bool:
-        """Whether layer `layer`'s MLP is a mixture of experts."""
+        """Whether layer `layer`'s MLP is a mixture of experts (beside the MLP, where moe_beside_mlp)."""
         return self.num_experts > 0 and layer not in self.dense_layers
 
     def window(self, layer: int) -> int:

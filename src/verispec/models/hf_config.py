@@ -200,8 +200,6 @@ def _gemma4(f: _Fields, layers: int, windows: tuple[int, ...]) -> dict:
     num_global_key_value_heads in files that predate it), the last num_kv_shared_layers layers attending to the keys
     and values of the last earlier layer of their kind, values that are keys (attention_k_eq_v) and normed, per-layer
     inputs, a scalar per layer, the shared layers' double-wide MLP."""
-    if f.get("enable_moe_block", False):
-        raise f.refuse("enable_moe_block", True, "Gemma 4's mixture beside the MLP is not computed")
     dims, kv_heads = (
         [f.require("head_dim")] * layers,
         [f.get("num_key_value_heads", f.raw["num_attention_heads"])] * layers,
@@ -221,7 +219,11 @@ def _gemma4(f: _Fields, layers: int, windows: tuple[int, ...]) -> dict:
         kv_heads[int(layer)] = int(values.get("num_key_value_heads", kv_heads[int(layer)]))
     sources = _kv_sources(f, layers, windows)
     size = int(f.get("hidden_size_per_layer_input", 0))
-    return dict(
+    moe = {}
+    if f.get("enable_moe_block", False):  # every layer: the mixture beside the MLP
+        moe = dict(num_experts=int(f.require("num_experts")), experts_per_token=int(f.require("top_k_experts")),
+                   expert_intermediate_size=int(f.require("moe_intermediate_size")), moe_beside_mlp=True)  # fmt: skip
+    return moe | dict(
         layer_head_dims=tuple(dims), layer_kv_heads=tuple(kv_heads), kv_sources=sources, k_eq_v=k_eq_v, v_norm=True,
         per_layer_input_size=size, per_layer_vocab=int(f.get("vocab_size_per_layer_input", 0)) if size else 0,
         layer_scalar=True,

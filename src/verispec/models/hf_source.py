@@ -59,6 +59,12 @@ _GEMMA4_NAMES = {"ple_gate": "per_layer_input_gate.weight", "ple_up": "per_layer
                  "ple_norm": "post_per_layer_input_norm.weight", "scalar": "layer_scalar"}  # fmt: skip
 _GEMMA4_GLOBAL = {"ple_embed": "embed_tokens_per_layer.weight", "ple_project": "per_layer_model_projection.weight",
                   "ple_norm": "per_layer_projection_norm.weight"}  # fmt: skip
+# Gemma 4's mixture beside its MLP (26B-A4B)
+_GEMMA4_MOE = {"router": "router.proj.weight", "router_scale": "router.scale",
+               "expert_scale": "router.per_expert_scale",
+               "moe_pre_norm": "pre_feedforward_layernorm_2.weight",
+               "moe_mlp_post_norm": "post_feedforward_layernorm_1.weight",
+               "moe_post_norm": "post_feedforward_layernorm_2.weight"}  # fmt: skip
 # the MTP layer's own tensors (Qwen3.5), at the checkpoint's top level
 _MTP_NAMES = {"mtp.fc": "mtp.fc.weight", "mtp.enorm": "mtp.pre_fc_norm_embedding.weight",
               "mtp.hnorm": "mtp.pre_fc_norm_hidden.weight", "mtp.norm": "mtp.norm.weight"}  # fmt: skip
@@ -127,6 +133,11 @@ class HFSource:
             return base + "mlp.gate_up_proj.weight", (0, inter) if short == "gate" else (inter, 2 * inter)
         if self.family == "gptoss" and (short.startswith("expert") or short.startswith("router")):
             return _gpt_oss_where(base, short)
+        if self.family == "gemma4" and short in _GEMMA4_MOE:
+            return base + _GEMMA4_MOE[short], None
+        if self.family == "gemma4" and short.startswith("expert"):  # fused: gate_up_proj [experts, 2 x inter, hidden]
+            kind = short.partition(".")[2]
+            return base + ("experts.down_proj" if kind == "down" else "experts.gate_up_proj"), None
         if short == "router":
             return base + "mlp.gate.weight", None
         if short.startswith("expert"):  # expert{e}.gate, .up, .down
@@ -155,6 +166,8 @@ class HFSource:
             return None
         if self.family == "gptoss" and ".expert" in f".{name}":
             return _gpt_oss_expert(handle.get_tensor(key), name)
+        if self.family == "gemma4" and ".expert" in f".{name}" and "scale" not in name:
+            return _gemma4_expert(handle.get_tensor(key), name)
         if name.rpartition(".")[2] == "ssm_conv":
             return handle.get_tensor(key).squeeze(1)  # [channels, 1, width] -> [channels, width]
         if part is None and rows is None:
@@ -184,6 +197,17 @@ def _gpt_oss_expert(fused: torch.Tensor, name: str) -> torch.Tensor:
         return tensor if kind == "down_bias" else tensor.T.contiguous()
     part = tensor[..., 0::2] if kind.startswith("gate") else tensor[..., 1::2]  # columns interleaved gate, up
     return part if kind.endswith("_bias") else part.T.contiguous()
+
+
+def _gemma4_expert(fused: torch.Tensor, name: str) -> torch.Tensor:
+    """One Gemma 4 expert's matrix (a Linear's weight [out, in]) out of its fused tensors: gate_up_proj [experts,
+    2 x inter, hidden] (gate rows first), down_proj [experts, hidden, inter]."""
+    index, _, kind = name.rpartition("expert")[2].partition(".")
+    tensor = fused[int(index)]
+    if kind == "down":
+        return tensor
+    half = tensor.shape[0] // 2
+    return tensor[:half] if kind == "gate" else tensor[half:]
 
 
 def load_hf_folder(path: Path, dtype: torch.dtype, quantization: str):

@@ -294,7 +294,9 @@ class Block(nn.Module):
         )
         self.mlp_norm = RMSNorm(*norm)
         wide = 2 * config.intermediate_size if layer in config.wide_mlp_layers else 0
-        self.mlp = MixtureOfExperts(config) if config.moe(layer) else MLP(config, wide)
+        replaced = config.moe(layer) and not config.moe_beside_mlp
+        self.mlp = MixtureOfExperts(config) if replaced else MLP(config, wide)
+        self.beside = GemmaMixture(config) if config.moe(layer) and config.moe_beside_mlp else None
         self.post_attn_norm = RMSNorm(*norm) if config.post_norms else None
         self.post_mlp_norm = RMSNorm(*norm) if config.post_norms else None
         self.per_layer = PerLayerInput(config) if config.per_layer_input_size else None
@@ -308,10 +310,42 @@ class Block(nn.Module):
             h = self.attn(self.attn_norm(x), cos, sin, masks, cache, layer, where, slots, starts, invariant)
         x = x + (h if self.post_attn_norm is None else self.post_attn_norm(h))
         h = self.mlp(self.mlp_norm(x))
+        if self.beside is not None:
+            h = self.beside(x, h)
         x = x + (h if self.post_mlp_norm is None else self.post_mlp_norm(h))
         if self.per_layer is not None:
             x = x + self.per_layer(x, per_layer)
         return x if self.scalar is None else x * self.scalar
+
+
+class GemmaMixture(nn.Module):
+    """Gemma 4's mixture beside its MLP: post_1(mlp output) + post_2(experts(pre_2(x))), x the layer's stream before
+    the MLP's norm. The router reads x RMS-normalised (no weight), times a learned vector and 1 / sqrt(hidden): the
+    softmax over all experts, the top k renormalized, each times its expert's learned scale."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        norm = (config.hidden_size, config.rms_norm_eps, config.norm_offset)
+        self.router = nn.Linear(config.hidden_size, config.num_experts, bias=False)
+        self.router_scale = nn.Parameter(torch.ones(config.hidden_size))
+        self.expert_scale = nn.Parameter(torch.ones(config.num_experts))
+        self.experts = nn.ModuleList(MLP(config, config.expert_intermediate_size) for _ in range(config.num_experts))
+        self.pre_norm, self.mlp_post_norm, self.post_norm = RMSNorm(*norm), RMSNorm(*norm), RMSNorm(*norm)
+        self.top_k, self.eps = config.experts_per_token, config.rms_norm_eps
+        self.hidden_scale = config.hidden_size**-0.5
+
+    def forward(self, x: torch.Tensor, mlp_out: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        r32 = rows.float()
+        routed = (r32 * torch.pow(r32.pow(2).mean(-1, keepdim=True) + self.eps, -0.5)).to(rows.dtype)
+        scores = self.router(routed * self.router_scale * self.hidden_scale)
+        weights, chosen = torch.topk(torch.softmax(scores, dim=-1, dtype=torch.float32), self.top_k, dim=-1)
+        weights = weights / weights.sum(-1, keepdim=True) * self.expert_scale.float()[chosen]
+        inputs, out = self.pre_norm(rows), torch.zeros_like(rows)
+        for expert in chosen.unique().tolist():
+            picked, rank = torch.where(chosen == expert)
+            out.index_add_(0, picked, self.experts[expert](inputs[picked]) * weights[picked, rank, None].to(x.dtype))
+        return self.mlp_post_norm(mlp_out) + self.post_norm(out.reshape(x.shape))
 
 
 class PerLayerInput(nn.Module):

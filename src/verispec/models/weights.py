@@ -68,6 +68,9 @@ def _layer_names(config: ModelConfig, i: int) -> list[str]:
     return norms + mixer + _mlp_names(config, i) + extras + (["scalar"] if config.layer_scalar else [])
 
 
+_BESIDE_NORMS = ["moe_pre_norm", "moe_mlp_post_norm", "moe_post_norm"]
+
+
 def _qkv(config: ModelConfig, i: int) -> list[str]:
     """The projections an attention layer has: q, k, v; q alone where it shares another layer's keys and values;
     q, k where its values are its keys (Gemma 4)."""
@@ -80,6 +83,9 @@ def _mlp_names(config: ModelConfig, layer: int) -> list[str]:
     """A layer's MLP: gate, up, down; or a mixture's router and each expert's (expert{e}.gate, ...)."""
     if not config.moe(layer):
         return ["gate", "up", "down"]
+    if config.moe_beside_mlp:  # Gemma 4: the MLP, and beside it the mixture with its norms and scales
+        experts = [f"expert{e}.{n}" for e in range(config.num_experts) for n in ("gate", "up", "down")]
+        return ["gate", "up", "down", "router", "router_scale", "expert_scale", *experts, *_BESIDE_NORMS]
     kinds = ("gate", "up", "down") + (("gate_bias", "up_bias", "down_bias") if config.moe_biases else ())
     names = ["router"] + [f"expert{e}.{n}" for e in range(config.num_experts) for n in kinds]
     names += ["router_bias"] if config.moe_biases else []
@@ -204,9 +210,10 @@ def _layer(source: _Source, config: ModelConfig, i: int, names: str = "", prefix
         state[f"{prefix}.per_layer.norm.weight"] = get(f"{n}ple_norm")
     if config.layer_scalar:
         state[f"{prefix}.scalar"] = get(f"{n}scalar")
-    if not config.moe(i):
+    if not config.moe(i) or config.moe_beside_mlp:
         state |= source.linear(f"{prefix}.mlp.w_gate_up", [f"{n}gate", f"{n}up"])
-        return state | source.linear(f"{prefix}.mlp.w_down", [f"{n}down"])
+        state |= source.linear(f"{prefix}.mlp.w_down", [f"{n}down"])
+        return state | (_beside(source, config, prefix, n) if config.moe(i) else {})
     state[f"{prefix}.mlp.router.weight"] = get(f"{n}router")  # never quantized: it picks the experts
     if config.moe_biases:
         state[f"{prefix}.mlp.router.bias"] = get(f"{n}router_bias")
@@ -222,6 +229,20 @@ def _layer(source: _Source, config: ModelConfig, i: int, names: str = "", prefix
         state |= source.linear(f"{prefix}.mlp.shared.w_gate_up", [f"{n}shared.gate", f"{n}shared.up"])
         state |= source.linear(f"{prefix}.mlp.shared.w_down", [f"{n}shared.down"])
         state[f"{prefix}.mlp.shared_gate.weight"] = get(f"{n}shared_gate")  # never quantized: one row
+    return state
+
+
+def _beside(source: _Source, config: ModelConfig, prefix: str, n: str) -> dict[str, torch.Tensor]:
+    """Gemma 4's mixture beside the MLP (model.GemmaMixture): router, its scales, the experts, three norms."""
+    get, mixture = source.get, f"{prefix}.beside"
+    state = {f"{mixture}.router.weight": get(f"{n}router"), f"{mixture}.router_scale": get(f"{n}router_scale"),
+             f"{mixture}.expert_scale": get(f"{n}expert_scale")}  # fmt: skip
+    for ours, theirs in zip(("pre_norm", "mlp_post_norm", "post_norm"), _BESIDE_NORMS, strict=True):
+        state[f"{mixture}.{ours}.weight"] = get(f"{n}{theirs}")
+    for e in range(config.num_experts):
+        expert = f"{mixture}.experts.{e}"
+        state |= source.linear(f"{expert}.w_gate_up", [f"{n}expert{e}.gate", f"{n}expert{e}.up"])
+        state |= source.linear(f"{expert}.w_down", [f"{n}expert{e}.down"])
     return state
 
 
