@@ -55,7 +55,7 @@ EXPECTED = {
     "meta-llama-Llama-3.1-8B-Instruct": "llama3_json", "meta-llama-Llama-3.2-3B-Instruct": "llama3_json",
     "meta-llama-Llama-3.3-70B-Instruct": "llama3_json", "mistralai-Mistral-Nemo-Instruct-2407": "mistral",
     "Mistral-Small-3.2-24B-Instruct-2506": "mistral_args", "mistralai-Ministral-3-14B-Reasoning-2512":
-    "mistral_args", "unsloth-mistral-Devstral-Small-2507": "mistral_args",
+    "mistral_args", "unsloth-mistral-Devstral-Small-2507": "mistral_args", "openai-gpt-oss-120b": "harmony",
 }  # fmt: skip
 QUESTION = {"role": "user", "content": "Weather in Paris, and 2 + 3?"}
 WEATHER_CALL = {"id": "a1b2c3d4e", "type": "function",  # 9 letters and digits: Mistral's templates want them

@@ -37,6 +37,7 @@ from ..engine.scheduler import QueueFullError, Scheduler, SchedulerStoppedError
 from ..errors import InvalidParameterError, ModelLoadError, PromptTooLongError
 from .events import AsyncSink
 from .grammars import ClientGoneError, GrammarWorkers
+from .harmony import is_harmony
 from .limits import (
     DEFAULT_BODY_TIMEOUT,
     DEFAULT_GRAMMAR_TIMEOUT,
@@ -79,10 +80,12 @@ class ServerState:
     _grammar_workers: GrammarWorkers | None = None
     _tokens_per_message: int | None = None
     tool_format: ToolFormat | None = None  # how the model writes tool calls (tools.py), from its chat template
+    harmony: bool = False  # the model writes gpt-oss's harmony messages (harmony.py): chat answers are read as such
     responses: ResponseStore = field(default_factory=ResponseStore)  # stored responses (responses_store.py)
 
     def __post_init__(self) -> None:
         self.tool_format = detect(self.scheduler.tokenizer.chat_template)
+        self.harmony = is_harmony(self.scheduler.tokenizer)
 
     def most_messages(self) -> int:
         """The most messages a chat request may hold: each takes at least the chat template's markers of an empty
@@ -548,10 +551,13 @@ async def _grammar(
     checked in a worker process and compiled off the event loop (server/grammars.py); 400 naming the field for a
     bad one, or one over the limits; 499 when the client leaves meanwhile."""
     constraints = body.constraints()
+    if constraints and state.harmony and isinstance(body, ChatCompletionRequest):
+        message = "structured output for a model that answers in harmony channels (gpt-oss) is not supported yet"
+        raise ApiError(400, message, param=constraints[0][0], code="unsupported_parameter")
     if tools is not None and tools.choice != "none":
         answer = _structured_answer(constraints)
         calls = tool_grammar(tools, state.scheduler.tokenizer, answer if tools.choice == "auto" else None)
-        constraints = [("functions" if tools.legacy else "tools", "grammar", calls)]
+        constraints = [("functions" if tools.legacy else "tools", "grammar", calls)] if calls is not None else []
     if not constraints:
         return None, None
     param = constraints[0][0]
@@ -637,6 +643,7 @@ def _submit(
         job_id, state.model_name, requests=requests, sink=sink, stream=body.stream, include_usage=include_usage,
         tokenizer=state.scheduler.tokenizer,
         choices=body.n, logprobs=logprobs is not None, grammar_param=grammar_param, tools=tools,
+        harmony=state.harmony and kind is not None,
     )  # fmt: skip
 
 

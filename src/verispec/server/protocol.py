@@ -439,6 +439,7 @@ class ToolCall(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
+    reasoning_content: str | None = None  # a reasoning model's reasoning (gpt-oss's analysis channel), as vLLM names it
     tool_calls: list[ToolCall] | None = None
     function_call: ToolCallFunction | None = None  # answers to the legacy `functions`
 
@@ -487,6 +488,7 @@ class DeltaToolCall(BaseModel):
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
     function_call: DeltaFunction | None = None  # the legacy `functions`' form
 

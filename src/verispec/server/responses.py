@@ -14,6 +14,7 @@ from ..engine.requests import EngineRequest, ErrorEvent, FinishEvent, Generation
 from ..errors import InvalidParameterError
 from ..models.tokenizer import Tokenizer
 from .events import AsyncSink
+from .harmony import HarmonyStream, read_answer
 from .protocol import (
     ApiError,
     AssistantMessage,
@@ -32,7 +33,7 @@ from .protocol import (
     Usage,
     VerispecStats,
 )
-from .tools import ToolRequest, ToolStream, answer_calls, parse_calls
+from .tools import ParsedCall, ToolRequest, ToolStream, answer_calls, parse_calls
 
 LOWEST_LOGPROB = -9999.0  # how a logprob of -inf is sent (JSON has no infinity; vLLM sends the same)
 
@@ -53,6 +54,7 @@ class Job:
     logprobs: bool = False  # whether the client asked for them (best_of ranks by them either way)
     grammar_param: str | None = None  # the field that asked for structured output, if any
     tools: ToolRequest | None = None  # the request's tools: its answers may hold tool calls (tools.py)
+    harmony: bool = False  # its answers are harmony messages (gpt-oss: harmony.py), read into reasoning and content
 
     @property
     def wants_logprobs(self) -> bool:
@@ -162,6 +164,8 @@ def _message(job: Job, output: GenerationOutput, choice: int) -> tuple[Assistant
     """The answer's message and finish reason: its text, or with tools its content and tool calls (finish reason
     "tool_calls"; "function_call" for the legacy `functions`)."""
     tools = job.tools
+    if job.harmony:
+        return _harmony_message(job, output, choice)
     if tools is None or tools.choice == "none":
         return AssistantMessage(content=output.text), output.finish_reason
     text = job.tokenizer.decode(output.token_ids, keep_special=True)
@@ -175,6 +179,24 @@ def _message(job: Job, output: GenerationOutput, choice: int) -> tuple[Assistant
     if tools.legacy:
         return AssistantMessage(content=content, function_call=calls[0].function), reason
     return AssistantMessage(content=content, tool_calls=calls), reason
+
+
+def _harmony_message(job: Job, output: GenerationOutput, choice: int) -> tuple[AssistantMessage, str]:
+    """A harmony answer's message: its analysis channel as reasoning_content, its final (and commentary) text as
+    content, its messages to functions.NAME as tool calls where the request has tools (else their arguments are
+    content, as written)."""
+    read = read_answer(job.tokenizer, output.token_ids, job.tools, choice)
+    calls = [ParsedCall(name, arguments) for name, arguments in read.taken]
+    content, reasoning = read.content, read.reader.reasoning or None
+    if not calls:
+        return AssistantMessage(content=content, reasoning_content=reasoning), output.finish_reason
+    reason = output.finish_reason if output.finish_reason != "stop" else "tool_calls"
+    made = answer_calls(job.tools, calls, choice)
+    if job.tools.legacy:
+        return AssistantMessage(content=content or None, reasoning_content=reasoning, function_call=made[0].function), (
+            "function_call" if reason == "tool_calls" else reason
+        )
+    return AssistantMessage(content=content or None, reasoning_content=reasoning, tool_calls=made), reason
 
 
 def event_error(event: ErrorEvent, job: Job) -> ApiError:
@@ -214,10 +236,12 @@ async def completion_chunks(job: Job) -> AsyncIterator[BaseModel | dict]:
         yield Completion(id=job.id, model=job.model, choices=[], usage=usage(outputs))
 
 
-def _tool_deltas(job: Job, news: tuple[str, list]) -> list[Delta]:
-    """A tool stream's news as deltas: content, then call pieces (the legacy `functions` get one function_call)."""
-    content, pieces = news
-    deltas = [Delta(content=content)] if content else []
+def _tool_deltas(job: Job, news: tuple) -> list[Delta]:
+    """A tool stream's news as deltas: reasoning (a harmony stream's), content, then call pieces (the legacy
+    `functions` get one function_call)."""
+    *reasoning, content, pieces = news
+    deltas = [Delta(reasoning_content=reasoning[0])] if reasoning and reasoning[0] else []
+    deltas += [Delta(content=content)] if content else []
     if pieces and job.tools.legacy:
         first = [piece for piece in pieces if piece.index == 0]
         deltas += [Delta(function_call=piece.function) for piece in first]
@@ -241,6 +265,8 @@ async def chat_chunks(job: Job) -> AsyncIterator[BaseModel | dict]:
     outputs: list[GenerationOutput] = []
     calling = job.tools is not None and job.tools.choice != "none"
     streams = {i: ToolStream(job.tools, job.tokenizer, i) for i in range(len(job.requests))} if calling else {}
+    if job.harmony:
+        streams = {i: HarmonyStream(job.tokenizer, job.tools, i) for i in range(len(job.requests))}
     async for index, event in job.sink.events():
         if isinstance(event, ErrorEvent):
             yield _error_chunk(event, job)

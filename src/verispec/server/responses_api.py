@@ -28,6 +28,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..engine.requests import ErrorEvent, FinishEvent, GenerationOutput
+from .harmony import HarmonyStream, read_answer
 from .protocol import ApiError, ChatCompletionRequest
 from .responses import Job, event_error, usage
 from .responses_protocol import (
@@ -42,7 +43,7 @@ from .responses_protocol import (
     ResponsesRequest,
     UnknownItem,
 )
-from .tools import ToolStream, answer_calls, parse_calls
+from .tools import ParsedCall, ToolStream, answer_calls, parse_calls
 
 LEFT_OUT_HEADER = "X-Verispec-Tools-Left-Out"  # the hosted tools a request named that the model was not shown
 LOCAL_SHELL = "local_shell"
@@ -369,6 +370,8 @@ def _message_field(made: Plan, index: int, inner: str) -> str:
 def output_items(job: Job, output: GenerationOutput, kinds: dict[str, str]) -> list[dict]:
     """The answer's output items: a message with its text, then each call (function_call, custom_tool_call,
     local_shell_call by the kind of the tool it names)."""
+    if job.harmony:
+        return _harmony_items(job, output, kinds)
     content, calls = output.text, []
     if job.tools is not None and job.tools.choice != "none":
         text = job.tokenizer.decode(output.token_ids, keep_special=True)
@@ -382,6 +385,25 @@ def output_items(job: Job, output: GenerationOutput, kinds: dict[str, str]) -> l
         for call in calls
     ]
     return items
+
+
+def _harmony_items(job: Job, output: GenerationOutput, kinds: dict[str, str]) -> list[dict]:
+    """A harmony answer's items (harmony.py): its reasoning, its message, its calls."""
+    read = read_answer(job.tokenizer, output.token_ids, job.tools)
+    status = "incomplete" if output.finish_reason == "length" else "completed"
+    items = [_reasoning_item(_id("rs"), read.reader.reasoning)] if read.reader.reasoning else []
+    items += [_message_item(_id("msg"), read.content, "completed")] if read.content or not read.taken else []
+    calls = (
+        answer_calls(job.tools, [ParsedCall(name, arguments) for name, arguments in read.taken]) if read.taken else []
+    )
+    return items + [
+        _call_item(call.id, call.function.name, arguments=call.function.arguments, kinds=kinds, status=status)
+        for call in calls
+    ]
+
+
+def _reasoning_item(item_id: str, text: str) -> dict:
+    return {"type": "reasoning", "id": item_id, "summary": [], "content": [{"type": "reasoning_text", "text": text}]}
 
 
 def _message_item(item_id: str, text: str, status: str) -> dict:
@@ -435,12 +457,18 @@ def response_object(made: Plan, job: Job, output: GenerationOutput | None, items
         used = usage([output])
         response["usage"] = {
             "input_tokens": used.prompt_tokens, "input_tokens_details": {"cached_tokens": output.stats.cached_tokens},
-            "output_tokens": used.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": used.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": _reasoning_tokens(job, output)},
             "total_tokens": used.total_tokens,
         }  # fmt: skip
         if output.finish_reason == "length":
             response["status"], response["incomplete_details"] = "incomplete", {"reason": "max_output_tokens"}
     return response
+
+
+def _reasoning_tokens(job: Job, output: GenerationOutput) -> int:
+    """The answer's tokens of reasoning (a harmony answer's analysis bodies), 0 for others."""
+    return read_answer(job.tokenizer, output.token_ids).reader.reasoning_tokens if job.harmony else 0
 
 
 def _echo(choice: Any) -> Any:
@@ -465,6 +493,8 @@ async def response_events(
     )
     calling = job.tools is not None and job.tools.choice != "none"
     stream = ToolStream(job.tools, job.tokenizer) if calling else None
+    if job.harmony:
+        stream = HarmonyStream(job.tokenizer, job.tools)
     async for _, event in job.sink.events():
         if isinstance(event, ErrorEvent):
             error = event_error(event, job)
@@ -500,6 +530,7 @@ class _Emitter:
         self.items: list[dict] = []
         self.sequence = 0
         self.message: dict | None = None  # the message item being written
+        self.reasoning: dict | None = None  # the reasoning item being written (a harmony answer's)
         self.calls: dict[int, dict] = {}  # call index -> its function_call item
         self.held: dict[int, list] = {}  # call index -> [call id, name, arguments] of a custom or shell call
 
@@ -507,14 +538,17 @@ class _Emitter:
         self.sequence += 1
         return kind, {"type": kind, "sequence_number": self.sequence, **data}
 
-    def news(self, content: str, pieces: list) -> list[tuple[str, dict]]:
-        out = self._content(content) if content else []
+    def news(self, *news) -> list[tuple[str, dict]]:
+        """The events of a stream's news: (content, call pieces), or a harmony stream's (reasoning, content, pieces)."""
+        *reasoning, content, pieces = news
+        out = self._reasoning(reasoning[0]) if reasoning and reasoning[0] else []
+        out += self._content(content) if content else []
         for piece in pieces:
             if piece.index in self.held:
                 self.held[piece.index][2] += piece.function.arguments
                 continue
             if piece.index not in self.calls:
-                out += self._close_message()
+                out += self._close_reasoning() + self._close_message()
                 if self.kinds.get(piece.function.name, "function") != "function":
                     item = _call_item(
                         piece.id, piece.function.name, arguments="", kinds=self.kinds, status="in_progress"
@@ -532,8 +566,31 @@ class _Emitter:
                                       output_index=self._index(item), delta=piece.function.arguments))  # fmt: skip
         return out
 
-    def _content(self, content: str) -> list[tuple[str, dict]]:
+    def _reasoning(self, text: str) -> list[tuple[str, dict]]:
+        """Reasoning text: into the reasoning item being written (a new one after other items)."""
         out = []
+        if self.reasoning is None or self.items[-1] is not self.reasoning:
+            out += self._close_reasoning()
+            self.reasoning = _reasoning_item(_id("rs"), "")
+            out.append(self._added(self.reasoning))
+        self.reasoning["content"][0]["text"] += text
+        out.append(self.event("response.reasoning_text.delta", item_id=self.reasoning["id"],
+                              output_index=self._index(self.reasoning), content_index=0, delta=text))  # fmt: skip
+        return out
+
+    def _close_reasoning(self) -> list[tuple[str, dict]]:
+        item, self.reasoning = self.reasoning, None
+        if item is None:
+            return []
+        index = self._index(item)
+        return [
+            self.event("response.reasoning_text.done", item_id=item["id"], output_index=index, content_index=0,
+                       text=item["content"][0]["text"]),
+            self.event("response.output_item.done", output_index=index, item=item),
+        ]  # fmt: skip
+
+    def _content(self, content: str) -> list[tuple[str, dict]]:
+        out = self._close_reasoning()
         if self.message is None or self.message["status"] == "completed":  # text after a call: a message of its own
             self.message = _message_item(_id("msg"), "", "in_progress")
             out.append(self._added(self.message))
@@ -546,7 +603,7 @@ class _Emitter:
         return out
 
     def close(self, status: str) -> list[tuple[str, dict]]:
-        out = self._close_message()
+        out = self._close_reasoning() + self._close_message()
         for item in self.calls.values():
             if item["status"] == "in_progress":
                 item["status"] = status

@@ -11,6 +11,8 @@ Formats, told by the chat template (`detect`; a model whose template shows none 
                  (Llama 3.1-3.3)
     mistral      [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...] (Mistral v0.3, Mistral Nemo)
     mistral_args [TOOL_CALLS]name[ARGS]{...}, a pair per call (Mistral Small 3.2, Devstral, Ministral 3)
+    harmony      <|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>{...}<|call|>, one call
+                 a turn, after its reasoning (gpt-oss: read by harmony.py, not here)
 
 What the grammar is, by tool_choice (`tool_grammar`):
 
@@ -64,7 +66,8 @@ HERMES = ToolFormat("hermes", "<tool_call>", "</tool_call>")
 LLAMA3_JSON = ToolFormat("llama3_json", "<|python_tag|>", arguments_key="parameters", bare=True)
 MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", listed=True, short_ids=True)
 MISTRAL_ARGS = ToolFormat("mistral_args", "[TOOL_CALLS]", named="[ARGS]", short_ids=True)
-FORMATS = {f.name: f for f in (HERMES, LLAMA3_JSON, MISTRAL, MISTRAL_ARGS)}
+HARMONY = ToolFormat("harmony", " to=functions.")
+FORMATS = {f.name: f for f in (HERMES, LLAMA3_JSON, MISTRAL, MISTRAL_ARGS, HARMONY)}
 XML_ARGUMENTS = ("<function=", "<arg_key>", "<parameter=", "<tool_calls>")  # formats verispec does not parse
 
 
@@ -74,6 +77,8 @@ def detect(chat_template: str | None) -> ToolFormat | None:
         return None
     if any(xml in chat_template for xml in XML_ARGUMENTS):  # Qwen3-Coder's, GLM's, Nemotron's, Apriel's calls
         return None
+    if "<|channel|>" in chat_template and "to=" in chat_template and "functions." in chat_template:
+        return HARMONY
     if "<tool_call>" in chat_template and _writes_json(chat_template):
         return HERMES
     if "[TOOL_CALLS]" in chat_template:
@@ -231,6 +236,8 @@ def tool_grammar(request: ToolRequest, tokenizer: Tokenizer, answer: str | None 
     answer is then that JSON or calls, nothing else (one grammar: "a call or the schema's object")."""
     if request.choice == "none":
         return None
+    if request.format is HARMONY:
+        return _harmony_grammar(request, tokenizer)
     fmt = request.format
     functions = [f for f in request.functions if request.named in (None, f.name)]
     opening = _marker(fmt.opening, tokenizer)
@@ -261,6 +268,26 @@ def tool_grammar(request: ToolRequest, tokenizer: Tokenizer, answer: str | None 
         rules.append(f"start: answer | {calls}")
     else:
         rules.append("start: " + after_text.format(calls=calls))
+    return "\n".join(rules) + "\n"
+
+
+def _harmony_grammar(request: ToolRequest, tokenizer: Tokenizer) -> str | None:
+    """gpt-oss's calls: under auto none (its own channels decide; harmony.py reads the calls it writes); required or
+    named, its reasoning (or none) then one call of a function within its schema, as its template renders calls:
+    ` to=functions.NAME<|channel|>commentary json<|message|>{...}` after the prompt's or a new `<|start|>assistant`."""
+    if request.choice == "auto":
+        return None
+    start, channel, message, end = (
+        _marker(t, tokenizer) for t in ("<|start|>", "<|channel|>", "<|message|>", "<|end|>")
+    )
+    functions = [f for f in request.functions if request.named in (None, f.name)]
+    header = f'{channel} "commentary json" {message}'
+    calls = [
+        f'" to=functions." {json.dumps(f.name)} {header} %json {json.dumps(_arguments_schema(f))}' for f in functions
+    ]
+    rules = ["%llguidance {}", TEXT, "call: " + " | ".join(calls)]
+    rules.append(f'reasoning: {channel} "analysis" {message} TEXT {end} {start} "assistant"')
+    rules.append("start: reasoning? call")
     return "\n".join(rules) + "\n"
 
 
