@@ -167,3 +167,24 @@ def test_the_mixture_beside_the_mlp_counts_and_speculation_on_it_is_plain_decodi
         for ids in PROMPTS:
             out = generator.generate(ids, max_tokens=16, ignore_eos=True)
             assert out.token_ids == reference_greedy(model, ids, 16, set()), (method, ids)
+
+
+def test_a_gguf_file_on_the_native_kernels_decodes_as_plain_greedy(tmp_path, monkeypatch):
+    """llama.cpp's conversion of the tiny spec (its logits: test_architectures.py) with its matrices on the native
+    kernels and its blocks on PyTorch: greedy speculative output with lookups is plain greedy output."""
+    from pathlib import Path
+
+    from verispec.kernels import native
+
+    if not native.available():
+        pytest.skip("native kernels not compiled")
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    path = Path(__file__).parent / "fixtures" / "architectures" / "gemma4.gguf"
+    loaded = load_model(path, "float32", progress=False, quantization="gguf")
+    assert type(loaded.model.lm_head).__name__ == "NativeLinear"
+    for method in ("suffix", "ngram"):
+        generator = SpeculativeGenerator(loaded, None, num_speculative_tokens=3, speculative_method=method,
+                                         adaptive=False, progress=False)  # fmt: skip
+        for ids in PROMPTS:
+            out = generator.generate(ids, max_tokens=16, ignore_eos=True)
+            assert out.token_ids == reference_greedy(loaded.model, ids, 16, set()), (method, ids)

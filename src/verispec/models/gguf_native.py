@@ -53,7 +53,7 @@ def load_native(
     if not (folder / "config.json").is_file():
         _write_index(path, folder, progress, coarsen)
     config = ModelConfig.from_json((folder / "config.json").read_text())
-    if _beyond_the_kernels(config):
+    if _beyond_the_kernels(config) and not _gemma4(config):
         return None  # gpt-oss: on PyTorch, its weights dequantized (loading.py)
     index = json.loads((folder / "tensors.json").read_text())
     matrices = [entry["type"] for entry in index["tensors"].values() if len(entry["shape"]) > 1]
@@ -64,7 +64,8 @@ def load_native(
         if (folder / f"{extra}.bin").is_file() and (folder / f"{extra}.bin").stat().st_size:
             data[extra] = np.memmap(folder / f"{extra}.bin", mode="c")
     native.claim_threads()
-    model = _build_hybrid(config, index, data) if config.hybrid else _build(config, index, data)
+    build = _build_hybrid if config.hybrid else _build_gemma4 if _gemma4(config) else _build
+    model = build(config, index, data)
     return model, Tokenizer.load_for_gguf(folder, path)
 
 
@@ -162,6 +163,55 @@ def _build_hybrid(config: ModelConfig, index: dict, data: dict[str, np.memmap]) 
         )
     model.load_state_dict(state, assign=True, strict=True)
     return model.eval()
+
+
+def _gemma4(config: ModelConfig) -> bool:
+    """Whether the model is a Gemma 4 (its values normed: the family's mark): matrices on the kernels, blocks on
+    PyTorch."""
+    return config.v_norm
+
+
+def _build_gemma4(config: ModelConfig, index: dict, data: dict[str, np.memmap]) -> Transformer:
+    """A Gemma 4 file with every matrix on the native kernels as the file stores it, its per-layer embedding table
+    looked up there too, and the rest on PyTorch, block by block (the native stack has no per-layer head sizes, shared
+    keys or per-layer inputs). Each product sums in the kernels' fixed order; attention is PyTorch's."""
+    tensors, hidden = _Tensors(index, data), config.hidden_size
+    with torch.device("meta"):
+        model = Transformer(config)
+    state = {"norm.weight": tensors.floats("output_norm.weight")}
+    for i, block in enumerate(model.layers):
+        state |= _gemma4_block(block, tensors, config, layer=i)
+    embed_type, embed = tensors.raw_rows("token_embd.weight")
+    model.embed = GGUFEmbedding(embed_type, embed, hidden)
+    model.lm_head = tensors.linear(["output.weight" if "output.weight" in tensors else "token_embd.weight"], hidden)
+    if config.per_layer_input_size:
+        inputs, width = model.per_layer_inputs, config.num_layers * config.per_layer_input_size
+        inputs.embed = GGUFEmbedding(*tensors.raw_rows("per_layer_token_embd.weight"), width)
+        inputs.project = tensors.linear(["per_layer_model_proj.weight"], hidden)
+        state["per_layer_inputs.norm.weight"] = tensors.floats("per_layer_proj_norm.weight")
+    model.load_state_dict(state, assign=True, strict=True)
+    return model.eval()
+
+
+def _gemma4_block(block, tensors: _Tensors, config: ModelConfig, layer: int) -> dict[str, torch.Tensor]:
+    """A Gemma 4 block's matrices onto the native kernels; returns its norms and scalar (under layers.{layer}.)."""
+    p, s, hidden = f"blk.{layer}.", f"layers.{layer}.", config.hidden_size
+    projections = [name for name in ("attn_q", "attn_k", "attn_v") if f"{p}{name}.weight" in tensors]
+    block.attn.wqkv = tensors.linear([f"{p}{name}.weight" for name in projections], hidden)
+    block.attn.wo = tensors.linear([p + "attn_output.weight"], config.num_heads * config.head_size_of(layer))
+    block.mlp.w_gate_up = tensors.linear([p + "ffn_gate.weight", p + "ffn_up.weight"], hidden)
+    block.mlp.w_down = tensors.linear([p + "ffn_down.weight"], block.mlp.w_down.in_features)
+    norms = {"attn_norm.weight": "attn_norm", "mlp_norm.weight": "ffn_norm", "attn.q_norm.weight": "attn_q_norm",
+             "post_attn_norm.weight": "post_attention_norm", "post_mlp_norm.weight": "post_ffw_norm"}  # fmt: skip
+    if "attn_k" in projections:
+        norms["attn.k_norm.weight"] = "attn_k_norm"
+    if config.per_layer_input_size:
+        block.per_layer.gate = tensors.linear([p + "inp_gate.weight"], hidden)
+        block.per_layer.up = tensors.linear([p + "proj.weight"], config.per_layer_input_size)
+        norms["per_layer.norm.weight"] = "post_norm"
+    if config.layer_scalar:
+        norms["scalar"] = "layer_output_scale"
+    return {s + ours: tensors.floats(f"{p}{theirs}.weight") for ours, theirs in norms.items()}
 
 
 def _hybrid_block(

@@ -127,7 +127,7 @@ def _dequantized(path: Path) -> bool:
     from .gguf_source import GGUFSource
 
     try:
-        return GGUFSource.architecture(path) in HYBRID | {"gpt-oss", "gemma4"}
+        return GGUFSource.architecture(path) in HYBRID | {"gpt-oss", "gemma4"}  # gemma4: without the native library
     except ModelLoadError:
         return False  # the loader that follows says what is wrong with the file
 

@@ -375,8 +375,9 @@ class PerLayerInputs(nn.Module):
 
     def forward(self, tokens: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
         shape = (*tokens.shape, self.layers, self.size)
-        scale = torch.tensor(self.size**0.5, dtype=torch.float32).to(self.embed.weight.dtype)  # as transformers rounds
-        looked_up = (self.embed(tokens) * scale).reshape(shape)
+        looked_up = self.embed(tokens)
+        scale = torch.tensor(self.size**0.5, dtype=torch.float32).to(looked_up.dtype)  # as transformers rounds it
+        looked_up = (looked_up * scale).reshape(shape)
         projected = self.norm((self.project(embedded) * self.hidden_scale).reshape(shape))
         return (projected + looked_up) * 2.0**-0.5
 
