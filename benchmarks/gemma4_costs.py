@@ -4,6 +4,9 @@ a target step (c), with its ordered-embedding head (the top 32 of 2048 clusters)
 
     python benchmarks/gemma4_costs.py                    # both shapes, PyTorch float32 (Gemma 4 runs on PyTorch)
     python benchmarks/gemma4_costs.py --shape small
+    python benchmarks/gemma4_costs.py --shape e2b-half --gguf Q4_K_M
+        # a random file of the shape made by llama.cpp's converter and llama-quantize (cached), on the CPU default:
+        # its matrices on the native kernels, the blocks on PyTorch; and the same file dequantized on PyTorch
 
 Shapes (the target's):
 - small: hidden 512, 10 layers (4 sliding of 8 heads of 128, then a full one of 8 heads of 256; 1 KV head), the last 4
@@ -25,15 +28,24 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
+from verispec import load_model
 from verispec.models.assistant import AssistantModel
 from verispec.models.config import ModelConfig
+from verispec.models.converted import cache_dir
 from verispec.models.model import Transformer
 from verispec.models.rope import RopeScaling
+
+ROOT = Path(__file__).resolve().parents[1]
+LLAMA_CPP = Path.home() / ".cache/llamacpp-native/llama_cpp_python-0.3.36/vendor/llama.cpp"
 
 
 def _gemma4(layers: int, hidden: int, heads: int, kv: int, dims: tuple[int, int], **rest) -> ModelConfig:
@@ -56,6 +68,15 @@ def _gemma4(layers: int, hidden: int, heads: int, kv: int, dims: tuple[int, int]
 
 
 SHAPES = {
+    # E2B as its config has it (as far as we know it: not available offline): 35 layers of which the last 20 share
+    # keys, hidden 1536, heads of 256 and 512, one kv head, MLP 6144 (double-wide where shared), per-layer inputs of
+    # 256 over the whole vocabulary: 5.1 B parameters, 2.0 B of them in the per-layer table
+    "e2b": _gemma4(35, 1536, 8, 1, (256, 512), shared=20, vocab_size=262144, intermediate_size=6144,
+                   per_layer_input_size=256, per_layer_vocab=262144),
+    # half of E2B's depth as its config has it (hidden 1536, heads of 256 and 512, one kv head, MLP 6144, per-layer
+    # inputs of 256 over the whole vocabulary), 15 layers of which the last 5 share keys: 2.2 B parameters
+    "e2b-half": _gemma4(15, 1536, 8, 1, (256, 512), shared=5, vocab_size=262144, intermediate_size=6144,
+                        per_layer_input_size=256, per_layer_vocab=262144),
     "small": _gemma4(10, 512, 8, 1, (128, 256), shared=4, vocab_size=32768, intermediate_size=2048,
                      per_layer_input_size=64, per_layer_vocab=32768),
     "default": _gemma4(30, 2304, 8, 4, (256, 512), vocab_size=262144, intermediate_size=9216,
@@ -79,6 +100,61 @@ def assistant_for(target: ModelConfig, hidden: int, ordered: bool) -> AssistantM
     if ordered:
         model.token_ordering.copy_(torch.randperm(target.vocab_size))
     return model
+
+
+def hf_config(config: ModelConfig) -> dict:
+    """The transformers config.json of a shape (gemma4_text)."""
+    layers = config.num_layers
+    full = [config.window(i) == 0 for i in range(layers)]
+    return dict(model_type="gemma4_text", vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+                intermediate_size=config.intermediate_size, num_hidden_layers=layers,
+                num_attention_heads=config.num_heads, num_key_value_heads=config.num_kv_heads,
+                head_dim=config.head_size_of(0), global_head_dim=config.head_size_of(layers - 1),
+                layer_types=["full_attention" if f else "sliding_attention" for f in full],
+                sliding_window=max(config.layer_windows), num_kv_shared_layers=sum(
+                    config.kv_source(i) != i for i in range(layers)), use_double_wide_mlp=bool(config.wide_mlp_layers),
+                hidden_size_per_layer_input=config.per_layer_input_size,
+                vocab_size_per_layer_input=config.per_layer_vocab, max_position_embeddings=4096,
+                final_logit_softcapping=30.0)  # fmt: skip
+
+
+def random_gguf(name: str, config: ModelConfig, quant: str) -> Path:
+    """A GGUF file of the shape in `quant`, from a random bfloat16 checkpoint, made once by llama.cpp's converter and
+    llama-quantize (cached under the verispec cache's bench/ folder)."""
+    out = cache_dir() / "bench" / f"gemma4-{name}-{quant}.gguf"
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests/fixtures/architectures")]
+    import make  # the fixtures' converter call (its tokenizer handling)
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from architectures import tokenizer
+
+    with tempfile.TemporaryDirectory() as work:
+        folder = Path(work) / "hf"
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**hf_config(config)), dtype=torch.bfloat16)
+        model.save_pretrained(folder)
+        tokenizer().save_pretrained(folder)
+        _pad_vocabulary(folder / "tokenizer.json", config.vocab_size)  # the converter keeps the tokenizer's rows only
+        del model
+        f16 = Path(work) / "f16.gguf"
+        subprocess.run([sys.executable, "-c", make._CONVERT, str(LLAMA_CPP), str(folder), "--outtype", "f16",
+                        "--outfile", str(f16)], check=True, capture_output=True)  # fmt: skip
+        subprocess.run([str(LLAMA_CPP / "build/bin/llama-quantize"), str(f16), str(out), quant], check=True,
+                       capture_output=True)  # fmt: skip
+    return out
+
+
+def _pad_vocabulary(path: Path, size: int) -> None:
+    """The fixture tokenizer's vocabulary padded with unused tokens to `size` entries."""
+    import json
+
+    tokenizer = json.loads(path.read_text())
+    vocab, added = tokenizer["model"]["vocab"], len(tokenizer["added_tokens"])
+    for i in range(len(vocab) + added, size):
+        vocab[f"<unused{i}>"] = i
+    path.write_text(json.dumps(tokenizer))
 
 
 def _random(cls, *args):
@@ -149,9 +225,26 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--assistant-hidden", type=int, nargs="+", default=[256, 512, 1024])
+    parser.add_argument("--gguf", metavar="TYPE", help="a random file of the shape in this llama-quantize type")
+    parser.add_argument(
+        "--forms",
+        nargs="+",
+        choices=["gguf", "none"],
+        default=["gguf", "none"],
+        help="with --gguf: the file on the native kernels (gguf), dequantized on PyTorch (none)",
+    )
     args = parser.parse_args()
     for name, config in SHAPES.items():
-        if args.shape not in (name, "all"):
+        if args.shape != name and (args.shape != "all" or name.startswith("e2b")):  # "all": the random-weight ones
+            continue
+        if args.gguf:
+            path = random_gguf(name, config, args.gguf)
+            for form in args.forms:
+                model = load_model(path, progress=False, quantization=form).model
+                where = "matrices on the native kernels" if form == "gguf" else "dequantized, float32 PyTorch"
+                measure(f"{name} ({args.gguf}, {path.stat().st_size / 1e9:.2f} GB: {where})", model, args.context,
+                        args)  # fmt: skip
+                del model
             continue
         model = _random(Transformer, config)
         params = sum(p.numel() for p in model.parameters())

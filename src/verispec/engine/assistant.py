@@ -18,6 +18,7 @@ import torch
 
 from ..errors import InvalidParameterError
 from ..models.assistant import AssistantModel
+from ..models.gguf_native import linears_on_the_kernels
 from ..models.kv_cache import KVCache
 from ..models.model import Transformer
 from .draft_model import pick_draft, plain_greedy
@@ -42,6 +43,8 @@ class AssistantDrafter:
         except ValueError as exc:
             raise InvalidParameterError(f"this assistant does not fit this target: {exc}") from None
         self.target, self.model, self.cache = target, assistant, cache
+        if type(target.lm_head).__name__ == "NativeLinear":  # a target on the native kernels: its drafter there too
+            linears_on_the_kernels(assistant)
         # per slot: (the first position of its latest pass, that pass's final hidden states [rows, hidden])
         self.latest: list[tuple[int, torch.Tensor] | None] = [None] * cache.num_slots
         self.spent = DraftCost()

@@ -24,6 +24,8 @@ a sequence's drafts never depend on what shares its pass.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -43,6 +45,7 @@ class AssistantModel(Transformer):
         count, self.top_k = centroids
         self.centroids = nn.Linear(config.hidden_size, count, bias=False) if count else None
         self.register_buffer("token_ordering", torch.arange(config.vocab_size if count else 0), persistent=True)
+        self._clustered: torch.Tensor | None = None  # the head's rows in cluster order, made at the first draft
 
     def bind(self, target: Transformer) -> None:
         """Each layer reads the keys and values of the target's last layer of its kind that makes them; raises
@@ -81,7 +84,7 @@ class AssistantModel(Transformer):
         x = self.pre(torch.cat([embedded.to(self.dtype), hidden.to(self.dtype)], dim=-1))[:, None]
         positions = [cache.lengths[slot] for slot in slots]
         starts = [p - 1 for p in positions]  # a pass "of one row at p - 1": it reads [0, p), writes nothing
-        where = cache.pass_pages(slots, starts, 1)
+        where = replace(cache.pass_pages(slots, starts, 1), kept={})  # its layers of a kind read one target layer
         cos, sin, masks = self._reading(positions)
         for layer, block in enumerate(self.layers):
             table = self._layer_tables[layer]
@@ -113,6 +116,9 @@ class AssistantModel(Transformer):
         chosen = torch.topk(self.centroids(normed), self.top_k, dim=-1).indices  # [rows, top k]
         clusters = self.token_ordering.view(self.centroids.out_features, -1)
         ids = clusters[chosen].reshape(normed.shape[0], -1)  # [rows, top k x cluster size]
-        picked = torch.matmul(weight[ids], normed[:, :, None])[..., 0].float()  # [rows, ids]
+        if self._clustered is None:  # each cluster's rows side by side: a step reads top k runs, not scattered rows
+            self._clustered = weight.detach()[self.token_ordering].view(*clusters.shape, -1)
+        rows = self._clustered[chosen].reshape(normed.shape[0], ids.shape[1], -1)
+        picked = torch.matmul(rows, normed[:, :, None].to(rows.dtype))[..., 0].float()  # [rows, ids]
         floor = picked.min(dim=-1, keepdim=True).values - 1.0
         return floor.expand(-1, weight.shape[0]).clone().scatter_(-1, ids, picked)

@@ -386,6 +386,20 @@ def _beyond_the_kernels(config: ModelConfig) -> bool:
     return gpt_oss or bool(config.layer_head_dims or config.kv_sources or config.per_layer_input_size or config.v_norm)
 
 
+def linears_on_the_kernels(module: torch.nn.Module, dtype: torch.dtype = torch.float16) -> None:
+    """Every nn.Linear inside `module` replaced by a NativeLinear of its weights in `dtype` (a drafter that runs beside
+    a target on the native kernels: Gemma 4's assistant), in place."""
+    qtype = DENSE_TYPES[dtype]
+    for name, child in list(module.named_children()):
+        if isinstance(child, torch.nn.Linear):
+            weight = child.weight.detach().to(dtype).contiguous()
+            rows = weight.view(torch.uint8).reshape(weight.shape[0], -1)
+            bias = None if child.bias is None else child.bias.detach().float()
+            setattr(module, name, NativeLinear(child.in_features, [(qtype, rows)], bias))
+        else:
+            linears_on_the_kernels(child, dtype)
+
+
 def native_from_dense(model: Transformer, dtype: torch.dtype = torch.float32, coarsen: bool = False) -> Transformer:
     """A PyTorch model with dense weights (a Hugging Face folder loaded unquantized) moved onto the native kernels:
     each matrix as a dense part in `dtype` (float32, float16 or bfloat16: the library's F32, F16, BF16 products

@@ -473,6 +473,18 @@ class PassPages:
 
     written: tuple
     read: torch.Tensor
+    # the keys and values read per layer, kept where the pass writes none (a drafter reading its target's cache:
+    # several of its layers read one layer's), else None
+    kept: dict | None = None
+
+    def keys_values(self, layer: int, keys: torch.Tensor, values: torch.Tensor, span: int):
+        """Layer `layer`'s pools `keys`, `values` laid out over the pass's span: [batch, kv heads, span, head size]."""
+        if self.kept is not None and layer in self.kept:
+            return self.kept[layer]
+        read = lay_out(keys[self.read], span), lay_out(values[self.read], span)
+        if self.kept is not None:
+            self.kept[layer] = read
+        return read
 
 
 def lay_out(blocks: torch.Tensor, end: int) -> torch.Tensor:

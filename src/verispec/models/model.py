@@ -25,7 +25,7 @@ from torch import nn
 from ..kernels.stack import TREE_ROWS
 from .config import ModelConfig
 from .delta_net import GatedDeltaNet
-from .kv_cache import KVCache, lay_out
+from .kv_cache import KVCache
 from .rope import rotary_table
 
 # `fused_blocks` takes a long pass (a prefill) in calls of at most this many rows, bounding its scratch memory
@@ -116,8 +116,7 @@ class Attention(nn.Module):
                 layer_values.dtype
             )
         q = q.to(layer_keys.dtype)  # the cache may hold float32 (see Transformer.new_cache)
-        span = max(starts) + seq
-        keys, values = lay_out(layer_keys[where.read], span), lay_out(layer_values[where.read], span)
+        keys, values = where.keys_values(self.source, layer_keys, layer_values, span=max(starts) + seq)
         attended = self._attend(q, keys, values, masks=masks, starts=starts, invariant=invariant)
         return self._out(attended.to(x.dtype), gate)
 
