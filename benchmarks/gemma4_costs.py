@@ -41,6 +41,7 @@ from verispec import load_model
 from verispec.models.assistant import AssistantModel
 from verispec.models.config import ModelConfig
 from verispec.models.converted import cache_dir
+from verispec.models.gguf_native import linears_on_the_kernels
 from verispec.models.model import Transformer
 from verispec.models.rope import RopeScaling
 
@@ -208,6 +209,8 @@ def measure(label: str, model: Transformer, context: int, args) -> None:
         for ordered in (True, False):
             helper = assistant_for(config, size, ordered)
             helper.bind(model)
+            if type(model.lm_head).__name__ == "NativeLinear":  # as the drafter puts it beside such a target
+                linears_on_the_kernels(helper)
             params = sum(p.numel() for p in helper.parameters()) / 1e6
 
             def draft(helper=helper):

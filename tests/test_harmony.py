@@ -37,7 +37,9 @@ ANSWERS = {
     "cut by max_tokens": ("<|channel|>analysis<|message|>Thinking abo", "Thinking abo", "", []),
     "no harmony at all": ("Just text.", "", "Just text.", []),
     "an undeclared function": ('<|start|>assistant to=functions.delete_all<|channel|>commentary json<|message|>{}'
-                               "<|call|>", "", "{}", []),
+                               "<|call|>", "", "functions.delete_all {}", []),
+    "a header cut by max_tokens": ("<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant<|channel|>fin", "Hm.",
+                                   "", []),
 }  # fmt: skip
 
 
@@ -101,7 +103,7 @@ def test_a_chat_answer_carries_reasoning_content_and_tool_calls(harmony):
     assert items[0]["content"] == [{"type": "reasoning_text", "text": "Need the weather."}]
     # without tools, a call's arguments stay content: nothing is lost
     message, _ = _message(plain, _output(harmony, ANSWERS["call"][0]), 0)
-    assert message.content == '{"city": "Paris"}' and message.tool_calls is None
+    assert message.content == 'functions.get_weather {"city": "Paris"}' and message.tool_calls is None
 
 
 def test_tool_choice_required_keeps_the_call_within_its_schema(harmony):

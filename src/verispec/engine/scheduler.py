@@ -171,6 +171,11 @@ class Scheduler:
         metrics: Metrics | None = None,
     ):
         self.config = config or SchedulerConfig()
+        if isinstance(target.model, AssistantModel):
+            raise InvalidParameterError(
+                f"{target.name} is a Gemma 4 assistant, a drafter: give it as the speculative model of its Gemma 4 "
+                "target with --speculative-method assistant"
+            )
         self.target = target
         self.tokenizer = target.tokenizer
         self.metrics = metrics or Metrics()
@@ -216,7 +221,8 @@ class Scheduler:
         reads_target = isinstance(draft.model, AssistantModel)
         if reads_target != self.method.draft_reads_target:
             wanted = "is a Gemma 4 assistant: draft with it by" if reads_target else "is not a Gemma 4 assistant, which"
-            raise InvalidParameterError(f"the speculative model {wanted} --speculative-method assistant")
+            needs = "" if reads_target else " needs"
+            raise InvalidParameterError(f"the speculative model {wanted}{needs} --speculative-method assistant")
 
     def _allocate_caches(self, target: LoadedModel, draft: LoadedModel | None) -> None:
         """The caches of both models, paged (models/kv_cache.py) in as many blocks each as the budget pays for

@@ -18,8 +18,8 @@ Gemma4AssistantCandidateGenerator chains them; nothing is written to any cache. 
 the target's keys sliced to the sequence's length (which, after a rejection, holds the rejected draft's keys at p),
 this reads [0, p) only: what the target verified.
 
-The minimum for the tokens outside the chosen clusters is taken per row (transformers takes it over the batch), so that
-a sequence's drafts never depend on what shares its pass.
+The minimum for the tokens outside the chosen clusters is taken per row (transformers takes it over the batch): a
+sequence's drafts do not hinge on the rows beside it (beyond the rounding of batched products).
 """
 
 from __future__ import annotations
@@ -85,17 +85,18 @@ class AssistantModel(Transformer):
         positions = [cache.lengths[slot] for slot in slots]
         starts = [p - 1 for p in positions]  # a pass "of one row at p - 1": it reads [0, p), writes nothing
         where = replace(cache.pass_pages(slots, starts, 1), kept={})  # its layers of a kind read one target layer
-        cos, sin, masks = self._reading(positions)
+        cos, sin, masks = self._reading(positions, cache.max_len)
         for layer, block in enumerate(self.layers):
             table = self._layer_tables[layer]
             x = block(x, cos[table], sin[table], masks, cache, layer, where, slots, starts, False)
         normed = self.norm(x[:, 0])
         return self._head_of(normed), self.post(normed)
 
-    def _reading(self, positions: list[int]):
+    def _reading(self, positions: list[int], length: int) -> tuple[list, list, dict]:
         """Per rotary table the queries' cos and sin at `positions` [rows, 1, 1, size], and per window the keys each
-        row reads: [0, p), or its last `window` of them [rows, 1, 1, max p]."""
-        cos_full, sin_full = self.rope_tables(max(positions) + 1)
+        row reads: [0, p), or its last window + 1 of them [rows, 1, 1, max p]; the tables made once for `length`
+        positions (the cache's), as the target makes its own."""
+        cos_full, sin_full = self.rope_tables(length)
         at = torch.tensor(positions, device=self.device)
         sizes = [size for _, _, size in self.config.rope_table_specs()]
         cos = [cos_full[t][at][:, None, None, :size].to(self.dtype) for t, size in enumerate(sizes)]

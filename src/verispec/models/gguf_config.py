@@ -190,6 +190,8 @@ def _gemma4(k: _Keys, tensors: dict, floats) -> ModelConfig:
     theta = float(k.get("rope.freq_base", 10000.0))
     factors = tuple(floats("rope_freqs.weight")) if "rope_freqs.weight" in tensors else ()
     size = int(k.get("embedding_length_per_layer_input", 0))
+    if size and int(tensors["per_layer_token_embd.weight"][1]) < int(tensors["token_embd.weight"][1]):
+        raise k.refuse("gemma4.embedding_length_per_layer_input", size, "a per-layer table smaller than the vocabulary")
     return ModelConfig(
         vocab_size=int(tensors["token_embd.weight"][1]), hidden_size=hidden, num_layers=layers, num_heads=heads,
         num_kv_heads=kv[0], intermediate_size=ff[0], rope_theta=theta,

@@ -174,7 +174,8 @@ def _gemma4(config: ModelConfig) -> bool:
 def _build_gemma4(config: ModelConfig, index: dict, data: dict[str, np.memmap]) -> Transformer:
     """A Gemma 4 file with every matrix on the native kernels as the file stores it, its per-layer embedding table
     looked up there too, and the rest on PyTorch, block by block (the native stack has no per-layer head sizes, shared
-    keys or per-layer inputs). Each product sums in the kernels' fixed order; attention is PyTorch's."""
+    keys or per-layer inputs). Each product sums in the kernels' fixed order and the attention runs per query, so a
+    verify row's result is its own whatever shares the pass, as on the stack."""
     tensors, hidden = _Tensors(index, data), config.hidden_size
     with torch.device("meta"):
         model = Transformer(config)
@@ -193,12 +194,16 @@ def _build_gemma4(config: ModelConfig, index: dict, data: dict[str, np.memmap]) 
     return model.eval()
 
 
-def _gemma4_block(block, tensors: _Tensors, config: ModelConfig, layer: int) -> dict[str, torch.Tensor]:
+def _gemma4_block(
+    block: torch.nn.Module, tensors: _Tensors, config: ModelConfig, layer: int
+) -> dict[str, torch.Tensor]:
     """A Gemma 4 block's matrices onto the native kernels; returns its norms and scalar (under layers.{layer}.)."""
     p, s, hidden = f"blk.{layer}.", f"layers.{layer}.", config.hidden_size
     projections = [name for name in ("attn_q", "attn_k", "attn_v") if f"{p}{name}.weight" in tensors]
     block.attn.wqkv = tensors.linear([f"{p}{name}.weight" for name in projections], hidden)
     block.attn.wo = tensors.linear([p + "attn_output.weight"], config.num_heads * config.head_size_of(layer))
+    block.attn.batch_invariant = True  # each query over its own prefix: a row's result is its own in any pass
+    block.attn.attend_per_query = native.attention
     block.mlp.w_gate_up = tensors.linear([p + "ffn_gate.weight", p + "ffn_up.weight"], hidden)
     block.mlp.w_down = tensors.linear([p + "ffn_down.weight"], block.mlp.w_down.in_features)
     norms = {"attn_norm.weight": "attn_norm", "mlp_norm.weight": "ffn_norm", "attn.q_norm.weight": "attn_q_norm",

@@ -219,6 +219,9 @@ def _gemma4(f: _Fields, layers: int, windows: tuple[int, ...]) -> dict:
         kv_heads[int(layer)] = int(values.get("num_key_value_heads", kv_heads[int(layer)]))
     sources = _kv_sources(f, layers, windows)
     size = int(f.get("hidden_size_per_layer_input", 0))
+    if size and int(f.get("vocab_size_per_layer_input", 0)) < int(f.raw["vocab_size"]):
+        why = "a per-layer table smaller than the vocabulary: tokens past it would have no per-layer input"
+        raise f.refuse("vocab_size_per_layer_input", f.get("vocab_size_per_layer_input"), why)
     moe = {}
     if f.get("enable_moe_block", False):  # every layer: the mixture beside the MLP
         moe = dict(num_experts=int(f.require("num_experts")), experts_per_token=int(f.require("top_k_experts")),

@@ -477,7 +477,9 @@ class PassPages:
     # several of its layers read one layer's), else None
     kept: dict | None = None
 
-    def keys_values(self, layer: int, keys: torch.Tensor, values: torch.Tensor, span: int):
+    def keys_values(
+        self, layer: int, keys: torch.Tensor, values: torch.Tensor, span: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer `layer`'s pools `keys`, `values` laid out over the pass's span: [batch, kv heads, span, head size]."""
         if self.kept is not None and layer in self.kept:
             return self.kept[layer]

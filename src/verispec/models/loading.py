@@ -180,6 +180,11 @@ def load_pair(
             loaded[key] = load_model(source, dtype, device=device, progress=progress, quantization=form)
         models.append(loaded[key])
     first, second = models
+    if first.tokenizer is None:  # a Gemma 4 assistant given as the target
+        raise InvalidParameterError(
+            f"{first.name} is a Gemma 4 assistant, a drafter: give it as the speculative model of its Gemma 4 target "
+            "with --speculative-method assistant"
+        )
     if second is not None and second.tokenizer is None:  # an assistant without tokenizer files: its target's ids
         second.tokenizer = first.tokenizer
     if second is not None:

@@ -21,9 +21,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..decoding.detokenizer import IncrementalText
 from ..models.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from .tools import ToolRequest
 
 HEADER_CHARS = 256  # a header without <|message|> past this many characters is text the model wrote, not a header
 _ENDS = ("<|end|>", "<|return|>", "<|call|>")
@@ -78,11 +82,14 @@ class HarmonyReader:
         return self._more(self._body.add(token))
 
     def finish(self) -> list[Piece]:
-        """What the end of the answer releases: the open body closed, or a header that never opened one as content."""
+        """What the end of the answer releases: the open body closed; a header that never opened a body is dropped
+        where it holds harmony's markers (cut by max_tokens), else it is text the model wrote, as content."""
         if self._body is not None:
             return self._close()
-        text = self.tokenizer.decode(self._header, keep_special=True)
-        self._header = []
+        header, self._header = self._header, []
+        if any(token in self._headers for token in header):
+            return []
+        text = self.tokenizer.decode(header)
         return self._add("content", text) if text.strip() else []
 
     def _header_token(self, token: int) -> list[Piece]:
@@ -141,9 +148,9 @@ class HarmonyStream:
     """One choice's harmony answer as a chat stream's news: (reasoning, content, call pieces) per token, the call
     pieces as tools.ToolStream sends them (the first with the call's id, type and name, then its arguments). A call is
     a tool call where the request takes calls (tools, tool_choice not none) and names one of its functions; any other
-    call's arguments are content, as written. `taken` holds the calls as [name, arguments], in order."""
+    is content, as `functions.NAME ` and its arguments. `taken` holds the calls as [name, arguments], in order."""
 
-    def __init__(self, tokenizer: Tokenizer, request=None, choice: int = 0):
+    def __init__(self, tokenizer: Tokenizer, request: ToolRequest | None = None, choice: int = 0):
         self.reader, self.request, self.choice = HarmonyReader(tokenizer), request, choice
         takes = request is not None and request.choice != "none"
         self.declared = {f.name for f in request.functions} if takes else set()
@@ -170,7 +177,9 @@ class HarmonyStream:
                 reasoning += piece.text
             elif piece.kind == "content" or (piece.kind == "arguments" and piece.index not in self._index):
                 content += piece.text
-            elif piece.kind == "call" and piece.text in self.declared:
+            elif piece.kind == "call" and piece.text not in self.declared:  # not a call the request takes: text
+                content += f"functions.{piece.text} "
+            elif piece.kind == "call":
                 index = self._index[piece.index] = len(self.taken)
                 self.taken.append([piece.text, ""])
                 function = DeltaFunction(name=piece.text, arguments="")
@@ -183,7 +192,9 @@ class HarmonyStream:
         return reasoning, content, calls
 
 
-def read_answer(tokenizer: Tokenizer, token_ids: list[int], request=None, choice: int = 0) -> HarmonyStream:
+def read_answer(
+    tokenizer: Tokenizer, token_ids: list[int], request: ToolRequest | None = None, choice: int = 0
+) -> HarmonyStream:
     """A finished answer read whole: the stream's `taken` calls, its reader's reasoning and content (what was not
     taken as a call included)."""
     stream = HarmonyStream(tokenizer, request, choice)

@@ -280,10 +280,12 @@ async def chat_chunks(job: Job) -> AsyncIterator[BaseModel | dict]:
                 if streams[index].calls and reason == "stop":
                     reason = "function_call" if job.tools.legacy else "tool_calls"
             yield chunk(index, Delta(), reason, pending.pop(index, None), verispec=stats)
-        elif index in streams:
+        elif index in streams:  # logprobs go with the next delta (the rest with the finish reason)
+            if event.logprob is not None and job.wants_logprobs:
+                pending.setdefault(index, []).append(event.logprob)
             if event.token_id is not None:
                 for delta in _tool_deltas(job, streams[index].feed(event.token_id)):
-                    yield chunk(index, delta)
+                    yield chunk(index, delta, logprobs=pending.pop(index, None))
         elif (taken := _pending_logprobs(job, event, pending.setdefault(index, []))) is not None or event.text:
             yield chunk(index, Delta(content=event.text), logprobs=taken)
     if job.include_usage and len(outputs) == len(job.requests):

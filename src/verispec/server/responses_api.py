@@ -43,7 +43,7 @@ from .responses_protocol import (
     ResponsesRequest,
     UnknownItem,
 )
-from .tools import ParsedCall, ToolStream, answer_calls, parse_calls
+from .tools import ToolStream, answer_calls, parse_calls
 
 LEFT_OUT_HEADER = "X-Verispec-Tools-Left-Out"  # the hosted tools a request named that the model was not shown
 LOCAL_SHELL = "local_shell"
@@ -388,18 +388,14 @@ def output_items(job: Job, output: GenerationOutput, kinds: dict[str, str]) -> l
 
 
 def _harmony_items(job: Job, output: GenerationOutput, kinds: dict[str, str]) -> list[dict]:
-    """A harmony answer's items (harmony.py): its reasoning, its message, its calls."""
-    read = read_answer(job.tokenizer, output.token_ids, job.tools)
-    status = "incomplete" if output.finish_reason == "length" else "completed"
-    items = [_reasoning_item(_id("rs"), read.reader.reasoning)] if read.reader.reasoning else []
-    items += [_message_item(_id("msg"), read.content, "completed")] if read.content or not read.taken else []
-    calls = (
-        answer_calls(job.tools, [ParsedCall(name, arguments) for name, arguments in read.taken]) if read.taken else []
-    )
-    return items + [
-        _call_item(call.id, call.function.name, arguments=call.function.arguments, kinds=kinds, status=status)
-        for call in calls
-    ]
+    """A harmony answer's items (harmony.py): its reasoning, messages and calls in the order written, the items a
+    stream of it tells (the same emitter, its events left unsent)."""
+    stream, emitter = HarmonyStream(job.tokenizer, job.tools), _Emitter(kinds)
+    for token in output.token_ids:
+        emitter.news(*stream.feed(token))
+    emitter.news(*stream.finish())
+    emitter.close("incomplete" if output.finish_reason == "length" else "completed")
+    return emitter.items
 
 
 def _reasoning_item(item_id: str, text: str) -> dict:
@@ -570,7 +566,7 @@ class _Emitter:
         """Reasoning text: into the reasoning item being written (a new one after other items)."""
         out = []
         if self.reasoning is None or self.items[-1] is not self.reasoning:
-            out += self._close_reasoning()
+            out += self._close_reasoning() + self._close_message()
             self.reasoning = _reasoning_item(_id("rs"), "")
             out.append(self._added(self.reasoning))
         self.reasoning["content"][0]["text"] += text
