@@ -99,3 +99,24 @@ def test_a_harmony_vocabulary_ends_generation_at_return_and_call_not_at_end():
     harmony = ("<|endoftext|>", "<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>")
     assert stops(*harmony) == {"<|endoftext|>", "<|return|>", "<|call|>"}
     assert stops("<|endoftext|>", "<|end|>") == {"<|endoftext|>", "<|end|>"}
+
+
+def test_an_mxfp4_file_on_the_native_kernels_decodes_as_plain_greedy(tmp_path, monkeypatch):
+    """llama.cpp's MXFP4_MOE file of a tiny gpt-oss (its logits against llama.cpp's own: test_llamacpp_reference.py)
+    with its MXFP4 experts on the native kernels: greedy speculative output with lookups is plain greedy output."""
+    from pathlib import Path
+
+    from verispec.kernels import native
+
+    if not native.available():
+        pytest.skip("native kernels not compiled")
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    path = Path(__file__).parent / "fixtures" / "llamacpp" / "gpt-oss-mxfp4_moe.gguf"
+    loaded = load_model(path, "float32", progress=False, quantization="gguf")
+    assert loaded.model.layers[0].mlp.experts[0].w_down.kernels[0][0] == 39  # MXFP4 rows, as stored
+    for method in ("suffix", "ngram"):
+        generator = SpeculativeGenerator(loaded, None, num_speculative_tokens=3, speculative_method=method,
+                                         adaptive=False, progress=False)  # fmt: skip
+        for ids in ([5, 9, 7, 11, 5, 9, 7, 11, 5, 9], PROMPTS[0][:20]):
+            out = generator.generate(ids, max_tokens=16, ignore_eos=True)
+            assert out.token_ids == reference_greedy(loaded.model, ids, 16, set()), (method, ids)

@@ -18,7 +18,7 @@ DENSE = ["F32", "F16", "BF16"]
 TYPES = {name: GGMLQuantizationType[name] for name in QUANTIZED + DENSE}
 # float16 fields per block
 _HALF_OFFSETS = {2: (0,), 3: (0, 2), 6: (0,), 8: (0,), 20: (0,), 10: (80, 82), 11: (108,), 12: (0, 2), 13: (0, 2),
-                 14: (208,), 23: (0,)}  # fmt: skip
+                 14: (208,), 23: (0,), 39: ()}  # fmt: skip
 
 
 def paths() -> list[str]:
@@ -48,6 +48,8 @@ def random_blocks(qtype: int, rows: int, k: int, seed: int, scale: float = 0.02)
             return (values.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(rows, -1)
         return values.view(np.uint8).reshape(rows, -1)
     data = rng.integers(0, 256, size=(rows, k // block, size), dtype=np.uint8)
+    if qtype == GGMLQuantizationType.MXFP4:  # its E8M0 exponent: scales 2^-10 .. 2^-1 (levels up to 12)
+        data[:, :, 0] = rng.integers(118, 128, size=(rows, k // block))
     for offset in _HALF_OFFSETS[qtype]:
         scales = rng.uniform(-scale, scale, size=(rows, k // block)).astype(np.float16)
         data[:, :, offset : offset + 2] = scales.view(np.uint8).reshape(rows, k // block, 2)
@@ -402,3 +404,22 @@ def test_embedding_rows_are_the_gguf_packages_bits(name):
     assert np.array_equal(got.numpy(), expected.astype(np.float32))
     with pytest.raises(IndexError):
         GGUFEmbedding(qtype, torch.from_numpy(data), k)(torch.tensor([[rows]]))
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 37, 512), (5, 64, 256), (17, 24, 768)])
+def test_mxfp4_products_are_ggmls_integer_sums_and_a_wrong_weight_is_caught(path, m, n, k):
+    """MXFP4 (gpt-oss's experts; row kernels, no tile form): within the float64 reference of its dequantized weights
+    (the gguf package's) times the activations as quantized; a reference with one nibble's bit flipped per row is
+    caught; each row's bits are its own whatever shares the call."""
+    qtype = int(GGMLQuantizationType.MXFP4)
+    weight = random_blocks(qtype, n, k, seed=m + n)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(k)) * 3
+    xq = native.quantize(qtype, x)
+    x_used, w = activations_as_floats(qtype, xq, k), dequantized(qtype, weight, k)
+    got = native.matmul(qtype, torch.from_numpy(weight), xq, k).numpy()
+    assert within_tolerance(got, x_used, w), (path, np.abs(got - x_used @ w.T).max())
+    wrong = weight.copy()
+    wrong[:, 1] ^= 0x04  # the first block's first weight: level 4 <-> 0, 1 <-> 3 ...
+    assert not within_tolerance(got, x_used, dequantized(qtype, wrong, k))
+    alone = torch.cat([native.linear(qtype, torch.from_numpy(weight), x[i : i + 1]) for i in range(m)])
+    assert torch.equal(alone, native.linear(qtype, torch.from_numpy(weight), x))

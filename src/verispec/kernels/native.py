@@ -24,11 +24,11 @@ from ..errors import InvalidParameterError
 ISAS = ("scalar", "avx2", "avx512", "neon", "neon_dot", "neon_i8mm")
 _FAMILIES = (("avx2", "avx512"), ("neon", "neon_dot", "neon_i8mm"))
 CHOICES = ("auto", *ISAS, "torch")
-# GGML type ids with a native product, as (values, bytes) per block: Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, Q2_K, Q3_K,
-# Q4_K, Q5_K, Q6_K, IQ4_XS, and the dense F32, F16 and BF16 (whose activations are float32 rows: "blocks" of one
-# value)
+# GGML type ids with a native product, as (values, bytes) per block: Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, MXFP4, Q2_K,
+# Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, and the dense F32, F16 and BF16 (whose activations are float32 rows: "blocks" of
+# one value)
 QUANT_TYPES = {
-    2: (32, 18), 3: (32, 20), 6: (32, 22), 8: (32, 34), 20: (32, 18),
+    2: (32, 18), 3: (32, 20), 6: (32, 22), 8: (32, 34), 20: (32, 18), 39: (32, 17),
     10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 23: (256, 136),
     0: (1, 4), 1: (1, 2), 30: (1, 2),
 }  # fmt: skip

@@ -53,8 +53,8 @@ def load_native(
     if not (folder / "config.json").is_file():
         _write_index(path, folder, progress, coarsen)
     config = ModelConfig.from_json((folder / "config.json").read_text())
-    if _beyond_the_kernels(config) and not _gemma4(config):
-        return None  # gpt-oss: on PyTorch, its weights dequantized (loading.py)
+    if _beyond_the_kernels(config) and not (_gemma4(config) or config.attn_sinks):
+        return None
     index = json.loads((folder / "tensors.json").read_text())
     matrices = [entry["type"] for entry in index["tensors"].values() if len(entry["shape"]) > 1]
     if any(qtype not in native.QUANT_TYPES for qtype in matrices):
@@ -65,6 +65,7 @@ def load_native(
             data[extra] = np.memmap(folder / f"{extra}.bin", mode="c")
     native.claim_threads()
     build = _build_hybrid if config.hybrid else _build_gemma4 if _gemma4(config) else _build
+    build = _build_gpt_oss if config.attn_sinks else build
     model = build(config, index, data)
     return model, Tokenizer.load_for_gguf(folder, path)
 
@@ -217,6 +218,44 @@ def _gemma4_block(
     if config.layer_scalar:
         norms["scalar"] = "layer_output_scale"
     return {s + ours: tensors.floats(f"{p}{theirs}.weight") for ours, theirs in norms.items()}
+
+
+def _build_gpt_oss(config: ModelConfig, index: dict, data: dict[str, np.memmap]) -> Transformer:
+    """A gpt-oss file with every matrix on the native kernels as the file stores it (its MXFP4 experts too, each
+    expert's rows of the 3-D tensors), and the rest on PyTorch, block by block: its attention with sinks (PyTorch's),
+    the biases added to the products, the router's softmax over the chosen experts, the clamped SwiGLU."""
+    tensors, hidden = _Tensors(index, data), config.hidden_size
+    with torch.device("meta"):
+        model = Transformer(config)
+    state = {"norm.weight": tensors.floats("output_norm.weight")}
+    for i, block in enumerate(model.layers):
+        state |= _gpt_oss_block(block, tensors, config, layer=i)
+    embed_type, embed = tensors.raw_rows("token_embd.weight")
+    model.embed = GGUFEmbedding(embed_type, embed, hidden)
+    model.lm_head = tensors.linear(["output.weight" if "output.weight" in tensors else "token_embd.weight"], hidden)
+    state |= {name: value for name, value in model.state_dict().items() if value.device.type != "meta"}  # biases
+    model.load_state_dict(state, assign=True, strict=True)
+    return model.eval()
+
+
+def _gpt_oss_block(block: torch.nn.Module, tensors: _Tensors, config: ModelConfig, layer: int) -> dict:
+    """A gpt-oss block's matrices onto the native kernels with their biases; returns its norms and sinks."""
+    p, hidden = f"blk.{layer}.", config.hidden_size
+    bias = torch.cat([tensors.floats(f"{p}attn_{x}.bias") for x in "qkv"]) if config.qkv_bias else None
+    block.attn.wqkv = tensors.linear([f"{p}attn_{x}.weight" for x in "qkv"], hidden, bias)
+    o_bias = tensors.floats(p + "attn_output.bias") if config.o_bias else None
+    block.attn.wo = tensors.linear([p + "attn_output.weight"], config.num_heads * config.head_size, o_bias)
+    mlp, inter, count = block.mlp, config.expert_intermediate_size, config.num_experts
+    mlp.router = tensors.linear([p + "ffn_gate_inp.weight"], hidden, tensors.floats(p + "ffn_gate_inp.bias"))
+    biases = {kind: tensors.floats(f"{p}ffn_{kind}_exps.bias").view(count, -1) for kind in ("gate", "up", "down")}
+    for e, expert in enumerate(mlp.experts):
+        gate_up = [tensors.expert_rows(p + "ffn_gate_exps.weight", e), tensors.expert_rows(p + "ffn_up_exps.weight", e)]
+        expert.w_gate_up = NativeLinear(hidden, gate_up, torch.cat([biases["gate"][e], biases["up"][e]]))
+        expert.w_down = NativeLinear(inter, [tensors.expert_rows(p + "ffn_down_exps.weight", e)], biases["down"][e])
+    s = f"layers.{layer}."
+    return {s + "attn_norm.weight": tensors.floats(p + "attn_norm.weight"),
+            s + "mlp_norm.weight": tensors.floats(p + "post_attention_norm.weight"),
+            s + "attn.sinks": tensors.floats(p + "attn_sinks.weight")}  # fmt: skip
 
 
 def _hybrid_block(

@@ -24,6 +24,7 @@
 enum {
     VSK_F32 = 0, VSK_F16 = 1, VSK_Q4_0 = 2, VSK_Q4_1 = 3, VSK_Q5_0 = 6, VSK_Q8_0 = 8, VSK_Q2_K = 10,
     VSK_Q3_K = 11, VSK_Q4_K = 12, VSK_Q5_K = 13, VSK_Q6_K = 14, VSK_IQ4_NL = 20, VSK_IQ4_XS = 23, VSK_BF16 = 30,
+    VSK_MXFP4 = 39,
 };
 
 /* tile formats (vsk_tiles.c): each quantized type repacked losslessly, 16 weight rows interleaved; a tile form's id

@@ -83,6 +83,10 @@ static inline __m256i unpack32(int type, const uint8_t *b, float *d, float *mn) 
         *d = half(b);
         return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)vsk_iq4_levels)),
                                    nibbles(b + 2));
+    case VSK_MXFP4:
+        *d = vsk_e8m0_half(b[0]);
+        return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)vsk_mxfp4_levels)),
+                                   nibbles(b + 1));
     case VSK_Q4_1:
         *d = half(b);
         *mn = half(b + 2);
@@ -141,6 +145,7 @@ SWEEP32(q4_1, VSK_Q4_1, 20)
 SWEEP32(q5_0, VSK_Q5_0, 22)
 SWEEP32(q8_0, VSK_Q8_0, 34)
 SWEEP32(iq4_nl, VSK_IQ4_NL, 18)
+SWEEP32(mxfp4, VSK_MXFP4, 17)
 
 /* ---- Q4_K ------------------------------------------------------------------------------------------------ */
 
@@ -297,6 +302,7 @@ vsk_kernel NAME(vsk_kernel)(int type) {
     case VSK_Q5_0: return NAME(kernel_q5_0);
     case VSK_Q8_0: return NAME(kernel_q8_0);
     case VSK_IQ4_NL: return NAME(kernel_iq4_nl);
+    case VSK_MXFP4: return NAME(kernel_mxfp4);
     case VSK_Q4_K: return NAME(kernel_q4_k);
     case VSK_Q6_K: return NAME(kernel_q6_k);
     case VSK_F32: return NAME(kernel_f32);

@@ -93,6 +93,18 @@ static inline void q6_k_values(const uint8_t *blk, uint8_t *q) {
 /* IQ4_NL and IQ4_XS: the weight of a 4-bit index i is (its block's scale) x vsk_iq4_levels[i] */
 static const int8_t vsk_iq4_levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
+/* MXFP4 (gpt-oss's experts): 17-byte blocks of 32, an E8M0 exponent e then 16 bytes of nibbles (weights 0..15 low,
+ * 16..31 high); the weight of nibble i is 2^(e - 128) x vsk_mxfp4_levels[i], E2M1's values doubled (ggml's
+ * kvalues_mxfp4 and GGML_E8M0_TO_FP32_HALF: the same products as ggml's) */
+static const int8_t vsk_mxfp4_levels[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+static inline float vsk_e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23; /* 2^(e - 128), e < 2 subnormal */
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
 /* Q5_K: the 256 values 0..31 in weight order: Q4_K's nibbles (after the 32 bytes of fifth bits), and the fifth
  * bit of weight 32b + l in bit b of byte l */
 static inline void q5_k_values(const uint8_t *blk, uint8_t *q) {

@@ -53,6 +53,15 @@ static inline void unpack_iq4_nl(const uint8_t *b, int8_t *w, float *d, float *m
     }
 }
 
+static inline void unpack_mxfp4(const uint8_t *b, int8_t *w, float *d, float *m) {
+    *d = vsk_e8m0_half(b[0]);
+    *m = 0.0f;
+    for (int j = 0; j < 16; j++) {
+        w[j] = vsk_mxfp4_levels[b[1 + j] & 0x0F];
+        w[j + 16] = vsk_mxfp4_levels[b[1 + j] >> 4];
+    }
+}
+
 typedef void (*unpack32)(const uint8_t *, int8_t *, float *, float *);
 
 static void sweep32(unpack32 unpack, size_t block_bytes, const uint8_t *W, size_t row_bytes, int n0, int n1,
@@ -89,6 +98,7 @@ SWEEP32(q4_1, 20)
 SWEEP32(q5_0, 22)
 SWEEP32(q8_0, 34)
 SWEEP32(iq4_nl, 18)
+SWEEP32(mxfp4, 17)
 
 /* ---- K-quants: 256 weights per block ---------------------------------------------------------------- */
 
@@ -216,6 +226,7 @@ vsk_kernel vsk_kernel_scalar(int type) {
     case VSK_Q3_K: return kernel_q3_k;
     case VSK_Q5_K: return kernel_q5_k;
     case VSK_IQ4_NL: return kernel_iq4_nl;
+    case VSK_MXFP4: return kernel_mxfp4;
     case VSK_IQ4_XS: return kernel_iq4_xs;
     case VSK_F32: return kernel_f32;
     case VSK_F16: return kernel_f16;
