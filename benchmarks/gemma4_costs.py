@@ -233,7 +233,7 @@ def main() -> None:
         "--forms",
         nargs="+",
         choices=["gguf", "none"],
-        default=["gguf", "none"],
+        default=["none", "gguf"],  # PyTorch first: a load for the native kernels hands it PyTorch's threads
         help="with --gguf: the file on the native kernels (gguf), dequantized on PyTorch (none)",
     )
     args = parser.parse_args()
