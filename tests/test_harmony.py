@@ -177,3 +177,12 @@ def test_a_required_call_comes_back_as_a_tool_call_through_the_server(gpt_oss_se
                             name = piece["function"].get("name") or name
                             arguments += piece["function"].get("arguments", "")
     assert name == "get_weather" and arguments.startswith("{")
+
+
+def test_what_harmony_answers_cannot_honour_yet_is_a_400_naming_the_field(gpt_oss_server):
+    import httpx
+
+    base = {"model": "gpt-oss", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+    for extra, param in (({"stop": ["x"]}, "stop"), ({"response_format": {"type": "json_object"}}, "response_format")):
+        answer = httpx.post(gpt_oss_server.url + "/v1/chat/completions", json=base | extra, timeout=60)
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == param, answer.text

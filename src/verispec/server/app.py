@@ -431,6 +431,9 @@ async def _start_responses(state: ServerState, made: Plan, request: Request) -> 
 async def _start_chat(state: ServerState, body: ChatCompletionRequest, request: Request, kind: str = "chatcmpl") -> Job:
     """A chat request checked, rendered (with its tools), constrained and queued; raises ApiError."""
     _check_request(state, body)
+    if state.harmony and body.stop_list():  # the engine matches stop strings in the text, reasoning included
+        message = "stop strings for a model that answers in harmony channels (gpt-oss) are not supported yet"
+        raise ApiError(400, message, param="stop", code="unsupported_parameter")
     tools = tool_request(body, state.tool_format)
     messages = template_messages(body)
     prompt_ids = await _off_loop(_encode_chat, state, messages, tools)
