@@ -211,6 +211,7 @@ def measure(label: str, model: Transformer, context: int, args) -> None:
             helper.bind(model)
             if type(model.lm_head).__name__ == "NativeLinear":  # as the drafter puts it beside such a target
                 linears_on_the_kernels(helper)
+                helper.native_head()
             params = sum(p.numel() for p in helper.parameters()) / 1e6
 
             def draft(helper=helper):

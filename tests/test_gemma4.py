@@ -188,3 +188,30 @@ def test_a_gguf_file_on_the_native_kernels_decodes_as_plain_greedy(tmp_path, mon
         for ids in PROMPTS:
             out = generator.generate(ids, max_tokens=16, ignore_eos=True)
             assert out.token_ids == reference_greedy(loaded.model, ids, 16, set()), (method, ids)
+
+
+def test_the_assistant_on_the_native_kernels_drafts_what_it_drafts_on_pytorch(gemma4, assistant):
+    """Beside a target on the native kernels the drafter puts the assistant's matrices there (float16) and its chosen
+    clusters' products too: its logits within float16's rounding of its PyTorch ones, the same argmax."""
+    from verispec.kernels import native
+    from verispec.models.gguf_native import linears_on_the_kernels
+
+    if not native.available():
+        pytest.skip("native kernels not compiled")
+    loaded, _, _ = gemma4
+    drafter = load_model(assistant[1], "float32", progress=False).model
+    drafter.bind(loaded.model)
+    model, kept, ids = loaded.model, {}, tokens(seed=4, length=20)
+    model.hidden_sink = lambda slots, starts, hidden: kept.update(last=hidden[0, -1])
+    try:
+        cache = model.new_cache(max_len=32)
+        model(ids[:, :-1], cache, [0])
+    finally:
+        model.hidden_sink = None
+    token, hidden = [int(ids[0, -1])], kept["last"][None]
+    expected = drafter.step(model, token, hidden, cache=cache, slots=[0])[0]
+    linears_on_the_kernels(drafter)
+    drafter.native_head()
+    got = drafter.step(model, token, hidden, cache=cache, slots=[0])[0]
+    assert torch.equal(got.argmax(-1), expected.argmax(-1))
+    assert float((got - expected).abs().max()) <= 1e-2 * float(expected.abs().max())

@@ -45,6 +45,7 @@ class AssistantDrafter:
         self.target, self.model, self.cache = target, assistant, cache
         if type(target.lm_head).__name__ == "NativeLinear":  # a target on the native kernels: its drafter there too
             linears_on_the_kernels(assistant)
+            assistant.native_head()
         # per slot: (the first position of its latest pass, that pass's final hidden states [rows, hidden])
         self.latest: list[tuple[int, torch.Tensor] | None] = [None] * cache.num_slots
         self.spent = DraftCost()

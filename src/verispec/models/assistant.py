@@ -30,9 +30,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels import native
 from .config import ModelConfig
 from .kv_cache import KVCache
 from .model import Transformer
+
+F16_TYPE = 1  # GGML's F16: the native kernels' float16 rule
 
 
 class AssistantModel(Transformer):
@@ -46,6 +49,15 @@ class AssistantModel(Transformer):
         self.centroids = nn.Linear(config.hidden_size, count, bias=False) if count else None
         self.register_buffer("token_ordering", torch.arange(config.vocab_size if count else 0), persistent=True)
         self._clustered: torch.Tensor | None = None  # the head's rows in cluster order, made at the first draft
+        self._native_head = False  # its clusters' products on the native kernels (float16 rows)
+
+    def native_head(self) -> None:
+        """Its chosen clusters' logits on the native kernels, the clusters' rows kept in float16 (beside a target on
+        the kernels, whose drafter puts the assistant's matrices there too)."""
+        if self.centroids is not None:
+            clusters = self.token_ordering.view(self.centroids.out_features, -1)
+            self._clustered = self.embed.weight.detach()[self.token_ordering].half().view(*clusters.shape, -1)
+            self._native_head = True
 
     def bind(self, target: Transformer) -> None:
         """Each layer reads the keys and values of the target's last layer of its kind that makes them; raises
@@ -119,7 +131,19 @@ class AssistantModel(Transformer):
         ids = clusters[chosen].reshape(normed.shape[0], -1)  # [rows, top k x cluster size]
         if self._clustered is None:  # each cluster's rows side by side: a step reads top k runs, not scattered rows
             self._clustered = weight.detach()[self.token_ordering].view(*clusters.shape, -1)
-        rows = self._clustered[chosen].reshape(normed.shape[0], ids.shape[1], -1)
-        picked = torch.matmul(rows, normed[:, :, None].to(rows.dtype))[..., 0].float()  # [rows, ids]
+        picked = self._picked(normed, chosen)  # [rows, ids]
         floor = picked.min(dim=-1, keepdim=True).values - 1.0
         return floor.expand(-1, weight.shape[0]).clone().scatter_(-1, ids, picked)
+
+    def _picked(self, normed: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """Each row's logits of its chosen clusters' tokens [rows, top k x cluster size], float32: on the native
+        kernels where the assistant's matrices are (its clusters kept in float16 there, read as the F16 rule reads
+        them), else PyTorch's product."""
+        if self._native_head:  # a product per chosen cluster, on its rows in place (nothing gathered)
+            return torch.cat([
+                torch.cat([native.linear(F16_TYPE, self._clustered[c].view(torch.uint8), normed[r : r + 1])
+                           for c in row.tolist()], dim=1)
+                for r, row in enumerate(chosen)
+            ])  # fmt: skip
+        rows = self._clustered[chosen].reshape(normed.shape[0], -1, self._clustered.shape[-1])
+        return torch.matmul(rows, normed[:, :, None].to(rows.dtype))[..., 0].float()
