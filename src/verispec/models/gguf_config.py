@@ -205,8 +205,17 @@ def _gemma4(k: _Keys, tensors: dict, floats) -> ModelConfig:
         k_eq_v=bool(without_v), v_norm=True, per_layer_input_size=size,
         per_layer_vocab=int(tensors["per_layer_token_embd.weight"][1]) if size else 0,
         layer_scalar="blk.0.layer_output_scale.weight" in tensors,
-        wide_mlp_layers=tuple(i for i in range(layers) if ff[i] != ff[0]),
+        wide_mlp_layers=tuple(i for i in range(layers) if ff[i] != ff[0]), **_gemma4_mixture(k),
     )  # fmt: skip
+
+
+def _gemma4_mixture(k: _Keys) -> dict:
+    """The 26B-A4B's mixture beside every layer's MLP (expert_count), or none."""
+    experts = int(k.get("expert_count", 0))
+    if not experts:
+        return {}
+    return dict(num_experts=experts, experts_per_token=int(k.require("expert_used_count")),
+                expert_intermediate_size=int(k.require("expert_feed_forward_length")), moe_beside_mlp=True)  # fmt: skip
 
 
 def _shared_sources(k: _Keys, windows: tuple[int, ...]) -> tuple[int, ...]:

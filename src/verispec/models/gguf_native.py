@@ -217,7 +217,24 @@ def _gemma4_block(
         norms["per_layer.norm.weight"] = "post_norm"
     if config.layer_scalar:
         norms["scalar"] = "layer_output_scale"
-    return {s + ours: tensors.floats(f"{p}{theirs}.weight") for ours, theirs in norms.items()}
+    state = {s + ours: tensors.floats(f"{p}{theirs}.weight") for ours, theirs in norms.items()}
+    return state | (_gemma4_mixture(block.beside, tensors, config, layer) if block.beside is not None else {})
+
+
+def _gemma4_mixture(beside: torch.nn.Module, tensors: _Tensors, config: ModelConfig, layer: int) -> dict:
+    """The 26B-A4B's mixture beside the MLP (model.GemmaMixture): router and experts on the native kernels (each
+    expert's rows of the 3-D tensors, gate and up fused as the file holds them); returns its scales and norms."""
+    p, s, hidden = f"blk.{layer}.", f"layers.{layer}.beside.", config.hidden_size
+    beside.router = tensors.linear([p + "ffn_gate_inp.weight"], hidden)
+    for e, expert in enumerate(beside.experts):
+        expert.w_gate_up = NativeLinear(hidden, [tensors.expert_rows(p + "ffn_gate_up_exps.weight", e)])
+        expert.w_down = NativeLinear(
+            config.expert_intermediate_size, [tensors.expert_rows(p + "ffn_down_exps.weight", e)]
+        )
+    names = {"router_scale": "ffn_gate_inp.scale", "expert_scale": "ffn_down_exps.scale",
+             "pre_norm.weight": "pre_ffw_norm_2.weight", "mlp_post_norm.weight": "post_ffw_norm_1.weight",
+             "post_norm.weight": "post_ffw_norm_2.weight"}  # fmt: skip
+    return {s + ours: tensors.floats(p + theirs) for ours, theirs in names.items()}
 
 
 def _build_gpt_oss(config: ModelConfig, index: dict, data: dict[str, np.memmap]) -> Transformer:

@@ -46,7 +46,10 @@ _GPT_OSS_NAMES = {"sinks": "attn_sinks.weight", "o_bias": "attn_output.bias", "r
                   "mlp_norm": "post_attention_norm.weight"}  # fmt: skip
 # Gemma 4's per-layer inputs and layer scalars
 _GEMMA4_NAMES = {"ple_gate": "inp_gate.weight", "ple_up": "proj.weight", "ple_norm": "post_norm.weight",
-                 "scalar": "layer_output_scale.weight"}  # fmt: skip
+                 "scalar": "layer_output_scale.weight", "router": "ffn_gate_inp.weight",
+                 "router_scale": "ffn_gate_inp.scale", "expert_scale": "ffn_down_exps.scale",
+                 "moe_pre_norm": "pre_ffw_norm_2.weight", "moe_mlp_post_norm": "post_ffw_norm_1.weight",
+                 "moe_post_norm": "post_ffw_norm_2.weight"}  # fmt: skip
 _GEMMA4_GLOBAL = {"ple_embed": "per_layer_token_embd.weight", "ple_project": "per_layer_model_proj.weight",
                   "ple_norm": "per_layer_proj_norm.weight"}  # fmt: skip
 # the MTP block's own tensors (the block after the model's layers)
@@ -107,6 +110,13 @@ class GGUFSource:
             return base + _QWEN35_NAMES[short], None
         if self.arch == "gemma4" and short in _GEMMA4_NAMES:
             return base + _GEMMA4_NAMES[short], None
+        if self.arch == "gemma4" and short.startswith("expert"):  # gate and up fused: [experts, 2 x inter, hidden]
+            expert, _, kind = short.partition(".")
+            e, inter = int(expert.removeprefix("expert")), c.expert_intermediate_size
+            if kind == "down":
+                return base + "ffn_down_exps.weight", (e * c.hidden_size, (e + 1) * c.hidden_size)
+            first = 2 * e * inter + (inter if kind == "up" else 0)
+            return base + "ffn_gate_up_exps.weight", (first, first + inter)
         if self.arch == "gpt-oss" and short in _GPT_OSS_NAMES:
             return base + _GPT_OSS_NAMES[short], None
         if self.fused and short in ("q", "k", "v"):
