@@ -215,3 +215,17 @@ def test_the_assistant_on_the_native_kernels_drafts_what_it_drafts_on_pytorch(ge
     got = drafter.step(model, token, hidden, cache=cache, slots=[0])[0]
     assert torch.equal(got.argmax(-1), expected.argmax(-1))
     assert float((got - expected).abs().max()) <= 1e-2 * float(expected.abs().max())
+
+
+def test_int4_and_int8_keep_matrices_too_narrow_for_pytorchs_products_dense(gemma4):
+    """The CPU default for a Hugging Face folder quantizes its linears; PyTorch's int8 product reads past rows that
+    are not 16 wide (NaN, or a crash): the per-layer inputs' 8-wide matrices stay dense, and the logits are finite and
+    near the float ones."""
+    _, expected, folder = gemma4
+    for mode in ("int4", "int8"):
+        model = load_model(folder, "float32", progress=False, quantization=mode).model
+        assert type(model.layers[0].per_layer.up).__name__ == "Linear"  # 8 wide: dense
+        assert type(model.layers[0].per_layer.gate).__name__ == "QuantizedLinear"
+        got = _logits(model).float()
+        assert torch.isfinite(got).all()
+        assert float((got - expected).abs().max()) < 0.1 * float(expected.abs().max())

@@ -118,6 +118,14 @@ def _checked_form(dtype: str | torch.dtype, device: str | None, quantization: st
     return torch_dtype, torch_device
 
 
+def _assistant_folder(source: str | os.PathLike) -> bool:
+    """Whether `source` is a Gemma 4 assistant's folder (a drafter read on PyTorch as stored: no form to choose)."""
+    path = Path(source).expanduser()
+    return (
+        path.is_dir() and (path / "config.json").is_file() and read_config(path).get("model_type") == "gemma4_assistant"
+    )
+
+
 def _dequantized(path: Path) -> bool:
     """Whether a GGUF file the native kernels do not run is read with its weights dequantized rather than requantized
     to int4 (whose text would be another model's): Qwen3.5's (linear attention), gpt-oss's and Gemma 4's files."""
@@ -166,7 +174,7 @@ def load_pair(
         raise InvalidParameterError(f"{COARSE_DRAFT} is a form for drafts (draft_quantization), not targets")
     draft_form = draft_quantization or default_draft_quantization(quantization)
     if draft_form == "auto":
-        given = draft is None or isinstance(draft, LoadedModel)
+        given = draft is None or isinstance(draft, LoadedModel) or _assistant_folder(draft)  # nothing to measure
         draft_form = "gguf" if given else choose_draft_form(str(draft), progress)
     wanted = [(target, quantization), (draft, draft_form)]
     loaded: dict[tuple[str, str], LoadedModel] = {}  # one copy of the weights per source and form

@@ -27,6 +27,7 @@ from .model import Transformer
 from .mtp import transformer
 
 GROUP = 32
+DENSE_BELOW_MULTIPLE = 16  # a matrix's row width PyTorch's int8 and int4 products need a multiple of
 ACTIVATION_DTYPE = torch.bfloat16
 
 
@@ -191,7 +192,14 @@ def quantized_entries(parts: list[torch.Tensor | Int4Weight], mode: str) -> dict
     int4: exact int4 when every part comes from a 4-bit GGUF tensor, int8 otherwise.
     int4-all: int4 everywhere, rounding non-4-bit parts to nearest (cheapest; meant for drafts).
     int8: int8 everywhere.
+    A matrix whose rows are not a multiple of DENSE_BELOW_MULTIPLE wide stays dense ({"weight": ...}, in the
+    activations' dtype): PyTorch's int8 product reads past such rows (NaN or a crash: Gemma 4's per-layer inputs of a
+    tiny model, 8 wide).
     """
+    width = parts[0].q.shape[1] if isinstance(parts[0], Int4Weight) else parts[0].shape[1]
+    if width % DENSE_BELOW_MULTIPLE:
+        dense = torch.cat([p.dequantize() if isinstance(p, Int4Weight) else p.float() for p in parts])
+        return {"weight": dense.to(ACTIVATION_DTYPE)}
     if mode in ("int4", "int4-all") and all(isinstance(p, Int4Weight) for p in parts):
         q, scale, zero = (torch.cat([getattr(p, field) for p in parts]) for field in ("q", "scale", "zero"))
         return _pack_int4(Int4Weight(q, scale, zero))
@@ -212,6 +220,8 @@ def concat_quantized(pieces: list[dict[str, torch.Tensor]]) -> dict[str, torch.T
     last): the int4 packer works in independent blocks of at most 64 rows, so this equals packing all at once."""
     if len(pieces) == 1:
         return pieces[0]
+    if "weight" in pieces[0]:  # kept dense
+        return {"weight": torch.cat([p["weight"] for p in pieces])}
     int4 = pieces[0]["qweight"].dtype == torch.uint8
     return {
         "qweight": torch.cat([p["qweight"] for p in pieces]),
