@@ -28,25 +28,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import torch
+from random_gguf import random_gguf as made_gguf  # beside this script
 
 from verispec import load_model
 from verispec.models.assistant import AssistantModel
 from verispec.models.config import ModelConfig
-from verispec.models.converted import cache_dir
 from verispec.models.gguf_native import linears_on_the_kernels
 from verispec.models.model import Transformer
 from verispec.models.rope import RopeScaling
-
-ROOT = Path(__file__).resolve().parents[1]
-LLAMA_CPP = Path.home() / ".cache/llamacpp-native/llama_cpp_python-0.3.36/vendor/llama.cpp"
 
 
 def _gemma4(layers: int, hidden: int, heads: int, kv: int, dims: tuple[int, int], **rest) -> ModelConfig:
@@ -120,42 +114,15 @@ def hf_config(config: ModelConfig) -> dict:
 
 
 def random_gguf(name: str, config: ModelConfig, quant: str) -> Path:
-    """A GGUF file of the shape in `quant`, from a random bfloat16 checkpoint, made once by llama.cpp's converter and
-    llama-quantize (cached under the verispec cache's bench/ folder)."""
-    out = cache_dir() / "bench" / f"gemma4-{name}-{quant}.gguf"
-    if out.is_file():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests/fixtures/architectures")]
-    import make  # the fixtures' converter call (its tokenizer handling)
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """A GGUF file of the shape in `quant`, from a random bfloat16 checkpoint (random_gguf.py: made once, cached)."""
 
-    from architectures import tokenizer
+    def save(folder: Path) -> None:
+        from transformers import AutoConfig, AutoModelForCausalLM
 
-    with tempfile.TemporaryDirectory() as work:
-        folder = Path(work) / "hf"
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**hf_config(config)), dtype=torch.bfloat16)
         model.save_pretrained(folder)
-        tokenizer().save_pretrained(folder)
-        _pad_vocabulary(folder / "tokenizer.json", config.vocab_size)  # the converter keeps the tokenizer's rows only
-        del model
-        f16 = Path(work) / "f16.gguf"
-        subprocess.run([sys.executable, "-c", make._CONVERT, str(LLAMA_CPP), str(folder), "--outtype", "f16",
-                        "--outfile", str(f16)], check=True, capture_output=True)  # fmt: skip
-        subprocess.run([str(LLAMA_CPP / "build/bin/llama-quantize"), str(f16), str(out), quant], check=True,
-                       capture_output=True)  # fmt: skip
-    return out
 
-
-def _pad_vocabulary(path: Path, size: int) -> None:
-    """The fixture tokenizer's vocabulary padded with unused tokens to `size` entries."""
-    import json
-
-    tokenizer = json.loads(path.read_text())
-    vocab, added = tokenizer["model"]["vocab"], len(tokenizer["added_tokens"])
-    for i in range(len(vocab) + added, size):
-        vocab[f"<unused{i}>"] = i
-    path.write_text(json.dumps(tokenizer))
+    return made_gguf(f"gemma4-{name}", quant, save, vocab=config.vocab_size)
 
 
 def _random(cls, *args):

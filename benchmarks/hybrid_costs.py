@@ -22,23 +22,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
+from random_gguf import random_gguf as made_gguf  # beside this script
 
 from verispec import load_model
 from verispec.models.config import ModelConfig
-from verispec.models.converted import cache_dir
 from verispec.models.draft_head import DraftHead, frequent_ids
 from verispec.models.mtp import transformer
 from verispec.models.recurrent_state import RecurrentState
 
-ROOT = Path(__file__).resolve().parents[1]
-LLAMA_CPP = Path.home() / ".cache/llamacpp-native/llama_cpp_python-0.3.36/vendor/llama.cpp"
 SHAPES = {
     "small": ModelConfig(vocab_size=32000, hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=2,
                          intermediate_size=1408, head_dim=64, qk_norm=True, norm_offset=1.0, rotary_dim=16,
@@ -81,39 +76,26 @@ def hf_config(config: ModelConfig) -> dict:
 
 
 def random_gguf(name: str, config: ModelConfig, quant: str) -> Path:
-    """A GGUF file of the shape in `quant`, from a random bfloat16 checkpoint with an MTP layer, made once by
-    llama.cpp's converter and llama-quantize (cached under the verispec cache's bench/ folder)."""
-    out = cache_dir() / "bench" / f"qwen35-{name}-{quant}.gguf"
-    if out.is_file():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests/fixtures/architectures")]
-    import make  # the fixtures' converter call (its tokenizer handling)
-    from safetensors.torch import load_file, save_file
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """A GGUF file of the shape in `quant`, from a random bfloat16 checkpoint with an MTP layer (random_gguf.py: made
+    once, cached)."""
 
-    from architectures import add_mtp, tokenizer
+    def save(folder: Path) -> None:
+        from safetensors.torch import load_file, save_file
+        from transformers import AutoConfig, AutoModelForCausalLM
 
-    with tempfile.TemporaryDirectory() as work:
-        folder = Path(work) / "hf"
+        from architectures import add_mtp  # tests/ is on the path while the file is made
+
         fields = hf_config(config)
         fields.pop("architectures")
         mtp_layers = fields.pop("mtp_num_hidden_layers")
-        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**fields), dtype=torch.bfloat16)
-        model.save_pretrained(folder)
-        tokenizer().save_pretrained(folder)
-        del model
+        AutoModelForCausalLM.from_config(AutoConfig.for_model(**fields), dtype=torch.bfloat16).save_pretrained(folder)
         if mtp_layers:
             add_mtp(folder)
             saved = load_file(folder / "model.safetensors")  # the MTP tensors in bfloat16, as the rest
             save_file({k: v.to(torch.bfloat16) for k, v in saved.items()}, folder / "model.safetensors",
                       metadata={"format": "pt"})  # fmt: skip
-        f16 = Path(work) / "f16.gguf"
-        subprocess.run([sys.executable, "-c", make._CONVERT, str(LLAMA_CPP), str(folder), "--outtype", "f16",
-                        "--outfile", str(f16)], check=True, capture_output=True)  # fmt: skip
-        quantize = LLAMA_CPP / "build/bin/llama-quantize"
-        subprocess.run([str(quantize), str(f16), str(out), quant], check=True, capture_output=True)
-    return out
+
+    return made_gguf(f"qwen35-{name}", quant, save)
 
 
 @torch.inference_mode()

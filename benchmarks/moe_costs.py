@@ -17,17 +17,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
+from random_gguf import random_gguf as made_gguf  # beside this script
 
 from verispec import load_model
 from verispec.models.config import ModelConfig
-from verispec.models.converted import cache_dir
 from verispec.models.model import Transformer
 from verispec.models.rope import RopeScaling
 
@@ -45,19 +42,9 @@ def shape(layers: int) -> ModelConfig:
 
 
 def random_gguf(layers: int, quant: str) -> Path:
-    """The layers of `shape` as a GGUF file in `quant`, from a random bfloat16 checkpoint made by transformers, by
-    llama.cpp's converter and llama-quantize (cached under the verispec cache's bench/ folder)."""
-    from gemma4_costs import LLAMA_CPP, ROOT, _pad_vocabulary
-
-    out = cache_dir() / "bench" / f"gpt-oss-20b-{layers}-layers-{quant}.gguf"
-    if out.is_file():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests/fixtures/architectures")]
-    import make  # the fixtures' converter call (its tokenizer handling)
+    """The layers of `shape` as a GGUF file in `quant`, from a random bfloat16 checkpoint made by transformers
+    (random_gguf.py: made once, cached)."""
     from transformers import AutoConfig, AutoModelForCausalLM
-
-    from architectures import tokenizer
 
     fields = dict(vocab_size=4096, hidden_size=2880, num_hidden_layers=layers, num_attention_heads=64,
                   num_key_value_heads=8, head_dim=64, intermediate_size=2880, num_local_experts=32,
@@ -66,19 +53,12 @@ def random_gguf(layers: int, quant: str) -> Path:
                   rope_parameters={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                    "rope_theta": 150000.0, "original_max_position_embeddings": 4096,
                                    "truncate": True})  # fmt: skip
-    with tempfile.TemporaryDirectory() as work:
-        folder = Path(work) / "hf"
+
+    def save(folder: Path) -> None:
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model("gpt_oss", **fields), dtype=torch.bfloat16)
         model.save_pretrained(folder)
-        tokenizer().save_pretrained(folder)
-        _pad_vocabulary(folder / "tokenizer.json", 4096)
-        del model
-        f16 = Path(work) / "f16.gguf"
-        subprocess.run([sys.executable, "-c", make._CONVERT, str(LLAMA_CPP), str(folder), "--outtype", "f16",
-                        "--outfile", str(f16)], check=True, capture_output=True)  # fmt: skip
-        subprocess.run([str(LLAMA_CPP / "build/bin/llama-quantize"), str(f16), str(out), quant], check=True,
-                       capture_output=True)  # fmt: skip
-    return out
+
+    return made_gguf(f"gpt-oss-20b-{layers}-layers", quant, save, vocab=4096)
 
 
 def measure(label: str, model, args) -> None:
@@ -123,26 +103,9 @@ def main() -> None:
     model = Transformer(shape(args.layers)).eval()
     for p in model.parameters():
         p.normal_(0.0, 0.02)
-    cache = model.new_cache(1, max_len=args.context + 16)
-    ids = torch.randint(0, 4096, (1, args.context + 16), generator=torch.Generator().manual_seed(1))
-    model(ids[:, : args.context], cache, [0], num_logits=1, invariant=False)
-    seen: dict[int, float] = {}
-    for rows in (1, 2, 4, 8):
-        times = []
-        for rep in range(args.reps + 1):
-            begin = time.perf_counter()
-            model(ids[:, args.context : args.context + rows], cache, [0])
-            if rep:
-                times.append(time.perf_counter() - begin)
-            cache.set_length(0, args.context)
-        seen[rows] = statistics.median(times)
     params = sum(p.numel() for p in model.parameters()) / 1e9
-    print(f"gpt-oss-20b's layer x {args.layers} ({params:.2f} B parameters, float32 PyTorch, "
-          f"{torch.get_num_threads()} threads), context {args.context}, median of {args.reps}")  # fmt: skip
-    for rows, seconds in seen.items():
-        experts = 32 * (1 - (1 - 4 / 32) ** rows)
-        print(f"  T({rows}) {seconds * 1e3:8.1f} ms   T({rows})/T(1) {seconds / seen[1]:.2f}   "
-              f"experts read per layer (expected) {experts:4.1f}")  # fmt: skip
+    measure(f"gpt-oss-20b's layer x {args.layers} ({params:.2f} B parameters, float32 PyTorch, "
+            f"{torch.get_num_threads()} threads)", model, args)  # fmt: skip
 
 
 if __name__ == "__main__":

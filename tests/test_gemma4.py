@@ -71,6 +71,19 @@ def _transformers_drafts(target, helper, ids: torch.Tensor, steps: int) -> list[
     return logits
 
 
+def _read_but_the_last(model, ids: torch.Tensor):
+    """The target's cache after ids[:-1], the last token, and the target's final hidden state before it: what an
+    assistant's first draft reads."""
+    kept = {}
+    model.hidden_sink = lambda slots, starts, hidden: kept.update(last=hidden[0, -1])
+    try:
+        cache = model.new_cache(max_len=64)
+        model(ids[:, :-1], cache, [0])
+    finally:
+        model.hidden_sink = None
+    return cache, [int(ids[0, -1])], kept["last"][None]
+
+
 @pytest.mark.parametrize("length", [6, 30])  # inside the sliding window (8), and past it
 def test_the_assistant_drafts_what_transformers_assistant_drafts(gemma4, assistant, length):
     from architectures import make_model
@@ -81,14 +94,8 @@ def test_the_assistant_drafts_what_transformers_assistant_drafts(gemma4, assista
     drafter.bind(loaded.model)
     ids = tokens(seed=3, length=length)
     expected = _transformers_drafts(make_model("gemma4"), helper, ids, steps=3)
-    model, kept = loaded.model, {}
-    model.hidden_sink = lambda slots, starts, hidden: kept.update(last=hidden[0, -1])
-    try:
-        cache = model.new_cache(max_len=64)
-        model(ids[:, :-1], cache, [0])
-    finally:
-        model.hidden_sink = None
-    token, hidden = [int(ids[0, -1])], kept["last"][None]
+    model = loaded.model
+    cache, token, hidden = _read_but_the_last(model, ids)
     for want in expected:
         logits, hidden = drafter.step(model, token, hidden, cache=cache, slots=[0])
         assert_close(logits[0], want)
@@ -201,14 +208,8 @@ def test_the_assistant_on_the_native_kernels_drafts_what_it_drafts_on_pytorch(ge
     loaded, _, _ = gemma4
     drafter = load_model(assistant[1], "float32", progress=False).model
     drafter.bind(loaded.model)
-    model, kept, ids = loaded.model, {}, tokens(seed=4, length=20)
-    model.hidden_sink = lambda slots, starts, hidden: kept.update(last=hidden[0, -1])
-    try:
-        cache = model.new_cache(max_len=32)
-        model(ids[:, :-1], cache, [0])
-    finally:
-        model.hidden_sink = None
-    token, hidden = [int(ids[0, -1])], kept["last"][None]
+    model = loaded.model
+    cache, token, hidden = _read_but_the_last(model, tokens(seed=4, length=20))
     expected = drafter.step(model, token, hidden, cache=cache, slots=[0])[0]
     linears_on_the_kernels(drafter)
     drafter.native_head()

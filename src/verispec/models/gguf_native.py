@@ -14,6 +14,7 @@ vectors. `native_from_dense` puts a model loaded with dense weights (a Hugging F
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -177,20 +178,35 @@ def _build_gemma4(config: ModelConfig, index: dict, data: dict[str, np.memmap]) 
     looked up there too, and the rest on PyTorch, block by block (the native stack has no per-layer head sizes, shared
     keys or per-layer inputs). Each product sums in the kernels' fixed order and the attention runs per query, so a
     verify row's result is its own whatever shares the pass, as on the stack."""
-    tensors, hidden = _Tensors(index, data), config.hidden_size
+
+    def per_layer_inputs(model: Transformer, tensors: _Tensors) -> dict[str, torch.Tensor]:
+        if not config.per_layer_input_size:
+            return {}
+        inputs, width = model.per_layer_inputs, config.num_layers * config.per_layer_input_size
+        inputs.embed = GGUFEmbedding(*tensors.raw_rows("per_layer_token_embd.weight"), width)
+        inputs.project = tensors.linear(["per_layer_model_proj.weight"], config.hidden_size)
+        return {"per_layer_inputs.norm.weight": tensors.floats("per_layer_proj_norm.weight")}
+
+    return _matrices_on_the_kernels(config, _Tensors(index, data), _gemma4_block, extras=per_layer_inputs)
+
+
+def _matrices_on_the_kernels(
+    config: ModelConfig, tensors: _Tensors, block_state: Callable[..., dict], extras: Callable[..., dict] | None = None
+) -> Transformer:
+    """A model of a GGUF file whose blocks run on PyTorch with every matrix on the native kernels (Gemma 4, gpt-oss):
+    `block_state(block, tensors, config, layer=i)` puts block i's matrices there and returns its other weights,
+    `extras(model, tensors)` the same for the model's own parts beyond its embeddings, head and final norm."""
     with torch.device("meta"):
         model = Transformer(config)
     state = {"norm.weight": tensors.floats("output_norm.weight")}
     for i, block in enumerate(model.layers):
-        state |= _gemma4_block(block, tensors, config, layer=i)
+        state |= block_state(block, tensors, config, layer=i)
     embed_type, embed = tensors.raw_rows("token_embd.weight")
-    model.embed = GGUFEmbedding(embed_type, embed, hidden)
-    model.lm_head = tensors.linear(["output.weight" if "output.weight" in tensors else "token_embd.weight"], hidden)
-    if config.per_layer_input_size:
-        inputs, width = model.per_layer_inputs, config.num_layers * config.per_layer_input_size
-        inputs.embed = GGUFEmbedding(*tensors.raw_rows("per_layer_token_embd.weight"), width)
-        inputs.project = tensors.linear(["per_layer_model_proj.weight"], hidden)
-        state["per_layer_inputs.norm.weight"] = tensors.floats("per_layer_proj_norm.weight")
+    model.embed = GGUFEmbedding(embed_type, embed, config.hidden_size)
+    head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
+    model.lm_head = tensors.linear([head], config.hidden_size)
+    state |= extras(model, tensors) if extras is not None else {}
+    state |= {name: value for name, value in model.state_dict().items() if value.device.type != "meta"}  # biases
     model.load_state_dict(state, assign=True, strict=True)
     return model.eval()
 
@@ -241,18 +257,7 @@ def _build_gpt_oss(config: ModelConfig, index: dict, data: dict[str, np.memmap])
     """A gpt-oss file with every matrix on the native kernels as the file stores it (its MXFP4 experts too, each
     expert's rows of the 3-D tensors), and the rest on PyTorch, block by block: its attention with sinks (PyTorch's),
     the biases added to the products, the router's softmax over the chosen experts, the clamped SwiGLU."""
-    tensors, hidden = _Tensors(index, data), config.hidden_size
-    with torch.device("meta"):
-        model = Transformer(config)
-    state = {"norm.weight": tensors.floats("output_norm.weight")}
-    for i, block in enumerate(model.layers):
-        state |= _gpt_oss_block(block, tensors, config, layer=i)
-    embed_type, embed = tensors.raw_rows("token_embd.weight")
-    model.embed = GGUFEmbedding(embed_type, embed, hidden)
-    model.lm_head = tensors.linear(["output.weight" if "output.weight" in tensors else "token_embd.weight"], hidden)
-    state |= {name: value for name, value in model.state_dict().items() if value.device.type != "meta"}  # biases
-    model.load_state_dict(state, assign=True, strict=True)
-    return model.eval()
+    return _matrices_on_the_kernels(config, _Tensors(index, data), _gpt_oss_block)
 
 
 def _gpt_oss_block(block: torch.nn.Module, tensors: _Tensors, config: ModelConfig, layer: int) -> dict:
