@@ -110,7 +110,7 @@ class AssistantModel(Transformer):
         positions (the cache's), as the target makes its own."""
         cos_full, sin_full = self.rope_tables(length)
         at = torch.tensor(positions, device=self.device)
-        sizes = [size for _, _, size in self.config.rope_table_specs()]
+        sizes = self._table_sizes
         cos = [cos_full[t][at][:, None, None, :size].to(self.dtype) for t, size in enumerate(sizes)]
         sin = [sin_full[t][at][:, None, None, :size].to(self.dtype) for t, size in enumerate(sizes)]
         keys = torch.arange(max(positions), device=self.device)[None, :]

@@ -408,6 +408,7 @@ class Transformer(nn.Module):
         self.hidden_sink = None
         self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
         self._layer_tables = [config.rope_table(i) for i in range(config.num_layers)]  # per layer, or -1: none
+        self._table_sizes = [size for _, _, size in config.rope_table_specs()]  # per table, the dimensions it turns
         self._windows = sorted(set(config.layer_windows) - {0})
         # every block at once for a pass (a native stack, kernels/stack.py), or None: the blocks one by one.
         # Called as fused_blocks(x [rows, hidden], cache, cos, sin, slot per row, position per row), in place,
@@ -530,7 +531,7 @@ class Transformer(nn.Module):
         starts, offsets = rows.starts, rows.offsets
         cos_full, sin_full = self.rope_tables(cache.max_len)
         positions = torch.tensor(starts, device=x.device)[:, None] + torch.tensor(offsets, device=x.device)
-        sizes = [size for _, _, size in self.config.rope_table_specs()]
+        sizes = self._table_sizes
         tables = [
             (cos_full[t][positions][..., :size].to(self.dtype).unsqueeze(2),
              sin_full[t][positions][..., :size].to(self.dtype).unsqueeze(2))
