@@ -69,6 +69,13 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-answer-reuse: prompts only, as before)",
     )
     parser.add_argument(
+        "--warm-up",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="before serving, run one short request through every path (then forget it), so that the first "
+        "client does not pay for faulting the weights in (default on)",
+    )
+    parser.add_argument(
         "--draft-policy", default="auto", choices=POLICIES, help="auto: draft only while it pays (docs/server.md)"
     )
 
@@ -181,6 +188,7 @@ def _serve(args: argparse.Namespace) -> int:
 
         logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
         return serve_cluster(args, name, allowed_hosts_for(args.host, hosts))
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
     scheduler = build_scheduler(args)
     state = ServerState(
         scheduler, name, api_keys=args.api_key, cache_sharing=args.cache_sharing, metrics_key=args.metrics_key,
@@ -190,7 +198,6 @@ def _serve(args: argparse.Namespace) -> int:
         grammar_processes=args.grammar_workers, parse_special=args.parse_special,
     )  # fmt: skip
     target_bytes, draft_bytes = scheduler.kv_cache_bytes()
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
     logging.getLogger("verispec.server").info(
         "model %s (draft: %s, k=%d, policy %s) | %d slots x %d tokens | KV cache up to %.0f MiB target + %.0f MiB "
         "draft (%d blocks of %d tokens each, taken as used)",

@@ -4,6 +4,7 @@ server (server/cli.py) and by each replica of a cluster (server/cluster/replica.
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
 from ..errors import VerispecError
@@ -32,7 +33,13 @@ def build_scheduler(args: argparse.Namespace):
     )  # fmt: skip
     draft_source(args)  # the method's verdict, before seconds of loading
     target, draft = load_models(args)  # after the config: its mistakes are reported before seconds of loading
-    return Scheduler(target, draft, config)
+    scheduler = Scheduler(target, draft, config)
+    if getattr(args, "warm_up", True):
+        from ..engine.warm_up import warm_up
+
+        seconds = warm_up(scheduler)
+        logging.getLogger("verispec.server").info("warmed up in %.2f s (one request, forgotten)", seconds)
+    return scheduler
 
 
 def load_models(args: argparse.Namespace) -> tuple[LoadedModel, LoadedModel | None]:
