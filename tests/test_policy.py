@@ -455,3 +455,40 @@ def test_with_no_wider_pass_measured_a_lookup_drafts_unpriced_once_to_measure_on
     policy = _measured({1: ZEN1[1]})
     lookup = _lookup(0.5)
     assert priced(lookup, policy.row_cost(1, 1)) is lookup
+
+
+def test_a_catch_up_dearer_than_waiting_waits_for_the_answer_to_show_itself():
+    """While a sequence has written fewer than evidence_tokens tokens, a catch-up that costs more than drafting would
+    save over them waits (a 256-token prompt's 0.77 s against 16 tokens x 0.036 s saved); a short one does not, and
+    the same long one is paid once the sequence has written them (evidence_left 0: the control)."""
+    policy = DraftPolicy(PolicySettings(k_max=3, probe_every=1000))
+    for _ in range(2):
+        for k in (1, 2, 3):  # k = 3: 2.95 tokens in 0.19 s, the best
+            record(policy, 1, 1, k, *_cpu_like_costs(1, k), catch_up_seconds=0.03, catch_up_tokens=10)
+        record(policy, 1, 0, 0, 0.0, 0.1)  # plain: 1 token in 0.1 s; drafting saves 0.036 s a token
+    ask = lambda lag, evidence: policy.choose_k(1, [0.8], [3], lag_tokens=lag, remaining_tokens=2000,  # noqa: E731
+                                                evidence_left=evidence)  # fmt: skip
+    assert ask(256, 16) == 0
+    assert ask(256, 1) == 0  # one token to go: waiting costs 0.036 s, the catch-up 0.77 s
+    assert ask(256, 0) == 3
+    assert ask(20, 16) == 3  # 0.06 s of catch-up: less than 16 tokens' gain
+
+
+def test_the_draft_models_acceptance_fades_back_to_its_prior_while_it_rests():
+    """A server-wide acceptance learned on one kind of text (a translation's 0.3) returns to the prior 0.6 over the
+    rounds where the model does not draft, so the model is tried again; without those rounds it stays (control)."""
+    low = DraftPolicy()
+    for _ in range(300):
+        low.record_round(3, 0)  # every draft rejected at its first token
+    assert low.acceptance(0, 0) < 0.1
+    rested = DraftPolicy(accepted=low.accepted, rejected=low.rejected)
+    for _ in range(500):
+        rested.record_round(0, 0)  # plain rounds
+        rested.record_round(4, 4, looked_up=True)  # lookups say nothing of the model
+    assert rested.acceptance(0, 0) == pytest.approx(0.6, abs=0.02)
+    assert low.acceptance(0, 0) < 0.1
+    high = DraftPolicy()
+    for _ in range(300):
+        high.record_round(3, 3)
+        high.record_round(0, 0)  # rests between the model's rounds barely move what it shows
+    assert high.acceptance(0, 0) > 0.95

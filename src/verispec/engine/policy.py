@@ -38,6 +38,15 @@ tokens. Rules:
   that most counted as `answer_prior` more answers (nothing is known of a new server's answers). Short answers (a
   question answered in a sentence, a translation) then stand down rather than pay a catch-up that 20 tokens
   cannot win back.
+- A catch-up waits for evidence: while the sequences it is for have written fewer than `evidence_tokens` tokens, a
+  catch-up that costs more than drafting could save over the tokens still to be written before then is not paid
+  yet (waiting costs at most what the catch-up costs). Paid before anything is known of the answer, a long
+  prompt's catch-up was lost on short answers and on answers the lookups copy (a RAG answer of 15-20 tokens
+  after a 700-token prompt: 0.4 s that drafting never won back); by then the answers that ended are known, and
+  the answer's own lookup coverage.
+- The server-wide acceptance of the draft model fades back to its prior (`accepted`, `rejected`: 0.6) in the rounds
+  where the model does not draft, as fast as it decays in those where it does: an acceptance learned on one kind
+  of text (a translation's 0.5) would otherwise keep the model off for good, since only its own rounds update it.
 - While a prompt prefills or waits for a slot (a burst starts), nothing drafts.
 - A lookup (suffix drafting: tokens copied from text already seen, free to draft) is priced by the measured cost
   of a pass over as many rows as it adds: every target pass is recorded by its rows, and `row_cost` gives what n
@@ -81,6 +90,8 @@ class StepCost:
 
 # a sequence's alpha (of its lookups, of its draft model) before any round: PRIOR, counted as PRIOR_WEIGHT drafts
 PRIOR, PRIOR_WEIGHT = 0.8, 5
+# the server-wide counts of the draft model's accepted drafts and rejections before any round (a = 0.6)
+ACCEPTED_PRIOR, REJECTED_PRIOR = 3.0, 2.0
 
 
 def estimated_alpha(accepted: int, rejected: int) -> float:
@@ -181,6 +192,7 @@ class PolicySettings:
     paired_steps: int = 3  # a sample counts if at least this many of the last 5 steps were of other cells
     answer_window: int = 64  # finished answers remembered for the expected answer length
     answer_prior: float = 2.0  # a sequence's own max_tokens counts as this many answers
+    evidence_tokens: int = 16  # a sequence's tokens before a catch-up dearer than their drafting's gain is paid
 
     def __post_init__(self) -> None:
         if self.mode not in POLICIES:
@@ -196,8 +208,9 @@ class DraftPolicy:
     # decayed counts of drafting steps that ran the draft model and of those that only looked tokens up
     model_steps: float = 0.0
     lookup_steps: float = 0.0
-    accepted: float = 3.0  # server-wide decayed counts of the draft model's accepted drafts and rejections (a = 0.6)
-    rejected: float = 2.0
+    # server-wide decayed counts of the draft model's accepted drafts and rejections, from their prior (a = 0.6)
+    accepted: float = ACCEPTED_PRIOR
+    rejected: float = REJECTED_PRIOR
     # server-wide decayed counts of generated tokens and of those that were accepted lookups (prior: none)
     tokens: float = 0.0
     looked_up_tokens: float = 0.0
@@ -233,11 +246,14 @@ class DraftPolicy:
     def choose_k(
         self, batch: int, acceptance: list[float], limits: list[int], *, lag_tokens: int = 0,
         remaining_tokens: float | None = None, joining: bool = False, covered_tokens: float = 0.0,
+        evidence_left: float = 0.0,
     ) -> int:  # fmt: skip
         """The k this step drafts. `acceptance` and `limits` (the most each may draft, >= 1) are those of the
         sequences that may draft; `lag_tokens` is what the draft must catch up on first, and `remaining_tokens`
         the most those sequences may still generate less `covered_tokens`, what their lookups are expected to
-        give (which the draft reads before it drafts again; None: unknown), each summed over them. `joining`: a prompt
+        give (which the draft reads before it drafts again; None: unknown), each summed over them; `evidence_left`
+        the tokens the lagging ones are still to write before their catch-up is judged on evidence (summed over
+        them: evidence_tokens less what each wrote). `joining`: a prompt
         is still prefilling or waiting for a free slot, so a burst is starting; drafting for the sequences
         already decoding would only finish them before the joining ones (the burst ends no sooner) and read
         their prompts into the draft."""
@@ -252,6 +268,8 @@ class DraftPolicy:
         rates = {k: tokens[k] / seconds[k] for k in seconds}
         if 0 not in rates:
             return 0  # a batch size starts with plain steps: the baseline every draft length must beat
+        if self._catch_up_waits(rates, lag_tokens, evidence_left):
+            return 0
         to_read = lag_tokens + covered_tokens
         worth = self._rates_after_catch_up(rates, to_read, remaining_tokens)
         guesses = {k: tokens[k] / self._guess_seconds(batch, len(acceptance), k) for k in tokens if k not in rates}
@@ -263,6 +281,15 @@ class DraftPolicy:
         if choice and 0 in worth and worth[choice] <= worth[0] * (1 + self.settings.margin):
             choice = 0
         return self._maybe_probe(batch, choice, rates=rates, seconds=seconds, lag_tokens=lag_tokens)
+
+    def _catch_up_waits(self, rates: dict[int, float], lag_tokens: int, evidence_left: float) -> bool:
+        """Whether the catch-up on `lag_tokens` waits for evidence: it costs more than the best measured k would
+        save over the `evidence_left` tokens still to be written before the answer shows its length and coverage."""
+        if not lag_tokens or evidence_left <= 0:
+            return False
+        best = max(rates, key=rates.__getitem__)
+        saved = evidence_left * (1 / rates[0] - 1 / rates[best]) if best else 0.0
+        return self._catch_up_price(lag_tokens) > saved
 
     def _rates_after_catch_up(
         self, rates: dict[int, float], lag_tokens: float, remaining_tokens: float | None
@@ -458,6 +485,10 @@ class DraftPolicy:
         lookup's acceptance says nothing of the model's (copied text is accepted far more often)."""
         self.tokens = self.settings.decay * self.tokens + accepted + 1
         self.looked_up_tokens = self.settings.decay * self.looked_up_tokens + (accepted if looked_up else 0)
+        decay = self.settings.decay
         if drafted and not looked_up:
-            self.accepted = self.settings.decay * self.accepted + accepted
-            self.rejected = self.settings.decay * self.rejected + (accepted < drafted)
+            self.accepted = decay * self.accepted + accepted
+            self.rejected = decay * self.rejected + (accepted < drafted)
+        else:  # the model did not draft: what it showed fades back to the prior
+            self.accepted = ACCEPTED_PRIOR + decay * (self.accepted - ACCEPTED_PRIOR)
+            self.rejected = REJECTED_PRIOR + decay * (self.rejected - REJECTED_PRIOR)
