@@ -457,21 +457,32 @@ def test_with_no_wider_pass_measured_a_lookup_drafts_unpriced_once_to_measure_on
     assert priced(lookup, policy.row_cost(1, 1)) is lookup
 
 
-def test_a_catch_up_dearer_than_waiting_waits_for_the_answer_to_show_itself():
-    """While a sequence has written fewer than evidence_tokens tokens, a catch-up that costs more than drafting would
-    save over them waits (a 256-token prompt's 0.77 s against 16 tokens x 0.036 s saved); a short one does not, and
-    the same long one is paid once the sequence has written them (evidence_left 0: the control)."""
-    policy = DraftPolicy(PolicySettings(k_max=3, probe_every=1000))
-    for _ in range(2):
-        for k in (1, 2, 3):  # k = 3: 2.95 tokens in 0.19 s, the best
-            record(policy, 1, 1, k, *_cpu_like_costs(1, k), catch_up_seconds=0.03, catch_up_tokens=10)
-        record(policy, 1, 0, 0, 0.0, 0.1)  # plain: 1 token in 0.1 s; drafting saves 0.036 s a token
-    ask = lambda lag, evidence: policy.choose_k(1, [0.8], [3], lag_tokens=lag, remaining_tokens=2000,  # noqa: E731
-                                                evidence_left=evidence)  # fmt: skip
-    assert ask(256, 16) == 0
-    assert ask(256, 1) == 0  # one token to go: waiting costs 0.036 s, the catch-up 0.77 s
-    assert ask(256, 0) == 3
-    assert ask(20, 16) == 3  # 0.06 s of catch-up: less than 16 tokens' gain
+def test_a_long_catch_up_waits_for_the_answer_to_show_itself_where_short_answers_are_common():
+    """A young sequence's catch-up is paid now or after evidence_tokens tokens, whichever the answers seen so far
+    make worth more: where most answers end within 12 tokens, a 256-token prompt's catch-up (0.77 s against 0.036 s
+    saved a drafted token) waits; where they run on, or nothing is known of them, or the catch-up is short, or the
+    sequence has written its evidence tokens (the controls), it is paid at once."""
+
+    def policy_after(answers: list[tuple[int, bool]]) -> DraftPolicy:
+        policy = DraftPolicy(PolicySettings(k_max=3, probe_every=1000))
+        for _ in range(2):
+            for k in (1, 2, 3):  # k = 3: 2.95 tokens in 0.19 s, the best
+                record(policy, 1, 1, k, *_cpu_like_costs(1, k), catch_up_seconds=0.03, catch_up_tokens=10)
+            record(policy, 1, 0, 0, 0.0, 0.1)  # plain: 1 token in 0.1 s
+        for length, stopped in answers:
+            policy.record_answer(length, stopped)
+        return policy
+
+    def ask(policy: DraftPolicy, lag: int, young: list[tuple[int, int]]) -> int:
+        return policy.choose_k(1, [0.8], [3], lag_tokens=lag, remaining_tokens=128, young=young)
+
+    short, long = policy_after([(12, True)] * 20), policy_after([(128, False)] * 20)
+    assert ask(short, 256, [(0, 128)]) == 0
+    assert ask(short, 256, [(10, 118)]) == 0  # six tokens to go: most answers end before
+    assert ask(short, 256, []) == 3  # written its evidence tokens: the usual rule
+    assert ask(short, 20, [(0, 128)]) == 3  # 0.06 s of catch-up repays itself on 12 tokens
+    assert ask(long, 256, [(0, 128)]) == 3
+    assert ask(policy_after([]), 256, [(0, 128)]) == 3  # a new server: nothing known of its answers
 
 
 def test_the_draft_models_acceptance_fades_back_to_its_prior_while_it_rests():

@@ -38,12 +38,13 @@ tokens. Rules:
   that most counted as `answer_prior` more answers (nothing is known of a new server's answers). Short answers (a
   question answered in a sentence, a translation) then stand down rather than pay a catch-up that 20 tokens
   cannot win back.
-- A catch-up waits for evidence: while the sequences it is for have written fewer than `evidence_tokens` tokens, a
-  catch-up that costs more than drafting could save over the tokens still to be written before then is not paid
-  yet (waiting costs at most what the catch-up costs). Paid before anything is known of the answer, a long
-  prompt's catch-up was lost on short answers and on answers the lookups copy (a RAG answer of 15-20 tokens
-  after a 700-token prompt: 0.4 s that drafting never won back); by then the answers that ended are known, and
-  the answer's own lookup coverage.
+- A catch-up may wait for evidence: while the sequences it is for have written fewer than `evidence_tokens` tokens,
+  it is paid only if paying it now is worth more than paying it once they have (those whose answers end before,
+  or that no longer repay it then, never pay it), over the answers expected_left weighs: waiting loses what
+  drafting would save over the tokens until then, paying now loses the catch-up on every answer too short to
+  repay it. Paid at once, a long prompt's catch-up was lost where short answers are common (a RAG answer of
+  15-20 tokens after a 700-token prompt: 0.4 s that drafting never won back); where answers run long, or
+  nothing is known of them yet, it is paid at once, as before.
 - The server-wide acceptance of the draft model fades back to its prior (`accepted`, `rejected`: 0.6) in the rounds
   where the model does not draft, as fast as it decays in those where it does: an acceptance learned on one kind
   of text (a translation's 0.5) would otherwise keep the model off for good, since only its own rounds update it.
@@ -246,14 +247,14 @@ class DraftPolicy:
     def choose_k(
         self, batch: int, acceptance: list[float], limits: list[int], *, lag_tokens: int = 0,
         remaining_tokens: float | None = None, joining: bool = False, covered_tokens: float = 0.0,
-        evidence_left: float = 0.0,
+        young: list[tuple[int, int]] | None = None,
     ) -> int:  # fmt: skip
         """The k this step drafts. `acceptance` and `limits` (the most each may draft, >= 1) are those of the
         sequences that may draft; `lag_tokens` is what the draft must catch up on first, and `remaining_tokens`
         the most those sequences may still generate less `covered_tokens`, what their lookups are expected to
-        give (which the draft reads before it drafts again; None: unknown), each summed over them; `evidence_left`
-        the tokens the lagging ones are still to write before their catch-up is judged on evidence (summed over
-        them: evidence_tokens less what each wrote). `joining`: a prompt
+        give (which the draft reads before it drafts again; None: unknown), each summed over them; `young` the (tokens
+        written, most it may write) of each lagging one that has written fewer than evidence_tokens. `joining`: a
+        prompt
         is still prefilling or waiting for a free slot, so a burst is starting; drafting for the sequences
         already decoding would only finish them before the joining ones (the burst ends no sooner) and read
         their prompts into the draft."""
@@ -268,7 +269,7 @@ class DraftPolicy:
         rates = {k: tokens[k] / seconds[k] for k in seconds}
         if 0 not in rates:
             return 0  # a batch size starts with plain steps: the baseline every draft length must beat
-        if self._catch_up_waits(rates, lag_tokens, evidence_left):
+        if young and self._catch_up_waits(rates, lag_tokens, young):
             return 0
         to_read = lag_tokens + covered_tokens
         worth = self._rates_after_catch_up(rates, to_read, remaining_tokens)
@@ -282,14 +283,27 @@ class DraftPolicy:
             choice = 0
         return self._maybe_probe(batch, choice, rates=rates, seconds=seconds, lag_tokens=lag_tokens)
 
-    def _catch_up_waits(self, rates: dict[int, float], lag_tokens: int, evidence_left: float) -> bool:
-        """Whether the catch-up on `lag_tokens` waits for evidence: it costs more than the best measured k would
-        save over the `evidence_left` tokens still to be written before the answer shows its length and coverage."""
-        if not lag_tokens or evidence_left <= 0:
-            return False
+    def _catch_up_waits(self, rates: dict[int, float], lag_tokens: int, young: list[tuple[int, int]]) -> bool:
+        """Whether the catch-up on `lag_tokens`, shared by the `young` sequences, is better paid once they have
+        written evidence_tokens tokens than now, drafting at the best measured k."""
         best = max(rates, key=rates.__getitem__)
-        saved = evidence_left * (1 / rates[0] - 1 / rates[best]) if best else 0.0
-        return self._catch_up_price(lag_tokens) > saved
+        if not lag_tokens or not best:
+            return False
+        saved = 1 / rates[0] - 1 / rates[best]  # seconds a drafted token saves
+        price = self._catch_up_price(lag_tokens) / len(young)
+        return sum(self._waiting_gain(written, most, saved, price) for written, most in young) > 0
+
+    def _waiting_gain(self, written: int, most: int, saved: float, price: float) -> float:
+        """What paying a catch-up of `price` seconds after evidence_tokens tokens gains over paying it now, for a
+        sequence that wrote `written` and may write `most` more, each drafted token saving `saved` seconds: over
+        the answers expected_left weighs (the sequence's own `most` as answer_prior of them)."""
+        wait = self.settings.evidence_tokens - written
+        lefts = [min(length - written, most) if stopped else most for length, stopped in self.answers
+                 if length > written]  # fmt: skip
+        weighted = [(left, 1.0) for left in lefts] + [(most, self.settings.answer_prior)]
+        now = sum(weight * (saved * left - price) for left, weight in weighted)
+        later = sum(weight * max(0.0, saved * (left - wait) - price) for left, weight in weighted if left > wait)
+        return later - now
 
     def _rates_after_catch_up(
         self, rates: dict[int, float], lag_tokens: float, remaining_tokens: float | None

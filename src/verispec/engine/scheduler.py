@@ -482,9 +482,9 @@ class Scheduler:
         # k governs the draft model: its own acceptance, not the lookups' (copied text is accepted far more often)
         acceptance = [self.policy.acceptance(*records[i]) for i in eligible]
         lags = [self.proposer.lag(seqs[i].slot, seqs[i].tokens, seqs[i].draft_tokens) for i in eligible]
-        written = [len(seqs[i].stopper.token_ids) for i in eligible]
         evidence = self.policy.settings.evidence_tokens
-        young = sum(max(0, evidence - n) for n, lag in zip(written, lags, strict=True) if lag)
+        young = [(n, self._tokens_left(seqs[i])) for i, lag in zip(eligible, lags, strict=True)
+                 if lag and (n := len(seqs[i].stopper.token_ids)) < evidence]  # fmt: skip
         # the tokens still to come: the lookups' expected share of them, which the draft model must read before
         # it drafts again, and the rest, which it would draft
         left = [(self._expected_left(seqs[i]), self._coverage(seqs[i])) for i in eligible]
@@ -497,7 +497,7 @@ class Scheduler:
         k = self.policy.choose_k(
             len(seqs), acceptance, [limits[i] for i in eligible], lag_tokens=sum(lags), joining=joining,
             remaining_tokens=sum(tokens * (1 - share) for tokens, share in left),
-            covered_tokens=sum(tokens * share for tokens, share in left), evidence_left=young,
+            covered_tokens=sum(tokens * share for tokens, share in left), young=young,
         )  # fmt: skip
         return [min(k, limit) for limit in limits]
 
