@@ -53,6 +53,23 @@ def test_the_warm_up_fits_a_short_context_and_plain_decoding(tiny):
         assert not scheduler.running and not scheduler.active
 
 
+def test_a_failed_warm_up_is_logged_and_leaves_a_fresh_server(tiny, monkeypatch, caplog):
+    """A fault in the warm-up's request is a warning (the server still starts, reset as after any warm-up), not a
+    "warmed up" line; the control: the same server warms up once the fault is gone."""
+    target, draft = tiny
+    scheduler = Scheduler(target, draft, CONFIG)
+
+    def fault(*args):
+        raise RuntimeError("a fault in decoding")
+
+    monkeypatch.setattr(scheduler, "_advance", fault)
+    assert warm_up(scheduler) is None
+    assert "the warm-up request failed" in caplog.text
+    assert not scheduler.running and not scheduler.active and not scheduler.policy.answers
+    monkeypatch.undo()
+    assert warm_up(scheduler) is not None
+
+
 def test_serve_warms_up_unless_told_not_to(tiny, monkeypatch):
     """`verispec serve` warms up by default; --no-warm-up skips it."""
     monkeypatch.setattr(engine_from_args, "load_models", lambda args: tiny)

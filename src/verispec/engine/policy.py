@@ -233,10 +233,14 @@ class DraftPolicy:
         """The tokens a sequence that wrote `written` and may write `most` more is expected to write: what past
         answers longer than `written` wrote past it (at most `most`; a cut one would have run on: `most`), with
         `most` itself weighted answer_prior."""
-        longer = [min(length - written, most) if stopped else most for length, stopped in self.answers
-                  if length > written]  # fmt: skip
+        longer = self._lengths_left(written, most)
         prior = self.settings.answer_prior
         return (sum(longer) + prior * most) / (len(longer) + prior)
+
+    def _lengths_left(self, written: int, most: int) -> list[int]:
+        """What each past answer longer than `written` wrote past it, at most `most` (a cut one: `most`)."""
+        return [min(length - written, most) if stopped else most for length, stopped in self.answers
+                if length > written]  # fmt: skip
 
     def acceptance(self, accepted: int, rejected: int) -> float:
         """A sequence's acceptance rate of the draft model's drafts after `accepted` of them accepted and
@@ -298,9 +302,7 @@ class DraftPolicy:
         sequence that wrote `written` and may write `most` more, each drafted token saving `saved` seconds: over
         the answers expected_left weighs (the sequence's own `most` as answer_prior of them)."""
         wait = self.settings.evidence_tokens - written
-        lefts = [min(length - written, most) if stopped else most for length, stopped in self.answers
-                 if length > written]  # fmt: skip
-        weighted = [(left, 1.0) for left in lefts] + [(most, self.settings.answer_prior)]
+        weighted = [(left, 1.0) for left in self._lengths_left(written, most)] + [(most, self.settings.answer_prior)]
         now = sum(weight * (saved * left - price) for left, weight in weighted)
         later = sum(weight * max(0.0, saved * (left - wait) - price) for left, weight in weighted if left > wait)
         return later - now

@@ -38,7 +38,8 @@ def build_scheduler(args: argparse.Namespace):
         from ..engine.warm_up import warm_up
 
         seconds = warm_up(scheduler)
-        logging.getLogger("verispec.server").info("warmed up in %.2f s (one request, forgotten)", seconds)
+        if seconds is not None:
+            logging.getLogger("verispec.server").info("warmed up in %.2f s (one request, forgotten)", seconds)
     return scheduler
 
 
