@@ -100,14 +100,6 @@ def test_a_bounded_draft_context_keeps_the_sink_and_the_last_window():
     assert draft_view(prompt, 0) is prompt
 
 
-def test_a_prompt_within_two_windows_is_read_whole():
-    """Cutting a prompt of at most the sink and two windows would save little catch-up and drop its start (a short
-    prompt's instruction): it is read whole; one token longer is cut to the sink and the last window."""
-    assert draft_cut_for(4 + 2 * 64, 64) == 0
-    assert draft_cut_for(4 + 2 * 64 + 1, 64) == 4 + 2 * 64 + 1 - 64
-    assert draft_cut_for(700, 64) == 700 - 64  # a long prompt: the catch-up stays about 68 tokens
-
-
 def test_the_draft_catches_up_on_the_window_only(tiny):
     """A 200-token prompt and a window of 16: the draft model reads 20 tokens, whatever the prompt's length, and
     its proposals come from that view (the same as drafting from the view alone); without a window it reads all."""

@@ -23,12 +23,9 @@ DRAFT_SINK = 4  # the first tokens of a context, which a bounded draft context a
 
 def draft_cut_for(prompt_length: int, window: int) -> int:
     """Where a sequence's bounded draft context resumes after its first DRAFT_SINK tokens: the last `window`
-    prompt tokens are kept (0: no cut, the draft reads the whole context; also for window 0 and for a prompt of
-    at most DRAFT_SINK + 2 * window tokens). Fixed when the sequence starts, so that its view only grows as it
-    generates."""
-    # a cut saves catch-up in proportion to what it drops; under another window's worth that is little (about
-    # 0.1 s for the bundled draft at 64), and what it drops is a short prompt's start: its instruction
-    if not window or prompt_length <= DRAFT_SINK + 2 * window:
+    prompt tokens are kept (0: no cut, the draft reads the whole context; also for window 0 and short prompts).
+    Fixed when the sequence starts, so that its view only grows as it generates."""
+    if not window or prompt_length <= DRAFT_SINK + window:
         return 0
     return prompt_length - window
 
