@@ -485,3 +485,107 @@ def test_one_tenants_burst_does_not_hold_another_tenants_request(invariant):
     assert outputs["b"].token_ids == _alone(invariant, prompts[0][::-1], 8)
     for i, prompt in enumerate(prompts):
         assert outputs[f"a{i}"].token_ids == _alone(invariant, prompt, 40)
+
+
+def test_a_tenant_naming_a_new_user_per_request_gets_no_more_than_its_share(invariant):
+    """Tenant a sends its burst under a new `user` each time (the member of a tenant): b's one request is still
+    admitted next and ends long before a's burst. When every user counted as a tenant of its own, a's six users each
+    ran one sequence, b's request ran none, and it waited for a's burst (171 s in a probe). The outputs are alone's."""
+    scheduler = Scheduler(invariant, None, _invariant_config(max_num_seqs=2))
+    prompts = [[(a * i + 1) % 250 for i in range(60)] for a in range(3, 9)]
+    outputs: dict = {}
+    finished: list[str] = []
+    for i, prompt in enumerate(prompts):
+        _submit(scheduler, f"a{i}", prompt, 40, outputs, tenant="a", member=f"u{i}")
+    scheduler.step()
+    _submit(scheduler, "b", prompts[0][::-1], 8, outputs, tenant="b")
+    scheduler.step()
+    assert {seq.request.tenant for seq in scheduler.running.values()} == {"a", "b"}
+    while scheduler.step():
+        finished += [name for name in outputs if name not in finished]
+    assert finished.index("b") <= 1
+    assert outputs["b"].token_ids == _alone(invariant, prompts[0][::-1], 8)
+    for i, prompt in enumerate(prompts):
+        assert outputs[f"a{i}"].token_ids == _alone(invariant, prompt, 40)
+
+
+def test_within_a_tenant_its_members_take_turns():
+    """Admission ranks tenants first, then the members within one: u1's request goes before u0's second."""
+    from verispec.engine.admission import WaitingQueue, fairness_victim
+
+    queue: WaitingQueue[str] = WaitingQueue()
+    queue.append("u0-second", ("a", "u0"), 1.0)
+    queue.append("u1-first", ("a", "u1"), 2.0)
+    queue.append("b-first", ("b", ""), 3.0)
+    running = {("a", "u0"): 1}
+    assert queue.first(running) == ("b-first", "b")  # the tenant running none first, though it came last
+    queue.remove("b-first")
+    assert queue.first(running) == ("u1-first", "a")  # then, within a, the member running none
+    many = {("a", f"u{i}"): 1 for i in range(6)}
+    assert fairness_victim("b", many) == "a"  # six members of one tenant are six of its sequences
+    assert fairness_victim("b", {("a", "u0"): 1}) is None
+
+
+def _paced(scheduler: Scheduler, chunk_seconds: float, step_seconds: float) -> list[str]:
+    """The scheduler's prefill pacing told that every chunk costs `chunk_seconds` and every decode step
+    `step_seconds` (as test_policy injects pass costs): what it does is then a function of the rules alone. Returns
+    the log of chunks computed ('chunk:<request>') and steps run."""
+    events: list[str] = []
+    prefilled, decoded = scheduler.pacer.prefilled, scheduler.pacer.decoded
+    compute = scheduler._compute_chunk
+
+    def chunk(seq, contended):
+        events.append(f"chunk:{seq.request.request_id}")
+        compute(seq, contended)
+
+    scheduler._compute_chunk = chunk
+    scheduler.pacer.prefilled = lambda seconds, tokens, contended: prefilled(chunk_seconds, tokens, contended)
+    scheduler.pacer.decoded = lambda seconds: (events.append("step"), decoded(step_seconds))[1]
+    return events
+
+
+def test_a_long_prefill_gives_another_tenants_decoding_half_the_loop(invariant):
+    """Tenant a's long prompt prefills while tenant b decodes: each chunk of a's (cut to SLICE_SECONDS at the
+    measured rate on this row-invariant target) is paid back by b's decode steps before the next one runs, so b's
+    tokens are no longer paced one chunk each (a 9-token answer took 28-42x its time alone beside a 3,524-token
+    prefill). Every output is the one it has alone, though a's chunks were cut where they would not be alone."""
+    from verispec.engine.prefill_pacing import MIN_SLICE_TOKENS
+
+    scheduler = Scheduler(invariant, None, _invariant_config(max_num_seqs=2, prefill_chunk=32, max_model_len=480))
+    events = _paced(scheduler, chunk_seconds=0.04, step_seconds=0.01)
+    scheduler.pacer.rates.extend([0.2 / MIN_SLICE_TOKENS] * 2)  # a slice holds MIN_SLICE_TOKENS tokens
+    short, long = [(5 * i + 2) % 250 for i in range(20)], [(3 * i + 1) % 250 for i in range(400)]
+    outputs: dict = {}
+    _submit(scheduler, "b", short, 24, outputs, tenant="b")
+    while not any(seq.request.request_id == "b" and not seq.prefilling for seq in scheduler.running.values()):
+        scheduler.step()
+    _submit(scheduler, "a", long, 4, outputs, tenant="a")
+    while "b" not in outputs:
+        scheduler.step()
+    while_b = events[events.index("step") :]
+    chunks = while_b.count("chunk:a")
+    assert chunks <= 1 + while_b.count("step") * 0.01 / 0.04 + 1e-9, while_b  # half the loop at most
+    assert chunks >= 2  # and a's prefill went on meanwhile
+    scheduler.run_until_idle()
+    assert outputs["b"].token_ids == _alone(invariant, short, 24)
+    assert outputs["a"].token_ids == _alone(invariant, long, 4)
+
+
+def test_without_another_tenant_decoding_a_prefill_runs_whole_chunks_back_to_back(invariant):
+    """One tenant alone: chunks of prefill_chunk tokens, one every step, nothing owed (the control of the test
+    above: the same costs, b's request of the same tenant as a's)."""
+    scheduler = Scheduler(invariant, None, _invariant_config(max_num_seqs=2, prefill_chunk=32, max_model_len=480))
+    events = _paced(scheduler, chunk_seconds=0.04, step_seconds=0.01)
+    short, long = [(5 * i + 2) % 250 for i in range(20)], [(3 * i + 1) % 250 for i in range(400)]
+    outputs: dict = {}
+    _submit(scheduler, "b", short, 24, outputs, tenant="a")
+    while not any(not seq.prefilling for seq in scheduler.running.values()):
+        scheduler.step()
+    _submit(scheduler, "a", long, 4, outputs, tenant="a")
+    steps = 0
+    while "a" not in outputs:
+        scheduler.step()
+        steps += 1
+    assert events.count("chunk:a") == -(-(len(long) - 1) // 32)  # whole chunks
+    assert events.count("chunk:a") + 4 >= steps  # one every step, but for a's own 4 decode steps
+    assert scheduler.pacer.owed == 0.0

@@ -503,3 +503,56 @@ def test_the_draft_models_acceptance_fades_back_to_its_prior_while_it_rests():
         high.record_round(3, 3)
         high.record_round(0, 0)  # rests between the model's rounds barely move what it shows
     assert high.acceptance(0, 0) > 0.95
+
+
+def _serve(policy: DraftPolicy, requests: int, alpha: float, draft_step: float, rng, tokens: int = 40):
+    """`requests` requests of `tokens` tokens, one at a time, on simulated costs (a plain step 0.05 s, a verify pass
+    of k + 1 rows 0.05 (1 + 0.05 k) s, `draft_step` s per drafted token, 2 ms per token the draft catches up on),
+    each drafted token accepted with probability `alpha`. Returns the tokens the draft model drafted per request, and
+    the seconds they all took."""
+    drafted_per_request, seconds = [], 0.0
+    for _ in range(requests):
+        written, lag, drafted_here, accepted, rejected = 0, 20, 0, 0, 0  # a 20-token prompt to catch up on first
+        while written < tokens:
+            left = tokens - written
+            k = policy.choose_k(1, [policy.acceptance(accepted, rejected)], [min(4, left - 1) or 1],
+                                lag_tokens=lag, remaining_tokens=float(left))  # fmt: skip
+            k = min(k, max(left - 1, 0))
+            kept = 0
+            while kept < k and rng.random() < alpha:
+                kept += 1
+            catch_up = 0.002 * lag if k else 0.0
+            step = (draft_step * k, 0.05 * (1 + 0.05 * k))
+            record(policy, 1, 1 if k else 0, k, *step, catch_up_seconds=catch_up, catch_up_tokens=lag if k else 0)
+            seconds += sum(step) + catch_up
+            policy.record_round(k, kept)
+            if k:
+                drafted_here += k
+                accepted, rejected = accepted + kept, rejected + (kept < k)
+                lag = 0
+            written += kept + 1
+            lag += 0 if k else kept + 1
+        policy.record_answer(tokens, True)
+        drafted_per_request.append(drafted_here)
+    return drafted_per_request, seconds
+
+
+def test_a_draft_model_turned_off_by_a_burst_of_bad_text_comes_back_on_good_text():
+    """1,000 requests on which the draft model does not pay (its drafts rarely accepted, and its steps 5x dearer
+    while the machine was busy), then 20 on which it does (a = 0.9, a draft step 0.2 of a target step): the model
+    drafts again on at least 15 of the 20. A long-running server once drafted 16 tokens with the model in 40 minutes
+    and never came back: nothing but its own rounds could show it that the text and the load had changed. The trials
+    cost at most explore_share of the bad text's time. The control, without trials and with stale costs kept, stays
+    plain on the good text."""
+    import random
+
+    runs = {}
+    for name, settings in (("trials", PolicySettings(k_max=4)),
+                           ("control", PolicySettings(k_max=4, explore_share=0.0, stale_steps=10**9))):  # fmt: skip
+        policy, rng = DraftPolicy(settings), random.Random(7)
+        _, bad_seconds = _serve(policy, 1000, alpha=0.05, draft_step=0.05, rng=rng)
+        good, _ = _serve(policy, 20, alpha=0.9, draft_step=0.01, rng=rng)
+        runs[name] = (sum(1 for tokens in good if tokens), bad_seconds, policy.exploring.trials)
+    assert runs["trials"][0] >= 15, runs
+    assert runs["trials"][1] <= runs["control"][1] * (1 + PolicySettings().explore_share), runs
+    assert runs["control"][0] < 15, runs  # without trials the target is missed

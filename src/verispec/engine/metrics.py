@@ -81,6 +81,15 @@ class Metrics:
         self.policy_slowdown = gauge(
             "draft_policy_slowdown", "How much slower than the draft policy's reference speed the machine runs now"
         )
+        self.draft_resting = gauge(
+            "draft_model_resting", "1 while the draft policy's choice is plain decoding (the draft model rests), else 0"
+        )
+        self.draft_trials = gauge(
+            "draft_model_trials", "Steps that tried a resting draft model again (k = 1), since start"
+        )
+        self.draft_alpha = gauge(
+            "draft_model_acceptance", "The draft policy's server-wide estimate of the draft model's acceptance"
+        )
         self.running = gauge("num_requests_running", "Requests holding a sequence slot")
         self.waiting = gauge("num_requests_waiting", "Requests queued for a slot (or for room in the KV cache)")
         self.kv_cache_usage = gauge(
@@ -140,6 +149,9 @@ class Metrics:
         if cost.k and (draft := policy.draft_seconds(cost.drafting, cost.k)) is not None:
             self._record_policy("draft", cost.drafting, cost.k, draft)
         self.policy_slowdown.set(policy.slowdown)
+        self.draft_resting.set(int(policy.exploring.resting))
+        self.draft_trials.set(policy.exploring.trials)
+        self.draft_alpha.set(policy.acceptance(0, 0))
 
     def _record_policy(self, phase: str, batch_size: int, k: int, seconds: float) -> None:
         self.policy_seconds.labels(phase=phase, batch_size=str(batch_size), k=str(k)).set(seconds)

@@ -49,6 +49,13 @@ tokens. Rules:
   where the model does not draft, as fast as it decays in those where it does: an acceptance learned on one kind
   of text (a translation's 0.5) would otherwise keep the model off for good, since only its own rounds update it.
 - While a prompt prefills or waits for a slot (a burst starts), nothing drafts.
+- A resting draft model is tried again (k = 1 for one step) on a schedule bounded in cost: while the choice is plain
+  decoding, credit accrues at `explore_share` of each step's seconds, and a step explores once the credit pays what
+  exploring costs it (the step's extra seconds over plain, at least one plain step, and the catch-up). What turned it
+  off (another kind of text, a burst of load while its costs were measured, short answers) may have passed; only a
+  round of its own shows that: its acceptance on today's text, its cost on today's machine. A cell whose newest
+  sample is older than `stale_steps` steps starts again from its next sample (its old ones were another machine's
+  load), so the fresh measurements decide.
 - A lookup (suffix drafting: tokens copied from text already seen, free to draft) is priced by the measured cost
   of a pass over as many rows as it adds: every target pass is recorded by its rows, and `row_cost` gives what n
   more rows cost over a pass without them (measured, interpolated, or extrapolated along the last two measured
@@ -107,6 +114,7 @@ class _StepTime:
 
     window: int = 9
     samples: deque[float] = field(default_factory=deque)
+    last: int = 0  # the policy's step count at the newest sample
 
     @property
     def measured(self) -> bool:
@@ -118,7 +126,11 @@ class _StepTime:
             return min(self.samples)
         return statistics.median(self.samples)
 
-    def add(self, sample: float) -> None:
+    def add(self, sample: float, now: int = 0, stale: int | None = None) -> None:
+        """A sample at the policy's step `now`; one more than `stale` steps after the last clears the older ones."""
+        if stale is not None and now - self.last > stale:
+            self.samples.clear()
+        self.last = now
         self.samples.append(sample)
         if len(self.samples) > self.window:
             self.samples.popleft()
@@ -162,8 +174,8 @@ class _DraftTime:
             return None
         return model_share * self.model.value + (1 - model_share) * lookup
 
-    def add(self, sample: float, modelled: bool) -> None:
-        (self.model if modelled else self.lookup).add(sample)
+    def add(self, sample: float, modelled: bool, now: int = 0, stale: int | None = None) -> None:
+        (self.model if modelled else self.lookup).add(sample, now, stale)
 
 
 @dataclass
@@ -194,10 +206,23 @@ class PolicySettings:
     answer_window: int = 64  # finished answers remembered for the expected answer length
     answer_prior: float = 2.0  # a sequence's own max_tokens counts as this many answers
     evidence_tokens: int = 16  # a sequence's tokens before a catch-up dearer than their drafting's gain is paid
+    explore_share: float = 0.02  # a resting draft model's trials may cost at most this share of the steps' time
+    stale_steps: int = 1024  # a cell not measured for this many steps starts again from its next sample
 
     def __post_init__(self) -> None:
         if self.mode not in POLICIES:
             raise ValueError(f"draft policy must be one of {', '.join(POLICIES)}, got {self.mode!r}")
+        if not 0.0 <= self.explore_share < 1.0:
+            raise ValueError(f"explore_share must be in [0, 1), got {self.explore_share}")
+
+
+@dataclass
+class _Exploring:
+    """A resting draft model's trials: the credit they may spend, and how many were run."""
+
+    credit: float = 0.0
+    trials: int = 0
+    resting: bool = False  # the last choice (a trial or probe aside) was plain decoding
 
 
 @dataclass
@@ -222,6 +247,8 @@ class DraftPolicy:
     probing: dict[int, _Probing] = field(default_factory=dict)
     # the last finished answers: (tokens written, whether it stopped by itself rather than at its max_tokens)
     answers: deque[tuple[int, bool]] = field(default_factory=deque)
+    steps: int = 0  # steps recorded (the clock of the cells' ages)
+    exploring: _Exploring = field(default_factory=_Exploring)
 
     def record_answer(self, length: int, stopped: bool) -> None:
         """A sequence finished after writing `length` tokens: `stopped` by an end token or a stop string, or cut."""
@@ -285,7 +312,28 @@ class DraftPolicy:
         choice = max(worth, key=worth.__getitem__)
         if choice and 0 in worth and worth[choice] <= worth[0] * (1 + self.settings.margin):
             choice = 0
+        self.exploring.resting = choice == 0
+        if choice == 0 and self._explores(batch, len(acceptance), seconds[0], lag_tokens):
+            return 1
         return self._maybe_probe(batch, choice, rates=rates, seconds=seconds, lag_tokens=lag_tokens)
+
+    def _explores(self, batch: int, drafting: int, plain: float, lag_tokens: int) -> bool:
+        """Whether this step, whose choice is plain decoding, tries the draft model again (k = 1): once the credit
+        accrued at explore_share of each resting step's `plain` seconds pays the trial's cost (its extra seconds over
+        plain, at least one plain step, and the catch-up on `lag_tokens`); the credit never holds more than the trial
+        at hand costs, so trials are spaced, not saved up for a burst."""
+        if not self.settings.explore_share:
+            return False
+        measured = self.seconds(batch, drafting, 1)
+        step = measured if measured is not None else self._guess_seconds(batch, drafting, 1)
+        cost = max(step - plain, plain) + self._catch_up_price(lag_tokens)
+        exploring = self.exploring
+        exploring.credit = min(exploring.credit + self.settings.explore_share * plain, cost)
+        if exploring.credit < cost:
+            return False
+        exploring.credit = 0.0
+        exploring.trials += 1
+        return True
 
     def _catch_up_waits(self, rates: dict[int, float], lag_tokens: int, young: list[tuple[int, int]]) -> bool:
         """Whether the catch-up on `lag_tokens`, shared by the `young` sequences, is better paid once they have
@@ -426,6 +474,8 @@ class DraftPolicy:
         draft_seconds, verify_seconds = cost.draft_seconds - cost.catch_up_seconds, cost.verify_seconds
         catch_up_seconds, catch_up_tokens = cost.catch_up_seconds, cost.catch_up_tokens
         cell = (batch, k)
+        self.steps += 1
+        now, stale = self.steps, self.settings.stale_steps
         verify = self.verify.setdefault(cell, _StepTime())
         others = [r for c, r in self.recent if c != cell]
         paired = len(others) >= self.settings.paired_steps
@@ -435,13 +485,13 @@ class DraftPolicy:
             self.lookup_steps = self.settings.decay * self.lookup_steps + (not modelled)
         if paired or not verify.measured:  # measured beside other cells' steps, or still calibrating
             slowdown = statistics.median(others) if paired else self.slowdown
-            verify.add(verify_seconds / slowdown)
+            verify.add(verify_seconds / slowdown, now, stale)
             if draft is not None:
-                draft.add(draft_seconds / slowdown, modelled)
+                draft.add(draft_seconds / slowdown, modelled, now, stale)
                 if catch_up_tokens:
                     self.catch_up.add(catch_up_seconds / catch_up_tokens / slowdown)
         elif draft is not None and not (draft.model if modelled else draft.lookup).measured:
-            draft.add(draft_seconds / self.slowdown, modelled)
+            draft.add(draft_seconds / self.slowdown, modelled, now, stale)
         if verify.measured:
             self.recent.append((cell, verify_seconds / verify.value))
 

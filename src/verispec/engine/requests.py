@@ -76,5 +76,11 @@ class EngineRequest:
     # a PRIVATE one is the request's own (its n choices share it)
     partition: str = ""
     tenant: str = ""  # who is served fairly: admission takes turns between tenants (engine/admission.py)
+    member: str = ""  # who within the tenant (the OpenAI `user` field): divides the tenant's share, never adds to it
     arrival: float = field(default_factory=time.perf_counter)
     cancelled: bool = False
+
+    @property
+    def owner(self) -> tuple[str, str]:
+        """(tenant, member): whose turn admission counts this request as."""
+        return self.tenant, self.member

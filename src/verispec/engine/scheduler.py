@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -55,6 +56,7 @@ from .drafting import DraftJob, LookupPricing, Proposal
 from .methods import Setup, get_method, resolve_method
 from .metrics import Metrics
 from .policy import POLICIES, DraftPolicy, PolicySettings, StepCost, estimated_alpha
+from .prefill_pacing import PrefillPacer
 from .prefixes import PrefixBlocks, Prompt
 from .proposer import Proposer
 from .requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput, StreamChunk
@@ -72,7 +74,6 @@ class SchedulerStoppedError(VerispecError):
 
 
 DEFAULT_SLOT_TOKENS = 4096  # what the default KV budget holds per slot (less where the context is shorter)
-PREFILL_YIELD_SECONDS = 1.0  # the longest a prefill waits for a smaller tenant's decoding at a time
 
 
 @dataclass
@@ -212,7 +213,6 @@ class Scheduler:
         self.active: dict[str, EngineRequest] = {}  # waiting or running, by request id
         self.cond = threading.Condition()
         self.preempted_in_step = False  # a sequence was preempted in this step (its costs are not the policy's)
-        self.last_prefill = 0.0  # when the last prefill chunk was computed (prefill yields to others' decoding)
         self.thread: threading.Thread | None = None
         self.stopping = False
 
@@ -268,6 +268,8 @@ class Scheduler:
         # writes the bits decoding wrote (row-invariant passes), so that a resumed sequence goes on exactly; else
         # each request reserves its whole length when admitted
         self.on_demand = invariant
+        # how prefill shares the loop with others' decoding; its chunks cut anywhere where passes are row-invariant
+        self.pacer = PrefillPacer(self.config.prefill_chunk, resizable=invariant and not target.model.config.hybrid)
         model = None
         if drafting and self.method.draft_reads_target:  # no cache of its own: it reads the target's
             self.proposer = self._build_proposer(target, None, num_blocks, assistant=draft.model)
@@ -358,7 +360,7 @@ class Scheduler:
                 )
             for request in requests:
                 self.active[request.request_id] = request
-                self.waiting.append(request, request.tenant, request.arrival)
+                self.waiting.append(request, request.owner, request.arrival)
             self._update_gauges()
             self.cond.notify()
 
@@ -462,6 +464,7 @@ class Scheduler:
         drafted = time.perf_counter()
         verdicts = self._verify(seqs, proposals, masks)
         verified = time.perf_counter()
+        self.pacer.decoded(verified - begin)
         self._record_step(
             len(seqs), ks, proposals=proposals, draft_seconds=drafted - begin, verify_seconds=verified - drafted
         )
@@ -494,12 +497,27 @@ class Scheduler:
             joining = len(seqs) < len(self.running) or bool(
                 self.waiting and self.free_slots and not self.waiting_for_blocks
             )
+        resting = self.policy.exploring.resting
         k = self.policy.choose_k(
             len(seqs), acceptance, [limits[i] for i in eligible], lag_tokens=sum(lags), joining=joining,
             remaining_tokens=sum(tokens * (1 - share) for tokens, share in left),
             covered_tokens=sum(tokens * share for tokens, share in left), young=young,
         )  # fmt: skip
+        if self.policy.exploring.resting != resting and self.proposer.drafter is not None:
+            self._log_rest(len(seqs))
         return [min(k, limit) for limit in limits]
+
+    def _log_rest(self, batch: int) -> None:
+        """One line when the draft model starts or stops resting, with what decided it."""
+        policy = self.policy
+        plain, drafting = policy.seconds(batch, 0, 0), policy.seconds(batch, batch, 1)
+        log.info(
+            "draft model %s at %d sequences: acceptance %.2f (server-wide), step %s s plain, %s s drafting 1; "
+            "%d trials so far",
+            "resting" if policy.exploring.resting else "drafting again", batch, policy.acceptance(0, 0),
+            f"{plain:.4f}" if plain is not None else "?", f"{drafting:.4f}" if drafting is not None else "?",
+            policy.exploring.trials,
+        )  # fmt: skip
 
     def _record_step(
         self, batch: int, ks: list[int], proposals: list[Proposal | None], draft_seconds: float, verify_seconds: float
@@ -557,7 +575,7 @@ class Scheduler:
         while True:
             with self.cond:
                 self.waiting_for_blocks = False
-                found = self.waiting.first(self._running_per_tenant())
+                found = self.waiting.first(self._running_per_owner())
                 if found is None:
                     self._first = None
                     return
@@ -601,11 +619,9 @@ class Scheduler:
             self._first = (item, self.prefixes.prompt(tokens, request.partition))
         return self._first[1]
 
-    def _running_per_tenant(self) -> dict[str, int]:
-        running: dict[str, int] = {}
-        for seq in self.running.values():
-            running[seq.request.tenant] = running.get(seq.request.tenant, 0) + 1
-        return running
+    def _running_per_owner(self) -> Counter[tuple[str, str]]:
+        """Sequences running per (tenant, member) (admission.py)."""
+        return Counter(seq.request.owner for seq in self.running.values())
 
     def _blocks_needed(self, item: EngineRequest | Sequence) -> int:
         """The target cache's blocks a request reserves when admitted: its context and its first step's padded rows;
@@ -621,7 +637,7 @@ class Scheduler:
         at least two fewer (admission.fairness_victim); False where none is."""
         if not self.on_demand:
             return False
-        victim = fairness_victim(tenant, self._running_per_tenant())
+        victim = fairness_victim(tenant, self._running_per_owner())
         if victim is None:
             return False
         self._preempt(max((seq for seq in self.running.values() if seq.request.tenant == victim),
@@ -645,7 +661,7 @@ class Scheduler:
         with self.cond:
             self.running.pop(seq.slot, None)
             self.free_slots.append(seq.slot)
-            self.waiting.appendleft(seq, seq.request.tenant, seq.request.arrival)
+            self.waiting.appendleft(seq, seq.request.owner, seq.request.arrival)
             self._update_gauges()
 
     def _start_sequence(
@@ -703,8 +719,9 @@ class Scheduler:
     def _prefill_chunk(self) -> None:
         """The next chunk of the prompt with the fewest tokens left to prefill (a short request is not held behind
         long ones; the earliest admitted on a tie); before it, and for every other prompt still prefilling, what
-        other prefills registered meanwhile is taken (prefixes.py). Chunks are cut at the same places whatever else
-        runs, so a request's cache (and its greedy output) does not depend on its neighbours."""
+        other prefills registered meanwhile is taken (prefixes.py). While another owner decodes, the chunk may wait or
+        be cut short (prefill_pacing.py), only where that changes no bit: a request's cache (and its greedy output)
+        does not depend on its neighbours."""
         prefilling = [seq for seq in self.running.values() if seq.prefilling]
         for seq in prefilling:
             end = self.prefixes.reuse(seq.slot, seq.prefilled)
@@ -713,19 +730,13 @@ class Scheduler:
         left = [seq for seq in prefilling if seq.prefilling]
         if left:
             seq = min(left, key=lambda seq: (len(seq.prefill_ids) - seq.prefilled, seq.admitted))
-            if not self._prefill_yields(seq):
-                self._guarded(seq, self._compute_chunk, seq)
-                self.last_prefill = time.perf_counter()
+            contended = self._contended(seq)
+            if not self.pacer.waits(contended):
+                self._guarded(seq, self._compute_chunk, seq, contended)
 
-    def _prefill_yields(self, seq: Sequence) -> bool:
-        """Whether the prefill of `seq` waits this step: a chunk costs many decode steps, and a tenant running fewer
-        sequences than `seq`'s is decoding (one client's burst of long prompts must not set the pace of another's
-        short answer). It waits at most PREFILL_YIELD_SECONDS at a time, so a prefill always goes on."""
-        if time.perf_counter() - self.last_prefill >= PREFILL_YIELD_SECONDS:
-            return False
-        running = self._running_per_tenant()
-        mine = running.get(seq.request.tenant, 0)
-        return any(running[other.request.tenant] < mine for other in self.running.values() if not other.prefilling)
+    def _contended(self, seq: Sequence) -> bool:
+        """Whether a sequence of another owner than `seq`'s (tenant and member) is decoding (prefill_pacing.py)."""
+        return any(other.request.owner != seq.request.owner for other in self.running.values() if not other.prefilling)
 
     def _count_reused(self, seq: Sequence, tokens: int) -> None:
         """Prompt tokens taken from the prefix cache (a resumed sequence's own context is not its prompt)."""
@@ -733,9 +744,9 @@ class Scheduler:
             seq.stats.cached_tokens += tokens
             self.metrics.prefill_reused_tokens.inc(tokens)
 
-    def _compute_chunk(self, seq: Sequence) -> None:
+    def _compute_chunk(self, seq: Sequence, contended: bool) -> None:
         begin = time.perf_counter()
-        end = min(seq.prefilled + self.config.prefill_chunk, len(seq.prefill_ids) - 1)
+        end = min(seq.prefilled + self.pacer.tokens(contended), len(seq.prefill_ids) - 1)
         chunk = seq.prefill_ids[seq.prefilled : end]
         ids = torch.tensor([chunk], dtype=torch.long, device=self.target.model.device)
         self.target.model(ids, self.cache, [seq.slot], num_logits=1, invariant=False)
@@ -744,6 +755,7 @@ class Scheduler:
         seconds = time.perf_counter() - begin
         seq.stats.time_prefill += seconds
         self.policy.record_prefill(seconds, len(chunk))
+        self.pacer.prefilled(seconds, len(chunk), contended)
 
     def _drop_cancelled(self) -> None:
         for seq in [s for s in self.running.values() if s.request.cancelled]:

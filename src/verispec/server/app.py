@@ -35,7 +35,7 @@ from ..decoding.stopping import check_stop
 from ..engine.requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput
 from ..engine.scheduler import QueueFullError, Scheduler, SchedulerStoppedError
 from ..errors import InvalidParameterError, ModelLoadError, PromptTooLongError
-from .events import AsyncSink
+from .events import KEEP_ALIVE_SECONDS, AsyncSink
 from .grammars import ClientGoneError, GrammarWorkers
 from .harmony import is_harmony
 from .limits import (
@@ -48,7 +48,15 @@ from .limits import (
 from .openapi import openapi_schema
 from .partitions import partition_of, store_scope, tenant_of
 from .protocol import MAX_MESSAGES, ApiError, ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, new_id
-from .responses import Job, chat_chunks, chat_completion_body, completion_body, completion_chunks, event_error
+from .responses import (
+    SSE_COMMENT,
+    Job,
+    chat_chunks,
+    chat_completion_body,
+    completion_body,
+    completion_chunks,
+    event_error,
+)
 from .responses_api import LEFT_OUT_HEADER, Plan, plan, response_body, response_events, truncated
 from .responses_protocol import ResponsesRequest
 from .responses_store import ResponseStore, StoredResponse
@@ -77,6 +85,7 @@ class ServerState:
     grammar_timeout: float = DEFAULT_GRAMMAR_TIMEOUT  # seconds a new grammar may take to compile (--grammar-timeout)
     grammar_processes: int = 1  # worker processes checking new grammars (--grammar-workers)
     parse_special: bool = False  # message contents may spell control tokens (--parse-special: the old behaviour)
+    keep_alive: float = KEEP_ALIVE_SECONDS  # the longest a stream stays silent (events.py)
     _grammar_workers: GrammarWorkers | None = None
     _tokens_per_message: int | None = None
     tool_format: ToolFormat | None = None  # how the model writes tool calls (tools.py), from its chat template
@@ -617,9 +626,9 @@ def _submit(
     job_id = new_id(kind or ("chatcmpl" if prompt_param == "messages" else "cmpl"))
     key = key_index(state.api_keys, authorization) if state.api_keys else None
     partition = partition_of(state.cache_sharing, key, user=body.user, salt=body.cache_salt, request_id=job_id)
-    tenant = tenant_of(key, body.user)
+    tenant = tenant_of(key)
     count = body.sequences()
-    sink = AsyncSink(count)
+    sink = AsyncSink(count, keep_alive=state.keep_alive)
     logprobs = body.top_logprobs_asked()
     ranking = count > body.n  # best_of ranks the sequences by their logprobs
     requests = [
@@ -628,7 +637,7 @@ def _submit(
             params=_choice_params(params, i), max_tokens=max_tokens,
             sink=sink.choice(i), stop=body.stop_list(), speculative=body.speculative, ignore_eos=body.ignore_eos,
             logprobs=0 if ranking and logprobs is None else logprobs, grammar=grammar, partition=partition,
-            tenant=tenant,
+            tenant=tenant, member=body.user or "",
         )
         for i in range(count)
     ]  # fmt: skip
@@ -759,6 +768,9 @@ def _sse(
                 if typed:
                     kind, data = chunk
                     yield f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+                    continue
+                if chunk is SSE_COMMENT:
+                    yield f"{SSE_COMMENT}\n\n"
                     continue
                 data = chunk if isinstance(chunk, dict) else chunk.model_dump()
                 yield f"data: {json.dumps(data, ensure_ascii=False)}\n\n"

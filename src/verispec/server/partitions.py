@@ -37,10 +37,11 @@ def partition_of(sharing: str, key: int | None, user: str | None, salt: str | No
     return json.dumps([*owner, salt])  # unambiguous: no user or salt can spell another's partition
 
 
-def tenant_of(key: int | None, user: str | None) -> str:
-    """Who a request is served fairly as (engine/admission.py): its API key, and its `user` where it sends one (an
-    application serving many people through one key names them there)."""
-    return json.dumps(["key", key, "user", user])
+def tenant_of(key: int | None) -> str:
+    """Who a request is served fairly as (engine/admission.py): its API key. Its `user` field (an application serving
+    many people through one key names them there) is the member within that tenant (EngineRequest.member): it divides
+    the key's share and never adds to it, or a client naming a new user per request would take every slot."""
+    return json.dumps(["key", key])
 
 
 def store_scope(sharing: str, key: int | None) -> str:

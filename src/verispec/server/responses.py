@@ -13,7 +13,7 @@ from ..decoding.stats import GenerationStats
 from ..engine.requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput, StreamChunk
 from ..errors import InvalidParameterError
 from ..models.tokenizer import Tokenizer
-from .events import AsyncSink
+from .events import KEEP_ALIVE, AsyncSink
 from .harmony import HarmonyStream, read_answer
 from .protocol import (
     ApiError,
@@ -35,6 +35,9 @@ from .protocol import (
 )
 from .tools import ParsedCall, ToolRequest, ToolStream, answer_calls, parse_calls
 
+# what a chat or completions stream sends while it waits: an SSE comment, which every SSE reader skips (the OpenAI
+# clients and the agent frameworks on them); the bytes keep the client's read timeout and idle proxies from closing it
+SSE_COMMENT = ": keep-alive"
 LOWEST_LOGPROB = -9999.0  # how a logprob of -inf is sent (JSON has no infinity; vLLM sends the same)
 
 
@@ -218,8 +221,10 @@ async def completion_chunks(job: Job) -> AsyncIterator[BaseModel | dict]:
     reason (and its statistics), then usage when asked."""
     pending: dict[int, list[TokenLogprob]] = {}
     outputs: list[GenerationOutput] = []
-    async for index, event in job.sink.events():
-        if isinstance(event, ErrorEvent):
+    async for index, event in job.sink.events(keep_alive=True):
+        if event is KEEP_ALIVE:
+            yield SSE_COMMENT
+        elif isinstance(event, ErrorEvent):
             yield _error_chunk(event, job)
         elif isinstance(event, FinishEvent):
             outputs.append(event.output)
@@ -267,8 +272,10 @@ async def chat_chunks(job: Job) -> AsyncIterator[BaseModel | dict]:
     streams = {i: ToolStream(job.tools, job.tokenizer, i) for i in range(len(job.requests))} if calling else {}
     if job.harmony:
         streams = {i: HarmonyStream(job.tokenizer, job.tools, i) for i in range(len(job.requests))}
-    async for index, event in job.sink.events():
-        if isinstance(event, ErrorEvent):
+    async for index, event in job.sink.events(keep_alive=True):
+        if event is KEEP_ALIVE:
+            yield SSE_COMMENT
+        elif isinstance(event, ErrorEvent):
             yield _error_chunk(event, job)
         elif isinstance(event, FinishEvent):
             outputs.append(event.output)

@@ -28,6 +28,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..engine.requests import ErrorEvent, FinishEvent, GenerationOutput
+from .events import KEEP_ALIVE
 from .harmony import HarmonyStream, read_answer
 from .protocol import ApiError, ChatCompletionRequest
 from .responses import Job, event_error, usage
@@ -484,14 +485,16 @@ async def response_events(
     yield emitter.event(
         "response.created", response=response_object(made, job, output=None, items=[], status="in_progress")
     )
-    yield emitter.event(
-        "response.in_progress", response=response_object(made, job, output=None, items=[], status="in_progress")
-    )
+    in_progress = response_object(made, job, output=None, items=[], status="in_progress")
+    yield emitter.event("response.in_progress", response=in_progress)
     calling = job.tools is not None and job.tools.choice != "none"
     stream = ToolStream(job.tools, job.tokenizer) if calling else None
     if job.harmony:
         stream = HarmonyStream(job.tokenizer, job.tools)
-    async for _, event in job.sink.events():
+    async for _, event in job.sink.events(keep_alive=True):
+        if event is KEEP_ALIVE:  # an event, not a comment: Codex CLI's idle timer counts events alone
+            yield emitter.event("response.in_progress", response=in_progress)
+            continue
         if isinstance(event, ErrorEvent):
             error = event_error(event, job)
             yield "error", {"type": "error", "code": error.code, "message": error.message, "param": error.param}
