@@ -10,8 +10,9 @@ prefix: `models.model` is the model layer, the rest of `models` the weights laye
     2 model        models.model, models.kv_cache (the transformer and its paged cache; know no weight format),
                    models.delta_net, models.recurrent_state (linear attention and its state), models.mtp,
                    models.assistant (the drafters trained with a target)
-    3 weights      models/ (quantize, weights, weight_forms, hf_config, gguf_config, gguf_source, hf_source,
-                   gguf_native, gguf_converted, draft_head, passes, loading), testing
+    3 weights      models/ (quantize, weights, weight_forms, family, hf_config, gguf_config, hf_source,
+                   native_blocks, family_gemma, family_qwen35, family_gpt_oss, families, gguf_source, gguf_native,
+                   gguf_converted, draft_head, passes, loading), testing
     4 engine       engine/ (scheduler, methods, proposer, drafting, draft_model, prompt_lookup, suffix, policy, ...)
     5 generator    generator (one request through the engine)
     6 front ends   arguments, server/, bench/

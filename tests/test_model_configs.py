@@ -13,7 +13,7 @@ import torch
 
 from verispec import load_model
 from verispec.errors import ModelLoadError
-from verispec.models.hf_config import config_from_hf
+from verispec.models.families import config_from_hf
 from verispec.models.rope import RopeScaling, inverse_frequencies
 
 FIXTURES = Path(__file__).parent / "fixtures" / "architectures"
@@ -138,10 +138,10 @@ def test_a_tensor_the_loader_would_leave_unread_is_refused(architecture, tmp_pat
 
 def test_a_multimodal_checkpoints_vision_weights_are_left_unread(architecture):
     """Mistral 3 and Gemma 3 folders hold a vision tower and projector: text prompts never reach them."""
-    from verispec.models.hf_source import HFSource
+    from verispec.models.families import open_folder
 
     for name in ("mistral3", "gemma3-vision"):
-        source = HFSource(architecture(name)[0])
+        source = open_folder(architecture(name)[0])
         assert source.multimodal and any("vision_tower" in key for key in source.index)
 
 

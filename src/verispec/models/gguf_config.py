@@ -7,10 +7,12 @@ The rule: every key is either
   key whose value is 0, false or empty (an option that is off: some converters write expert_count 0);
 - or refused: the file is not loaded, and one line names the key and its value (an attention temperature, a
   yarn variant llama.cpp and transformers disagree on, a partial rotary, a split file, ...).
-Where llama.cpp fixes a value by architecture rather than by key, so does verispec: Gemma's attention scale
-(1/sqrt(hidden / heads) for the 27B models, 46 or 62 layers, else 1/sqrt(head dim)), Gemma 2's soft-capping
-defaults (50 and 30), the sliding layers' patterns (Gemma 2: every other layer from the first; Gemma 3: five of
-six) and SmolLM3's layers without rotary (every fourth). One departure: a Phi-3 file's sliding window is applied
+Which family a file is of: its `general.architecture`, in families.py; what a family computes otherwise than a Llama:
+its entry there (family.py).
+Where llama.cpp fixes a value by architecture rather than by key, so does verispec, in the family's entry: Gemma's
+attention scale (1/sqrt(hidden / heads) for the 27B models, 46 or 62 layers, else 1/sqrt(head dim)), Gemma 2's
+soft-capping defaults (50 and 30), the sliding layers' patterns (Gemma 2: every other layer from the first; Gemma 3:
+five of six) and SmolLM3's layers without rotary (every fourth). One departure: a Phi-3 file's sliding window is applied
 on every layer, as transformers applies it; llama.cpp leaves it off.
 """
 
@@ -22,16 +24,9 @@ from typing import Any
 
 from ..errors import ModelLoadError
 from .config import ModelConfig
+from .family import Family, Shape
 from .rope import RopeScaling, yarn_attention_factor
 
-ARCHITECTURES = (
-    "llama", "mistral", "mistral3", "qwen2", "qwen3", "qwen3moe", "phi3", "smollm3", "gemma2", "gemma3", "qwen35",
-    "qwen35moe", "gpt-oss", "gemma4",
-)  # fmt: skip
-HYBRID = {"qwen35", "qwen35moe"}  # Qwen3.5: linear attention beside gated attention (qwen35moe: with experts)
-# llama.cpp's converter interleaves each head's rotary halves of q and k for these (its "normal" rope type)
-PERMUTED = {"llama", "mistral", "mistral3", "smollm3"}
-GEMMA = {"gemma2", "gemma3"}
 READ = {
     "context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count",
     "attention.head_count_kv", "attention.layer_norm_rms_epsilon", "attention.key_length", "attention.value_length",
@@ -54,7 +49,7 @@ _SHOWN = 8  # values of an array key shown in a refusal
 HARMLESS_PREFIXES = ("general.", "tokenizer.", "quantize.")
 
 
-class _Keys:
+class GGUFKeys:
     """The file's metadata under `{arch}.`, remembering which keys were read."""
 
     def __init__(self, fields, arch: str, where: str):
@@ -94,42 +89,38 @@ class _Keys:
 
 
 def config_from_gguf(
-    fields, tensors: dict[str, tuple[int, ...]], floats: Callable[[str], list[float]], where: str
-) -> tuple[str, ModelConfig]:
-    """(architecture, config) of a GGUF file: `fields` its metadata (GGUFReader.fields), `tensors` name -> shape
-    (rows last, as GGUF lists them), `floats(name)` the values of a small float tensor."""
-    arch_field = fields.get("general.architecture")
-    arch = str(arch_field.contents()) if arch_field is not None else None
-    if arch not in ARCHITECTURES:
-        raise ModelLoadError(
-            f"{where}: architecture '{arch}' is not supported (supported: {', '.join(sorted(ARCHITECTURES))})"
-        )
-    keys = _Keys(fields, arch, where)
-    config = _gemma4(keys, tensors, floats) if arch == "gemma4" else _config(keys, arch, tensors, floats)
+    fields, tensors: dict[str, tuple[int, ...]], floats: Callable[[str], list[float]], *, where: str, family: Family
+) -> ModelConfig:
+    """The config of a GGUF file of `family` (families.of_gguf): `fields` its metadata (GGUFReader.fields), `tensors`
+    name -> shape (rows last, as GGUF lists them), `floats(name)` the values of a small float tensor."""
+    keys = GGUFKeys(fields, str(fields["general.architecture"].contents()), where)
+    if family.gguf_config is not None:  # a reader of its own
+        config = family.gguf_config(keys, tensors, floats, lambda layers: _windows(keys, family, layers))
+    else:
+        config = _config(keys, family, tensors, floats)
     keys.check_the_rest()
-    return arch, config
+    return config
 
 
-def _config(k: _Keys, arch: str, tensors: dict, floats) -> ModelConfig:
+def _config(k: GGUFKeys, family: Family, tensors: dict, floats) -> ModelConfig:
+    arch = k.arch
     num_heads = int(k.require("attention.head_count"))
     hidden = int(k.require("embedding_length"))
-    mtp = int(k.get("nextn_predict_layers", 0)) if arch in HYBRID else 0
-    layers = int(k.require("block_count")) - mtp  # the MTP blocks come after the model's own
+    trailing = int(k.get(family.trailing_blocks_key, 0)) if family.trailing_blocks_key else 0
+    layers = int(k.require("block_count")) - trailing  # the trailing (MTP) blocks come after the model's own
     head_dim = int(k.get("attention.key_length", hidden // num_heads))
     if int(k.get("attention.value_length", head_dim)) != head_dim:
         raise k.refuse(f"{arch}.attention.value_length", k.get("attention.value_length"), "not the key length")
     rotary = int(k.get("rope.dimension_count", head_dim))
-    if rotary != head_dim and arch not in HYBRID:
+    if rotary != head_dim and not family.partial_rotary:
         raise k.refuse(f"{arch}.rope.dimension_count", rotary, "partial rotary")
     if not k.get("attention.causal", True):
         raise k.refuse(f"{arch}.attention.causal", False, "verispec decodes causally only")
     context = int(k.get("context_length", 4096))
     theta = float(k.get("rope.freq_base", 10000.0))
-    windows = _windows(k, arch, layers)
-    gemma = arch in GEMMA
-    big_gemma = (arch, layers) in {("gemma2", 46), ("gemma3", 62)}  # llama.cpp's test for the 27B models
-    local_theta = float(k.get("rope.freq_base_swa", 10000.0 if arch == "gemma3" else theta))
-    return ModelConfig(
+    windows = _windows(k, family, layers)
+    local_theta = float(k.get("rope.freq_base_swa", 10000.0 if family.local_rope else theta))
+    values = dict(
         vocab_size=int(tensors["token_embd.weight"][1]),
         hidden_size=hidden,
         num_layers=layers,
@@ -138,168 +129,43 @@ def _config(k: _Keys, arch: str, tensors: dict, floats) -> ModelConfig:
         intermediate_size=int(k.require("feed_forward_length")),
         rope_theta=theta,
         rms_norm_eps=float(k.get("attention.layer_norm_rms_epsilon", 1e-6)),
-        qkv_bias="blk.0.attn_q.bias" in tensors,  # gpt-oss: on q, k and v (its output's: _gpt_oss)
+        qkv_bias="blk.0.attn_q.bias" in tensors,  # gpt-oss: on q, k and v (its output's: its own fields)
         tie_word_embeddings="output.weight" not in tensors,
         max_position_embeddings=context,
         head_dim=head_dim,
         rope_scaling=_scaling(k, tensors, floats=floats, context=context, theta=theta, dim=head_dim),
         rope_local_theta=local_theta if any(windows) and local_theta != theta else 0.0,
-        no_rope_layers=tuple(i for i in range(layers) if (i + 1) % 4 == 0) if arch == "smollm3" else (),
         layer_windows=windows if any(windows) else (),
         qk_norm=any(name.endswith(".attn_q_norm.weight") for name in tensors),  # qwen35's block 0 is recurrent
-        post_norms=gemma,
-        activation="gelu_tanh" if gemma else "swiglu_oai" if arch == "gpt-oss" else "silu",
-        embed_scale=gemma,
-        query_scale=(hidden / num_heads if big_gemma else head_dim) ** -0.5 if gemma else 0.0,
-        attn_softcap=float(k.get("attn_logit_softcapping", 50.0)) if arch == "gemma2" else 0.0,
-        final_softcap=float(k.get("final_logit_softcapping", 30.0 if arch == "gemma2" else 0.0)) if gemma else 0.0,
-        **_experts(k, arch, layers, tensors),
-        **(_hybrid(k, layers, rotary if rotary != head_dim else 0, mtp) if arch in HYBRID else {}),
-        **(_gpt_oss(tensors) if arch == "gpt-oss" else {}),
     )
-
-
-def _gemma4(k: _Keys, tensors: dict, floats) -> ModelConfig:
-    """Gemma 4 as llama.cpp's converter writes it: the full-attention layers' head size in key_length, the sliding
-    ones' in key_length_swa (each layer's kv heads one value or one per layer), the proportional rotary of the full
-    layers as rope_freqs (1e30 for the dimensions it does not turn; all of a head: dimension_count), the last
-    shared_kv_layers layers reading earlier ones' keys and values, values that are keys where a full layer has no
-    attn_v, per-layer inputs, a scalar per layer (layer_output_scale), the wider MLPs in feed_forward_length's list.
-    Its norms multiply by w, as stored."""
-    heads, hidden, layers = int(k.require("attention.head_count")), int(k.require("embedding_length")), int(
-        k.require("block_count"))  # fmt: skip
-    windows = _windows(k, "gemma4", layers)
-    dims = {0: int(k.require("attention.key_length")), 1: int(k.get("attention.key_length_swa", 0))}
-    for key, size in (("attention.value_length", dims[0]), ("attention.value_length_swa", dims[1])):
-        if int(k.get(key, size)) != size:
-            raise k.refuse(f"gemma4.{key}", k.get(key), "values of another size than keys")
-    for key, size in (("rope.dimension_count", dims[0]), ("rope.dimension_count_swa", dims[1])):
-        if int(k.get(key, size)) != size:
-            raise k.refuse(f"gemma4.{key}", k.get(key), "a rotary on part of the head (llama.cpp's partial rope)")
-    kv = k.require("attention.head_count_kv")
-    kv = [int(v) for v in kv] if isinstance(kv, list) else [int(kv)] * layers
-    sources = _shared_sources(k, windows)
-    ff = k.require("feed_forward_length")
-    ff = [int(v) for v in ff] if isinstance(ff, list) else [int(ff)] * layers
-    if len(kv) != layers or len(ff) != layers or set(ff) - {ff[0], 2 * ff[0]}:
-        raise k.refuse("gemma4.feed_forward_length", ff, "not one size per layer, twice it where widened")
-    own_full = [i for i in range(layers) if not windows[i] and sources[i] == i]
-    without_v = {i for i in own_full if f"blk.{i}.attn_v.weight" not in tensors}
-    if without_v not in (set(), set(own_full)):
-        raise k.refuse("gemma4 tensors", sorted(without_v), "some full-attention layers with attn_v, some without")
-    theta = float(k.get("rope.freq_base", 10000.0))
-    factors = tuple(floats("rope_freqs.weight")) if "rope_freqs.weight" in tensors else ()
-    size = int(k.get("embedding_length_per_layer_input", 0))
-    if size and int(tensors["per_layer_token_embd.weight"][1]) < int(tensors["token_embd.weight"][1]):
-        raise k.refuse("gemma4.embedding_length_per_layer_input", size, "a per-layer table smaller than the vocabulary")
-    return ModelConfig(
-        vocab_size=int(tensors["token_embd.weight"][1]), hidden_size=hidden, num_layers=layers, num_heads=heads,
-        num_kv_heads=kv[0], intermediate_size=ff[0], rope_theta=theta,
-        rms_norm_eps=float(k.get("attention.layer_norm_rms_epsilon", 1e-6)), tie_word_embeddings="output.weight" not in
-        tensors, max_position_embeddings=int(k.get("context_length", 4096)), head_dim=dims[1] or dims[0],
-        rope_scaling=RopeScaling("factors", factors=factors) if factors else None,
-        rope_local_theta=float(k.get("rope.freq_base_swa", 10000.0)), layer_windows=windows, qk_norm=True,
-        post_norms=True, activation="gelu_tanh", embed_scale=True, query_scale=1.0,
-        final_softcap=float(k.get("final_logit_softcapping", 0.0)),
-        layer_head_dims=tuple(dims[bool(w)] for w in windows), layer_kv_heads=tuple(kv), kv_sources=sources,
-        k_eq_v=bool(without_v), v_norm=True, per_layer_input_size=size,
-        per_layer_vocab=int(tensors["per_layer_token_embd.weight"][1]) if size else 0,
-        layer_scalar="blk.0.layer_output_scale.weight" in tensors,
-        wide_mlp_layers=tuple(i for i in range(layers) if ff[i] != ff[0]), **_gemma4_mixture(k),
-    )  # fmt: skip
-
-
-def _gemma4_mixture(k: _Keys) -> dict:
-    """The 26B-A4B's mixture beside every layer's MLP (expert_count), or none."""
-    experts = int(k.get("expert_count", 0))
-    if not experts:
-        return {}
-    return dict(num_experts=experts, experts_per_token=int(k.require("expert_used_count")),
-                expert_intermediate_size=int(k.require("expert_feed_forward_length")), moe_beside_mlp=True)  # fmt: skip
-
-
-def _shared_sources(k: _Keys, windows: tuple[int, ...]) -> tuple[int, ...]:
-    """Per layer, whose keys and values it reads: the last shared_kv_layers read the last earlier layer's of their
-    kind (llama.cpp's rule, transformers' too)."""
-    layers, shared = len(windows), int(k.get("attention.shared_kv_layers", 0))
-    first = layers - shared
-    kinds = {bool(w) for w in windows[:first]}
-    if shared and (first <= 0 or {bool(w) for w in windows[first:]} - kinds):
-        raise k.refuse("gemma4.attention.shared_kv_layers", shared, "its layers need an earlier layer of their kind")
-    return tuple(
-        i if i < first else max(j for j in range(first) if bool(windows[j]) == bool(windows[i])) for i in range(layers)
-    )
-
-
-def _gpt_oss(tensors: dict) -> dict:
-    """gpt-oss as llama.cpp computes it: sinks, an output bias, the clamped SwiGLU with its fixed constants (llama.cpp's
-    alpha 1.702 and limit 7, stored in no key), its sliding layers every other one from the first (below)."""
-    return dict(attn_sinks=True, o_bias="blk.0.attn_output.bias" in tensors, swiglu_alpha=1.702, swiglu_limit=7.0)
-
-
-def _hybrid(k: _Keys, layers: int, rotary: int, mtp: int) -> dict:
-    """Qwen3.5 as llama.cpp's converter writes it: the recurrent (Gated DeltaNet) blocks flagged one per block (the
-    MTP blocks last), their heads in ssm.* keys (group_count key heads of state_size, time_step_rank value heads of
-    inner_size / time_step_rank, in its tiled order); the attention gated and partly rotated. Its norms hold 1 + w
-    already."""
-    flags = k.get("attention.recurrent_layers")
-    if flags is None:
-        interval = int(k.get("full_attention_interval", 4))
-        flags = [(i + 1) % interval != 0 for i in range(layers)]
-    if len(flags) < layers or any(flags[layers:]):
-        raise k.refuse(f"{k.arch}.attention.recurrent_layers", flags, f"not one flag per block ({layers} + {mtp} MTP)")
-    k.read.add("full_attention_interval")
-    value_heads = int(k.require("ssm.time_step_rank"))
-    return dict(
-        linear_layers=tuple(i for i in range(layers) if flags[i]), linear_key_heads=int(k.require("ssm.group_count")),
-        linear_key_dim=int(k.require("ssm.state_size")), linear_value_heads=value_heads,
-        linear_value_dim=int(k.require("ssm.inner_size")) // value_heads,
-        linear_conv_kernel=int(k.require("ssm.conv_kernel")), linear_heads_tiled=True, attn_output_gate=True,
-        rotary_dim=rotary,
-        mtp_layers=mtp,
-    )  # fmt: skip
-
-
-def _experts(k: _Keys, arch: str, layers: int, tensors: dict) -> dict:
-    """Qwen3-MoE's mixture; llama.cpp renormalizes the chosen experts' weights for this architecture, always."""
+    shape = Shape(layers=layers, head_dim=head_dim, windows=windows, rotary=rotary if rotary != head_dim else 0,
+                  trailing=trailing, tensors=tensors)  # fmt: skip
+    own = family.gguf_fields(k, shape) if family.gguf_fields is not None else {}
     count = int(k.get("expert_count", 0))
-    if arch == "gpt-oss":  # every layer a mixture, the softmax over the chosen logits, biases (models/config.py)
-        return dict(num_experts=count, experts_per_token=int(k.require("expert_used_count")),
-                    expert_intermediate_size=int(k.require("expert_feed_forward_length")), moe_biases=True,
-                    router_softmax_topk=True)  # fmt: skip
-    if arch == "qwen35moe":  # every layer a mixture, renormalized, with a shared expert
-        return dict(num_experts=count, experts_per_token=int(k.require("expert_used_count")),
-                    expert_intermediate_size=int(k.require("expert_feed_forward_length")), norm_topk_prob=True,
-                    shared_expert_intermediate_size=int(k.require("expert_shared_feed_forward_length")))  # fmt: skip
-    if arch != "qwen3moe" or not count:
-        if count:
-            raise k.refuse(f"{arch}.expert_count", count, "verispec computes a mixture of experts for qwen3moe only")
-        return {}
-    dense = tuple(i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in tensors)
-    return dict(num_experts=count, experts_per_token=int(k.require("expert_used_count")),
-                expert_intermediate_size=int(k.require("expert_feed_forward_length")), norm_topk_prob=True,
-                dense_layers=dense)  # fmt: skip
+    if count and not own.get("num_experts"):
+        raise k.refuse(f"{arch}.expert_count", count, "verispec computes a mixture of experts for qwen3moe only")
+    return ModelConfig(**(values | family.block | own))
 
 
-def _windows(k: _Keys, arch: str, layers: int) -> tuple[int, ...]:
+def _windows(k: GGUFKeys, family: Family, layers: int) -> tuple[int, ...]:
     """Per layer, the sliding window or 0, as llama.cpp sets it (and transformers, for Phi-3)."""
-    window = int(k.get("attention.sliding_window", 4096 if arch == "gemma2" else 0))
+    window = int(k.get("attention.sliding_window", family.gguf_window_default))
     pattern = k.get("attention.sliding_window_pattern")
     if not window:
         return (0,) * layers
-    if arch == "phi3":
+    if family.gguf_slides == "every":
         return (window,) * layers
-    if arch not in GEMMA | {"gpt-oss", "gemma4"}:
-        raise k.refuse(f"{arch}.attention.sliding_window", window, f"llama.cpp's {arch} takes no sliding window")
+    if family.gguf_slides != "pattern":
+        raise k.refuse(f"{k.arch}.attention.sliding_window", window, f"llama.cpp's {k.arch} takes no sliding window")
     if isinstance(pattern, list):
         if len(pattern) != layers:
-            raise k.refuse(f"{arch}.attention.sliding_window_pattern", pattern, "not one flag per layer")
+            raise k.refuse(f"{k.arch}.attention.sliding_window_pattern", pattern, "not one flag per layer")
         return tuple(window if flag else 0 for flag in pattern)
-    n = int(pattern) if pattern is not None else (6 if arch == "gemma3" else 2)  # gemma2, gpt-oss: every other
+    n = int(pattern) if pattern is not None else family.gguf_pattern_default
     return tuple(window if n == 0 or i % n < n - 1 else 0 for i in range(layers))
 
 
-def _scaling(k: _Keys, tensors: dict, floats, context: int, theta: float, dim: int) -> RopeScaling | None:
+def _scaling(k: GGUFKeys, tensors: dict, floats, context: int, theta: float, dim: int) -> RopeScaling | None:
     kind = k.get("rope.scaling.type")
     factor = k.get("rope.scaling.factor") or k.get("rope.scale_linear")
     attn_factor = float(k.get("rope.scaling.attn_factor", 1.0))

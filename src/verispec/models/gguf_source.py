@@ -9,10 +9,11 @@ import numpy as np
 import torch
 
 from ..errors import ModelLoadError
-from .gguf_config import HYBRID, PERMUTED, config_from_gguf
+from . import families
+from .gguf_config import config_from_gguf
 from .quantize import Int4Weight, int4_from_gguf
 from .tokenizer import Tokenizer
-from .weights import canonical_names
+from .weights import canonical_names, undo_rope_permutation
 
 _LAYER_NAMES = {
     "attn_norm": "attn_norm.weight",
@@ -33,33 +34,15 @@ _LAYER_NAMES = {
     "post_mlp_norm": "post_ffw_norm.weight",
 }
 _GLOBAL_NAMES = {"embed": "token_embd.weight", "norm": "output_norm.weight", "lm_head": "output.weight"}
-# Qwen3.5 (qwen35): a Gated DeltaNet block's tensors; its MLP's input norm is post_attention_norm; q holds the gate
-_QWEN35_NAMES = {
-    "ssm_qkv": "attn_qkv.weight", "ssm_z": "attn_gate.weight", "ssm_b": "ssm_beta.weight", "ssm_a": "ssm_alpha.weight",
-    "ssm_conv": "ssm_conv1d.weight", "ssm_dt_bias": "ssm_dt.bias", "ssm_a_log": "ssm_a", "ssm_norm": "ssm_norm.weight",
-    "ssm_out": "ssm_out.weight", "mlp_norm": "post_attention_norm.weight",
-    "shared.gate": "ffn_gate_shexp.weight", "shared.up": "ffn_up_shexp.weight", "shared.down": "ffn_down_shexp.weight",
-    "shared_gate": "ffn_gate_inp_shexp.weight",
-}  # fmt: skip
-# gpt-oss: its sinks and biases; its MLP's input norm is post_attention_norm
-_GPT_OSS_NAMES = {"sinks": "attn_sinks.weight", "o_bias": "attn_output.bias", "router_bias": "ffn_gate_inp.bias",
-                  "mlp_norm": "post_attention_norm.weight"}  # fmt: skip
-# Gemma 4's per-layer inputs and layer scalars
-_GEMMA4_NAMES = {"ple_gate": "inp_gate.weight", "ple_up": "proj.weight", "ple_norm": "post_norm.weight",
-                 "scalar": "layer_output_scale.weight", "router": "ffn_gate_inp.weight",
-                 "router_scale": "ffn_gate_inp.scale", "expert_scale": "ffn_down_exps.scale",
-                 "moe_pre_norm": "pre_ffw_norm_2.weight", "moe_mlp_post_norm": "post_ffw_norm_1.weight",
-                 "moe_post_norm": "post_ffw_norm_2.weight"}  # fmt: skip
-_GEMMA4_GLOBAL = {"ple_embed": "per_layer_token_embd.weight", "ple_project": "per_layer_model_proj.weight",
-                  "ple_norm": "per_layer_proj_norm.weight"}  # fmt: skip
 # the MTP block's own tensors (the block after the model's layers)
 _MTP_NAMES = {"mtp.fc": "nextn.eh_proj.weight", "mtp.enorm": "nextn.enorm.weight", "mtp.hnorm": "nextn.hnorm.weight",
               "mtp.norm": "nextn.shared_head_norm.weight"}  # fmt: skip
 
 
 class GGUFSource:
-    """A GGUF file's config (gguf_config.py) and tensors by canonical name (weights.py). Fused tensors (Phi-3's
-    attn_qkv, and its ffn_up holding gate then up) are served as the row ranges of their parts. Every tensor of
+    """A GGUF file's config (gguf_config.py) and tensors by canonical name (weights.py), by its family's rules
+    (family.py): a Llama's names, unless the family's entry names them otherwise. Fused tensors (Phi-3's attn_qkv,
+    and its ffn_up holding gate then up) are served as the row ranges of their parts. Every tensor of
     the file is read (rope_freqs into the config): one the loader would leave unread means a computation verispec
     does not do, and the file is refused naming it."""
 
@@ -73,8 +56,9 @@ class GGUFSource:
         self.path = path
         self.tensors = {t.name: t for t in self.reader.tensors}
         shapes = {name: tuple(int(d) for d in t.shape) for name, t in self.tensors.items()}
-        self.arch, self.config = config_from_gguf(self.reader.fields, shapes, self._floats, str(path))
-        self.fused = "blk.0.attn_qkv.weight" in self.tensors and self.arch not in HYBRID  # qwen35's: a DeltaNet's
+        self.arch, self.family = families.of_gguf(self.reader.fields, str(path))
+        self.config = config_from_gguf(self.reader.fields, shapes, self._floats, where=str(path), family=self.family)
+        self.fused = "blk.0.attn_qkv.weight" in self.tensors and self.family.attn_qkv_fused
         self._check_every_tensor_is_read()
 
     @staticmethod
@@ -96,42 +80,31 @@ class GGUFSource:
 
     def _where(self, name: str) -> tuple[str, tuple[int, int] | None]:
         """The tensor of a canonical name, and the rows of it that hold it (None: all)."""
-        c = self.config
+        c, family = self.config, self.family
         if name in _MTP_NAMES:
             return f"blk.{c.num_layers}.{_MTP_NAMES[name]}", None
         layer, _, short = name.partition(".")
         if not short:
-            return (_GLOBAL_NAMES | _GEMMA4_GLOBAL)[name], None
+            return (_GLOBAL_NAMES | family.gguf_globals)[name], None
         if layer == "mtp":  # "mtp.0.q": the MTP block's decoder layer
             layer, _, short = short.partition(".")
             layer = str(c.num_layers + int(layer))
         base = f"blk.{layer}."
-        if self.arch in HYBRID and short in _QWEN35_NAMES:
-            return base + _QWEN35_NAMES[short], None
-        if self.arch == "gemma4" and short in _GEMMA4_NAMES:
-            return base + _GEMMA4_NAMES[short], None
-        if self.arch == "gemma4" and short.startswith("expert"):  # gate and up fused: [experts, 2 x inter, hidden]
-            expert, _, kind = short.partition(".")
-            e, inter = int(expert.removeprefix("expert")), c.expert_intermediate_size
-            if kind == "down":
-                return base + "ffn_down_exps.weight", (e * c.hidden_size, (e + 1) * c.hidden_size)
-            first = 2 * e * inter + (inter if kind == "up" else 0)
-            return base + "ffn_gate_up_exps.weight", (first, first + inter)
-        if self.arch == "gpt-oss" and short in _GPT_OSS_NAMES:
-            return base + _GPT_OSS_NAMES[short], None
+        if short in family.gguf_names:
+            return base + family.gguf_names[short], None
+        own = family.gguf_where(c, base, short) if family.gguf_where is not None else None
+        if own is not None:
+            return own
         if self.fused and short in ("q", "k", "v"):
             q, kv = c.num_heads * c.head_size, c.num_kv_heads * c.head_size
             return base + "attn_qkv.weight", {"q": (0, q), "k": (q, q + kv), "v": (q + kv, q + 2 * kv)}[short]
-        if self.arch == "phi3" and short in ("gate", "up"):
+        if family.fused_gate_up and short in ("gate", "up"):
             inter = c.intermediate_size
             return base + "ffn_up.weight", (0, inter) if short == "gate" else (inter, 2 * inter)
         if short == "router":
             return base + "ffn_gate_inp.weight", None
         if short.startswith("expert"):  # expert{e}.gate: rows e * rows .. of the 3-D tensor ffn_gate_exps
             expert, _, kind = short.partition(".")
-            if kind.endswith("_bias"):  # gpt-oss: expert e's bias, row e of ffn_gate_exps.bias [experts, rows]
-                e = int(expert.removeprefix("expert"))
-                return f"{base}ffn_{kind.removesuffix('_bias')}_exps.bias", (e, e + 1)
             e, rows = (
                 int(expert.removeprefix("expert")),
                 c.hidden_size if kind == "down" else c.expert_intermediate_size,
@@ -153,9 +126,10 @@ class GGUFSource:
         return self.tensors.get(key), part
 
     def _rope_heads(self, name: str) -> int | None:
-        """Heads whose rows llama.cpp permuted for this tensor (q and k of PERMUTED architectures), else None."""
+        """Heads whose rows llama.cpp's converter permuted for this tensor (q and k, for the families it permutes),
+        else None."""
         short = name.partition(".")[2]
-        if self.arch not in PERMUTED or short not in {"q", "k", "q_bias", "k_bias"}:
+        if not self.family.rope_permuted or short not in {"q", "k", "q_bias", "k_bias"}:
             return None
         return self.config.num_heads if short.startswith("q") else self.config.num_kv_heads
 
@@ -196,25 +170,18 @@ class GGUFSource:
         array = dequantize(data, tensor.tensor_type)
         array = array.reshape(shape or array.shape)
         weight = torch.from_numpy(np.array(array, dtype=np.float32))  # a writable copy
-        if self.arch in HYBRID:
-            return self._qwen35(name, weight)
-        if self.arch == "gpt-oss" and name.endswith("_bias"):
-            return weight.reshape(-1)  # an expert's bias: one row of its 2-D tensor
+        if self.family.gguf_fetch is not None:  # a tensor the family's converter stores its own way
+            weight = self.family.gguf_fetch(name, weight)
         heads = self._rope_heads(name)
         if heads is not None and rows is not None:
             raise ValueError(f"{name}: rotary rows are permuted per head; fetch the whole matrix")
         return weight if heads is None else undo_rope_permutation(weight, heads)
 
-    def _qwen35(self, name: str, weight: torch.Tensor) -> torch.Tensor:
-        """llama.cpp's converter stores A as -exp(A_log): read back as A_log. (Its value heads stay in its tiled
-        order, which the config says: `linear_heads_tiled`.)"""
-        return torch.log(-weight) if name.endswith(".ssm_a_log") else weight
-
     def fetch_int4(self, name: str, rows: tuple[int, int] | None = None) -> Int4Weight | None:
-        """The exact int4 form of a 4-bit tensor (Q4_K, Q4_0, Q4_1), else None (rows as in `fetch`; and for qwen35,
+        """The exact int4 form of a 4-bit tensor (Q4_K, Q4_0, Q4_1), else None (rows as in `fetch`; and for a family
         whose tensors `fetch` may transform)."""
         tensor, part = self._tensor(name)
-        if self.arch in HYBRID or tensor is None or len(tensor.shape) != 2:
+        if not self.family.int4_as_stored or tensor is None or len(tensor.shape) != 2:
             return None
         rows = _within(part, rows)
         cols, count = (int(d) for d in tensor.shape)
@@ -232,9 +199,3 @@ def _within(part: tuple[int, int] | None, rows: tuple[int, int] | None) -> tuple
     if part is None:
         return rows
     return part if rows is None else (part[0] + rows[0], part[0] + rows[1])
-
-
-def undo_rope_permutation(weight: torch.Tensor, heads: int) -> torch.Tensor:
-    """llama.cpp's converter interleaves each head's rotary halves for Llama; restore HF's layout."""
-    rest = weight.shape[1:]
-    return weight.reshape(heads, weight.shape[0] // heads // 2, 2, *rest).transpose(1, 2).reshape(weight.shape)

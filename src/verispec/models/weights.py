@@ -18,7 +18,8 @@ import torch
 
 from ..errors import ModelLoadError
 from .config import ModelConfig
-from .quantize import ACTIVATION_DTYPE, Int4Weight, quantized_linear
+from .model import Transformer
+from .quantize import ACTIVATION_DTYPE, Int4Weight, quantized_linear, use_quantized_linears
 
 # canonical names: "embed", "norm", "lm_head", and per layer "{i}.attn_norm", "{i}.q", "{i}.k", "{i}.v",
 # "{i}.q_bias", "{i}.k_bias", "{i}.v_bias", "{i}.o", "{i}.mlp_norm", "{i}.gate", "{i}.up", "{i}.down", and where
@@ -92,6 +93,19 @@ def _mlp_names(config: ModelConfig, layer: int) -> list[str]:
     if config.shared_expert_intermediate_size:
         names += ["shared.gate", "shared.up", "shared.down", "shared_gate"]
     return names
+
+
+def assembled_model(config: ModelConfig, state: dict[str, torch.Tensor], quantization: str = "none") -> Transformer:
+    """The model of `config` (with the MTP layer its checkpoint carries, where it has one) holding `state`, its
+    linears quantized where `quantization` is not "none" (quantize.py)."""
+    from .mtp import transformer
+
+    with torch.device("meta"):
+        model = transformer(config)
+        if quantization != "none":
+            use_quantized_linears(model, state)
+    model.load_state_dict(state, assign=True, strict=True)
+    return model
 
 
 def assemble_state_dict(
@@ -278,3 +292,9 @@ def _check_finite(name: str, *tensors: torch.Tensor) -> None:
             raise ModelLoadError(
                 f"weight '{name}' holds NaN or infinite values: the model file is damaged (nothing was cached)"
             )
+
+
+def undo_rope_permutation(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """llama.cpp's converter interleaves each head's rotary halves for Llama; restore HF's layout."""
+    rest = weight.shape[1:]
+    return weight.reshape(heads, weight.shape[0] // heads // 2, 2, *rest).transpose(1, 2).reshape(weight.shape)
