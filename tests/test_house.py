@@ -71,3 +71,37 @@ def test_the_engine_loop_names_no_drafting_method():
     """The scheduler reads a method's properties (engine/methods.py), never its name."""
     source = (PACKAGE / "engine" / "scheduler.py").read_text(encoding="utf-8")
     assert not re.findall(r'"(suffix|draft|hybrid|ngram)"', source)
+
+
+# the modules every family's files go through: they read a family's entry (models/families.py), never its name
+SHARED_LOADER = ["loading.py", "hf_config.py", "hf_source.py", "gguf_config.py", "gguf_source.py", "gguf_native.py",
+                 "gguf_converted.py", "native_blocks.py", "weights.py"]  # fmt: skip
+
+
+def _names_in(text: str, names: set[str], quoted: bool) -> list[str]:
+    """The names `text` holds: as a quoted string (a test of one by name), or as a word anywhere."""
+    return sorted(
+        n for n in names if re.search(rf"[\"']{re.escape(n)}[\"']" if quoted else rf"\b{re.escape(n)}\b", text)
+    )
+
+
+def test_the_loader_names_no_drafting_method_and_the_shared_readers_no_family():
+    """models/loading.py knows no way of drafting (every name registered in engine/methods.py, from the registry), and
+    no shared reader tests a family by name (every family's names, from models/families.py)."""
+    from verispec.engine.methods import method_names
+    from verispec.models.families import FAMILIES
+
+    loading = (PACKAGE / "models" / "loading.py").read_text(encoding="utf-8")
+    assert not _names_in(loading, set(method_names()), quoted=False)
+    names = {n for f in FAMILIES for n in (f.name, *f.model_types, *f.wrappers, *f.architectures)}
+    found = {
+        m: _names_in((PACKAGE / "models" / m).read_text(encoding="utf-8"), names, quoted=True) for m in SHARED_LOADER
+    }
+    assert not {m: n for m, n in found.items() if n}, found
+
+
+def test_the_names_check_catches_a_method_and_a_family():
+    """The control: a method named in prose and a family tested by name are found."""
+    text = 'if read_config(path).get("model_type") == "gemma4_assistant":  # the assistant, on PyTorch'
+    assert _names_in(text, {"assistant", "mtp"}, quoted=False) == ["assistant"]
+    assert _names_in(text, {"gemma4_assistant", "gemma4", "llama"}, quoted=True) == ["gemma4_assistant"]
