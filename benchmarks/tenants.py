@@ -2,13 +2,17 @@
 and the server's memory before and after it.
 
     python benchmarks/tenants.py unbounded [--repeats 3] [-- SERVE FLAGS]
-    python benchmarks/tenants.py burst [--long 12] [-- SERVE FLAGS]
+    python benchmarks/tenants.py burst [--long 12] [--users] [-- SERVE FLAGS]
+    python benchmarks/tenants.py prefill [--prompt-tokens 3500] [--repeats 3] [-- SERVE FLAGS]
     python benchmarks/tenants.py flood [--requests 10000] [--concurrency 8] [-- SERVE FLAGS]
 
 unbounded  a chat request without max_tokens (its default is the rest of the context) beside a 16-token bystander;
            run it with a small budget (-- --kv-cache-memory 256MiB --max-model-len 8192) to see whether the long
            one takes every block.
-burst      key A sends --long long prompts at once; key B then sends one short request.
+burst      key A sends --long long prompts at once (with --users, each under a `user` of its own); key B then
+           sends one short request.
+prefill    key A sends one long prompt (about --prompt-tokens tokens) and nothing else; while it prefills, key B sends
+           its short request --repeats times, one after another.
 flood      key A sends --requests short requests, each with a new cache_salt (a partition of its own, as
            `bench-serve` sends them); key B's prompt, sent twice before (so it is cached), is timed before and after,
            and the server's resident memory (RSS) is read before and after.
@@ -32,6 +36,7 @@ from served import ServedProcess
 
 KEYS = {"A": "tenant-a", "B": "tenant-b"}
 BYSTANDER = {"messages": [{"role": "user", "content": "Name three fruits."}], "max_tokens": 16, "temperature": 0}
+REPORT = "The quarter went well; sales rose and costs fell. "  # 12 tokens of the bundled tokenizer
 ESSAY = {"messages": [{"role": "user", "content": "Write a 300-word essay about rivers."}], "temperature": 0}
 CACHED = {"messages": [{"role": "user", "content": "Summarize the rules of chess in a paragraph. " * 8}],
           "max_tokens": 16, "temperature": 0}  # fmt: skip
@@ -78,19 +83,32 @@ def unbounded(server: Server, args: argparse.Namespace) -> None:
 
 def burst(server: Server, args: argparse.Namespace) -> None:
     alone = _alone(server, args.repeats)
-    long_prompt = "Here is a long report to summarize. " + "The quarter went well; sales rose and costs fell. " * 120
+    long_prompt = "Here is a long report to summarize. " + REPORT * 120
 
     def load() -> float:
         body = {"messages": [{"role": "user", "content": long_prompt}], "max_tokens": 64, "temperature": 0}
+        users = [{"user": f"u{i}"} if args.users else {} for i in range(args.long)]
         with concurrent.futures.ThreadPoolExecutor(args.long) as pool:
             begin = time.perf_counter()
-            list(pool.map(lambda _: server.chat("A", _salted(body)), range(args.long)))
+            list(pool.map(lambda extra: server.chat("A", _salted(body | extra)), users))
         return time.perf_counter() - begin
 
     beside, took = _beside(server, load, 1, 5.0)
+    named = ", each with a user of its own" if args.users else ""
     print(
-        f"bystander alone {alone:.2f} s, beside {args.long} long prompts of another key {beside:.2f} s: "
+        f"bystander alone {alone:.2f} s, beside {args.long} long prompts of another key{named} {beside:.2f} s: "
         f"{beside / alone:.2f}x (the burst took {took:.1f} s)"
+    )
+
+
+def prefill(server: Server, args: argparse.Namespace) -> None:
+    alone = _alone(server, args.repeats)
+    long_prompt = "Here is a long report to summarize. " + REPORT * (args.prompt_tokens // 12)
+    body = {"messages": [{"role": "user", "content": long_prompt}], "max_tokens": 8, "temperature": 0}
+    beside, took = _beside(server, lambda: server.chat("A", _salted(body)), args.repeats, 1.0)
+    print(
+        f"bystander alone {alone:.2f} s, beside another key's {args.prompt_tokens}-token prompt {beside:.2f} s: "
+        f"{beside / alone:.2f}x (the long prompt took {took:.1f} s)"
     )
 
 
@@ -117,9 +135,11 @@ def flood(server: Server, args: argparse.Namespace) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("scenario", choices=("unbounded", "burst", "flood"))
+    parser.add_argument("scenario", choices=("unbounded", "burst", "prefill", "flood"))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--long", type=int, default=12)
+    parser.add_argument("--users", action="store_true", help="burst: each long prompt under a user of its own")
+    parser.add_argument("--prompt-tokens", type=int, default=3500)
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=8)
     argv = sys.argv[1:]
@@ -127,7 +147,7 @@ def main() -> int:
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     server = Server(serve)
     try:
-        {"unbounded": unbounded, "burst": burst, "flood": flood}[args.scenario](server, args)
+        {"unbounded": unbounded, "burst": burst, "prefill": prefill, "flood": flood}[args.scenario](server, args)
     finally:
         server.stop()
     return 0

@@ -12,11 +12,11 @@ Run it with PYTHONPATH pointing at another checkout's src/ to compare two versio
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
 import time
 
 import verispec
-import verispec.engine.scheduler as scheduler_module
 from verispec.decoding.noise import KeyedNoise
 from verispec.engine.requests import EngineRequest
 from verispec.engine.scheduler import Scheduler, SchedulerConfig
@@ -54,9 +54,15 @@ def measure(target, draft, args, temperature: float) -> tuple[float, float, floa
         max_num_seqs=args.sequences, max_model_len=1024, num_speculative_tokens=args.k, draft_policy="always"
     )
     scheduler = Scheduler(target, draft, config)
-    forward_name = "padded_logits" if hasattr(scheduler_module, "padded_logits") else "padded_forward"
-    forward = Timer(getattr(scheduler_module, forward_name))
-    verify = Timer(scheduler._verify)
+    # where the verify pass is run from: the verification room (newer checkouts) or the scheduler (older ones)
+    room = getattr(scheduler, "verifier", scheduler)
+    module = importlib.import_module(
+        "verispec.engine.verification" if room is not scheduler else "verispec.engine.scheduler"
+    )
+    forward_name = next(name for name in ("pass_logits", "padded_logits", "padded_forward") if hasattr(module, name))
+    forward = Timer(getattr(module, forward_name))
+    verify_name = "verify" if room is not scheduler else "_verify"
+    verify = Timer(getattr(room, verify_name))
     in_verify = [0.0]
 
     def verify_counting_noise(*a, **k):
@@ -71,8 +77,8 @@ def measure(target, draft, args, temperature: float) -> tuple[float, float, floa
     original_draws = getattr(KeyedNoise, draw_name)
     draws = Timer(original_draws)
     setattr(KeyedNoise, draw_name, lambda self, position: draws(self, position))
-    setattr(scheduler_module, forward_name, forward)
-    scheduler._verify = verify_counting_noise  # type: ignore[method-assign]
+    setattr(module, forward_name, forward)
+    setattr(room, verify_name, verify_counting_noise)
     try:
         for i in range(args.sequences):
             prompt = PROMPTS[i % len(PROMPTS)]
@@ -100,7 +106,7 @@ def measure(target, draft, args, temperature: float) -> tuple[float, float, floa
             if forward.seconds and len(running) == args.sequences and not any(s.prefilling for s in running):
                 rows.append((step, verify.seconds - forward.seconds, forward.seconds, in_verify[0]))
     finally:
-        setattr(scheduler_module, forward_name, forward.function)
+        setattr(module, forward_name, forward.function)
         setattr(KeyedNoise, draw_name, original_draws)
     return (*(statistics.median(r[j] for r in rows) for j in range(4)), len(rows))
 
@@ -113,7 +119,7 @@ def main() -> None:
     args = parser.parse_args()
     target = verispec.load_model("target", quantization="gguf", progress=False)
     draft = verispec.load_model("draft", quantization="gguf", progress=False)
-    print(f"{args.sequences} sequences x {args.k + 1} rows, {scheduler_module.__file__}")
+    print(f"{args.sequences} sequences x {args.k + 1} rows, {verispec.__file__}")
     print(f"{'decoding':<9} {'steps':>5} {'step ms':>8} {'pass ms':>8} {'verify-pass ms':>15} {'share':>6} "
           f"{'of it noise ms':>15} {'share less noise':>17}")  # fmt: skip
     for name, temperature in (("greedy", 0.0), ("sampled", 0.8)):

@@ -104,7 +104,7 @@ def run_logged(scheduler: Scheduler, requests: list[tuple[str, list[int]]], **ex
     """Each request alone through `scheduler`: its outputs, and per request the rounds (drafted, accepted,
     looked_up) as the target verified them."""
     rounds: dict[str, list] = {}
-    advance = scheduler._advance
+    advance = scheduler.emitter.advance
 
     def logged(seq, proposal, verdict):
         rounds.setdefault(seq.request.request_id, []).append(
@@ -112,7 +112,7 @@ def run_logged(scheduler: Scheduler, requests: list[tuple[str, list[int]]], **ex
         )
         return advance(seq, proposal, verdict)
 
-    scheduler._advance = logged
+    scheduler.emitter.advance = logged
     outputs = {}
     for request_id, ids in requests:
         events: list = []
@@ -178,7 +178,7 @@ def test_a_lookup_cut_by_the_grammar_is_still_counted_as_a_lookup(tiny):
     target, _ = tiny
     config = SchedulerConfig(max_num_seqs=1, max_model_len=256, speculative_method="suffix", draft_policy="always")
     scheduler = Scheduler(target, None, config)
-    constrain, cuts = scheduler._constrain, []
+    constrain, cuts = scheduler.verifier.constrain, []
 
     def counted(seqs, proposals):
         before = [p.tokens.shape[0] if p is not None else 0 for p in proposals]
@@ -187,7 +187,7 @@ def test_a_lookup_cut_by_the_grammar_is_still_counted_as_a_lookup(tiny):
         cuts.extend(0 < a < b for b, a in zip(before, after, strict=True))  # cut, with tokens left to count
         return masks
 
-    scheduler._constrain = counted
+    scheduler.verifier.constrain = counted
     grammar = scheduler.grammars.compile(GrammarSpec("regex", "[abc ]+"))
     prompt = target.tokenizer.encode("abc abc abd abc abd abc abd abc abc ")
     outputs, rounds = run_logged(scheduler, [("r", prompt)], grammar=grammar, ignore_eos=False)

@@ -113,8 +113,8 @@ def test_the_draft_catches_up_on_the_window_only(tiny):
         scheduler.submit(
             EngineRequest(request_id="0", prompt_ids=prompt, params=SamplingParams(), max_tokens=8, sink=events.append)
         )
-        scheduler._admit()
-        scheduler._prefill_chunk()
+        scheduler.admitter.admit()
+        scheduler.prefill.step()
         seq = next(iter(scheduler.running.values()))
         assert scheduler.proposer.lag(seq.slot, seq.tokens, seq.draft_tokens) == read - CATCH_UP_WIDTH
         scheduler.step()  # drafts: the draft model reads the view
@@ -134,8 +134,8 @@ def _run_scheduler(
     draft_window: int = 0,
 ) -> list[list]:
     config = SchedulerConfig(
-        max_num_seqs=3, max_model_len=256, draft_policy=policy, speculative_method=method, draft_vocab=draft_vocab,
-        draft_window=draft_window,
+        max_num_seqs=3, max_model_len=256, draft_policy=policy, speculative_method=method,
+        method_options={"draft_vocab": draft_vocab}, draft_window=draft_window,
     )  # fmt: skip
     scheduler = Scheduler(target, draft, config)
     events: list[list] = []
@@ -249,11 +249,11 @@ def test_a_row_that_fails_mid_generation_fails_only_its_request(where, tiny, mon
     scheduler = Scheduler(target, draft, SchedulerConfig(max_num_seqs=3, max_model_len=256, draft_policy="always"))
     bad = lambda request_id: request_id == "1"  # noqa: E731
     if where == "verdict":
-        wrapped = _FailsAt(scheduler._settle, lambda seq, *_: bad(seq.request.request_id), 3)
-        monkeypatch.setattr(scheduler, "_settle", wrapped)
+        wrapped = _FailsAt(scheduler.verifier.settle, lambda seq, *_: bad(seq.request.request_id), 3)
+        monkeypatch.setattr(scheduler.verifier, "settle", wrapped)
     elif where == "advance":
-        wrapped = _FailsAt(scheduler._advance, lambda seq, *_: bad(seq.request.request_id), 3)
-        monkeypatch.setattr(scheduler, "_advance", wrapped)
+        wrapped = _FailsAt(scheduler.emitter.advance, lambda seq, *_: bad(seq.request.request_id), 3)
+        monkeypatch.setattr(scheduler.emitter, "advance", wrapped)
     else:
         slot_of = {}
         wrapped = _FailsAt(scheduler.proposer.propose, lambda jobs: any(slot_of.get(j.slot) for j in jobs), 3)
@@ -416,7 +416,7 @@ def test_scheduler_does_not_draft_while_a_prompt_prefills(tiny, monkeypatch):
     for _ in range(3):  # one sequence: k = 2 pays (1.96 tokens in 0.012 s against 1 in 0.01 s) once caught up
         _record(policy, 1, 1, 2, 0.002, 0.010, catch_up_seconds=0.05, catch_up_tokens=10)
         _record(policy, 1, 0, 0, 0.0, 0.010)
-    monkeypatch.setattr(scheduler, "_record_costs", lambda *args: None)  # keep these costs
+    monkeypatch.setattr(scheduler.drafting, "record_costs", lambda *args: None)  # keep these costs
     chosen, choose = [], policy.choose_k
     monkeypatch.setattr(policy, "choose_k", lambda *args, **kwargs: chosen.append(choose(*args, **kwargs)) or 0)
     first, second = [*range(1, 31)], [*range(40, 80)]  # the draft lacks 30 tokens of the first; 10 chunks
@@ -433,9 +433,8 @@ def test_scheduler_does_not_draft_while_a_prompt_prefills(tiny, monkeypatch):
     lag = scheduler.proposer.lag(alone.slot, alone.tokens)
     assert lag == 30 + 11 - CATCH_UP_WIDTH  # (the wrapper kept every step plain: the draft never read anything)
     # alone, without a prompt joining, the policy would draft k = 2 and pay the catch-up back over 189 tokens
-    assert (
-        choose(1, [policy.acceptance(0, 0)], [2], lag_tokens=lag, remaining_tokens=scheduler._tokens_left(alone)) == 2
-    )
+    left = scheduler.drafting.tokens_left(alone)
+    assert choose(1, [policy.acceptance(0, 0)], [2], lag_tokens=lag, remaining_tokens=left) == 2
 
 
 def test_scheduler_does_not_draft_while_a_request_waits_for_a_free_slot(tiny, monkeypatch):
@@ -448,10 +447,10 @@ def test_scheduler_does_not_draft_while_a_request_waits_for_a_free_slot(tiny, mo
     for _ in range(4):
         _record(policy, 1, 1, 2, 0.002, 0.010)
         _record(policy, 1, 0, 0, 0.0, 0.010)
-    monkeypatch.setattr(scheduler, "_record_costs", lambda *args: None)
+    monkeypatch.setattr(scheduler.drafting, "record_costs", lambda *args: None)
     chosen, choose = [], policy.choose_k
     monkeypatch.setattr(policy, "choose_k", lambda *args, **kwargs: chosen.append(choose(*args, **kwargs)) or 0)
-    prefill = scheduler._prefill_chunk
+    prefill = scheduler.prefill.step
 
     def prefill_then_second_arrives() -> None:
         prefill()
@@ -466,7 +465,7 @@ def test_scheduler_does_not_draft_while_a_request_waits_for_a_free_slot(tiny, mo
                 )
             )
 
-    monkeypatch.setattr(scheduler, "_prefill_chunk", prefill_then_second_arrives)
+    monkeypatch.setattr(scheduler.prefill, "step", prefill_then_second_arrives)
     scheduler.submit(
         EngineRequest(
             request_id="0", prompt_ids=[*range(1, 11)], params=SamplingParams(), max_tokens=200, sink=lambda event: None

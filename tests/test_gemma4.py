@@ -75,12 +75,12 @@ def _read_but_the_last(model, ids: torch.Tensor):
     """The target's cache after ids[:-1], the last token, and the target's final hidden state before it: what an
     assistant's first draft reads."""
     kept = {}
-    model.hidden_sink = lambda slots, starts, hidden: kept.update(last=hidden[0, -1])
+    model.serve_hidden(lambda slots, starts, hidden: kept.update(last=hidden[0, -1]))
     try:
         cache = model.new_cache(max_len=64)
         model(ids[:, :-1], cache, [0])
     finally:
-        model.hidden_sink = None
+        model.serve_hidden(None)
     return cache, [int(ids[0, -1])], kept["last"][None]
 
 
@@ -139,9 +139,10 @@ def test_an_assistant_drafts_by_its_method_only_and_for_a_target_it_fits(gemma4,
     from verispec.errors import InvalidParameterError
 
     loaded, _, _ = gemma4
-    with pytest.raises(InvalidParameterError, match="is a Gemma 4 assistant"):
+    given_to_another_method = "drafts by reading its target: draft with it by --speculative-method assistant"
+    with pytest.raises(InvalidParameterError, match=given_to_another_method):
         SpeculativeGenerator(loaded, str(assistant[1]), speculative_method="draft", progress=False)
-    with pytest.raises(InvalidParameterError, match="is not a Gemma 4 assistant"):
+    with pytest.raises(InvalidParameterError, match="needs a Gemma 4 assistant checkpoint"):
         SpeculativeGenerator(loaded, drafters, speculative_method="assistant", progress=False)
     other = load_model(architecture("gemma3")[0], "float32", progress=False)
     with pytest.raises(InvalidParameterError, match="does not fit this target"):

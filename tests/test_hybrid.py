@@ -265,7 +265,7 @@ def test_the_mtp_head_is_restricted_as_draft_vocab_says_and_the_output_stays_the
     loaded = hybrid[2]
     requests = [(ids, SamplingParams()) for ids in PROMPTS] + [(PROMPTS[0], SamplingParams(temperature=1.0, seed=4))]
     expected = [_plain(loaded, ids, params) for ids, params in requests]
-    outputs = _run(loaded, requests, "mtp", draft_vocab=100)
+    outputs = _run(loaded, requests, "mtp", method_options={"draft_vocab": 100})
     assert [o.token_ids for o in outputs] == expected
     assert sum(o.stats.drafted for o in outputs) > 0
 
@@ -302,11 +302,11 @@ def test_the_mtp_method_reads_the_target_hidden_states_it_was_given(hybrid):
     assert outputs[0].stats.drafted > 0
     cache = model.new_cache(max_len=64)
     hidden = []
-    model.hidden_sink = lambda slots, starts, h: hidden.append(h)
+    model.serve_hidden(lambda slots, starts, h: hidden.append(h))
     try:
         model(torch.tensor([ids]), cache, [0], invariant=False)
     finally:
-        model.hidden_sink = None
+        model.serve_hidden(None)
     assert hidden[0].shape == (1, len(ids), model.config.hidden_size)
 
 

@@ -18,11 +18,12 @@ import httpx
 import openai
 import pytest
 import uvicorn
-from serving import free_port
 
 from verispec.engine.scheduler import Scheduler, SchedulerConfig
 from verispec.server.app import ServerState, create_app
 from verispec.testing import tiny_loaded, tiny_pair, tool_tokenizer
+
+from serving import free_port
 
 CHUNK_SECONDS = 0.4  # each prefill chunk of the slowed server
 
@@ -31,6 +32,7 @@ def prompt(word: str) -> str:
     """A four-letter word 20 times: 100 tokens of the tiny byte-level tokenizer, six chunks of 16, 2.4 s of prefill (a
     word of its own per test: the server reuses a prefilled prompt's blocks)."""
     return f"{word} " * 20
+
 
 READ_TIMEOUT = 1.0
 
@@ -41,13 +43,13 @@ def server(one_thread) -> Iterator[str]:
     tokenizer = tool_tokenizer()
     target, draft = tiny_loaded(target.model, tokenizer), tiny_loaded(draft.model, tokenizer, "tiny-draft")
     scheduler = Scheduler(target, draft, SchedulerConfig(max_num_seqs=2, max_model_len=512, prefill_chunk=16))
-    compute = scheduler._compute_chunk
+    compute = scheduler.prefill.compute_chunk
 
     def slow_chunk(seq, contended):  # a long prompt on a loaded machine
         time.sleep(CHUNK_SECONDS)
         compute(seq, contended)
 
-    scheduler._compute_chunk = slow_chunk
+    scheduler.prefill.compute_chunk = slow_chunk
     app = create_app(ServerState(scheduler, "tiny", keep_alive=0.2))
     port = free_port()
     uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
@@ -92,7 +94,8 @@ def test_a_responses_stream_repeats_in_progress_while_it_waits(server):
     assert kinds.count("response.in_progress") >= 3  # 2.4 s of prefill at 0.2 s: several
     assert kinds[-1] in ("response.completed", "response.incomplete")  # the answer ends, whole or cut
     # the official client reads the stream to its end with the same idle timeout
-    events = list(_client(server).responses.create(model="tiny", input=prompt("sdks"), max_output_tokens=4, stream=True))
+    client = _client(server)
+    events = list(client.responses.create(model="tiny", input=prompt("sdks"), max_output_tokens=4, stream=True))
     assert events[-1].type in ("response.completed", "response.incomplete")
     numbers = [event.sequence_number for event in events]
     assert numbers == sorted(set(numbers))  # each event its own number, in order

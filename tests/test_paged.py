@@ -331,7 +331,7 @@ def test_requests_that_do_not_fit_wait_then_complete_as_alone(long_pair):
             )
         )
     scheduler.step()
-    assert len(scheduler.running) == 1 and scheduler.waiting_for_blocks and len(scheduler.waiting) == 2
+    assert len(scheduler.running) == 1 and scheduler.admitter.waiting_for_blocks and len(scheduler.waiting) == 2
     assert sorted(scheduler.free_slots) == [1, 2]
     scheduler.run_until_idle()
     for i, prompt in enumerate(prompts):
@@ -532,13 +532,13 @@ def _paced(scheduler: Scheduler, chunk_seconds: float, step_seconds: float) -> l
     the log of chunks computed ('chunk:<request>') and steps run."""
     events: list[str] = []
     prefilled, decoded = scheduler.pacer.prefilled, scheduler.pacer.decoded
-    compute = scheduler._compute_chunk
+    compute = scheduler.prefill.compute_chunk
 
     def chunk(seq, contended):
         events.append(f"chunk:{seq.request.request_id}")
         compute(seq, contended)
 
-    scheduler._compute_chunk = chunk
+    scheduler.prefill.compute_chunk = chunk
     scheduler.pacer.prefilled = lambda seconds, tokens, contended: prefilled(chunk_seconds, tokens, contended)
     scheduler.pacer.decoded = lambda seconds: (events.append("step"), decoded(step_seconds))[1]
     return events

@@ -331,14 +331,14 @@ FORKING = ["abc abd abe abc abd abe abc ab", "x = 1\ny = 2\nx = 3\ny = 4\nx = 1\
 def _run_counting_trees(scheduler, target, prompts, params=None, **options) -> tuple[list, int]:
     """Each prompt alone, greedy unless `params`; the outputs, and how many rounds verified a token tree."""
     trees = 0
-    settle = scheduler._settle
+    settle = scheduler.verifier.settle
 
     def counted(*args):  # a round whose verdict has a path verified a tree
         nonlocal trees
         trees += args[-1][2] is not None  # verify_batch's verdict: (accepted, next token, a tree's path)
         return settle(*args)
 
-    scheduler._settle = counted
+    scheduler.verifier.settle = counted
     outputs = []
     for i, prompt in enumerate(prompts * 2):  # the second time, earlier outputs fork the index's continuations
         events: list = []
@@ -387,18 +387,18 @@ def test_no_token_trees_for_requests_with_penalties(tiny):
 def test_logprobs_of_a_token_tree_are_the_targets_at_each_accepted_node(tiny, monkeypatch):
     """Where a tree's accepted path leaves its chain (a branch won), each token's logprob still comes from the
     row of the node it follows: the target's own log-softmax after the tokens before it."""
-    import verispec.engine.scheduler as scheduler_module
+    import verispec.engine.verification as verification_module
 
     target, _ = tiny
     paths: list[list[int]] = []
-    judge = scheduler_module.verify_batch
+    judge = verification_module.verify_batch
 
     def recorded(drafts, parents, choices):
         verdicts = judge(drafts, parents, choices)
         paths.extend(path for _, _, path in verdicts if path is not None)
         return verdicts
 
-    monkeypatch.setattr(scheduler_module, "verify_batch", recorded)
+    monkeypatch.setattr(verification_module, "verify_batch", recorded)
     config = SchedulerConfig(max_num_seqs=1, max_model_len=256, speculative_method="suffix", token_trees=True)
     scheduler = Scheduler(target, None, config)
     prompts = [*FORKING, "cab ac abc ca ca abc ba ab abc ab ab cab"]  # the last: a branch wins once (found by search)

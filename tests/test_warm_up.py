@@ -62,7 +62,7 @@ def test_a_failed_warm_up_is_logged_and_leaves_a_fresh_server(tiny, monkeypatch,
     def fault(*args):
         raise RuntimeError("a fault in decoding")
 
-    monkeypatch.setattr(scheduler, "_advance", fault)
+    monkeypatch.setattr(scheduler.emitter, "advance", fault)
     assert warm_up(scheduler) is None
     assert "the warm-up request failed" in caplog.text
     assert not scheduler.running and not scheduler.active and not scheduler.policy.answers
@@ -72,7 +72,7 @@ def test_a_failed_warm_up_is_logged_and_leaves_a_fresh_server(tiny, monkeypatch,
 
 def test_serve_warms_up_unless_told_not_to(tiny, monkeypatch):
     """`verispec serve` warms up by default; --no-warm-up skips it."""
-    monkeypatch.setattr(engine_from_args, "load_models", lambda args: tiny)
+    monkeypatch.setattr(engine_from_args, "load_models", lambda args, draft: tiny)
     warmed = []
     monkeypatch.setattr("verispec.engine.warm_up.warm_up", lambda scheduler: warmed.append(scheduler) or 0.0)
     cli._load_extensions()

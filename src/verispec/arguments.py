@@ -99,6 +99,11 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+# methods' options (engine/methods.py) whose flags add_draft_arguments defines for every drafting command; a front end
+# adds the flags of the others from the methods' own declarations
+DRAFT_ARGUMENTS = frozenset({"draft_vocab"})
+
+
 def add_draft_arguments(parser: argparse.ArgumentParser) -> None:
     """--draft-vocab and --draft-window, for every command that drafts with a model (generate, bench, serve,
     bench-serve)."""

@@ -68,8 +68,8 @@ class SpeculativeGenerator:
             max_num_seqs=1, max_queue=0, max_model_len=max_seq_len,
             num_speculative_tokens=max(1, num_speculative_tokens),
             draft_policy=("auto" if adaptive else "always") if speculates else "never",
-            speculative_method=None if method is None else method.name, draft_vocab=draft_vocab,
-            draft_window=draft_window,
+            speculative_method=None if method is None else method.name,
+            method_options={} if draft_vocab is None else {"draft_vocab": draft_vocab}, draft_window=draft_window,
             prefill_chunk=max_seq_len,  # one request: its whole prompt in one pass
             token_trees=token_trees,
             kv_cache_memory=None if kv_cache_memory is None else parse_memory(kv_cache_memory),

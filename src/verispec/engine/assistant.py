@@ -2,8 +2,9 @@
 
 The assistant reads the target's final hidden state at the position before a sequence's last token and attends to the
 target's own keys and values, so it has nothing to catch up on and no cache of its own: the target hands every pass's
-hidden states over (`Transformer.hidden_sink`); this keeps each slot's latest pass, whose rows hold the position
-before the last token (a verify pass's accepted rows, a decode step's row, a prefill's last row). At each propose a
+hidden states over (it `reads_hidden`: the engine has the target serve them, Transformer.serve_hidden); this keeps
+each slot's latest pass, whose rows hold the position before the last token (a verify pass's accepted rows, a decode
+step's row, a prefill's last row). At each propose a
 sequence of n tokens, whose target cache holds n - 1 positions, drafts its first token from (tokens[n - 1], hidden at
 n - 2) and each further one from the draft before it and the assistant's own output, at the same position.
 
@@ -28,6 +29,7 @@ from .drafting import DraftCost, DraftJob, Proposal
 class AssistantDrafter:
     looks_up = False
     drafter = None  # no draft model with a cache: the draft policy prices this proposer by the steps it times
+    reads_hidden = True  # every target pass's final hidden states (observe_hidden)
 
     def __init__(self, target: Transformer, assistant: AssistantModel, cache: KVCache):
         """`cache`: the target's (the assistant attends to its keys and values)."""
@@ -49,9 +51,8 @@ class AssistantDrafter:
         # per slot: (the first position of its latest pass, that pass's final hidden states [rows, hidden])
         self.latest: list[tuple[int, torch.Tensor] | None] = [None] * cache.num_slots
         self.spent = DraftCost()
-        target.hidden_sink = self._keep
 
-    def _keep(self, slots: list[int], starts: list[int], hidden: torch.Tensor) -> None:
+    def observe_hidden(self, slots: list[int], starts: list[int], hidden: torch.Tensor) -> None:
         for row, (slot, start) in enumerate(zip(slots, starts, strict=True)):
             self.latest[slot] = (start, hidden[row])
 

@@ -9,23 +9,30 @@ Rules (resolve_method, the one verdict of `generate`, `serve`, the Python API an
 - a proposal never holds more than the method's `widest(k)` tokens: the engine reserves cache room for that many,
   and a proposal wider than it fails its own request, never the batch.
 
+A method owns what is its own: its checks on the models it is given (`check`), the bytes its drafter's caches take
+per block of positions (`cache_bytes`, which the engine's KV budget counts), how its proposer and that proposer's
+draft model are built (`build`, from a `Setup`), and its options (`options`: one mapping, SchedulerConfig's
+`method_options`). A proposer that reads the target's hidden states says so itself (proposer.py: `reads_hidden`); the
+engine has the target serve them to it. The engine and the loader name no method and branch on none.
+
 Adding a method is one class (a Proposer, proposer.py) and one `register(Method(...))`; it becomes a
-`--speculative-method` choice, a bench method and an API value from then on (tests/test_methods.py adds one).
+`--speculative-method` choice, a bench method and an API value from then on (tests/test_methods.py adds one;
+docs/architecture.md, "Adding a drafter", adds one with a checkpoint of its own).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from ..defaults import DEFAULT_DRAFT_VOCAB, DEFAULT_SUFFIX_CACHE_TOKENS
 from ..errors import InvalidParameterError
+from .setup import Setup
 
 if TYPE_CHECKING:  # imported when a proposer is built: `verispec --help` and argument checks need no PyTorch
-    from ..models.kv_cache import KVCache
-    from ..models.model import Transformer
-    from .draft_model import BatchedDrafter
+    from ..models.loading import LoadedModel
     from .proposer import Proposer
 
 DEFAULT_METHOD = "suffix"  # the fastest measured on every workload with a draft model (docs/repetition.md)
@@ -38,19 +45,63 @@ class DraftModelUse(Enum):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Setup:
-    """What a method's proposer is built from."""
+class MethodOption:
+    """An option a method reads (`Setup.options[name]`), given in SchedulerConfig.method_options or by its flag
+    (`--name-with-dashes` where a front end offers it), else `default`; `check` raises InvalidParameterError for a
+    value it refuses."""
 
-    model: BatchedDrafter | None  # the draft model, ready (None: none given, or the method uses none)
-    slots: int
-    suffix_cache_tokens: int
-    target: Transformer | None = None  # the target (a method that drafts with its own layers: mtp)
-    max_len: int = 0  # the positions a slot's caches hold, in blocks of the target cache's number
-    num_blocks: int = 0
-    draft_vocab: int | None = None  # --draft-vocab (a drafter's restricted head), None: not given
-    stop_ids: frozenset[int] = frozenset()  # the tokenizer's stop tokens (a restricted head keeps them)
-    assistant: Transformer | None = None  # a draft model that reads the target (draft_reads_target), as loaded
-    cache: KVCache | None = None  # the target's KV cache (what such a drafter reads)
+    name: str
+    default: Any
+    help: str
+    check: Callable[[Any], None] = lambda value: None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+def _at_least_zero(name: str) -> Callable[[Any], None]:
+    def check(value: Any) -> None:
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise InvalidParameterError(f"{name} must be an integer >= 0, got {value!r}")
+
+    return check
+
+
+DRAFT_VOCAB = MethodOption(
+    name="draft_vocab", default=None, check=_at_least_zero("draft_vocab"),
+    help=f"the drafter proposes only the first N token ids and the stop tokens (a restricted head, "
+    f"models/draft_head.py); 0: the whole vocabulary; not given: the front end's default ({DEFAULT_DRAFT_VOCAB})",
+)  # fmt: skip
+
+
+def check_draft_model(target: LoadedModel, draft: LoadedModel | None) -> None:
+    """What a method that drafts with a draft model of its own asks of it: the target's tokenizer, a cache that rolls
+    back to any length, and no drafter made for another method (a model that reads its target: `drafter_method`)."""
+    if draft is None:
+        return
+    made_for = getattr(draft.model, "drafter_method", None)
+    if made_for is not None:
+        raise InvalidParameterError(
+            f"the speculative model {draft.name} drafts by reading its target: draft with it by "
+            f"--speculative-method {made_for}"
+        )
+    target.tokenizer.check_compatible(draft.tokenizer)
+    if draft.model.config.hybrid:
+        raise InvalidParameterError(
+            "a draft model with linear-attention layers (Qwen3.5) is not supported: its cache is forked and "
+            "rolled back to any length, which a recurrent state is not; draft with the target's own MTP layer "
+            "(--speculative-method mtp), lookups (suffix, ngram), or a draft model without such layers"
+        )
+
+
+def draft_model_cache_bytes(target: LoadedModel, draft: LoadedModel | None) -> int:
+    """A draft model's KV cache per block of positions (0 without one)."""
+    if draft is None:
+        return 0
+    from ..models.kv_cache import KVCache
+
+    return KVCache.block_bytes(draft.model.config, draft.model.cache_dtype)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,9 +113,11 @@ class Method:
     # the most tokens one proposal holds when the draft model's k is k: the engine reserves room for that many
     widest: Callable[[int], int] = lambda k: k
     trees: bool = False  # its lookups may propose token trees (--token-trees)
-    target_drafts: bool = False  # it drafts with the target's own layers (its cache is the engine's to budget)
-    # its draft model reads the target's hidden states and KV cache and keeps no cache (Gemma 4's assistant)
-    draft_reads_target: bool = False
+    # raises InvalidParameterError where the method cannot run with these models (the draft None where not given)
+    check: Callable[[LoadedModel, LoadedModel | None], None] = check_draft_model
+    # the bytes its drafter's caches take per block of positions (the engine's KV budget counts them)
+    cache_bytes: Callable[[LoadedModel, LoadedModel | None], int] = draft_model_cache_bytes
+    options: tuple[MethodOption, ...] = ()
 
     @property
     def needs_draft_model(self) -> bool:
@@ -73,6 +126,15 @@ class Method:
     @property
     def uses_draft_model(self) -> bool:
         return self.draft_model is not DraftModelUse.UNUSED
+
+    def settings(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        """Its options: each given one (checked), else its default; the others' options are not its own."""
+        values = {}
+        for option in self.options:
+            value = given.get(option.name, option.default)
+            option.check(value)
+            values[option.name] = value
+        return values
 
 
 _REGISTRY: dict[str, Method] = {}
@@ -96,6 +158,20 @@ def get_method(name: str) -> Method:
     if name not in _REGISTRY:
         raise InvalidParameterError(f"unknown speculative method '{name}' (choose from {', '.join(_REGISTRY)})")
     return _REGISTRY[name]
+
+
+def method_options() -> dict[str, MethodOption]:
+    """Every registered method's options by name (one entry for an option several methods read)."""
+    return {option.name: option for method in _REGISTRY.values() for option in method.options}
+
+
+def check_method_options(given: Mapping[str, Any]) -> None:
+    """Raises InvalidParameterError for an option no method has, or a value its option refuses."""
+    known = method_options()
+    for name, value in given.items():
+        if name not in known:
+            raise InvalidParameterError(f"unknown method option '{name}' (known: {', '.join(sorted(known))})")
+        known[name].check(value)
 
 
 def resolve_method(name: str | None, draft_model: bool) -> Method | None:
@@ -139,7 +215,8 @@ def _suffix(setup: Setup) -> Proposer:
     from .proposer import LookupThenModel
     from .suffix import SuffixIndex, SuffixLookups
 
-    return LookupThenModel(SuffixLookups(SuffixIndex(setup.suffix_cache_tokens), setup.slots), setup.model)
+    lookups = SuffixLookups(SuffixIndex(setup.options["suffix_cache_tokens"]), setup.slots)
+    return LookupThenModel(lookups, setup.model)
 
 
 def _suffix_widest(k: int) -> int:
@@ -148,41 +225,65 @@ def _suffix_widest(k: int) -> int:
     return max(k, LOOKUP_MAX)
 
 
-def _mtp(setup: Setup) -> Proposer:
-    from ..models.draft_head import frequent_ids
-    from .mtp import MtpDrafter, mtp_head_rows
+SUFFIX_CACHE_TOKENS = MethodOption(
+    name="suffix_cache_tokens", default=DEFAULT_SUFFIX_CACHE_TOKENS, check=_at_least_zero("suffix_cache_tokens"),
+    help="--speculative-method suffix: tokens of earlier requests' outputs kept to draft from, in at most 256 "
+    f"partitions; the oldest leave first (default {DEFAULT_SUFFIX_CACHE_TOKENS}, about "
+    f"{DEFAULT_SUFFIX_CACHE_TOKENS * 1500 >> 20} MiB; 0 = none)",
+)  # fmt: skip
 
-    vocab = setup.target.config.vocab_size
-    rows = mtp_head_rows(setup.draft_vocab, vocab)
-    ids = frequent_ids(rows, vocab, setup.stop_ids) if rows and rows < vocab else None
-    return MtpDrafter(setup.target, setup.slots, setup.max_len, setup.num_blocks or None, head_ids=ids)
+
+def _no_cache(target: LoadedModel, draft: LoadedModel | None) -> int:
+    return 0
+
+
+def _mtp(setup: Setup) -> Proposer:
+    from .mtp import mtp_drafter
+
+    return mtp_drafter(setup)
+
+
+def _mtp_cache_bytes(target: LoadedModel, draft: LoadedModel | None) -> int:
+    from .mtp import mtp_cache_bytes
+
+    return mtp_cache_bytes(target)
 
 
 def _assistant(setup: Setup) -> Proposer:
     from .assistant import AssistantDrafter
 
-    return AssistantDrafter(setup.target, setup.assistant, setup.cache)
+    return AssistantDrafter(setup.target.model, setup.draft.model, setup.cache)
 
 
-register(Method(name="draft", summary="the --speculative-model drafts", build=_draft, draft_model=DraftModelUse.NEEDED))
+def _check_assistant(target: LoadedModel, draft: LoadedModel | None) -> None:
+    if draft is not None and getattr(draft.model, "drafter_method", None) != "assistant":
+        raise InvalidParameterError(
+            f"the assistant speculative method needs a Gemma 4 assistant checkpoint (model_type gemma4_assistant) as "
+            f"--speculative-model; {draft.name} is not one"
+        )
+
+
+register(Method(name="draft", summary="the --speculative-model drafts", build=_draft, draft_model=DraftModelUse.NEEDED,
+                options=(DRAFT_VOCAB,)))  # fmt: skip
 register(Method(name="ngram", summary="prompt lookup in the context (no draft model)", build=_ngram,
                 draft_model=DraftModelUse.UNUSED))  # fmt: skip
 register(Method(name="hybrid", summary="prompt lookup where the context repeats itself, the draft model elsewhere",
-                build=_hybrid, draft_model=DraftModelUse.NEEDED))  # fmt: skip
+                build=_hybrid, draft_model=DraftModelUse.NEEDED, options=(DRAFT_VOCAB,)))  # fmt: skip
 register(Method(
     name="suffix",
     summary="lookups in the context and earlier requests' outputs, up to 15 tokens where the match is long, the "
     "draft model elsewhere (with --speculative-model none: the lookups alone)",
     build=_suffix, draft_model=DraftModelUse.OPTIONAL, widest=_suffix_widest, trees=True,
+    options=(SUFFIX_CACHE_TOKENS, DRAFT_VOCAB),
 ))  # fmt: skip
 register(Method(
     name="mtp",
     summary="the target's own multi-token-prediction layer (Qwen3.5 checkpoints that carry one)",
-    build=_mtp, draft_model=DraftModelUse.UNUSED, target_drafts=True,
+    build=_mtp, draft_model=DraftModelUse.UNUSED, cache_bytes=_mtp_cache_bytes, options=(DRAFT_VOCAB,),
 ))  # fmt: skip
 register(Method(
     name="assistant",
     summary="a Gemma 4 assistant checkpoint (gemma4_assistant) as --speculative-model, reading the target's hidden "
     "states and keys",
-    build=_assistant, draft_model=DraftModelUse.NEEDED, draft_reads_target=True,
+    build=_assistant, draft_model=DraftModelUse.NEEDED, check=_check_assistant, cache_bytes=_no_cache,
 ))  # fmt: skip

@@ -1,7 +1,8 @@
 """Drafting with the target's own multi-token-prediction layer (models/mtp.py): the `mtp` method.
 
 The MTP layer at position i reads the token at i + 1 and the target's hidden state at i; the target hands every pass's
-hidden states over (`Transformer.hidden_sink`), kept here per slot and position until read. At each propose a
+hidden states over (it `reads_hidden`: the engine has the target serve them, Transformer.serve_hidden), kept here per
+slot and position until read. At each propose a
 sequence of n tokens (the last, the target's own token, not yet verified) has the target's hidden states of positions
 0 .. n - 2 from passes where those tokens were final (the prompt's prefill, then verify passes: a rejected draft's
 position is recomputed by the next pass before it is read). So the MTP layer catches up on positions
@@ -29,14 +30,33 @@ import torch
 
 from ..defaults import DEFAULT_DRAFT_VOCAB
 from ..errors import InvalidParameterError
-from ..models.draft_head import DraftHead
+from ..models.draft_head import DraftHead, frequent_ids
+from ..models.kv_cache import KVCache
+from ..models.loading import LoadedModel
 from ..models.model import Transformer
+from ..models.mtp import mtp_config
 from .draft_model import pick_draft, plain_greedy
 from .drafting import DraftCost, DraftJob, Proposal
+from .setup import Setup
 
 CATCH_UP_ROWS = 8  # a catch-up longer than this (a prompt) is fed alone first, FEED_ROWS rows a pass
 FEED_ROWS = 256
 MTP_HEAD_ROWS = DEFAULT_DRAFT_VOCAB  # the MTP drafter's head by default: the command line's --draft-vocab, everywhere
+
+
+def mtp_drafter(setup: Setup) -> MtpDrafter:
+    """The `mtp` method's proposer: the target's MTP layer with a cache of the engine's blocks, its head restricted
+    as the draft_vocab option says."""
+    target = setup.target.model
+    vocab = target.config.vocab_size
+    rows = mtp_head_rows(setup.options.get("draft_vocab"), vocab)
+    ids = frequent_ids(rows, vocab, setup.stop_ids) if rows and rows < vocab else None
+    return MtpDrafter(target, setup.slots, setup.context + setup.widest + 1, setup.num_blocks or None, head_ids=ids)
+
+
+def mtp_cache_bytes(target: LoadedModel) -> int:
+    """The MTP layer's keys and values per block of positions (one layer of the target's shape)."""
+    return KVCache.block_bytes(mtp_config(target.model.config), target.model.cache_dtype)
 
 
 def mtp_head_rows(draft_vocab: int | None, vocab_size: int) -> int | None:
@@ -49,6 +69,7 @@ def mtp_head_rows(draft_vocab: int | None, vocab_size: int) -> int | None:
 class MtpDrafter:
     looks_up = False
     drafter = None  # no draft model: the draft policy prices this proposer by the steps it times
+    reads_hidden = True  # every target pass's final hidden states (observe_hidden)
 
     def __init__(
         self, target: Transformer, slots: int, max_len: int, num_blocks: int | None = None,
@@ -66,9 +87,8 @@ class MtpDrafter:
         self.hidden: list[dict[int, torch.Tensor]] = [{} for _ in range(slots)]  # per slot: position -> hidden
         self.held = [0] * slots  # per slot: positions the layer has read from the target (final ones)
         self.spent = DraftCost()
-        target.hidden_sink = self._keep
 
-    def _keep(self, slots: list[int], starts: list[int], hidden: torch.Tensor) -> None:
+    def observe_hidden(self, slots: list[int], starts: list[int], hidden: torch.Tensor) -> None:
         """Every position's final hidden state, until the layer reads it (a sequence that does not draft keeps its
         positions' until it does, or ends: hidden size x 4 bytes a position)."""
         for row, (slot, start) in enumerate(zip(slots, starts, strict=True)):

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from ..decoding.acceptance import expected_tokens_per_round
+from ..defaults import DEFAULT_SUFFIX_CACHE_TOKENS
 from ..kernels.stack import TREE_ROWS
 from ..kernels.suffix import SuffixTrie
 from .drafting import DraftJob, Proposal
@@ -35,7 +36,7 @@ DEPTH = MATCH_MAX + LOOKUP_MAX + 1
 FACTOR = 2.0  # a lookup drafts up to FACTOR x the matched length
 MIN_SCORE = 0.1  # ... while the continuation's estimated chance stays above this
 MIN_MATCH = 2  # shorter matches are left to the draft model (when there is one)
-DEFAULT_INDEX_TOKENS = 1 << 16  # tokens of earlier requests kept (--suffix-cache-tokens): ~1.5 KB each in the trie
+DEFAULT_INDEX_TOKENS = DEFAULT_SUFFIX_CACHE_TOKENS  # tokens of earlier requests kept (--suffix-cache-tokens)
 
 
 DEFAULT_INDEX_PARTITIONS = 256  # partitions whose outputs are kept (each trie costs under 1 KB empty)

@@ -39,6 +39,9 @@ F16_TYPE = 1  # GGML's F16: the native kernels' float16 rule
 
 
 class AssistantModel(Transformer):
+    # a drafter that reads its target's states, driven by this method only (engine/methods.py); never a target
+    drafter_method = "assistant"
+
     def __init__(self, config: ModelConfig, backbone_hidden: int, centroids: tuple[int, int] = (0, 0)):
         """`config`: its layers' (kv_sources -1: its target's, bound by `bind`); `backbone_hidden`: the target's
         hidden size; `centroids`: (clusters, chosen per step) of ordered embeddings, (0, 0): the whole head."""

@@ -403,9 +403,7 @@ class Transformer(nn.Module):
         # the checkpoint's multi-token-prediction layer (a drafter trained with the model), or None: mtp.py's
         # `transformer` makes a model with it
         self.mtp: nn.Module | None = None
-        # called as hidden_sink(slots, starts, hidden [batch, seq, hidden]) with every pass's final hidden states
-        # (after the last norm: what the MTP layer reads), or None
-        self.hidden_sink = None
+        self._hidden_reader = None  # serve_hidden's reader, or None
         self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
         self._layer_tables = [config.rope_table(i) for i in range(config.num_layers)]  # per layer, or -1: none
         self._table_sizes = [size for _, _, size in config.rope_table_specs()]  # per table, the dimensions it turns
@@ -504,9 +502,15 @@ class Transformer(nn.Module):
         x = self._layers(x, cache, slots, rows, invariant=invariant, per_layer=self._per_layer(tokens, x))
         for slot in slots:
             cache.lengths[slot] += seq
-        if self.hidden_sink is not None:
-            self.hidden_sink(slots, starts, self.norm(x))
+        if self._hidden_reader is not None:
+            self._hidden_reader(slots, starts, self.norm(x))
         return self._logits(x, num_logits, head)
+
+    def serve_hidden(self, reader) -> None:
+        """Hand every pass's final hidden states (after the last norm) to `reader(slots, starts, hidden [batch, seq,
+        hidden])` from now on, in place of any reader before (None: to none). A drafter that reads them (an MTP
+        layer, an assistant) declares it (`reads_hidden`), and the engine serves it."""
+        self._hidden_reader = reader
 
     def _per_layer(self, tokens: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
         """The pass's per-layer inputs [batch, seq, layers, size] of its tokens and embeddings (Gemma 4), or None."""

@@ -7,9 +7,9 @@ import logging
 import os
 import signal
 
-from ..arguments import add_draft_arguments, add_model_arguments, non_negative_int
+from ..arguments import DRAFT_ARGUMENTS, add_draft_arguments, add_model_arguments, non_negative_int
+from ..engine.methods import method_options
 from ..engine.policy import POLICIES
-from ..engine.suffix import DEFAULT_INDEX_TOKENS
 from ..errors import VerispecError
 from .cluster.launch import check_cluster_arguments
 from .engine_from_args import build_scheduler, model_id
@@ -47,13 +47,9 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prefill-chunk", type=int, default=128, help="prompt tokens prefilled per scheduler step (chunked prefill)"
     )
-    parser.add_argument(
-        "--suffix-cache-tokens",
-        type=non_negative_int,
-        default=DEFAULT_INDEX_TOKENS,
-        help="--speculative-method suffix: tokens of earlier requests' outputs kept to draft from; the oldest leave "
-        f"first (default {DEFAULT_INDEX_TOKENS}, about {DEFAULT_INDEX_TOKENS * 1500 >> 20} MiB; 0 = none)",
-    )
+    for option in method_options().values():  # the methods' own options (engine/methods.py), each its flag
+        if option.name not in DRAFT_ARGUMENTS:
+            parser.add_argument(option.flag, type=non_negative_int, default=option.default, help=option.help)
     parser.add_argument(
         "--token-trees",
         action=argparse.BooleanOptionalAction,

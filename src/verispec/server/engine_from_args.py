@@ -4,6 +4,7 @@ server (server/cli.py) and by each replica of a cluster (server/cluster/replica.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -17,22 +18,15 @@ TINY = "tiny"  # --model tiny / --speculative-model tiny: the random test pair o
 def build_scheduler(args: argparse.Namespace):
     import torch
 
-    from ..engine.scheduler import Scheduler, SchedulerConfig
+    from ..engine.scheduler import Scheduler
 
     if args.threads is not None:
         if args.threads < 1:
             raise VerispecError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
-    config = SchedulerConfig(
-        max_num_seqs=args.max_num_seqs, max_queue=args.max_queue, max_model_len=args.max_model_len,
-        num_speculative_tokens=args.num_speculative_tokens, draft_policy=args.draft_policy,
-        speculative_method=args.speculative_method, draft_vocab=args.draft_vocab, draft_window=args.draft_window,
-        prefill_chunk=args.prefill_chunk, suffix_cache_tokens=args.suffix_cache_tokens,
-        token_trees=args.token_trees, kv_cache_memory=args.kv_cache_memory,
-        answer_reuse=getattr(args, "answer_reuse", True),
-    )  # fmt: skip
-    draft_source(args)  # the method's verdict, before seconds of loading
-    target, draft = load_models(args)  # after the config: its mistakes are reported before seconds of loading
+    config = scheduler_config(args)
+    source = draft_source(args)  # the method's verdict: like the config's mistakes, before seconds of loading
+    target, draft = load_models(args, source)
     scheduler = Scheduler(target, draft, config)
     if getattr(args, "warm_up", True):
         from ..engine.warm_up import warm_up
@@ -43,7 +37,20 @@ def build_scheduler(args: argparse.Namespace):
     return scheduler
 
 
-def load_models(args: argparse.Namespace) -> tuple[LoadedModel, LoadedModel | None]:
+def scheduler_config(args: argparse.Namespace):
+    """The SchedulerConfig of a command line: each of its fields from the flag of that name where the command has one
+    (a front end without the flag keeps the field's default), the methods' options from their flags."""
+    from ..engine.methods import method_options
+    from ..engine.scheduler import SchedulerConfig
+
+    given = {field.name: getattr(args, field.name) for field in dataclasses.fields(SchedulerConfig)
+             if hasattr(args, field.name)}  # fmt: skip
+    options = {name: getattr(args, name) for name in method_options() if hasattr(args, name)}
+    return SchedulerConfig(**given, method_options=options)
+
+
+def load_models(args: argparse.Namespace, draft: str | None) -> tuple[LoadedModel, LoadedModel | None]:
+    """The target and the draft model `draft` (draft_source's verdict; None: none)."""
     from ..models.loading import load_pair
 
     if TINY in (args.model, args.speculative_model):
@@ -53,7 +60,6 @@ def load_models(args: argparse.Namespace) -> tuple[LoadedModel, LoadedModel | No
             raise VerispecError("--speculative-model tiny needs --model tiny (the pair shares a tokenizer)")
         tiny_target, tiny_draft = tiny_pair()
         return tiny_target, tiny_draft if args.speculative_model == TINY else None
-    draft = draft_source(args)
     return load_pair(
         args.model, draft, args.dtype, args.device, quantization=args.quantization,
         draft_quantization=args.speculative_quantization,
