@@ -42,7 +42,7 @@ def _verdict(run) -> str:
 
 
 def _generate(method: str, draft: str, monkeypatch) -> str:
-    monkeypatch.setattr("verispec.generator.load_pair", _loading)
+    monkeypatch.setattr("verispec.models.loading.load_pair", _loading)
     stderr = io.StringIO()
     argv = ["generate", "hello", "--speculative-method", method, "--speculative-model", draft]
     with contextlib.redirect_stderr(stderr):
@@ -69,7 +69,7 @@ def _serve(method: str, draft: str, monkeypatch) -> str:
 
 
 def _api(method: str, draft: str, monkeypatch) -> str:
-    monkeypatch.setattr("verispec.generator.load_pair", _loading)
+    monkeypatch.setattr("verispec.models.loading.load_pair", _loading)
     source = None if draft == "none" else draft
     return _verdict(lambda: SpeculativeGenerator("target", source, speculative_method=method))
 

@@ -17,12 +17,12 @@ from .decoding.grammar import GrammarSpec
 from .decoding.sampling import SamplingParams
 from .defaults import DEFAULT_DRAFT_WINDOW, DEFAULT_MAX_SEQ_LEN
 from .engine.budget import parse_memory
-from .engine.methods import resolve_method
+from .engine.methods import load_models, resolve_method
 from .engine.metrics import Unrecorded
 from .engine.requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput, StreamChunk
 from .engine.scheduler import Scheduler, SchedulerConfig
 from .errors import InvalidParameterError, VerispecError
-from .models.loading import LoadedModel, load_pair
+from .models.loading import LoadedModel
 
 __all__ = ["GenerationOutput", "SpeculativeGenerator", "StreamChunk"]
 
@@ -74,7 +74,8 @@ class SpeculativeGenerator:
             token_trees=token_trees,
             kv_cache_memory=None if kv_cache_memory is None else parse_memory(kv_cache_memory),
         )  # fmt: skip
-        self.target, self.draft = load_pair(
+        self.target, self.draft = load_models(
+            method,
             target,
             draft,
             dtype=dtype,

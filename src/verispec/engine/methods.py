@@ -95,6 +95,13 @@ def check_draft_model(target: LoadedModel, draft: LoadedModel | None) -> None:
         )
 
 
+def draft_model_limits(target: LoadedModel, draft: LoadedModel | None) -> tuple[int | None, int | None]:
+    """A draft model's (longest context, vocabulary it embeds); (None, None) without one."""
+    if draft is None:
+        return None, None
+    return draft.model.config.max_position_embeddings, draft.model.config.vocab_size
+
+
 def draft_model_cache_bytes(target: LoadedModel, draft: LoadedModel | None) -> int:
     """A draft model's KV cache per block of positions (0 without one)."""
     if draft is None:
@@ -117,6 +124,11 @@ class Method:
     check: Callable[[LoadedModel, LoadedModel | None], None] = check_draft_model
     # the bytes its drafter's caches take per block of positions (the engine's KV budget counts them)
     cache_bytes: Callable[[LoadedModel, LoadedModel | None], int] = draft_model_cache_bytes
+    # what its drafter bounds: (the longest context it reads, the token ids it embeds), None where it bounds nothing
+    limits: Callable[[LoadedModel, Any], tuple[int | None, int | None]] = draft_model_limits
+    # how the checkpoint given as --speculative-model is loaded, beside the loaded target: None, as a model of a
+    # family (models/families.py) by the loader; else the method's own reader (a head, not a model)
+    load_draft: Callable[[str, LoadedModel], Any] | None = None
     options: tuple[MethodOption, ...] = ()
 
     @property
@@ -185,6 +197,19 @@ def resolve_method(name: str | None, draft_model: bool) -> Method | None:
             f"the {name} speculative method needs a draft model (--speculative-model; not 'none')"
         )
     return method
+
+
+def load_models(method: Method | None, target: Any, draft: Any, **loading) -> tuple[LoadedModel, Any]:
+    """The target and what `method` drafts with, from sources or as loaded: a draft model by the loader
+    (models/loading.py: load_pair, `loading` its arguments), or the method's own checkpoint by the method
+    (Method.load_draft, beside the loaded target)."""
+    from ..models.loading import LoadedModel, load_pair
+
+    own = method is not None and method.load_draft is not None
+    if not own or draft is None or isinstance(draft, LoadedModel):
+        return load_pair(target, draft, **loading)
+    loaded, _ = load_pair(target, None, **loading)
+    return loaded, method.load_draft(str(draft), loaded)
 
 
 def methods_help() -> str:

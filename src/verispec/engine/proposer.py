@@ -18,6 +18,8 @@ A proposer drafts for many sequences at once (a batch of one is the single-seque
     looks_up                 whether it drafts lookups, which the engine asks for even when the draft model's k
                              is 0 (they cost nothing to draft, and are priced by the rows they add to the pass)
     drafter                  its draft model (a BatchedDrafter), or None
+    reads_hidden             (optional) it reads the target's hidden states: the engine has the target serve every
+                             pass's final hidden states to its observe_hidden(slots, starts, hidden [batch, seq, H])
 
 Rolling back is implicit: at each propose a proposer compares what it holds for a slot with the sequence's tokens
 and keeps the common prefix, so rejected drafts are forgotten without being told.

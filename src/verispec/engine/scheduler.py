@@ -129,15 +129,15 @@ class Scheduler:
         self.method = resolve_method(self.config.speculative_method, draft is not None)
         if self.method is None or not self.method.uses_draft_model:
             draft = None
-        if self.method is not None:
-            self.method.check(target, draft)
-        limits = [target.model.config.max_position_embeddings]
+        limits, vocabs = [target.model.config.max_position_embeddings], [target.model.config.vocab_size]
         if self.config.max_model_len is not None:
             limits.append(self.config.max_model_len)
-        if draft is not None:
-            limits.append(draft.model.config.max_position_embeddings)
-        vocabs = [target.model.config.vocab_size] + ([draft.model.config.vocab_size] if draft is not None else [])
-        self.vocab_size = min(vocabs)  # token ids both models can embed
+        if self.method is not None:
+            self.method.check(target, draft)
+            positions, vocab = self.method.limits(target, draft)  # what its drafter reads and embeds
+            limits += [positions] if positions is not None else []
+            vocabs += [vocab] if vocab is not None else []
+        self.vocab_size = min(vocabs)  # token ids every model can embed
         self._build(target, draft, min(limits))
 
     def _build(self, target: LoadedModel, draft: LoadedModel | None, context: int) -> None:

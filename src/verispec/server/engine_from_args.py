@@ -51,7 +51,8 @@ def scheduler_config(args: argparse.Namespace):
 
 def load_models(args: argparse.Namespace, draft: str | None) -> tuple[LoadedModel, LoadedModel | None]:
     """The target and the draft model `draft` (draft_source's verdict; None: none)."""
-    from ..models.loading import load_pair
+    from ..engine.methods import load_models as load_for_method
+    from ..engine.methods import resolve_method
 
     if TINY in (args.model, args.speculative_model):
         from ..testing import tiny_pair
@@ -60,8 +61,9 @@ def load_models(args: argparse.Namespace, draft: str | None) -> tuple[LoadedMode
             raise VerispecError("--speculative-model tiny needs --model tiny (the pair shares a tokenizer)")
         tiny_target, tiny_draft = tiny_pair()
         return tiny_target, tiny_draft if args.speculative_model == TINY else None
-    return load_pair(
-        args.model, draft, args.dtype, args.device, quantization=args.quantization,
+    method = resolve_method(args.speculative_method, draft is not None)
+    return load_for_method(
+        method, args.model, draft, dtype=args.dtype, device=args.device, quantization=args.quantization,
         draft_quantization=args.speculative_quantization,
     )  # fmt: skip
 
