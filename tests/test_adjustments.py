@@ -101,7 +101,7 @@ def _exact_first_two(model, prompt_ids, params: SamplingParams, **adjust) -> dic
     return {(a, b): float(first[a]) * float(pb) for a in range(VOCAB) for b, pb in enumerate(probs([a]))}
 
 
-@pytest.mark.parametrize("method", ["draft", "hybrid"])
+@pytest.mark.parametrize("method", ["draft", pytest.param("hybrid", marks=pytest.mark.slow)])
 def test_sampled_output_follows_the_adjusted_target_distribution(method):
     tokenizer = word_tokenizer(VOCAB)
     tokenizer.stop_token_ids = frozenset()  # no EOS: the first two tokens always exist

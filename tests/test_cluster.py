@@ -25,7 +25,7 @@ from serving import REQUEST_TIMEOUT, ServerProcess
 pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install -e '.[cluster]')")
 openai = pytest.importorskip("openai")
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]  # local Ray clusters: about 90 s
 
 KEY = "cluster-key"
 TINY = ("--model", "tiny", "--speculative-model", "tiny", "--max-model-len", "512", "--threads", "1")

@@ -227,19 +227,27 @@ def _exact_first_two(model, prompt_ids, params) -> dict:
     return {(a, b): float(first[a]) * float(pb) for a in range(VOCAB) for b, pb in enumerate(probs([*prompt_ids, a]))}
 
 
+# the default run checks each way of drafting once, unfiltered; the filtered law of each, the draft's window, the
+# policy's k beside lookups and token trees (each 8-42 s on two cores) run with the slow set
+SLOW = pytest.mark.slow
+
+
 @pytest.mark.parametrize(
-    "params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=3, top_p=0.9)]
+    "params",
+    [SamplingParams(temperature=1.0), pytest.param(SamplingParams(temperature=0.8, top_k=3, top_p=0.9), marks=SLOW)],
 )
 @pytest.mark.parametrize(
     "method, adaptive, prompt_ids, window",
     [
         ("draft", False, [0, 1, 2], 0),
         ("hybrid", True, [0, 1, 2, 0, 1, 2, 0, 1], 0),  # hybrid: the prompt repeats
-        ("draft", False, [5, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3], 2),  # the draft reads 4 + 2 of the 11 prompt tokens
+        # the draft reads 4 + 2 of the 11 prompt tokens
+        pytest.param("draft", False, [5, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3], 2, marks=SLOW),
         ("suffix", False, [0, 1, 2, 0, 1, 2, 0, 1], 0),  # lookups in the repeating prompt, the draft elsewhere
-        ("suffix", True, [0, 1, 2, 0, 1, 2, 0, 1], 0),  # the policy's k for the draft; lookups even at k = 0
+        # the policy's k for the draft; lookups even at k = 0
+        pytest.param("suffix", True, [0, 1, 2, 0, 1, 2, 0, 1], 0, marks=SLOW),
         # "5 0 1" went on two ways: token trees, the lookups alone (the draft model would win a 50:50 lookup)
-        ("suffix-trees", False, [5, 0, 1, 2, 5, 0, 1, 3, 5, 0, 1], 0),
+        pytest.param("suffix-trees", False, [5, 0, 1, 2, 5, 0, 1, 3, 5, 0, 1], 0, marks=SLOW),
     ],
 )
 def test_sampled_speculative_decoding_follows_the_target_distribution(params, method, adaptive, prompt_ids, window):
@@ -259,8 +267,8 @@ def test_sampled_speculative_decoding_follows_the_target_distribution(params, me
         speculative_method=method.removesuffix("-trees"), adaptive=adaptive, draft_window=window,
         token_trees=trees_on,
     )  # fmt: skip
-    trees, settle = [], generator.engine._settle  # a round whose verdict has a path verified a tree
-    generator.engine._settle = lambda *args: (args[-1][2] is not None and trees.append(1)) or settle(*args)
+    trees, settle = [], generator.engine.verifier.settle  # a round whose verdict has a path verified a tree
+    generator.engine.verifier.settle = lambda *args: (args[-1][2] is not None and trees.append(1)) or settle(*args)
     counts, accepted, drafted = Counter(), 0, 0
     for seed in range(RUNS):
         # more tokens leave a lookup rows for branches past its chain (of 2 x the match); the first two are counted
@@ -294,6 +302,7 @@ def _exact_third(model, prompt_ids, params) -> dict:
     return third
 
 
+@SLOW
 def test_the_third_token_of_a_three_token_draft_follows_the_target_distribution():
     """Every round drafts k = 3 (max_tokens 4 leaves room for it), so the third token is the last drafted one of
     the first round whenever the first two were accepted: its marginal checks acceptance deep in a draft."""

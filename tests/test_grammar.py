@@ -121,7 +121,7 @@ def _exact_first_two(model, prompt_ids, params, allowed=(None, None)) -> dict:
     return exact
 
 
-@pytest.mark.parametrize("method", ["draft", "hybrid"])
+@pytest.mark.parametrize("method", ["draft", pytest.param("hybrid", marks=pytest.mark.slow)])
 def test_sampled_constrained_output_follows_the_masked_target_distribution(method):
     tokenizer = word_tokenizer(VOCAB)
     target_model = tiny_model(tiny_config(vocab_size=VOCAB), seed=3, scale=1.0, residual_gain=0.5)
@@ -255,7 +255,7 @@ def test_token_trees_under_a_grammar_give_plain_constrained_output(pair, monkeyp
         target, None, num_speculative_tokens=4, speculative_method="suffix", token_trees=True
     )
     trees, dropped = [], []
-    settle, tree_masks = generator.engine._settle, GrammarMatcher.tree_masks
+    settle, tree_masks = generator.engine.verifier.settle, GrammarMatcher.tree_masks
 
     def counting_masks(self, tokens, parents):
         allowed, kept = tree_masks(self, tokens, parents)
@@ -264,7 +264,7 @@ def test_token_trees_under_a_grammar_give_plain_constrained_output(pair, monkeyp
         return allowed, kept
 
     monkeypatch.setattr(GrammarMatcher, "tree_masks", counting_masks)
-    generator.engine._settle = lambda *args: (args[-1][2] is not None and trees.append(1)) or settle(*args)
+    generator.engine.verifier.settle = lambda *args: (args[-1][2] is not None and trees.append(1)) or settle(*args)
     spec = GrammarSpec("regex", REGEX)
     for prompt in ["ab c ba abx ab cx ab bax ab c", "cab cba cabx cab"] * 2:
         ids = target.tokenizer.encode(prompt)

@@ -466,15 +466,15 @@ def test_an_answer_is_reused_by_the_next_turn_and_decodes_as_a_fresh_engine(inva
     assert _run(scheduler, turn, "other tenant", max_tokens=1)[1] == 0
 
 
-def test_one_tenants_burst_does_not_hold_another_tenants_request(invariant):
-    """Tenant a fills every slot and queues more; tenant b's one request is admitted next (the youngest of a's is
-    preempted) and ends long before a's burst; every output is the one it has alone."""
+def _burst_beside_one_request(invariant, members: list[str]) -> None:
+    """Tenant a fills every slot and queues more (its requests under `members`); tenant b's one request is admitted
+    next (the youngest of a's is preempted) and ends long before a's burst; every output is the one it has alone."""
     scheduler = Scheduler(invariant, None, _invariant_config(max_num_seqs=2))
     prompts = [[(a * i + 1) % 250 for i in range(60)] for a in range(3, 9)]
     outputs: dict = {}
     finished: list[str] = []
-    for i, prompt in enumerate(prompts):
-        _submit(scheduler, f"a{i}", prompt, 40, outputs, tenant="a")
+    for i, (prompt, member) in enumerate(zip(prompts, members, strict=True)):
+        _submit(scheduler, f"a{i}", prompt, 40, outputs, tenant="a", member=member)
     scheduler.step()
     _submit(scheduler, "b", prompts[0][::-1], 8, outputs, tenant="b")
     scheduler.step()
@@ -485,28 +485,17 @@ def test_one_tenants_burst_does_not_hold_another_tenants_request(invariant):
     assert outputs["b"].token_ids == _alone(invariant, prompts[0][::-1], 8)
     for i, prompt in enumerate(prompts):
         assert outputs[f"a{i}"].token_ids == _alone(invariant, prompt, 40)
+
+
+def test_one_tenants_burst_does_not_hold_another_tenants_request(invariant):
+    _burst_beside_one_request(invariant, [""] * 6)
 
 
 def test_a_tenant_naming_a_new_user_per_request_gets_no_more_than_its_share(invariant):
-    """Tenant a sends its burst under a new `user` each time (the member of a tenant): b's one request is still
-    admitted next and ends long before a's burst. When every user counted as a tenant of its own, a's six users each
-    ran one sequence, b's request ran none, and it waited for a's burst (171 s in a probe). The outputs are alone's."""
-    scheduler = Scheduler(invariant, None, _invariant_config(max_num_seqs=2))
-    prompts = [[(a * i + 1) % 250 for i in range(60)] for a in range(3, 9)]
-    outputs: dict = {}
-    finished: list[str] = []
-    for i, prompt in enumerate(prompts):
-        _submit(scheduler, f"a{i}", prompt, 40, outputs, tenant="a", member=f"u{i}")
-    scheduler.step()
-    _submit(scheduler, "b", prompts[0][::-1], 8, outputs, tenant="b")
-    scheduler.step()
-    assert {seq.request.tenant for seq in scheduler.running.values()} == {"a", "b"}
-    while scheduler.step():
-        finished += [name for name in outputs if name not in finished]
-    assert finished.index("b") <= 1
-    assert outputs["b"].token_ids == _alone(invariant, prompts[0][::-1], 8)
-    for i, prompt in enumerate(prompts):
-        assert outputs[f"a{i}"].token_ids == _alone(invariant, prompt, 40)
+    """The burst's requests each under a new `user` (a member of tenant a): b's request is still admitted next. When
+    every user counted as a tenant of its own, a's six users each ran one sequence, b's request ran none, and it
+    waited for a's burst (171 s in a probe)."""
+    _burst_beside_one_request(invariant, [f"u{i}" for i in range(6)])
 
 
 def test_within_a_tenant_its_members_take_turns():

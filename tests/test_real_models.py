@@ -21,6 +21,10 @@ def pair():
     return load_model("target", "float32"), load_model("draft", "float32")
 
 
+slow_float32 = pytest.mark.slow  # float32 weights on PyTorch read 6 GB a step: minutes (the native path runs below)
+
+
+@slow_float32
 def test_greedy_speculative_equals_plain_on_humaneval(pair):
     target, draft = pair
     plain = SpeculativeGenerator(target, None)
@@ -37,6 +41,7 @@ def test_greedy_speculative_equals_plain_on_humaneval(pair):
     assert accepted > 0
 
 
+@slow_float32
 def test_chat_template_renders_and_generates(pair):
     target, draft = pair
     out = SpeculativeGenerator(target, draft).generate([{"role": "user", "content": "Say hi."}], max_tokens=8)
@@ -44,6 +49,7 @@ def test_chat_template_renders_and_generates(pair):
     assert out.text
 
 
+@slow_float32
 def test_different_tokenizers_are_refused(pair):
     target, _ = pair
     smol = load_model(smollm2_path(), "float32")
@@ -51,7 +57,11 @@ def test_different_tokenizers_are_refused(pair):
         SpeculativeGenerator(target, smol)
 
 
-@pytest.fixture(scope="module", params=[("int4", "int4-all"), ("gguf", "gguf")], ids=["int4", "gguf"])
+@pytest.fixture(
+    scope="module",
+    params=[pytest.param(("int4", "int4-all"), marks=pytest.mark.slow), ("gguf", "gguf")],  # PyTorch's int4: slow
+    ids=["int4", "gguf"],
+)
 def int4_pair(request):
     """The quantized formats whose kernels keep rows independent: PyTorch's int4, and the native kernels on the
     GGUF blocks as stored."""
@@ -121,6 +131,7 @@ def gguf_pair():
     return load_model("target", quantization="gguf"), load_model("draft", quantization="gguf")
 
 
+@pytest.mark.slow
 def test_json_schema_outputs_parse_validate_and_equal_plain_constrained_decoding(gguf_pair):
     """Twenty schemas, each with its own prompt (`bench --dataset json-schema`): every answer (greedy, speculating)
     parses and validates; the first five equal plain constrained decoding token for token."""
@@ -181,7 +192,7 @@ def test_logprobs_and_penalties_under_speculation_equal_plain_decoding(gguf_pair
     assert penalised.token_ids != on.token_ids and penalised.stats.accepted > 0
 
 
-@pytest.mark.parametrize(("name", "tiled"), [("target", False), ("smollm2", True)])
+@pytest.mark.parametrize(("name", "tiled"), [pytest.param("target", False, marks=pytest.mark.slow), ("smollm2", True)])
 def test_token_embeddings_get_a_tile_form_only_where_they_are_the_head(name, tiled, tmp_path, monkeypatch):
     """The target has its own output head, so its embeddings are only looked up (from the GGUF rows): no tile
     form of them is written. SmolLM2 ties its head to the embeddings, which then need one."""
@@ -200,6 +211,7 @@ def test_token_embeddings_get_a_tile_form_only_where_they_are_the_head(name, til
     assert "blk.0.ffn_down.weight" in repacked
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["F16", "BF16"])
 def test_a_dense_gguf_runs_on_the_native_kernels(kind, tmp_path, monkeypatch):
     """SmolLM2 with its matrices as F16 / BF16: the native dense kernels run it (not PyTorch's int4, which would

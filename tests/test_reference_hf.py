@@ -13,7 +13,7 @@ from verispec.models import bundled
 
 from real_models import humaneval_prompts, require_bundled, smollm2_path
 
-pytestmark = pytest.mark.real
+pytestmark = [pytest.mark.real, pytest.mark.slow]  # transformers on the real models' float32 weights
 ATOL = 2e-3
 
 

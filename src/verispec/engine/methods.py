@@ -62,8 +62,10 @@ class MethodOption:
 
 def _at_least_zero(name: str) -> Callable[[Any], None]:
     def check(value: Any) -> None:
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
             raise InvalidParameterError(f"{name} must be an integer >= 0, got {value!r}")
+        if value is not None and value < 0:
+            raise InvalidParameterError(f"{name} must be >= 0, got {value}")
 
     return check
 

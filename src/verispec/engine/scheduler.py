@@ -48,6 +48,7 @@ from .metrics import Metrics
 from .policy import POLICIES, DraftPolicy, PolicySettings
 from .prefill import Prefiller
 from .prefill_pacing import PrefillPacer
+from .proposer import Proposer
 from .requests import EngineRequest, ErrorEvent
 from .sequence import Sequence, Slots, request_of
 from .verification import Verifier
@@ -180,17 +181,23 @@ class Scheduler:
         self.thread: threading.Thread | None = None
         self.stopping = False
 
-    # the policy and the metrics, which the rooms share: replaced in all of them at once (a warm-up starts both anew)
+    # the policy, the proposer and the metrics, which the rooms share: replaced in all of them at once (a warm-up
+    # starts the policy and the metrics anew; a test may hand the engine a proposer of its own)
     @property
     def policy(self) -> DraftPolicy:
         return self._policy
 
     @policy.setter
     def policy(self, policy: DraftPolicy) -> None:
-        self._policy = policy
-        for room in ("emitter", "prefill", "drafting", "verifier"):
-            if hasattr(self, room):
-                getattr(self, room).policy = policy
+        self._share("policy", policy, ("emitter", "prefill", "drafting", "verifier"))
+
+    @property
+    def proposer(self) -> Proposer | None:
+        return self._proposer
+
+    @proposer.setter
+    def proposer(self, proposer: Proposer | None) -> None:
+        self._share("proposer", proposer, ("emitter", "admitter", "drafting"))
 
     @property
     def metrics(self) -> Metrics:
@@ -198,10 +205,13 @@ class Scheduler:
 
     @metrics.setter
     def metrics(self, metrics: Metrics) -> None:
-        self._metrics = metrics
-        for room in ("emitter", "admitter", "drafting"):
-            if hasattr(self, room):
-                getattr(self, room).metrics = metrics
+        self._share("metrics", metrics, ("emitter", "admitter", "drafting"))
+
+    def _share(self, name: str, value: object, rooms: tuple[str, ...]) -> None:
+        setattr(self, "_" + name, value)
+        for room in rooms:
+            if hasattr(self, room):  # (not yet while the rooms are being built)
+                setattr(getattr(self, room), name, value)
 
     # the slots, as the front ends and the tests read them
     @property
