@@ -124,12 +124,23 @@ def _codex() -> str | None:
 
 
 @pytest.mark.slow
-def test_codex_exec_completes_a_turn_against_verispec_serve(server, tmp_path):
+def test_codex_exec_completes_a_turn_against_verispec_serve(tmp_path):
     """`codex exec` with only the provider set (and its model: the served name) completes a turn: every request it
-    sends is answered (a 4xx would end the turn with `turn.failed`)."""
+    sends is answered (a 4xx would end the turn with `turn.failed`). Its stream's idle timeout is cut to 15 s and its
+    retries to none, below its first request's prefill (about 8,000 tokens: 35-45 s on two cores): the server's
+    keep-alive events carry the turn through (without them Codex gave up on a silent stream and sent it again)."""
     codex = _codex()
     if codex is None:
         pytest.skip("no Codex CLI and no npm to install it")
+    require_bundled()
+    server = ServerProcess("--served-model-name", MODEL)  # its own: nothing of Codex's prompt prefilled before
+    try:
+        _codex_turn(codex, server, tmp_path)
+    finally:
+        server.stop()
+
+
+def _codex_turn(codex: str, server: ServerProcess, tmp_path: Path) -> None:
     home, work = tmp_path / "codex-home", tmp_path / "work"
     home.mkdir(), work.mkdir()
     (work / "notes.txt").write_text("hello\n")
@@ -137,6 +148,7 @@ def test_codex_exec_completes_a_turn_against_verispec_serve(server, tmp_path):
     (home / "config.toml").write_text(
         f'model = "{MODEL}"\nmodel_provider = "verispec"\n\n[model_providers.verispec]\nname = "verispec"\n'
         f'base_url = "{server.url}/v1"\nwire_api = "responses"\n'
+        "stream_idle_timeout_ms = 15000\nstream_max_retries = 0\n"
     )
     env = {**os.environ, "CODEX_HOME": str(home), "OPENAI_API_KEY": "unused"}
     done = subprocess.run(
@@ -146,3 +158,4 @@ def test_codex_exec_completes_a_turn_against_verispec_serve(server, tmp_path):
     events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     kinds = [event.get("type") for event in events]
     assert "turn.completed" in kinds and "turn.failed" not in kinds, (done.stdout[-3000:], done.stderr[-3000:])
+    assert "idle timeout" not in done.stderr + done.stdout  # its stream never went silent for 15 s
