@@ -578,3 +578,22 @@ def test_without_another_tenant_decoding_a_prefill_runs_whole_chunks_back_to_bac
     assert events.count("chunk:a") == -(-(len(long) - 1) // 32)  # whole chunks
     assert events.count("chunk:a") + 4 >= steps  # one every step, but for a's own 4 decode steps
     assert scheduler.pacer.owed == 0.0
+
+
+def test_chunks_stay_short_a_while_after_another_owner_last_decoded(monkeypatch):
+    """A client that sends its next short request as soon as the last one ends found a whole chunk under way each
+    time (3.3x its time alone beside a 3,500-token prompt): chunks stay cut to a slice for RECENT_SECONDS after
+    another owner last decoded, then grow back to whole chunks."""
+    import verispec.engine.prefill_pacing as pacing
+
+    now = [100.0]
+    monkeypatch.setattr(pacing.time, "perf_counter", lambda: now[0])
+    pacer = pacing.PrefillPacer(128, resizable=True)
+    pacer.prefilled(0.64, 128, contended=False)  # 5 ms a token: a slice holds 40 tokens
+    assert pacer.tokens(contended=False) == 128  # nobody else has decoded yet
+    assert not pacer.waits(contended=True) and pacer.tokens(contended=True) == 40
+    now[0] += pacing.RECENT_SECONDS / 2
+    assert not pacer.waits(contended=False) and pacer.tokens(contended=False) == 40  # the other just finished
+    now[0] += pacing.RECENT_SECONDS
+    assert pacer.tokens(contended=False) == 128
+    assert pacing.PrefillPacer(128, resizable=False).tokens(contended=True) == 128  # where cuts would change bits
