@@ -189,18 +189,6 @@ def test_a_stored_response_is_read_continued_listed_and_deleted_within_its_scope
     assert client.get(f"/v1/responses/{unkept.json()['id']}").status_code == 404
 
 
-def test_the_store_is_bounded_and_evicts_the_scope_holding_the_most(tmp_path):
-    from verispec.server.responses_store import ResponseStore, StoredResponse, StoreLimits
-
-    store = ResponseStore(tmp_path / "responses.sqlite", StoreLimits(max_count=5))
-    store.put("quiet", StoredResponse("q", {"id": "q", "output": []}, [], []))
-    for i in range(20):
-        store.put("flood", StoredResponse(f"f{i}", {"id": f"f{i}", "output": []}, [], []))
-    assert store.count() == 5 and store.get("quiet", "q") is not None and store.get("flood", "f0") is None
-    store.close()
-    assert ResponseStore(tmp_path / "responses.sqlite").get("quiet", "q") is not None  # survives a restart
-
-
 # ---- tools ------------------------------------------------------------------------------------------------------
 def test_namespaces_are_flattened_hosted_tools_left_out_and_said_so(client):
     body = {"input": "weather?", "max_output_tokens": 120, "temperature": 0,

@@ -28,6 +28,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..engine.requests import ErrorEvent, FinishEvent, GenerationOutput
+from .cut_json import closed_object
 from .events import KEEP_ALIVE
 from .harmony import HarmonyStream, read_answer
 from .protocol import ApiError, ChatCompletionRequest
@@ -241,7 +242,9 @@ def _add_item(messages: list[dict], origins: list[str], calls: dict, item: dict,
 
 
 def _history_call(item: dict) -> dict:
-    """An earlier call as a chat tool call: a custom tool's input and a shell action as the function's arguments."""
+    """An earlier call as a chat tool call: a custom tool's input and a shell action as the function's arguments; a
+    call cut by max_output_tokens (status incomplete) with its arguments closed as far as they were written (the
+    model is shown the call it began, and its result may follow)."""
     kind = item["type"]
     if kind == "custom_tool_call":
         arguments = json.dumps({"input": item["input"]}, ensure_ascii=False)
@@ -251,6 +254,8 @@ def _history_call(item: dict) -> dict:
                 "function": {"name": LOCAL_SHELL, "arguments": json.dumps(action, ensure_ascii=False)}}  # fmt: skip
     else:
         arguments = item.get("arguments", "")
+        if item.get("status") == "incomplete":
+            arguments = json.dumps(closed_object(arguments), ensure_ascii=False)
     return {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": arguments}}
 
 
@@ -409,15 +414,18 @@ def _message_item(item_id: str, text: str, status: str) -> dict:
 
 
 def _call_item(call_id: str, name: str, arguments: str, kinds: dict[str, str], status: str) -> dict:
+    """A call's output item; a cut call's (status incomplete) custom input or shell action read from its arguments
+    as far as they were written."""
     kind = kinds.get(name, "function")
     if kind == "custom":
-        value = _arguments(arguments)
-        text = value.get("input") if isinstance(value, dict) and isinstance(value.get("input"), str) else arguments
+        value = closed_object(arguments) if status == "incomplete" else _arguments(arguments)
+        text = value.get("input") if isinstance(value, dict) and isinstance(value.get("input"), str) else None
+        text = text if text is not None else "" if status == "incomplete" else arguments
         return {"type": "custom_tool_call", "id": _id("ctc"), "call_id": call_id, "name": name, "input": text,
                 "status": status}  # fmt: skip
     if kind == LOCAL_SHELL:
-        value = _arguments(arguments)
-        action = {"type": "exec", **(value if isinstance(value, dict) else {"command": []})}
+        value = closed_object(arguments) if status == "incomplete" else _arguments(arguments)
+        action = {"type": "exec", "command": [], **(value if isinstance(value, dict) else {})}
         return {"type": "local_shell_call", "id": _id("lsc"), "call_id": call_id, "action": action, "status": status}
     return {"type": "function_call", "id": _id("fc"), "call_id": call_id, "name": name, "arguments": arguments,
             "status": status}  # fmt: skip
