@@ -20,6 +20,7 @@ from verispec.decoding.grammar import (
     MAX_CHOICES,
     MAX_GRAMMAR_BYTES,
     MAX_GRAMMAR_RULES,
+    MAX_REGEX_BYTES,
     MAX_SCHEMA_DEFINITIONS,
     MAX_SCHEMA_DEPTH,
     GrammarError,
@@ -193,6 +194,14 @@ def _nested(depth: int) -> str:
     return '{"enum": ' + "[" * (depth - 1) + "]" * (depth - 1) + "}"
 
 
+def _pattern(regex: str) -> str:
+    return json.dumps({"type": "object", "properties": {"pattern": {"type": "string", "pattern": regex}}})
+
+
+def _pattern_key(regex: str) -> str:
+    return json.dumps({"type": "object", "patternProperties": {regex: {"type": "string"}}})
+
+
 def _lark_chain(rules: int) -> str:
     """start and `rules` - 1 rules, each referring to the next."""
     return "start: r0\n" + "".join(f"r{i}: r{i + 1}\n" for i in range(rules - 2)) + f'r{rules - 2}: "x"\n'
@@ -206,9 +215,13 @@ def _lark_chain(rules: int) -> str:
         ("json_schema", _nested(MAX_SCHEMA_DEPTH + 1), _nested(MAX_SCHEMA_DEPTH), "nests deeper than 64"),
         ("grammar", _lark_chain(MAX_GRAMMAR_RULES + 1), _lark_chain(MAX_GRAMMAR_RULES), "rules; the limit is 1000"),
         ("choice", json.dumps(["a"] * (MAX_CHOICES + 1)), json.dumps(["a"] * MAX_CHOICES), "the limit is 1000"),
-        ("regex", "a" * (MAX_GRAMMAR_BYTES + 1), "a" * MAX_GRAMMAR_BYTES, "the limit is 262144"),
+        ("grammar", "a" * (MAX_GRAMMAR_BYTES + 1), "a" * MAX_GRAMMAR_BYTES, "the limit is 262144"),
+        ("regex", "a" * (MAX_REGEX_BYTES + 1), "a" * MAX_REGEX_BYTES, "the regex has 8193 bytes; the limit is 8192"),
+        ("json_schema", _pattern("a" * (MAX_REGEX_BYTES + 1)), _pattern("a" * MAX_REGEX_BYTES), "pattern has 8193"),
+        ("json_schema", _pattern_key("a" * (MAX_REGEX_BYTES + 1)), _pattern_key("a" * MAX_REGEX_BYTES),
+         "patternProperties key has 8193"),
     ],
-    ids=["definitions", "depth", "rules", "choices", "bytes"],
+    ids=["definitions", "depth", "rules", "choices", "bytes", "regex", "pattern", "pattern-key"],
 )  # fmt: skip
 def test_what_reaches_the_grammar_library_is_bounded(kind, over, under, message):
     """A chain of ~1,000 schema definitions or ~2,500 Lark rules overflowed the library's native stack (a segfault

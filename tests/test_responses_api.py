@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 
 import pytest
 
@@ -238,6 +239,35 @@ def test_a_call_cut_by_max_tokens_stays_a_call_streamed_or_not_and_its_markup_is
                                                     "tool_choice": "required", "temperature": 0}).json()  # fmt: skip
     assert responses["status"] == "incomplete" and [i["type"] for i in responses["output"]] == ["function_call"]
     assert responses["output"][0]["arguments"] == cut["arguments"]
+
+
+def test_a_64k_regex_is_refused_at_once_naming_its_field(client):
+    """A custom tool's 65,536-character regex format took 175 s for 24 tokens (the tool's schema, regex and all, is
+    part of the prompt) and slowed another tenant 30x: a regex anywhere is bounded (8 KiB), refused before any
+    work with a 4xx naming the field."""
+    from verispec.decoding.grammar import MAX_REGEX_BYTES, GrammarSpec
+
+    regex = "a" * 65536
+    custom = {"type": "custom", "name": "calc", "format": {"type": "grammar", "syntax": "regex", "definition": regex}}
+    pattern_tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "string", "pattern": regex}}}}}  # fmt: skip
+    cases = [
+        ("/v1/responses", {"input": "x", "tools": [custom], "tool_choice": "required"}, "tools.0.format.definition"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [pattern_tool]},
+         "tools.0.function.parameters"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "response_format": {
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": regex}}}},
+         "response_format"),
+        ("/v1/completions", {"prompt": "x", "guided_regex": regex}, "guided_regex"),
+    ]  # fmt: skip
+    for route, body, param in cases:
+        began = time.monotonic()
+        refused = client.post(route, json={**body, "max_tokens" if "messages" in body or "prompt" in body else
+                                           "max_output_tokens": 4})  # fmt: skip
+        assert time.monotonic() - began < 1.0, route  # the issue's bound, generous on any machine
+        assert 400 <= refused.status_code < 500 and refused.json()["error"]["param"] == param, refused.text[:300]
+        assert str(MAX_REGEX_BYTES) in refused.json()["error"]["message"]
+    GrammarSpec("regex", "a" * MAX_REGEX_BYTES)  # at the limit: taken
 
 
 # ---- fields named as the Responses API names them ----------------------------------------------------------------

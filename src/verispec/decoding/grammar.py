@@ -42,6 +42,9 @@ MAX_SCHEMA_DEPTH = 64  # nesting of a JSON schema's objects and arrays
 MAX_SCHEMA_DEFINITIONS = 256  # entries of its $defs / definitions (a chain of ~900 crashed an 8 MiB stack)
 MAX_GRAMMAR_RULES = 1000  # rules of a Lark or GBNF grammar (a chain of ~2,500 crashed an 8 MiB stack)
 MAX_CHOICES = 1000  # strings of a choice (the library's parser allows 2,000 items in a row)
+# A regex: a `regex` constraint, a JSON schema's `pattern` or `patternProperties` key, a custom tool's format. Shown to
+# the model where a tool's schema holds it: a 64 KiB regex was a prompt of 8,000-60,000 tokens (minutes of prefill)
+MAX_REGEX_BYTES = 8 * 1024
 GRAMMAR_STACK_BYTES = 64 * 2**20  # the threads that compile grammars: 8x the stack the server's worker checks with
 # Whitespace between a JSON answer's tokens: compact or pretty-printed (up to 32 spaces or tabs, one line break, up
 # to 32 more of indentation), never a run. Unbounded whitespace (the library's default) let models fill answers
@@ -61,6 +64,8 @@ def check_limits(kind: str, value: str) -> None:
         raise GrammarError(f"the {kind.replace('_', ' ')} has {size} bytes; the limit is {MAX_GRAMMAR_BYTES}")
     if kind == "json_schema":
         _check_schema(value)
+    elif kind == "regex":
+        check_regex(value, "the regex")
     elif kind == "grammar" and (rules := count_rules(value)) > MAX_GRAMMAR_RULES:
         raise GrammarError(f"the grammar defines {rules} rules; the limit is {MAX_GRAMMAR_RULES}")
     elif kind == "choice" and (count := len(parse_json(value, "the choice"))) > MAX_CHOICES:
@@ -76,6 +81,12 @@ def count_rules(grammar: str) -> int:
 _LINE_BREAKS = str.maketrans({"\r": "\n", "\f": "\n", "\v": "\n"})
 
 
+def check_regex(regex: str, what: str) -> None:
+    """Raises GrammarError when `regex` (named `what`) is longer than MAX_REGEX_BYTES."""
+    if (size := len(regex.encode())) > MAX_REGEX_BYTES:
+        raise GrammarError(f"{what} has {size} bytes; the limit is {MAX_REGEX_BYTES}")
+
+
 def _check_schema(text: str) -> None:
     try:
         schema = parse_json(text, "the JSON schema")
@@ -83,6 +94,12 @@ def _check_schema(text: str) -> None:
         if "nests deeper" in str(exc):
             raise GrammarError(f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels") from None
         return  # not JSON: the library says so when it compiles
+    check_schema(schema)
+
+
+def check_schema(schema: object) -> None:
+    """Raises GrammarError when a JSON schema (parsed) exceeds the limits: its nesting, definitions, the places its
+    $refs point to, its regexes."""
     stack, definitions, references = [(schema, 1)], 0, set()
     while stack:  # depth first, without recursion
         node, depth = stack.pop()
@@ -93,6 +110,11 @@ def _check_schema(text: str) -> None:
                 definitions += len(node[key]) if isinstance(node.get(key), dict) else 0
             if isinstance(node.get("$ref"), str):
                 references.add(node["$ref"])
+            if isinstance(node.get("pattern"), str):
+                check_regex(node["pattern"], "a JSON schema's pattern")
+            keyed = node.get("patternProperties")
+            for regex in keyed if isinstance(keyed, dict) else ():
+                check_regex(regex, "a JSON schema's patternProperties key")
             stack += [(child, depth + 1) for child in node.values()]
         elif isinstance(node, list):
             stack += [(child, depth + 1) for child in node]

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_serializer, model_validator
 
+from ..decoding.grammar import check_schema
 from ..decoding.logprobs import MAX_TOP_LOGPROBS
 from ..decoding.sampling import BIAS_RANGE, PENALTY_RANGE
 from ..decoding.stats import GenerationStats
@@ -271,6 +272,15 @@ class FunctionDefinition(_Strict):
         if kind != "object" and not (isinstance(kind, list) and kind == ["object"]):
             raise ValueError(f"a function's parameters must be the JSON schema of an object (type 'object'), "
                              f"not of type {json.dumps(kind)[:40]}")  # fmt: skip
+        return value
+
+    @field_validator("parameters")
+    @classmethod
+    def _within_the_schema_limits(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A tool's schema joins the grammar its calls are held to: a JSON schema's limits (decoding/grammar.py)
+        apply to it, refused here naming the tool rather than in the grammar made of every tool."""
+        if value is not None:
+            check_schema(value)
         return value
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from ..decoding.grammar import GrammarError, check_regex
 from ..engine.requests import ErrorEvent, FinishEvent, GenerationOutput
 from .cut_json import closed_object
 from .events import KEEP_ALIVE
@@ -44,6 +45,7 @@ from .responses_protocol import (
     NamespaceTool,
     ResponsesRequest,
     UnknownItem,
+    whole_input,
 )
 from .tools import ToolStream, answer_calls, parse_calls
 
@@ -294,6 +296,8 @@ def _tools(tools: list) -> tuple[list[dict], dict[str, str], list[str], list[str
             if isinstance(member, HostedTool):
                 left_out.append(member.type)
                 continue
+            if isinstance(member, CustomTool):
+                _check_format(member, origin)
             function, kind = _as_function(member)
             chat.append({"type": "function", "function": function})
             kinds[function["name"]] = kind
@@ -311,11 +315,22 @@ def _as_function(tool: FunctionTool | CustomTool | LocalShellTool) -> tuple[dict
     description = tool.description or ""
     if tool.format is not None and tool.format.type == "grammar" and tool.format.definition:
         if tool.format.syntax == "regex":  # the whole input (a JSON schema's pattern is searched for anywhere)
-            text["pattern"] = f"^(?:{tool.format.definition})$"
+            text["pattern"] = whole_input(tool.format.definition)
         else:
             description += f"\n\nThe input follows this Lark grammar:\n{tool.format.definition}"
     parameters = {"type": "object", "properties": {"input": text}, "required": ["input"], "additionalProperties": False}
     return {"name": tool.name, "description": description, "parameters": parameters}, "custom"
+
+
+def _check_format(tool: CustomTool, where: str) -> None:
+    """A regex format is a regex as its input's pattern (decoding/grammar.py: MAX_REGEX_BYTES)."""
+    if tool.format is not None and tool.format.syntax == "regex" and tool.format.definition:
+        try:
+            check_regex(
+                whole_input(tool.format.definition), "a custom tool's regex format, with its anchors ^(?:...)$,"
+            )
+        except GrammarError as exc:
+            raise ApiError(400, str(exc), param=f"{where}.format.definition", code="invalid_value") from None
 
 
 def _chat_tool_choice(choice: Any) -> str | dict:

@@ -19,6 +19,7 @@ from .protocol import FUNCTION_NAME, MAX_TOOLS, FunctionDefinition, _Strict
 
 MAX_METADATA_PAIRS = 16  # OpenAI's limits on `metadata`
 MAX_METADATA_KEY, MAX_METADATA_VALUE = 64, 512
+MAX_LARK_DEFINITION = 64 * 1024  # a custom tool's Lark grammar: shown to the model in the tool's description
 
 
 # ---- input items ------------------------------------------------------------------------------------------------
@@ -172,9 +173,15 @@ class CustomFormat(_Strict):
     @field_validator("definition")
     @classmethod
     def _bounded(cls, value: str | None) -> str | None:
-        if value is not None and len(value) > 64 * 1024:
-            raise ValueError("a custom tool's grammar holds at most 65,536 characters")
+        """A regex format is bounded as a regex where the tool is read (responses_api.py: naming the tool's field)."""
+        if value is not None and len(value) > MAX_LARK_DEFINITION:
+            raise ValueError(f"a custom tool's grammar holds at most {MAX_LARK_DEFINITION:,} characters")
         return value
+
+
+def whole_input(regex: str) -> str:
+    """A custom tool's regex as the pattern of its input (a JSON schema's pattern is searched for anywhere)."""
+    return f"^(?:{regex})$"
 
 
 class CustomTool(_Strict):
