@@ -97,6 +97,13 @@ HOSTILE = [
     ("regex-nested-300", "chat", chat(guided_regex="(" * 300 + "a" + ")" * 300), {400}, "nested"),
     ("regex-64KiB", "chat", chat(guided_regex="a" * 65536), {400}, "the limit is 8192"),
     ("schema-pattern-64KiB", "chat", chat(guided_json={"type": "string", "pattern": "a" * 65536}), {400}, "8192"),
+    (
+        "stream-user-object",
+        "completion",
+        completion(stream=True, user={"a": [1]}, stream_options={"include_usage": "yes"}, logprobs=99),
+        {422},
+        "user",
+    ),  # fmt: skip
     ("choice-2000", "chat", chat(guided_choice=[f"option {i}" for i in range(2000)]), {400}, "limit is 1000"),
     ("choice-1000", "chat", chat(guided_choice=[f"option {i}" for i in range(1000)]), {200}, None),
     (

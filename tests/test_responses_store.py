@@ -231,3 +231,17 @@ def test_expired_and_deleted_items_are_404_everywhere_and_shared_ids_survive(cli
     for item_id in ("msg_shared", output_item):
         expired = client.post("/v1/responses", json={**reference, "input": [{"type": "item_reference", "id": item_id}]})
         assert expired.status_code == 404 and expired.json()["error"]["param"] == "input.0.id", item_id
+
+
+def test_echoed_fields_are_bounded_and_counted_in_the_stores_bytes(client):
+    """A 1 MB `reasoning.context` was accepted, echoed and stored; the fields the model never reads are bounded,
+    and what a response echoes counts against the store's bytes."""
+    refused = client.post("/v1/responses", json={"input": "x", "reasoning": {"context": "c" * 2**20}})
+    assert refused.status_code == 422 and refused.json()["error"]["param"] == "reasoning.context"
+    store = client.app.state.verispec.responses
+    before = store.count()
+    kept = client.post("/v1/responses", json={"input": "x", "max_output_tokens": 2,
+                                              "reasoning": {"effort": "low", "context": "c" * 200}})  # fmt: skip
+    assert kept.status_code == 200 and kept.json()["reasoning"]["context"] == "c" * 200 and store.count() == before + 1
+    scope = json.dumps(["key", 0])
+    assert store.usage(scope)[1] >= len(json.dumps(kept.json()))

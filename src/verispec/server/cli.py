@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 
@@ -102,7 +103,7 @@ def _tenancy_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="COUNT,BYTES,DAYS",
         help="the most responses kept, their bytes and the days each is kept (default 10000,256MiB,30); past a bound "
-        "the oldest of the scope holding the most goes first",
+        "the writer's own oldest go first while it holds more than its fair share, then the largest holder's",
     )
     parser.add_argument(
         "--cache-sharing",
@@ -275,20 +276,26 @@ def _store_limits(text: str | None):
     try:
         count = int(parts[0]) if parts[0] else default.max_count
         size = parse_memory(parts[1]) if parts[1] else default.max_bytes
-        age = float(parts[2]) * 86400 if parts[2] else default.max_age
+        days = float(parts[2]) if parts[2] else default.max_age / 86400
     except ValueError as exc:
         raise VerispecError(f"--responses-store-limits: {exc}") from None
-    if count < 1 or age <= 0:
-        raise VerispecError(f"--responses-store-limits: a count of at least 1 and days above 0, got {text!r}")
-    return StoreLimits(count, size, age)
+    if count < 1 or not (math.isfinite(days) and days > 0):
+        raise VerispecError(f"--responses-store-limits: a count of at least 1 and a finite number of days above 0, "
+                            f"got {text!r}")  # fmt: skip
+    return StoreLimits(count, size, days * 86400)
 
 
 def _check_limits(args: argparse.Namespace) -> None:
+    """Each numeric flag within what it means (finite, positive where 0 means nothing), in one line."""
+    if not 0 <= args.port <= 65535:
+        raise VerispecError(f"--port must be in [0, 65535], got {args.port}")
     if args.max_body_bytes < 1024:
         raise VerispecError(f"--max-body-bytes must be >= 1024, got {args.max_body_bytes}")
     for flag in ("grammar_timeout", "body_timeout", "header_timeout"):
-        if not getattr(args, flag) > 0:
-            raise VerispecError(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
+        if not (math.isfinite(getattr(args, flag)) and getattr(args, flag) > 0):
+            raise VerispecError(f"--{flag.replace('_', '-')} must be a finite number > 0, got {getattr(args, flag)}")
+    if not (math.isfinite(args.drain_timeout) and args.drain_timeout >= 0):
+        raise VerispecError(f"--drain-timeout must be a finite number >= 0, got {args.drain_timeout}")
     if args.max_connections < 1:
         raise VerispecError(f"--max-connections must be >= 1, got {args.max_connections}")
     if args.grammar_workers < 1:

@@ -268,13 +268,16 @@ class TextConfig(_Strict):
     verbosity: Literal["low", "medium", "high"] | None = None
 
 
+MAX_REASONING_FIELD = 256  # `reasoning`'s words ("low", "auto", Codex's "all_turns"): echoed and stored, never read
+
+
 class ReasoningConfig(_Strict):
     """Accepted, without effect: verispec's models do not reason in a separate channel."""
 
-    effort: str | None = None
-    summary: str | None = None
-    generate_summary: str | None = None
-    context: str | None = None
+    effort: str | None = Field(default=None, max_length=MAX_REASONING_FIELD)
+    summary: str | None = Field(default=None, max_length=MAX_REASONING_FIELD)
+    generate_summary: str | None = Field(default=None, max_length=MAX_REASONING_FIELD)
+    context: str | None = Field(default=None, max_length=MAX_REASONING_FIELD)
 
 
 class ResponsesRequest(_Strict):
