@@ -307,7 +307,7 @@ def test_metrics_need_their_own_key_where_several_tenants_share_the_server(app, 
     """Any key read the server-wide counters (one tenant saw another's prompt tokens rise): with several API keys,
     /metrics is closed until --metrics-key is set, then only that key opens it."""
     assert client.get("/metrics").status_code == 403
-    from verispec.server.app import Guard
+    from verispec.server.guard import Guard
 
     guard = Guard(None, ("key-a", "key-b"), None, lambda label: None, metrics_key="ops")
     assert guard._metrics_refusal(b"Bearer key-a")[0].status == 401 and guard._metrics_refusal(b"Bearer ops") is None

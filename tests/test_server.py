@@ -778,7 +778,7 @@ def test_api_key_from_the_environment(monkeypatch):
 
 
 def test_allowed_hosts_by_bound_address():
-    from verispec.server.app import LOOPBACK_NAMES, _hostname, allowed_hosts_for
+    from verispec.server.guard import LOOPBACK_NAMES, _hostname, allowed_hosts_for
 
     assert allowed_hosts_for("127.0.0.1", None) == LOOPBACK_NAMES
     assert allowed_hosts_for("0.0.0.0", None) is None and allowed_hosts_for("::", None) is None

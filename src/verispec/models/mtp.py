@@ -19,8 +19,9 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
+from .feed_forward import RMSNorm
 from .kv_cache import KVCache
-from .model import RMSNorm, Rows, Transformer
+from .model import Rows, Transformer
 
 
 def mtp_config(config: ModelConfig) -> ModelConfig:

@@ -172,7 +172,8 @@ def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from .app import ServerState, allowed_hosts_for, create_app
+    from .app import ServerState, create_app
+    from .guard import allowed_hosts_for
     from .http import bounded_protocol
     from .responses_store import ResponseStore
 

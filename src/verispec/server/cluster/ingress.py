@@ -32,7 +32,8 @@ from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..app import RETRY_AFTER_SECONDS, Guard, _body
+from ..app import RETRY_AFTER_SECONDS, _body
+from ..guard import Guard
 from ..protocol import ApiError
 from .metrics import replica_metrics
 from .prefix import prefix_keys
