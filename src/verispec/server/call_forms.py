@@ -2,7 +2,9 @@
 `tool_choice: "auto"` (Qwen2.5-Coder was not trained on its template's `<tool_call>` tags; vLLM issue #32926 found its
 calls in code blocks): a fenced JSON block, a bare JSON answer, the template's own example with doubled braces
 (`{{"name": ..., "arguments": ...}}`), or `<tools>`/`<tool_call>` spelled as text. Each is a call only where it names a
-declared tool and its arguments conform to that tool's schema; anything else stays text, as it was written.
+declared tool and its arguments are valid against that tool's schema (call_schema.py: read strictly, validated as the
+grammar takes the schema); anything else stays text, as it was written. A tag named after a tool is read for that
+tool only.
 
     find_calls(text, declared)   a finished answer: (content, calls), or None where it holds no call
     LooseStream                  a growing answer: content as far as it cannot become a call, calls once complete
@@ -18,10 +20,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from .call_schema import STRICT, read_json, validates
+
 FENCE_LINE = re.compile(r"(?m)^[ \t]*```[ \t]*([A-Za-z0-9_+.-]*)[ \t]*$\n?")
 CALL_LANGUAGES = ("", "json", "JSON", "tool_call", "tool_code")
 CALL_TAGS = ("tools", "tool_call", "function_call")  # tags around calls; a tag named after a tool holds its arguments
-MAX_SCHEMA_DEPTH = 64
+NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
 @dataclass(frozen=True)
@@ -109,8 +113,8 @@ def _tool_of(tag: str) -> str | None:
 
 def calls_in(text: str, declared: Declared, tool: str | None = None) -> list[Found] | None:
     """The calls a JSON text holds: one call object, a list of them, or objects one after another (each naming a
-    declared tool, its arguments conforming), or, inside a tag named after `tool`, that tool's arguments object;
-    None where it is anything else."""
+    declared tool, its arguments valid against that tool's schema), or, inside a tag named after `tool`, that tool's
+    arguments object (or a call object naming that tool, and no other); None where it is anything else."""
     text = text.strip()
     if text.startswith("```") and text.endswith("```"):  # a fenced block inside a tag
         text = text[3:-3].removeprefix("json").strip()
@@ -119,19 +123,26 @@ def calls_in(text: str, declared: Declared, tool: str | None = None) -> list[Fou
     values = _json_values(text)
     if values is None:
         return None
+    if tool is not None:  # a tag named after a tool holds that tool's call: read for no other
+        if len(values) != 1 or not isinstance(values[0], dict):
+            return None
+        value = values[0]
+        as_call = _call(value, declared) if value.get("name") == tool else None
+        call = as_call or _call({"name": tool, "arguments": value}, declared)
+        return [call] if call else None
     if len(values) == 1 and isinstance(values[0], list):
         values = values[0]
-    if tool is not None and len(values) == 1 and isinstance(values[0], dict) and "name" not in values[0]:
-        values = [{"name": tool, "arguments": values[0]}]
     found = [_call(value, declared) for value in values]
     return found if found and all(found) else None  # type: ignore[return-value]
 
 
 def _json_values(text: str) -> list[Any] | None:
-    decoder, values, at = json.JSONDecoder(), [], 0
+    """The JSON values of `text`, one after another (read strictly: call_schema.STRICT); None where it holds
+    anything else."""
+    values, at = [], 0
     while at < len(text):
         try:
-            value, at = decoder.raw_decode(text, at)
+            value, at = STRICT.raw_decode(text, at)
         except (ValueError, RecursionError):
             return None
         values.append(value)
@@ -141,6 +152,7 @@ def _json_values(text: str) -> list[Any] | None:
 
 
 def _call(value: Any, declared: Declared) -> Found | None:
+    """A call object naming a declared tool whose arguments are valid against its schema, as a Found; else None."""
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
     key = "arguments" if "arguments" in value else "parameters" if "parameters" in value else None
@@ -149,78 +161,13 @@ def _call(value: Any, declared: Declared) -> Found | None:
     arguments = value.get(key, {}) if key else {}
     if isinstance(arguments, str):  # some models write the arguments as a JSON string, as the API sends them
         try:
-            arguments = json.loads(arguments)
-        except (ValueError, RecursionError):
+            arguments = read_json(arguments)
+        except ValueError:
             return None
-    schema = declared.schemas[value["name"]] or {"type": "object", "properties": {}, "additionalProperties": False}
-    if not isinstance(arguments, dict) or not conforms(arguments, schema):
+    schema = declared.schemas[value["name"]] or NO_ARGUMENTS
+    if not isinstance(arguments, dict) or not validates(arguments, schema):
         return None
     return Found(value["name"], json.dumps(arguments, ensure_ascii=False))
-
-
-def conforms(value: Any, schema: Any, depth: int = 0) -> bool:
-    """Whether `value` conforms to `schema` in what tool schemas use: type, enum, const, properties, required,
-    additionalProperties, items, anyOf/oneOf/allOf, minimum/maximum, min/maxLength, min/maxItems. A keyword outside
-    these ($ref, pattern, format) is not checked: this tells a call from prose, it is not a validator."""
-    if not isinstance(schema, dict) or depth > MAX_SCHEMA_DEPTH:
-        return True
-    if "const" in schema and value != schema["const"]:
-        return False
-    if "enum" in schema and isinstance(schema["enum"], list) and value not in schema["enum"]:
-        return False
-    if "type" in schema and not _typed(value, schema["type"]):
-        return False
-    if any(not conforms(value, part, depth + 1) for part in schema.get("allOf", []) or []):
-        return False
-    for key in ("anyOf", "oneOf"):
-        options = schema.get(key)
-        if isinstance(options, list) and options and not any(conforms(value, o, depth + 1) for o in options):
-            return False
-    if isinstance(value, dict):
-        return _object_conforms(value, schema, depth)
-    if isinstance(value, list):
-        if not _within(len(value), schema, "minItems", "maxItems"):
-            return False
-        return all(conforms(item, schema.get("items"), depth + 1) for item in value)
-    if isinstance(value, str):
-        return _within(len(value), schema, "minLength", "maxLength")
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return _within(value, schema, "minimum", "maximum")
-    return True
-
-
-def _object_conforms(value: dict, schema: dict, depth: int) -> bool:
-    properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-    required = schema.get("required") if isinstance(schema.get("required"), list) else []
-    if any(key not in value for key in required):
-        return False
-    extra = schema.get("additionalProperties", True)
-    for key, item in value.items():
-        if key in properties:
-            if not conforms(item, properties[key], depth + 1):
-                return False
-        elif extra is False or (isinstance(extra, dict) and not conforms(item, extra, depth + 1)):
-            return False
-    return True
-
-
-def _typed(value: Any, kind: Any) -> bool:
-    kinds = kind if isinstance(kind, list) else [kind]
-    checks = {
-        "object": isinstance(value, dict), "array": isinstance(value, list), "string": isinstance(value, str),
-        "boolean": isinstance(value, bool), "null": value is None,
-        "integer": isinstance(value, int) and not isinstance(value, bool)
-        or isinstance(value, float) and value.is_integer(),
-        "number": isinstance(value, int | float) and not isinstance(value, bool),
-    }  # fmt: skip
-    return any(checks.get(k, True) for k in kinds)
-
-
-def _within(size: float, schema: dict, low: str, high: str) -> bool:
-    lowest, highest = schema.get(low), schema.get(high)
-    if isinstance(lowest, int | float) and size < lowest:
-        return False
-    return not (isinstance(highest, int | float) and size > highest)
 
 
 # ---- streaming ------------------------------------------------------------------------------------------------
