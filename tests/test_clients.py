@@ -20,6 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from stream_readers import STREAMED, WHOLE, llamaindex
 
 from real_models import require_bundled
 from serving import ServerProcess
@@ -159,3 +160,101 @@ def _codex_turn(codex: str, server: ServerProcess, tmp_path: Path) -> None:
     kinds = [event.get("type") for event in events]
     assert "turn.completed" in kinds and "turn.failed" not in kinds, (done.stdout[-3000:], done.stderr[-3000:])
     assert "idle timeout" not in done.stderr + done.stdout  # its stream never went silent for 15 s
+
+
+# ---- every call form, read by each client's own reader ------------------------------------------------------------
+LLAMAINDEX = next(r for r in RECORDED if r["client"].startswith("llama-index") and r["scenario"] == "function_agent")
+WEATHER_CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+ADD_CALL = '{"name": "add", "arguments": {"a": 2, "b": 2}}'
+CALL_FORMS = {  # every form the server reads as a call under auto (docs/tools.md), written after LlamaIndex's request
+    "template tags": f"<tool_call>\n{WEATHER_CALL}\n</tool_call>",
+    "fenced": f"I will check.\n```json\n{WEATHER_CALL}\n```",
+    "bare": WEATHER_CALL,
+    "doubled braces": "{" + WEATHER_CALL + "}",
+    "tools tags as text": f"<tools>\n{WEATHER_CALL}\n</tools>",
+    "a tag named after the tool": '<add>\n{"a": 2, "b": 2}\n</add>',
+    "two in one fenced list": f"```json\n[{WEATHER_CALL}, {ADD_CALL}]\n```",
+    "two in template tags": f"<tool_call>\n{WEATHER_CALL}\n</tool_call>\n<tool_call>\n{ADD_CALL}\n</tool_call>",
+}
+EXPECTED = {"a tag named after the tool": [("add", {"a": 2, "b": 2})],
+            "two in one fenced list": [("get_weather", {"city": "Paris"}), ("add", {"a": 2, "b": 2})],
+            "two in template tags": [("get_weather", {"city": "Paris"}), ("add", {"a": 2, "b": 2})]}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def qwen_tokenizer():
+    from verispec.models import bundled
+    from verispec.models.tokenizer import Tokenizer
+
+    require_bundled()
+    return Tokenizer.from_gguf(Path(bundled.bundled_path("draft")))
+
+
+def _answered(tokenizer, body: dict, text: str) -> tuple[list[dict], dict]:
+    """(the stream's chunks, the whole answer) the server sends for `body` when its model writes `text` (its
+    special tokens as tokens): the server's own chat_chunks and chat_completion_body, over a sink that replays the
+    tokens."""
+    import asyncio
+
+    from verispec.decoding.stats import GenerationStats
+    from verispec.engine.requests import FinishEvent, GenerationOutput, StreamChunk
+    from verispec.server.protocol import ChatCompletionRequest
+    from verispec.server.responses import Job, chat_chunks, chat_completion_body
+    from verispec.server.tools import detect, tool_request
+
+    ids = tokenizer.raw.encode(text, add_special_tokens=False).ids
+    output = GenerationOutput(tokenizer.decode(ids), ids, "stop", GenerationStats())
+
+    class Replay:
+        async def events(self):
+            for token in ids:
+                yield 0, StreamChunk(text="", token_id=token)
+            yield 0, FinishEvent(output, 0.0)
+
+    tools = tool_request(ChatCompletionRequest.model_validate(body), detect(tokenizer.chat_template))
+    job = Job("chatcmpl-1", MODEL, [None], Replay(), stream=True, include_usage=False, tokenizer=tokenizer,
+              tools=tools)  # fmt: skip
+
+    async def collect() -> list[dict]:
+        return [chunk if isinstance(chunk, dict) else chunk.model_dump() async for chunk in chat_chunks(job)]
+
+    chunks = json.loads(json.dumps(asyncio.run(collect())))  # as the wire carries them
+    return chunks, json.loads(json.dumps(chat_completion_body(job, [output], 0.0).model_dump()))
+
+
+FORM_CASES = [(form, "auto") for form in CALL_FORMS] + [(form, "required") for form in CALL_FORMS if "template" in form]
+
+
+@pytest.mark.parametrize(("form", "choice"), FORM_CASES)
+def test_every_call_form_reaches_every_client_whole_streamed_and_not(qwen_tokenizer, form, choice):
+    """LlamaIndex's recorded FunctionAgent request (streamed, auto), answered in each call form: every client's own
+    reader (LlamaIndex's, which reads only a chunk's first tool_calls entry, written as its code reads) receives
+    each call's name and whole arguments; a chunk carries at most one entry; the call's name comes before its
+    arguments. Under required only the template's tags are a call (the grammar allows no other form)."""
+    body = {**LLAMAINDEX["body"], "tool_choice": choice}
+    chunks, whole = _answered(qwen_tokenizer, body, CALL_FORMS[form])
+    expected = EXPECTED.get(form, [("get_weather", {"city": "Paris"})])
+    for chunk in chunks:
+        for delta in (choice_["delta"] for choice_ in chunk["choices"]):
+            assert len(delta.get("tool_calls") or []) <= 1, chunk
+    for reader, read in STREAMED.items():
+        calls = read(chunks)
+        assert [(name, json.loads(arguments)) for name, arguments in calls] == expected, (reader, calls)
+    for reader, read in WHOLE.items():
+        calls = read(whole)
+        assert [(name, json.loads(arguments)) for name, arguments in calls] == expected, (reader, calls)
+    assert whole["choices"][0]["finish_reason"] == chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_llamaindex_function_agent_gets_the_arguments_the_model_writes(server):
+    """LlamaIndex's recorded FunctionAgent request replayed (greedy, room for a call): the bundled model answers it
+    with calls written as fenced JSON, held back until complete; LlamaIndex's reading of the stream gets each call's
+    arguments, the same as the answer sent whole."""
+    body = {**LLAMAINDEX["body"], "model": MODEL, "temperature": 0, "max_tokens": 160}
+    whole = httpx.post(server.url + "/v1/chat/completions", json={**body, "stream": False}, timeout=600).json()
+    calls = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+             for c in whole["choices"][0]["message"]["tool_calls"] or []]  # fmt: skip
+    assert calls, whole  # the model calls (else this test shows nothing)
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=600) as reply:
+        chunks = [json.loads(line[6:]) for line in reply.iter_lines() if line.startswith("data: {")]
+    assert [(name, json.loads(arguments)) for name, arguments in llamaindex(chunks)] == calls

@@ -207,3 +207,118 @@ def test_the_grammar_keeps_calls_within_their_schemas(qwen, choice, parallel, te
     )
     grammar = tool_grammar(tool_request(body, HERMES), qwen[0])
     assert _accepts(qwen, grammar, text) == accepted
+
+
+# ---- tools whose schemas refer to their own definitions ($defs / $ref, as pydantic writes them) --------------------
+USER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "create_user",
+        "parameters": {
+            "$defs": {"User": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
+                               "additionalProperties": False}},
+            "type": "object", "properties": {"user": {"$ref": "#/$defs/User"}}, "required": ["user"],
+        },
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("choice", ["auto", "required", {"type": "function", "function": {"name": "create_user"}}])
+def test_a_tool_schema_with_defs_and_refs_builds_the_grammar_response_format_builds(choice):
+    """The call's grammar embeds the tool's parameters; their `#/$defs/User` resolves against them (as it does
+    when they are a response_format's whole schema): the grammar builds, and holds the call to them."""
+    from verispec.decoding.grammar import GrammarCompiler, GrammarError, GrammarSpec
+    from verispec.testing import tool_tokenizer
+
+    tokenizer = tool_tokenizer()
+    body = ChatCompletionRequest.model_validate(
+        {"messages": [QUESTION], "tools": [USER_TOOL, ADD], "tool_choice": choice}
+    )
+    matcher = GrammarCompiler(tokenizer, 257).compile(
+        GrammarSpec("grammar", tool_grammar(tool_request(body, HERMES), tokenizer))
+    )
+
+    def accepts(text: str) -> bool:
+        state, tokens = matcher.matcher(), tokenizer.encode(text)
+        try:
+            return state._consume(tokens) == len(tokens)
+        except GrammarError:
+            return False
+
+    good = '<tool_call>\n{"name": "create_user", "arguments": {"user": {"name": "ada"}}}\n</tool_call>'
+    assert accepts(good)
+    if choice != "auto":  # (under auto any text is an answer here: this tokenizer's marker is no special token)
+        assert not accepts(good.replace('"name": "ada"', '"nom": "ada"'))
+
+
+# ---- under auto a call in the template's tags stands only where it is valid -------------------------------------
+WORD = {"type": "object", "properties": {"word": {"type": "string", "pattern": "^[a-z]+$"}}, "required": ["word"]}
+LOWER = {"type": "function", "function": {"name": "lower", "parameters": WORD}}
+ADD_TAGGED = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+
+
+def _streamed(request, tokenizer, text: str, cut: bool = False) -> tuple[str, list[tuple[str, str]], list[list]]:
+    """(content, calls, the pieces of each step) of `text` streamed a token at a time through ToolStream."""
+    from verispec.server.tools import ToolStream
+
+    stream, content, calls, steps = ToolStream(request, tokenizer), "", {}, []
+    news = [stream.feed(token) for token in tokenizer.encode(text)] + [stream.finish(cut=cut)]
+    for piece_content, pieces in news:
+        content += piece_content
+        steps.append(pieces)
+        for piece in pieces:
+            call = calls.setdefault(piece.index, [piece.function.name, ""])
+            call[1] += piece.function.arguments or ""
+    return content, [tuple(call) for call in calls.values()], steps
+
+
+@pytest.mark.parametrize(
+    ("text", "calls", "content"),
+    [
+        (ADD_TAGGED, [("add", '{"a": 2, "b": 3}')], None),
+        ('<tool_call>\n{"name": "lower", "arguments": {"word": "RM -RF /"}}\n</tool_call>', [], "all"),
+        ('<tool_call>\n{"name": "add", "arguments": {"a": 1e999, "b": 3}}\n</tool_call>', [], "all"),
+        ('<tool_call>\n{"name": "add", "arguments": {"a": 2}}\n</tool_call>', [], "all"),
+        ('<tool_call>\n{"name": "rm", "arguments": {}}\n</tool_call>', [], "all"),
+        (ADD_TAGGED + '\n<tool_call>\n{"name": "add", "arguments": {"a": NaN, "b": 1}}\n</tool_call>',
+         [("add", '{"a": 2, "b": 3}')], '<tool_call>\n{"name": "add", "arguments": {"a": NaN, "b": 1}}\n</tool_call>'),
+    ],
+)  # fmt: skip
+def test_under_auto_a_tagged_call_that_is_not_valid_is_text_whole_and_streamed(text, calls, content):
+    """The grammar holds a call in the template's tags to its schema, but not every reading of it (a number past a
+    double's range), and the parser does not take it on trust: a call that is not valid, and all after it, is the
+    content it was, as written; a valid call before it stands. Streamed alike: the call is sent once complete and
+    judged, its name in one piece, its arguments whole in the next."""
+    from verispec.testing import tool_tokenizer
+
+    tokenizer = tool_tokenizer()
+    body = ChatCompletionRequest.model_validate({"messages": [QUESTION], "tools": [WEATHER, ADD, LOWER]})
+    request = tool_request(body, HERMES)
+    found, parsed = parse_calls(request, text)
+    content = text if content == "all" else content
+    assert found == content and [(c.name, c.arguments) for c in parsed] == calls
+    streamed, sent, steps = _streamed(request, tokenizer, text)
+    assert (streamed.strip() or None) == content and sent == calls
+    assert all(len({piece.index for piece in pieces}) <= 1 for pieces in steps)
+    if calls:  # the name, then the arguments whole
+        named = next(pieces for pieces in steps if pieces)
+        assert named[0].function.name == "add" and named[1].function.arguments == calls[0][1]
+
+
+def test_under_required_a_tagged_call_streams_as_written_and_a_cut_one_stays_a_call():
+    from verispec.testing import tool_tokenizer
+
+    tokenizer = tool_tokenizer()
+    for choice in ("required", "auto"):
+        body = ChatCompletionRequest.model_validate({"messages": [QUESTION], "tools": [ADD], "tool_choice": choice})
+        request = tool_request(body, HERMES)
+        _, sent, steps = _streamed(request, tokenizer, ADD_TAGGED)
+        assert sent == [("add", '{"a": 2, "b": 3}')]
+        assert sum(1 for pieces in steps if pieces) > (3 if choice == "required" else 0)  # required: in pieces
+        cut = ADD_TAGGED[: ADD_TAGGED.index(', "b"')]
+        _, sent, _ = _streamed(request, tokenizer, cut, cut=True)
+        assert (
+            sent
+            == [("add", cut.split('"arguments": ')[1])]
+            == [(c.name, c.arguments) for c in parse_calls(request, cut, cut=True)[1]]
+        )

@@ -242,17 +242,15 @@ async def completion_chunks(job: Job) -> AsyncIterator[BaseModel | dict]:
 
 
 def _tool_deltas(job: Job, news: tuple) -> list[Delta]:
-    """A tool stream's news as deltas: reasoning (a harmony stream's), content, then call pieces (the legacy
-    `functions` get one function_call)."""
+    """A tool stream's news as deltas, a chunk each: reasoning (a harmony stream's), content, then one call piece a
+    chunk (OpenAI's form: a call's name, then its arguments; clients such as LlamaIndex read only a chunk's first
+    entry). The legacy `functions` get the first call's pieces as function_call."""
     *reasoning, content, pieces = news
     deltas = [Delta(reasoning_content=reasoning[0])] if reasoning and reasoning[0] else []
     deltas += [Delta(content=content)] if content else []
-    if pieces and job.tools.legacy:
-        first = [piece for piece in pieces if piece.index == 0]
-        deltas += [Delta(function_call=piece.function) for piece in first]
-    elif pieces:
-        deltas.append(Delta(tool_calls=pieces))
-    return deltas
+    if job.tools.legacy:
+        return deltas + [Delta(function_call=piece.function) for piece in pieces if piece.index == 0]
+    return deltas + [Delta(tool_calls=[piece]) for piece in pieces]
 
 
 async def chat_chunks(job: Job) -> AsyncIterator[BaseModel | dict]:

@@ -30,12 +30,14 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from ..decoding.detokenizer import IncrementalText
 from ..decoding.grammar import JSON_WHITESPACE
 from ..json_text import JsonTextError, parse_json
 from ..models.tokenizer import Tokenizer
 from .call_forms import Declared, LooseStream, find_calls
+from .call_schema import read_json, validates
 from .protocol import (
     ApiError,
     ChatCompletionRequest,
@@ -112,9 +114,23 @@ class ToolRequest:
         Hermes format, whose models (Qwen2.5) often write a fenced or bare JSON call instead."""
         return self.choice == "auto" and self.format.name == HERMES.name
 
-    @property
+    @cached_property
     def declared(self) -> Declared:
         return Declared({f.name: f.parameters for f in self.functions}, self.parallel)
+
+    def stands(self, name: str, arguments: str) -> bool:
+        """Whether a complete call in the template's format stands as a call: always under required or a named
+        function (the grammar held it from the first token); under auto only where it names a declared tool and its
+        arguments are JSON read strictly and valid against that tool's schema (call_schema.py), else it is text."""
+        if self.choice != "auto":
+            return True
+        if name not in self.declared.schemas:
+            return False
+        try:
+            value = read_json(arguments)
+        except ValueError:
+            return False
+        return isinstance(value, dict) and validates(value, self.declared.schemas[name] or NO_ARGUMENTS)
 
     @property
     def template_tools(self) -> list[dict]:
@@ -311,7 +327,7 @@ def _call_schema(fmt: ToolFormat, functions: list[FunctionDefinition]) -> dict:
     alternatives = [
         {
             "type": "object",
-            "properties": {"name": {"const": f.name}, fmt.arguments_key: f.parameters or NO_ARGUMENTS},
+            "properties": {"name": {"const": f.name}, fmt.arguments_key: _embedded(f)},
             "required": ["name", fmt.arguments_key],
             "additionalProperties": False,
         }
@@ -319,6 +335,16 @@ def _call_schema(fmt: ToolFormat, functions: list[FunctionDefinition]) -> dict:
     ]
     schema = alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
     return {"x-guidance": {"whitespace_pattern": JSON_WHITESPACE}, **schema}
+
+
+def _embedded(function: FunctionDefinition) -> dict:
+    """A function's parameters as a call's schema embeds them: where they refer to their own places (`$ref:
+    "#/$defs/User"`, as pydantic writes them), with an `$id` of their own, so that the references resolve against
+    them as they do when the parameters are the whole schema (response_format), not against the call's schema."""
+    parameters = function.parameters or NO_ARGUMENTS
+    if "$id" in parameters or "$ref" not in json.dumps(parameters):
+        return parameters
+    return {"$id": f"urn:verispec:tools:{function.name}", **parameters}
 
 
 def _arguments_schema(function: FunctionDefinition) -> dict:
@@ -340,27 +366,59 @@ class ParsedCall:
 
 def parse_calls(request: ToolRequest | ToolFormat, text: str, cut: bool = False) -> tuple[str | None, list[ParsedCall]]:
     """(content, calls) of a finished answer, read with its special tokens: calls in the template's format, and, for
-    a request that takes them (ToolRequest.loose), calls written in the loose forms call_forms.py reads. A call cut
-    by max_tokens (`cut`) stays a call, its arguments as far as they were written (one whose name was not complete is
-    left out): its markup is never content. Other calls that do not parse are content, as written."""
+    a request that takes them (ToolRequest.loose), calls written in the loose forms call_forms.py reads. Under auto a
+    call stands only where it is valid (Standing: the first that is not, and the text after it, are content). A call
+    cut by max_tokens (`cut`) stays a call, its arguments as far as they were written (one whose name was not
+    complete is left out): its markup is never content. Other calls that do not parse are content, as written."""
     fmt = request if isinstance(request, ToolFormat) else request.format
     scanner = CallScanner(fmt)
     scanner.update(text, final=True)
-    if scanner.broken and not (cut and scanner.opened):
+    standing = Standing(request)
+    calls = standing.update(scanner, final=True, cut=cut)
+    if standing.ended is None and scanner.broken and not (cut and scanner.opened):
         return text, []
-    content = scanner.content.strip() or None
-    calls = [ParsedCall(c.name, c.arguments) for c in scanner.calls if c.name]
+    content = scanner.content
     if isinstance(request, ToolRequest) and request.loose and scanner.content:
         loose = find_calls(scanner.content, request.declared)
         if loose is not None:
-            content, found = loose
-            calls = [ParsedCall(c.name, c.arguments) for c in found] + calls
-    return content, calls
+            content = loose[0] or ""
+            calls = [ParsedCall(c.name, c.arguments) for c in loose[1]] + calls
+    after = text[standing.ended :] if standing.ended is not None else ""
+    return (content + after).strip() or None, calls
+
+
+class Standing:
+    """The calls of a growing answer's scan that stand, in order, and where its text turns back into content
+    (`ended`; None while it does not). Under required or a named function every call with its name, as far as it is
+    written (the grammar holds it from the first token). Under auto a call stands once it is complete and valid
+    (ToolRequest.stands), a cut one at the answer's end as written; the first that does not stand ends the calls:
+    from its opening marker on, the answer is content."""
+
+    def __init__(self, request: ToolRequest | ToolFormat):
+        self.judged = isinstance(request, ToolRequest) and request.choice == "auto"
+        self.request = request
+        self.calls: list[ParsedCall] = []  # those judged to stand
+        self.ended: int | None = None
+
+    def update(self, scanner: CallScanner, final: bool = False, cut: bool = False) -> list[ParsedCall]:
+        if not self.judged:
+            return [ParsedCall(c.name, c.arguments) for c in scanner.calls if c.name]
+        while self.ended is None and len(self.calls) < len(scanner.calls):
+            call = scanner.calls[len(self.calls)]
+            if not call.done:
+                cut_short = final and cut and call.name
+                return self.calls + [ParsedCall(call.name, call.arguments)] if cut_short else list(self.calls)
+            if not self.request.stands(call.name, call.arguments):  # type: ignore[union-attr]
+                self.ended = call.start
+                break
+            self.calls.append(ParsedCall(call.name, call.arguments))
+        return list(self.calls)
 
 
 @dataclass
 class _Call:
     name: str
+    start: int  # where its text begins: its opening marker, or its first character
     arguments: str = ""
     done: bool = False
 
@@ -417,7 +475,7 @@ class CallScanner:
             if start >= len(region):
                 return
             if self.fmt.named:
-                if not self._read_name(region, start, final):
+                if not self._read_name(region, start, final, self._start(text, start)):
                     return
                 continue
             if region[start] != "{":  # the end of the calls; text after a call is not one (and not sent)
@@ -427,10 +485,10 @@ class CallScanner:
             if match is None:
                 self.broken = final or self.broken or not _could_become_name(region[start:])
                 return
-            self.calls.append(_Call(json.loads(f'"{match.group(1)}"')))
+            self.calls.append(_Call(json.loads(f'"{match.group(1)}"'), self._start(text, start)))
             self._at = match.end()
 
-    def _read_name(self, region: str, start: int, final: bool) -> bool:
+    def _read_name(self, region: str, start: int, final: bool, begins: int) -> bool:
         """A bare name and the marker after it (mistral_args); True when read."""
         end = region.find(self.fmt.named, start)
         if end < 0:
@@ -442,7 +500,7 @@ class CallScanner:
         if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
             self.broken = True
             return False
-        self.calls.append(_Call(name))
+        self.calls.append(_Call(name, begins))
         self._at = end + len(self.fmt.named)
         return True
 
@@ -471,6 +529,12 @@ class CallScanner:
         call.arguments, call.done = region[start:end], True
         self._at = closing.end()
         return True
+
+    def _start(self, text: str, first: int) -> int:
+        """Where a call whose first character is at `first` begins: at its own opening marker, where one stands
+        between the previous call's end and it (else at `first`)."""
+        marker = text.rfind(self.fmt.opening, max(0, self._at - len(self.fmt.opening)), first)
+        return marker if marker >= 0 else first
 
     def _clean(self, text: str) -> str:
         """The text with the markers in the calls' region blanked (their lengths kept)."""
@@ -507,17 +571,21 @@ def _partial(text: str, marker: str) -> int:
 
 class ToolStream:
     """One choice's answer as OpenAI's stream of deltas: content pieces, then each call's id, type and name, then
-    its arguments in pieces. It reads the answer's tokens with their special tokens (the markers); for a request that
-    takes loose calls, the content before any marker is read for them too (call_forms.LooseStream: held back where a
-    call may begin, a call sent whole once it is complete)."""
+    its arguments. It reads the answer's tokens with their special tokens (the markers); for a request that takes
+    loose calls, the content before any marker is read for them too (call_forms.LooseStream: held back where a call
+    may begin, a call sent whole once it is complete). Under required or a named function a call's arguments are
+    sent in pieces as they are written; under auto a call is sent once it is complete and stands (Standing), and the
+    text from a call that does not stand on is sent as content."""
 
     def __init__(self, request: ToolRequest, tokenizer: Tokenizer, choice: int = 0):
         self.request, self.choice = request, choice
         self.text = IncrementalText(tokenizer, keep_special=True)
         self.scanner = CallScanner(request.format)
+        self.standing = Standing(request)
         self.loose = LooseStream(request.declared) if request.loose else None
         self.loose_calls: list[ParsedCall] = []
         self.sent_content = 0
+        self.sent_after = 0  # characters of the text sent as content after the calls ended
         self.sent: list[int] = []  # per call: characters of its arguments sent
 
     def feed(self, token: int) -> tuple[str, list[DeltaToolCall]]:
@@ -530,17 +598,18 @@ class ToolStream:
         max_tokens (`cut`) stays a call; another that does not parse is sent as content where nothing of it was
         sent as a call."""
         self.scanner.update(self.text.text, final=True)
-        if self.scanner.broken and not (cut and self.scanner.opened):
+        self.standing.update(self.scanner, final=True, cut=cut)
+        if self.standing.ended is None and self.scanner.broken and not (cut and self.scanner.opened):
             content = self.text.text[self.sent_content :] if not self.sent else ""
             self.sent_content = len(self.text.text)
             return content, []
-        return self._news(final=True)
+        return self._news(final=True, cut=cut)
 
     @property
     def calls(self) -> int:
         return len(self.sent)
 
-    def _news(self, final: bool = False) -> tuple[str, list[DeltaToolCall]]:
+    def _news(self, final: bool = False, cut: bool = False) -> tuple[str, list[DeltaToolCall]]:
         if self.loose is not None:
             content, found = self.loose.update(self.scanner.content, final or self.scanner.opened)
             self.loose_calls += [ParsedCall(c.name, c.arguments) for c in found]
@@ -548,7 +617,17 @@ class ToolStream:
         else:
             content = self.scanner.content[self.sent_content :] if not self.sent else ""
             self.sent_content += len(content)
-        calls = self.loose_calls + [ParsedCall(c.name, c.arguments) for c in self.scanner.calls if c.name]
+        pieces = self._pieces(self.loose_calls + self.standing.update(self.scanner, final, cut))
+        if self.standing.ended is not None and (final or not pieces):  # after the calls sent in this step
+            text = self.text.text
+            start = max(self.standing.ended, self.sent_after)
+            end = len(text) - (1 if text.endswith("\ufffd") and not final else 0)
+            content += text[start:end]
+            self.sent_after = max(start, end)
+        return content, pieces
+
+    def _pieces(self, calls: list[ParsedCall]) -> list[DeltaToolCall]:
+        """The deltas of calls sent so far and grown: a new call's id, type and name, then its new arguments."""
         pieces = []
         for index, call in enumerate(calls):
             if index == len(self.sent):
@@ -560,7 +639,7 @@ class ToolStream:
             if new:
                 self.sent[index] = len(call.arguments)
                 pieces.append(DeltaToolCall(index=index, function=DeltaFunction(arguments=new)))
-        return content, pieces
+        return pieces
 
 
 def answer_calls(request: ToolRequest, calls: list[ParsedCall], choice: int = 0) -> list[ToolCall]:
