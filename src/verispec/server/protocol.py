@@ -20,6 +20,7 @@ from ..decoding.logprobs import MAX_TOP_LOGPROBS
 from ..decoding.sampling import BIAS_RANGE, PENALTY_RANGE
 from ..decoding.stats import GenerationStats
 from ..decoding.stopping import MAX_STOP_LENGTH, MAX_STOP_STRINGS
+from ..json_text import parse_json
 
 
 class ApiError(Exception):
@@ -75,6 +76,14 @@ def _text(value: Any) -> str:
 TOKEN_ID_KEY = re.compile(r"^[0-9]{1,18}$")  # a logit_bias key
 
 
+def schema_text(value: dict[str, Any] | str | None) -> dict[str, Any] | str | None:
+    """A JSON schema sent as an object or as its JSON text: the text must hold an object (a 4xx naming the field
+    otherwise, never the grammar library's or a handler's error)."""
+    if isinstance(value, str) and not isinstance(parse_json(value, "the schema's text"), dict):
+        raise ValueError("a JSON schema must be an object (or its JSON text)")
+    return value
+
+
 class StreamOptions(_Strict):
     include_usage: bool = False
 
@@ -112,6 +121,8 @@ class StructuredOutputs(_Strict):
     choice: list[str] | None = None
     grammar: str | None = None  # Lark, or GBNF as llama.cpp and xgrammar write it
     json_object: bool | None = None
+
+    _schema_text = field_validator("json_")(schema_text)
 
     @model_validator(mode="after")
     def _names_a_constraint(self) -> StructuredOutputs:
@@ -183,6 +194,8 @@ class _GenerationRequest(_Strict):
             (f"guided_{_GUIDED[kind]}", kind, _text(value)) for kind, value in guided.items() if value is not None
         ]
         return found
+
+    _schema_text = field_validator("guided_json")(schema_text)
 
     @field_validator("logit_bias")
     @classmethod
