@@ -40,6 +40,12 @@ ANSWERS = {
                                "<|call|>", "", "functions.delete_all {}", []),
     "a header cut by max_tokens": ("<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant<|channel|>fin", "Hm.",
                                    "", []),
+    # under auto (no grammar) a call stands only where it is valid against its schema; else it is content
+    "arguments outside the schema": ('<|start|>assistant to=functions.get_weather<|channel|>commentary json'
+                                     '<|message|>{"town": "Rome"}<|call|>', "",
+                                     'functions.get_weather {"town": "Rome"}', []),
+    "arguments that are not JSON": ('<|start|>assistant to=functions.get_weather<|channel|>commentary json'
+                                    '<|message|>{"city": NaN}<|call|>', "", 'functions.get_weather {"city": NaN}', []),
 }  # fmt: skip
 
 
@@ -76,6 +82,13 @@ def test_an_answer_reads_into_reasoning_content_and_calls_and_a_stream_adds_up_t
             name_and_args = streamed[2].setdefault(piece.index, [piece.function.name, ""])
             name_and_args[1] += piece.function.arguments
     assert (streamed[0], streamed[1], [tuple(c) for c in streamed[2].values()]) == (reasoning, content, calls)
+
+
+def test_under_auto_a_call_cut_by_max_tokens_stays_a_call(harmony):
+    cut = '<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Ro'
+    read = read_answer(harmony, _ids(harmony, cut), _tools(), cut=True)
+    assert [tuple(call) for call in read.taken] == [("get_weather", '{"city": "Ro')] and read.content == ""
+    assert read_answer(harmony, _ids(harmony, cut), _tools()).taken == []  # not cut: an answer that is not valid
 
 
 def _output(tokenizer: Tokenizer, text: str, reason: str = "stop") -> GenerationOutput:

@@ -46,7 +46,7 @@ class Piece:
     """What one more token added: reasoning text, content text, a call opened (its index and name), or more of the
     arguments of call `index`."""
 
-    kind: str  # reasoning | content | call | arguments
+    kind: str  # reasoning | content | call | arguments | end (of call `index`'s arguments)
     text: str = ""
     index: int = -1
 
@@ -117,8 +117,9 @@ class HarmonyReader:
         self._body, self._kind, self._sent = IncrementalText(self.tokenizer), kind, 0
 
     def _close(self) -> list[Piece]:
+        ended = [Piece("end", index=len(self.calls) - 1)] if self._kind == "arguments" else []
         self._body = None
-        return []
+        return ended
 
     def _more(self, text: str) -> list[Piece]:
         new, self._sent = text[self._sent :], len(text)
@@ -148,15 +149,19 @@ class HarmonyStream:
     """One choice's harmony answer as a chat stream's news: (reasoning, content, call pieces) per token, the call
     pieces as tools.ToolStream sends them (the first with the call's id, type and name, then its arguments). A call is
     a tool call where the request takes calls (tools, tool_choice not none) and names one of its functions; any other
-    is content, as `functions.NAME ` and its arguments. `taken` holds the calls as [name, arguments], in order."""
+    is content, as `functions.NAME ` and its arguments. Under auto (no grammar: the model's channels decide) a call
+    is held until its body ends and stands only where it is valid (ToolRequest.stands; a call cut by max_tokens stays
+    a call), else it is content as well. `taken` holds the calls as [name, arguments], in order."""
 
     def __init__(self, tokenizer: Tokenizer, request: ToolRequest | None = None, choice: int = 0):
         self.reader, self.request, self.choice = HarmonyReader(tokenizer), request, choice
         takes = request is not None and request.choice != "none"
         self.declared = {f.name for f in request.functions} if takes else set()
+        self.judged = takes and request.choice == "auto"
         self.taken: list[list[str]] = []
         self.content = ""  # read_answer's: the whole answer's content
         self._index: dict[int, int] = {}  # the reader's call index -> its index among the taken calls
+        self._held: dict[int, list[str]] = {}  # the reader's call index -> [name, arguments] to be judged (auto)
 
     @property
     def calls(self) -> int:
@@ -166,41 +171,69 @@ class HarmonyStream:
         return self._news(self.reader.feed(token))
 
     def finish(self, cut: bool = False) -> tuple[str, str, list]:
-        return self._news(self.reader.finish())
+        return self._news(self.reader.finish(), cut=cut)
 
-    def _news(self, pieces: list[Piece]) -> tuple[str, str, list]:
-        from .protocol import DeltaFunction, DeltaToolCall  # the wire's types: only a stream needs them
-
+    def _news(self, pieces: list[Piece], cut: bool | None = None) -> tuple[str, str, list]:
+        """`cut`: None while the answer goes on; at its end, whether max_tokens cut it."""
         reasoning, content, calls = "", "", []
         for piece in pieces:
             if piece.kind == "reasoning":
                 reasoning += piece.text
+            elif piece.kind == "call" and piece.text in self.declared and self.judged:
+                self._held[piece.index] = [piece.text, ""]
+            elif piece.kind in ("arguments", "end") and piece.index in self._held:
+                if piece.kind == "arguments":
+                    self._held[piece.index][1] += piece.text
+                    continue
+                text, taken = self._judge(piece.index, cut=bool(cut))
+                content, calls = content + text, calls + taken
             elif piece.kind == "content" or (piece.kind == "arguments" and piece.index not in self._index):
                 content += piece.text
             elif piece.kind == "call" and piece.text not in self.declared:  # not a call the request takes: text
                 content += f"functions.{piece.text} "
             elif piece.kind == "call":
-                index = self._index[piece.index] = len(self.taken)
-                self.taken.append([piece.text, ""])
-                function = DeltaFunction(name=piece.text, arguments="")
-                call_id = self.request.call_id(index, self.choice)
-                calls.append(DeltaToolCall(index=index, id=call_id, type="function", function=function))
+                calls += self._take(piece.index, piece.text, "")
             elif piece.kind == "arguments":
+                from .protocol import DeltaFunction, DeltaToolCall  # the wire's types: only a stream needs them
+
                 index = self._index[piece.index]
                 self.taken[index][1] += piece.text
                 calls.append(DeltaToolCall(index=index, function=DeltaFunction(arguments=piece.text)))
+        for index in list(self._held) if cut is not None else []:  # the answer ended inside a held call's body
+            text, taken = self._judge(index, cut=cut)
+            content, calls = content + text, calls + taken
         return reasoning, content, calls
+
+    def _judge(self, index: int, cut: bool) -> tuple[str, list]:
+        """A held call, its body ended: (content, call pieces)."""
+        name, arguments = self._held.pop(index)
+        if not cut and not self.request.stands(name, arguments):
+            return f"functions.{name} {arguments}", []
+        return "", self._take(index, name, arguments)
+
+    def _take(self, index: int, name: str, arguments: str) -> list:
+        """A call taken: its first piece (id, type, name), and its arguments as far as they are known."""
+        from .protocol import DeltaFunction, DeltaToolCall
+
+        position = self._index[index] = len(self.taken)
+        self.taken.append([name, arguments])
+        function = DeltaFunction(name=name, arguments="")
+        pieces = [DeltaToolCall(index=position, id=self.request.call_id(position, self.choice), type="function",
+                                function=function)]  # fmt: skip
+        return pieces + (
+            [DeltaToolCall(index=position, function=DeltaFunction(arguments=arguments))] if arguments else []
+        )
 
 
 def read_answer(
-    tokenizer: Tokenizer, token_ids: list[int], request: ToolRequest | None = None, choice: int = 0
+    tokenizer: Tokenizer, token_ids: list[int], request: ToolRequest | None = None, choice: int = 0, cut: bool = False
 ) -> HarmonyStream:
     """A finished answer read whole: the stream's `taken` calls, its reader's reasoning and content (what was not
-    taken as a call included)."""
+    taken as a call included). `cut`: max_tokens cut the answer."""
     stream = HarmonyStream(tokenizer, request, choice)
     content = ""
     for token in token_ids:
         content += stream.feed(token)[1]
-    content += stream.finish()[1]
+    content += stream.finish(cut=cut)[1]
     stream.content = content
     return stream

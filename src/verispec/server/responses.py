@@ -188,7 +188,7 @@ def _harmony_message(job: Job, output: GenerationOutput, choice: int) -> tuple[A
     """A harmony answer's message: its analysis channel as reasoning_content, its final (and commentary) text as
     content, its messages to functions.NAME as tool calls where the request has tools (else their arguments are
     content, as written)."""
-    read = read_answer(job.tokenizer, output.token_ids, job.tools, choice)
+    read = read_answer(job.tokenizer, output.token_ids, job.tools, choice, cut=output.finish_reason == "length")
     calls = [ParsedCall(name, arguments) for name, arguments in read.taken]
     content, reasoning = read.content, read.reader.reasoning or None
     if not calls:

@@ -414,7 +414,7 @@ def _harmony_items(job: Job, output: GenerationOutput, kinds: dict[str, str]) ->
     stream, emitter = HarmonyStream(job.tokenizer, job.tools), _Emitter(kinds)
     for token in output.token_ids:
         emitter.news(*stream.feed(token))
-    emitter.news(*stream.finish())
+    emitter.news(*stream.finish(cut=output.finish_reason == "length"))
     emitter.close("incomplete" if output.finish_reason == "length" else "completed")
     return emitter.items
 
