@@ -67,7 +67,8 @@ REASONS = ("cut by max_tokens", "not JSON", "no declared tool named", "arguments
 
 def why_not(text: str, declared, finish_reason: str) -> str:
     """Why an answer written in a JSON form holds no call."""
-    from verispec.server.call_forms import conforms, fences
+    from verispec.server.call_forms import fences
+    from verispec.server.call_schema import validates
 
     if finish_reason == "length":
         return REASONS[0]
@@ -82,7 +83,7 @@ def why_not(text: str, declared, finish_reason: str) -> str:
         for call in value if isinstance(value, list) else [value]:
             if not isinstance(call, dict) or call.get("name") not in declared.schemas:
                 return REASONS[2]
-            if not conforms(call.get("arguments", call.get("parameters")), declared.schemas[call["name"]] or {}):
+            if not validates(call.get("arguments", call.get("parameters")), declared.schemas[call["name"]] or {}):
                 return REASONS[3]
     return REASONS[1]
 
