@@ -206,7 +206,7 @@ def _answered(tokenizer, body: dict, text: str) -> tuple[list[dict], dict]:
     output = GenerationOutput(tokenizer.decode(ids), ids, "stop", GenerationStats())
 
     class Replay:
-        async def events(self):
+        async def events(self, keep_alive: bool = False):
             for token in ids:
                 yield 0, StreamChunk(text="", token_id=token)
             yield 0, FinishEvent(output, 0.0)
