@@ -216,16 +216,26 @@ def _error_chunk(event: ErrorEvent, job: Job) -> dict:
     return event_error(event, job).body()
 
 
+async def _stream_events(job: Job) -> AsyncIterator[tuple[int, StreamChunk | FinishEvent | str | dict]]:
+    """A chat or completions stream's events: (choice, event), a keep-alive as SSE_COMMENT and an error as its chunk
+    in the event's place."""
+    async for index, event in job.sink.events(keep_alive=True):
+        if event is KEEP_ALIVE:
+            yield index, SSE_COMMENT
+        elif isinstance(event, ErrorEvent):
+            yield index, _error_chunk(event, job)
+        else:
+            yield index, event
+
+
 async def completion_chunks(job: Job) -> AsyncIterator[BaseModel | dict]:
     """One chunk per token with new text (tagged with its choice's index), a chunk with each choice's finish
     reason (and its statistics), then usage when asked."""
     pending: dict[int, list[TokenLogprob]] = {}
     outputs: list[GenerationOutput] = []
-    async for index, event in job.sink.events(keep_alive=True):
-        if event is KEEP_ALIVE:
-            yield SSE_COMMENT
-        elif isinstance(event, ErrorEvent):
-            yield _error_chunk(event, job)
+    async for index, event in _stream_events(job):
+        if isinstance(event, str | dict):  # a keep-alive or an error: said as it is
+            yield event
         elif isinstance(event, FinishEvent):
             outputs.append(event.output)
             stats = VerispecStats.from_stats(event.output.stats, event.queue_seconds)
@@ -270,11 +280,9 @@ async def chat_chunks(job: Job) -> AsyncIterator[BaseModel | dict]:
     streams = {i: ToolStream(job.tools, job.tokenizer, i) for i in range(len(job.requests))} if calling else {}
     if job.harmony:
         streams = {i: HarmonyStream(job.tokenizer, job.tools, i) for i in range(len(job.requests))}
-    async for index, event in job.sink.events(keep_alive=True):
-        if event is KEEP_ALIVE:
-            yield SSE_COMMENT
-        elif isinstance(event, ErrorEvent):
-            yield _error_chunk(event, job)
+    async for index, event in _stream_events(job):
+        if isinstance(event, str | dict):  # a keep-alive or an error: said as it is
+            yield event
         elif isinstance(event, FinishEvent):
             outputs.append(event.output)
             stats = VerispecStats.from_stats(event.output.stats, event.queue_seconds)
