@@ -101,6 +101,9 @@ def test_generate_streams_and_prints_stats():
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
     assert "acceptance" in result.stderr and "texts identical" in result.stderr
+    chosen = [line for line in result.stderr.splitlines() if line.startswith("verispec: drafter:")]
+    assert chosen == ["verispec: drafter: suffix with the bundled draft (the bundled draft's vocabulary is the "
+                      "target's)"], result.stderr  # fmt: skip
     speculative = next(line for line in result.stderr.splitlines() if line.startswith("[speculative]"))
     drafted = int(re.search(r"\| drafted (\d+) \|", speculative)[1])
     if drafted:  # each proposer that drafted, accepted / drafted; and the acceptance by draft position

@@ -16,7 +16,7 @@ prefix: `models.model` is the model layer, the rest of `models` the weights laye
                    gguf_converted, draft_head, passes, loading), testing
     4 engine       engine/ (scheduler, methods, proposer, drafting, draft_model, prompt_lookup, suffix, policy, ...)
     5 generator    generator (one request through the engine)
-    6 front ends   arguments, server/, bench/
+    6 front ends   arguments, server/, bench/, listing (`verispec models`)
     7 command line cli, __main__, the package's __init__
 """
 
@@ -36,7 +36,7 @@ LAYERS = {
     "models": 3, "testing": 3,
     "engine": 4,
     "generator": 5,
-    "arguments": 6, "server": 6, "bench": 6,
+    "arguments": 6, "server": 6, "bench": 6, "listing": 6,
     "cli": 7, "__main__": 7, "__init__": 7,
 }  # fmt: skip
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .defaults import DEFAULT_DRAFT_VOCAB, DEFAULT_DRAFT_WINDOW
+from .defaults import DEFAULT_DRAFT_VOCAB, DEFAULT_DRAFT_WINDOW, DEFAULT_DRAFTER
 from .engine.methods import method_names, methods_help
 from .errors import InvalidParameterError
 from .models.weight_forms import DRAFT_QUANTIZATIONS, QUANTIZATIONS
@@ -12,10 +12,7 @@ from .models.weight_forms import DRAFT_QUANTIZATIONS, QUANTIZATIONS
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags shared by every command that loads models (vLLM's names)."""
-    parser.add_argument("--model", default="target", help="target: bundled 'target', a .gguf file or a HF folder")
-    parser.add_argument(
-        "--speculative-model", default="draft", help="draft model: bundled 'draft', a .gguf, a HF folder, or 'none'"
-    )
+    _add_model_sources(parser)
     parser.add_argument(
         "--num-speculative-tokens",
         type=int,
@@ -67,6 +64,24 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "is more, at most half the memory available at start; memory is taken as the cache fills)",
     )
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: all cores)")
+
+
+def _add_model_sources(parser: argparse.ArgumentParser) -> None:
+    """--model, --revision, --speculative-model: a path or a name (models/names.py), the drafter auto by default."""
+    parser.add_argument(
+        "--model",
+        default="target",
+        help="target: bundled 'target', a .gguf file, a HF folder, a Hugging Face repo id (Org/Repo, Org/Repo:Q4_K_M), "
+        "an Ollama name (qwen2.5-coder:7b) or an LM Studio key (publisher/repo); `verispec models` lists yours",
+    )
+    parser.add_argument("--revision", default=None, help="--model's revision on the Hugging Face hub (default main)")
+    parser.add_argument(
+        "--speculative-model",
+        default=DEFAULT_DRAFTER,
+        help=f"draft model: as --model, or 'none' (plain decoding, or a method's lookups alone); {DEFAULT_DRAFTER} "
+        "(default): the bundled draft where its vocabulary is the target's, else the target's own drafter (an MTP "
+        "layer), an assistant or a smaller model of its family among yours, else lookups alone (docs/models.md)",
+    )
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:

@@ -60,6 +60,7 @@ def build_generator(args: argparse.Namespace, with_draft: bool = True):
         draft_vocab=args.draft_vocab,
         draft_window=args.draft_window,
         kv_cache_memory=args.kv_cache_memory,
+        revision=args.revision,
     )
 
 
@@ -98,6 +99,7 @@ def _generate(args: argparse.Namespace) -> int:
     begin = time.perf_counter()
     generator = build_generator(args)
     load_seconds = time.perf_counter() - begin
+    print(f"verispec: {generator.drafter.line}", file=sys.stderr)
     options = dict(
         max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         seed=args.seed, stop=args.stop, presence_penalty=args.presence_penalty,
@@ -161,6 +163,7 @@ COMMANDS["generate"] = (_generate_arguments, _generate)
 _EXTENSIONS = {
     "verispec.bench.cli": (("bench",), "bench"),
     "verispec.server.cli": (("serve", "bench-serve"), "serve"),
+    "verispec.listing": (("models",), None),
 }
 
 

@@ -17,7 +17,8 @@ from .decoding.grammar import GrammarSpec
 from .decoding.sampling import SamplingParams
 from .defaults import DEFAULT_DRAFT_WINDOW, DEFAULT_MAX_SEQ_LEN
 from .engine.budget import parse_memory
-from .engine.methods import load_models, resolve_method
+from .engine.default_drafter import DEFAULT_DRAFTER, load_with_drafter
+from .engine.methods import resolve_method
 from .engine.metrics import Unrecorded
 from .engine.requests import EngineRequest, ErrorEvent, FinishEvent, GenerationOutput, StreamChunk
 from .engine.scheduler import Scheduler, SchedulerConfig
@@ -28,12 +29,13 @@ __all__ = ["GenerationOutput", "SpeculativeGenerator", "StreamChunk"]
 
 
 class SpeculativeGenerator:
-    """Target + optional draft. `draft=None` gives plain decoding through the very same loop."""
+    """Target + optional draft. `draft=None` gives plain decoding through the very same loop; "auto" (the default)
+    the drafter chosen for the target (engine/default_drafter.py)."""
 
     def __init__(
         self,
         target: str | os.PathLike | LoadedModel = "target",
-        draft: str | os.PathLike | LoadedModel | None = "draft",
+        draft: str | os.PathLike | LoadedModel | None = DEFAULT_DRAFTER,
         *,
         num_speculative_tokens: int = 4,
         dtype: str | torch.dtype = "float32",
@@ -48,14 +50,17 @@ class SpeculativeGenerator:
         draft_window: int = DEFAULT_DRAFT_WINDOW,
         token_trees: bool = False,
         kv_cache_memory: int | str | None = None,
+        revision: str | None = None,
     ):
-        """`speculative_method`: a name of engine/methods.py; None: its default (suffix) with a draft model, plain
-        decoding without one. `adaptive`: the engine's draft policy picks k = 0..num_speculative_tokens per step
-        from measured costs (engine/policy.py); False drafts num_speculative_tokens every step. `draft_window`: the
+        """`target`, `draft`: a model loaded, or a source (a path, a bundled name, a Hugging Face repo id, an Ollama
+        name, an LM Studio key: models/names.py). `speculative_method`: a name of engine/methods.py; None: the chosen
+        drafter's with draft "auto", its default (suffix) with a draft model, plain decoding without one.
+        `adaptive`: the engine's draft policy picks k = 0..num_speculative_tokens per step from measured costs
+        (engine/policy.py); False drafts num_speculative_tokens every step. `draft_window`: the
         draft model reads a long prompt's first tokens and its last `draft_window` only (0: all of it).
         `token_trees`: suffix lookups may propose token trees (SchedulerConfig.token_trees). `kv_cache_memory`:
         bytes (or "4GiB") the KV caches may take (engine/budget.py; None: the whole context, at most half the memory
-        available)."""
+        available). `revision`: the target's on the Hugging Face hub, where it is named by repo id."""
         method = resolve_method(speculative_method, draft is not None)  # engine/methods.py: the one verdict
         if method is None or not method.uses_draft_model:
             draft = None
@@ -74,16 +79,12 @@ class SpeculativeGenerator:
             token_trees=token_trees,
             kv_cache_memory=None if kv_cache_memory is None else parse_memory(kv_cache_memory),
         )  # fmt: skip
-        self.target, self.draft = load_models(
-            method,
-            target,
-            draft,
-            dtype=dtype,
-            device=device,
-            progress=progress,
-            quantization=quantization,
-            draft_quantization=draft_quantization,
-        )
+        loaded = load_with_drafter(
+            speculative_method, target, draft, dtype=dtype, device=device, progress=progress,
+            quantization=quantization, draft_quantization=draft_quantization, revision=revision,
+        )  # fmt: skip
+        self.target, self.draft, self.drafter = loaded.target, loaded.draft, loaded.drafter
+        config.speculative_method = loaded.method.name if loaded.method is not None else None
         self.tokenizer = self.target.tokenizer
         self.num_speculative_tokens = num_speculative_tokens if speculates else 0
         self.engine = Scheduler(self.target, self.draft, config, Unrecorded())  # no /metrics to publish

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..decoding.sampling import GREEDY_BELOW
-from ..defaults import DEFAULT_DRAFT_VOCAB, DEFAULT_DRAFT_WINDOW
+from ..defaults import DEFAULT_DRAFT_VOCAB, DEFAULT_DRAFT_WINDOW, DEFAULT_DRAFTER
 from ..engine.methods import DraftModelUse, Method, get_method, method_names, resolve_method
 from ..errors import InvalidParameterError
 
@@ -39,7 +39,7 @@ class BenchConfig:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False  # every contender generates max_tokens (llama.cpp's --ignore-eos)
     model: str = "target"
-    draft_model: str | None = "draft"
+    draft_model: str | None = DEFAULT_DRAFTER  # the one chosen for the target (engine/default_drafter.py)
     dtype: str = "float32"
     device: str = "cpu"
     max_model_len: int = 4096
@@ -107,6 +107,22 @@ class BenchMethod:
     @property
     def uses_draft_model(self) -> bool:
         return self.engine is not None and not self.alone and get_method(self.engine).uses_draft_model
+
+
+def without_draft_model(config: BenchConfig, why: str) -> BenchConfig:
+    """The config where no draft model fits the target: each method that needs one measured as the default method's
+    lookups alone (X-only), with a note saying so."""
+    from ..engine.methods import DEFAULT_METHOD
+
+    alone = f"{DEFAULT_METHOD}-only"
+    needing = [m for m in config.methods if bench_method(m).uses_draft_model
+               and get_method(bench_method(m).engine).needs_draft_model]  # fmt: skip
+    swapped = {m: f"auto-{alone}" if bench_method(m).adaptive else alone for m in needing}
+    if not swapped:
+        return config
+    methods = tuple(dict.fromkeys(swapped.get(m, m) for m in config.methods))
+    note = f"no draft model fits the target ({why}): {', '.join(f'{a} ran as {b}' for a, b in swapped.items())}"
+    return replace(config, methods=methods, notes=(*config.notes, note))
 
 
 def bench_method_names() -> tuple[str, ...]:
@@ -182,7 +198,7 @@ def as_command(config: BenchConfig, tiny: bool = False) -> str:
     if config.peers:
         parts += ["--peers", ",".join(config.peers)]
     optional = {
-        "--model": (config.model, "target"), "--speculative-model": (config.draft_model, "draft"),
+        "--model": (config.model, "target"), "--speculative-model": (config.draft_model, DEFAULT_DRAFTER),
         "--dtype": (config.dtype, "float32"), "--device": (config.device, "cpu"), "--threads": (config.threads, None),
         "--temperature": (config.temperature, 0.0), "--top-p": (config.top_p, 1.0), "--top-k": (config.top_k, 0),
         "--seed": (config.seed, None), "--max-model-len": (config.max_model_len, 4096),

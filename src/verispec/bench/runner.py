@@ -19,13 +19,16 @@ import torch
 from tqdm import tqdm
 
 from ..decoding.grammar import GrammarSpec
+from ..defaults import DEFAULT_DRAFTER
+from ..engine.default_drafter import load_with_drafter
+from ..engine.methods import DEFAULT_METHOD
 from ..errors import InvalidParameterError
 from ..kernels.linear import GGUFEmbedding, NativeLinear
 from ..models.draft_head import DraftHead, draft_ids
-from ..models.loading import LoadedModel, choose_draft_form, default_draft_quantization, load_pair
+from ..models.loading import LoadedModel, choose_draft_form, default_draft_quantization
 from ..models.quantize import QuantizedLinear
 from ..server.tools import request_prompt
-from .config import PEER_FAMILIES, BenchConfig, as_command
+from .config import PEER_FAMILIES, BenchConfig, as_command, without_draft_model
 from .costs import Costs, measure_costs
 from .datasets import SESSIONS, Request, load_requests
 from .hf import HFLoader, build_hf_peers, hf_loader
@@ -124,7 +127,8 @@ def run_bench(
         raise InvalidParameterError(f"the peers run no grammars: drop --peers for --dataset {config.dataset}")
     if config.threads is not None:
         torch.set_num_threads(config.threads)
-    models = models or _load_models(config, log)
+    if models is None:
+        models, config = _load_models(config, log)
     prompts, skipped, max_seq_len = _select_prompts(config, requests, models)
     contenders = _contenders(config, models, max_seq_len, log)
     result = BenchResult(config, prompts, [{"name": c.name, "kind": c.kind, "k": c.k} for c in contenders])
@@ -169,24 +173,29 @@ def _contenders(config: BenchConfig, models: Models, max_seq_len: int, log: Call
     return contenders
 
 
-def _load_models(config: BenchConfig, log: Callable[[str], None]) -> Models:
+def _load_models(config: BenchConfig, log: Callable[[str], None]) -> tuple[Models, BenchConfig]:
+    """The target and the draft model (the one chosen for the target where --speculative-model is auto:
+    engine/default_drafter.py); the config with the draft model's source, and, where none fits, without the methods
+    that need one (config.py: without_draft_model)."""
     draft_quantization = config.draft_quantization or default_draft_quantization(config.quantization)
-    if draft_quantization == "auto" and config.uses_draft:  # the draft's fastest form here, named in the log
+    chosen = config.draft_model == DEFAULT_DRAFTER
+    if draft_quantization == "auto" and config.uses_draft and not chosen:  # the draft's fastest form, in the log
         draft_quantization = choose_draft_form(config.draft_model)
     log(f"loading {config.model} ({_form(config.dtype, config.quantization)}) ...")
-    if config.uses_draft:
+    if config.uses_draft and not chosen:
         log(f"loading {config.draft_model} ({_form(config.dtype, draft_quantization)}) ...")
     draft = config.draft_model if config.uses_draft else None
-    pair = load_pair(
-        config.model,
-        draft,
-        dtype=config.dtype,
-        device=config.device,
-        progress=True,
-        quantization=config.quantization,
-        draft_quantization=draft_quantization,
-    )
-    return Models(*pair)
+    loaded = load_with_drafter(
+        DEFAULT_METHOD if chosen else None, config.model, draft, dtype=config.dtype, device=config.device,
+        progress=True, quantization=config.quantization, draft_quantization=draft_quantization,
+    )  # fmt: skip
+    if chosen:  # the peers read the draft model's source from the config
+        config = replace(config, draft_model=loaded.drafter.model)
+    if chosen and config.uses_draft:
+        log(loaded.drafter.line)
+        if loaded.draft is None:
+            config = without_draft_model(config, loaded.drafter.why)
+    return Models(loaded.target, loaded.draft), config
 
 
 def _threads(config: BenchConfig) -> int:

@@ -270,6 +270,14 @@ def _mtp(setup: Setup) -> Proposer:
     return mtp_drafter(setup)
 
 
+def _check_mtp(target: LoadedModel, draft: LoadedModel | None) -> None:
+    if getattr(target.model, "mtp", None) is None:
+        raise InvalidParameterError(
+            "the mtp speculative method needs a target whose checkpoint carries a multi-token-prediction layer "
+            "(Qwen3.5: mtp_num_hidden_layers in its config and its mtp.* tensors); this one has none"
+        )
+
+
 def _mtp_cache_bytes(target: LoadedModel, draft: LoadedModel | None) -> int:
     from .mtp import mtp_cache_bytes
 
@@ -306,7 +314,8 @@ register(Method(
 register(Method(
     name="mtp",
     summary="the target's own multi-token-prediction layer (Qwen3.5 checkpoints that carry one)",
-    build=_mtp, draft_model=DraftModelUse.UNUSED, cache_bytes=_mtp_cache_bytes, options=(DRAFT_VOCAB,),
+    build=_mtp, draft_model=DraftModelUse.UNUSED, check=_check_mtp, cache_bytes=_mtp_cache_bytes,
+    options=(DRAFT_VOCAB,),
 ))  # fmt: skip
 register(Method(
     name="assistant",

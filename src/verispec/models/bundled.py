@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ..errors import BundledModelError, ModelLoadError
+from ..errors import BundledModelError
 
 INSTALL_HINT = 'pip install "verispec[bundled]"  (or: pip install -e ".[bundled]" in a checkout)'
 
@@ -32,6 +32,9 @@ class BundledModel:
     parts: int
     size: int
     sha256: str
+    # (id, token) pairs of its token table: a table without these tokens at these ids is not its vocabulary (told
+    # without joining the file)
+    token_samples: tuple[tuple[int, str], ...] = ()
 
     def part_location(self, index: int) -> Path:
         package = f"{self.package_prefix}{index}"
@@ -51,6 +54,9 @@ class BundledModel:
         return Path(str(dist.locate_file(f"{module}/data/part{index:02d}.bin")))
 
 
+# ids of Qwen2.5's token table and their tokens: bytes, the first merges, words, its end-of-text and end-of-turn
+_QWEN25_SAMPLES = ((0, "!"), (256, "ĠĠ"), (257, "ĠĠĠĠ"), (258, "in"), (1000, "atus"), (10000, "Ġrise"),
+                   (50000, "RESET"), (151643, "<|endoftext|>"), (151645, "<|im_end|>"))  # fmt: skip
 TARGET = BundledModel(
     name="qwen2.5-coder-1.5b-instruct-q4_k_m",
     filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
@@ -68,6 +74,7 @@ DRAFT = BundledModel(
     parts=6,
     size=491_400_064,
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    token_samples=_QWEN25_SAMPLES,
 )
 BUNDLED = {"target": TARGET, "draft": DRAFT}
 
@@ -83,17 +90,16 @@ def is_bundled_name(name: str) -> bool:
     return name in BUNDLED or name in {m.name for m in BUNDLED.values()}
 
 
-def locate(source: str, progress: bool = True) -> Path:
-    """The file or folder a model source names: a bundled model's joined file (joined and checked on first use), or
-    the path given, which must exist and be readable."""
-    if is_bundled_name(source):
-        return bundled_path(source, progress=progress)
-    path = Path(source).expanduser()
-    if not path.exists():
-        raise ModelLoadError(f"model path does not exist: {path}")
-    if not os.access(path, os.R_OK):
-        raise ModelLoadError(f"model path is not readable: {path}")
-    return path
+def installed(model: BundledModel) -> bool:
+    """Whether a bundled model can be had here: joined already, or its part packages installed."""
+    joined = cache_dir() / model.filename
+    if joined.is_file() and joined.stat().st_size == model.size:
+        return True
+    try:
+        model.part_location(1)
+    except BundledModelError:
+        return False
+    return True
 
 
 def bundled_path(name: str, progress: bool = True) -> Path:

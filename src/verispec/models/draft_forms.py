@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from . import bundled
+from . import bundled, names
 from .weight_forms import COARSE_DRAFT
 
 CANDIDATES = ("gguf", COARSE_DRAFT)  # the draft's blocks as stored, and its layers requantized to Q4_0
@@ -33,12 +33,12 @@ CONTEXT, STEPS, ROUNDS = 64, 8, 5
 
 
 def choose(source: str, load: Callable[[str, str], torch.nn.Module], progress: bool = True) -> str:
-    """The form the draft `source` (a bundled name or a GGUF file) drafts fastest in here, measured once and
-    cached; 'gguf' where there is nothing to choose (no native kernels, or not a GGUF file). `load(source, form)`:
-    the model in that form (loading.py's, passed in: loading calls this module)."""
+    """The form the draft `source` (a bundled name, a GGUF file, a name names.py resolves) drafts fastest in here,
+    measured once and cached; 'gguf' where there is nothing to choose (no native kernels, or not a GGUF file).
+    `load(source, form)`: the model in that form (loading.py's, passed in: loading calls this module)."""
     from ..kernels import native
 
-    path = bundled.locate(source, progress)
+    path = names.locate(source, progress=progress)
     if not (path.is_file() and native.available()):
         return "gguf"
     key = _key(path, native)

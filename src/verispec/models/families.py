@@ -179,6 +179,11 @@ def loaded_its_own_way(source: str | os.PathLike) -> Family | None:
     return _OWN_WAY.get(read_config(path).get("model_type"))
 
 
+def of_model_type(model_type: str | None) -> Family | None:
+    """The family of a config.json's model_type (a drafter's own checkpoint's too), None where verispec has none."""
+    return _READ.get(model_type) or _OWN_WAY.get(model_type)
+
+
 def of_architecture(arch: str | None) -> Family | None:
     """The family of a GGUF file's general.architecture, None where verispec has none."""
     return _ARCHITECTURES.get(arch)

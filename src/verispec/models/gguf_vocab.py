@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import mmap
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -232,9 +233,10 @@ _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<
 _STRING, _ARRAY = 8, 9
 
 
-def read_metadata(path: Path, arrays: tuple[str, ...] = ()) -> dict:
+def read_metadata(path: Path, arrays: tuple[str, ...] = (), stop: Callable[[str, dict], bool] | None = None) -> dict:
     """A GGUF file's scalar and string metadata, and the arrays named in `arrays` as lists (other arrays, such as
-    the merges, are skipped: the gguf package parses every array into numpy views, 10-20 s over a large vocabulary)."""
+    the merges, are skipped: the gguf package parses every array into numpy views, 10-20 s over a large vocabulary).
+    `stop(key, found so far)`: true ends the reading before that key (a caller that needs the header's start only)."""
     try:
         with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
             if data[:4] != b"GGUF" or struct.unpack_from("<I", data, 4)[0] not in (2, 3):
@@ -242,6 +244,8 @@ def read_metadata(path: Path, arrays: tuple[str, ...] = ()) -> dict:
             found, offset = {}, 24
             for _ in range(struct.unpack_from("<Q", data, 16)[0]):
                 key, offset = _string(data, offset)
+                if stop is not None and stop(key, found):
+                    break
                 kind = struct.unpack_from("<I", data, offset)[0]
                 if kind == _ARRAY:
                     value, offset = _array(data, offset + 4, keep=key in arrays)

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from ..errors import InvalidParameterError, ModelLoadError
-from . import bundled, draft_forms, families
+from . import draft_forms, families, names
 from .converted import converted_folder
 from .gguf_converted import load_gguf_converted
 from .hf_source import load_hf_folder, read_config
@@ -69,7 +69,8 @@ def load_model(
     progress: bool = True,
     quantization: str = "none",
 ) -> LoadedModel:
-    """`source`: a bundled model's name (bundled.py), a .gguf file, or a Hugging Face checkpoint folder.
+    """`source`: a bundled model's name (bundled.py), a .gguf file, a Hugging Face checkpoint folder, or a name the
+    stores hold (names.py: a Hugging Face repo id, an Ollama name, an LM Studio model key).
 
     `quantization`: 'none' (weights in `dtype`), 'gguf' (the file's blocks on the native kernels), 'q4_0' (as
     gguf, the layers' matrices stored wider than Q4_0 requantized to it: a drafter's form), or 'int4' / 'int4-all' /
@@ -77,7 +78,7 @@ def load_model(
     """
     torch_dtype, torch_device = _checked_form(dtype, device, quantization)
     text = str(source)
-    path = bundled.locate(text, progress)
+    path = names.locate(text, progress=progress)
     family = families.loaded_its_own_way(path)
     if family is not None:  # read as stored, whatever the form asked for
         module, tokenizer = family.load_folder(path, read_config(path), resolve_dtype(dtype), family)

@@ -47,7 +47,7 @@ from .limits import (
 )
 from .openapi import openapi_schema
 from .partitions import partition_of, store_scope, tenant_of
-from .protocol import MAX_MESSAGES, ApiError, ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, new_id
+from .protocol import MAX_MESSAGES, ApiError, ChatCompletionRequest, CompletionRequest, ModelList, model_list, new_id
 from .responses import (
     SSE_COMMENT,
     Job,
@@ -91,6 +91,7 @@ class ServerState:
     tool_format: ToolFormat | None = None  # how the model writes tool calls (tools.py), from its chat template
     harmony: bool = False  # the model writes gpt-oss's harmony messages (harmony.py): chat answers are read as such
     responses: ResponseStore = field(default_factory=ResponseStore)  # stored responses (responses_store.py)
+    drafter: dict | None = None  # what drafts (engine/default_drafter.py: Drafter.as_dict), shown in /v1/models
 
     def __post_init__(self) -> None:
         self.tool_format = detect(self.scheduler.tokenizer.chat_template)
@@ -200,8 +201,7 @@ def _add_info_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/v1/models")
     async def models() -> ModelList:
-        card = ModelCard(id=state.model_name, created=state.started, max_model_len=state.scheduler.max_model_len)
-        return ModelList(data=[card])
+        return model_list(state)
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:

@@ -13,7 +13,7 @@ from ..engine.methods import method_options
 from ..engine.policy import POLICIES
 from ..errors import VerispecError
 from .cluster.launch import check_cluster_arguments
-from .engine_from_args import build_scheduler, model_id
+from .engine_from_args import build_scheduler, drafter_card, model_id
 from .limits import (
     DEFAULT_BODY_TIMEOUT,
     DEFAULT_GRAMMAR_TIMEOUT,
@@ -193,15 +193,16 @@ def _serve(args: argparse.Namespace) -> int:
         responses=ResponseStore(args.responses_store, args.responses_store_limits),
         allowed_hosts=allowed_hosts_for(args.host, hosts),
         max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout, grammar_timeout=args.grammar_timeout,
-        grammar_processes=args.grammar_workers, parse_special=args.parse_special,
+        grammar_processes=args.grammar_workers, parse_special=args.parse_special, drafter=drafter_card(args),
     )  # fmt: skip
     target_bytes, draft_bytes = scheduler.kv_cache_bytes()
+    drafter = state.drafter or {}
     logging.getLogger("verispec.server").info(
         "model %s (draft: %s, k=%d, policy %s) | %d slots x %d tokens | KV cache up to %.0f MiB target + %.0f MiB "
         "draft (%d blocks of %d tokens each, taken as used)",
-        name, args.speculative_model, args.num_speculative_tokens, args.draft_policy, args.max_num_seqs,
-        scheduler.max_model_len, target_bytes / 2**20, draft_bytes / 2**20, scheduler.cache.num_blocks,
-        scheduler.cache.block_size,
+        name, drafter.get("model") or drafter.get("method") or "none", args.num_speculative_tokens, args.draft_policy,
+        args.max_num_seqs, scheduler.max_model_len, target_bytes / 2**20, draft_bytes / 2**20,
+        scheduler.cache.num_blocks, scheduler.cache.block_size,
     )  # fmt: skip
     if state.tool_format is None:
         logging.getLogger("verispec.server").info(

@@ -537,17 +537,34 @@ class ChatCompletionChunk(BaseModel):
     verispec: VerispecStats | None = None
 
 
+class DrafterCard(BaseModel):
+    """What drafts for a served model (verispec's field of a model card): the method (None: plain decoding), the
+    draft model or checkpoint it reads (None: none), and why it was chosen."""
+
+    method: str | None
+    model: str | None = None
+    why: str = ""
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "verispec"
     max_model_len: int
+    drafter: DrafterCard | None = None
 
 
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+def model_list(state) -> ModelList:
+    """/v1/models of a server (app.py's ServerState): the model it serves, its context and its drafter."""
+    card = ModelCard(id=state.model_name, created=state.started, max_model_len=state.scheduler.max_model_len,
+                     drafter=state.drafter)  # fmt: skip
+    return ModelList(data=[card])
 
 
 def new_id(prefix: str) -> str:

@@ -26,7 +26,7 @@ class EngineReplica:
 
     def __init__(self, args: argparse.Namespace, model_name: str, allowed_hosts: frozenset[str] | None) -> None:
         from ..app import ServerState, create_app
-        from ..engine_from_args import build_scheduler
+        from ..engine_from_args import build_scheduler, drafter_card
         from ..responses_store import ResponseStore
 
         scheduler = build_scheduler(args)
@@ -34,7 +34,7 @@ class EngineReplica:
             scheduler, model_name, api_keys=args.api_key, cache_sharing=args.cache_sharing, allowed_hosts=allowed_hosts,
             max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout, grammar_timeout=args.grammar_timeout,
             grammar_processes=args.grammar_workers, parse_special=args.parse_special, metrics_key=args.metrics_key,
-            responses=ResponseStore(args.responses_store, args.responses_store_limits),
+            responses=ResponseStore(args.responses_store, args.responses_store_limits), drafter=drafter_card(args),
         )  # fmt: skip
         self.app = create_app(self.state)
         scheduler.start()  # the app's lifespan would; here no ASGI server runs it
