@@ -39,6 +39,7 @@ class BenchConfig:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False  # every contender generates max_tokens (llama.cpp's --ignore-eos)
     model: str = "target"
+    revision: str | None = None  # the model's on the Hugging Face hub, where it is a repo id
     draft_model: str | None = DEFAULT_DRAFTER  # the one chosen for the target (engine/default_drafter.py)
     dtype: str = "float32"
     device: str = "cpu"
@@ -198,7 +199,8 @@ def as_command(config: BenchConfig, tiny: bool = False) -> str:
     if config.peers:
         parts += ["--peers", ",".join(config.peers)]
     optional = {
-        "--model": (config.model, "target"), "--speculative-model": (config.draft_model, DEFAULT_DRAFTER),
+        "--model": (config.model, "target"), "--revision": (config.revision, None),
+        "--speculative-model": (config.draft_model, DEFAULT_DRAFTER),
         "--dtype": (config.dtype, "float32"), "--device": (config.device, "cpu"), "--threads": (config.threads, None),
         "--temperature": (config.temperature, 0.0), "--top-p": (config.top_p, 1.0), "--top-k": (config.top_k, 0),
         "--seed": (config.seed, None), "--max-model-len": (config.max_model_len, 4096),

@@ -24,6 +24,7 @@ from ..engine.default_drafter import load_with_drafter
 from ..engine.methods import DEFAULT_METHOD
 from ..errors import InvalidParameterError
 from ..kernels.linear import GGUFEmbedding, NativeLinear
+from ..models import bundled
 from ..models.draft_head import DraftHead, draft_ids
 from ..models.loading import LoadedModel, choose_draft_form, default_draft_quantization
 from ..models.quantize import QuantizedLinear
@@ -188,8 +189,11 @@ def _load_models(config: BenchConfig, log: Callable[[str], None]) -> tuple[Model
     loaded = load_with_drafter(
         DEFAULT_METHOD if chosen else None, config.model, draft, dtype=config.dtype, device=config.device,
         progress=True, quantization=config.quantization, draft_quantization=draft_quantization,
+        revision=config.revision,
     )  # fmt: skip
-    if chosen:  # the peers read the draft model's source from the config
+    if not bundled.is_bundled_name(config.model):  # the peers read the models' files from the config
+        config = replace(config, model=str(loaded.target.path))
+    if chosen:
         config = replace(config, draft_model=loaded.drafter.model)
     if chosen and config.uses_draft:
         log(loaded.drafter.line)
