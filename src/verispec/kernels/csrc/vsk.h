@@ -19,20 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* GGML tensor type ids (ggml.h) of the types with a native kernel (the dense ones, F32, F16 and BF16, meet
- * float32 activations as they are: see vsk_dense.h) */
-enum {
-    VSK_F32 = 0, VSK_F16 = 1, VSK_Q4_0 = 2, VSK_Q4_1 = 3, VSK_Q5_0 = 6, VSK_Q8_0 = 8, VSK_Q2_K = 10,
-    VSK_Q3_K = 11, VSK_Q4_K = 12, VSK_Q5_K = 13, VSK_Q6_K = 14, VSK_IQ4_NL = 20, VSK_IQ4_XS = 23, VSK_BF16 = 30,
-    VSK_MXFP4 = 39,
-};
-
-/* tile formats (vsk_tiles.c): each quantized type repacked losslessly, 16 weight rows interleaved; a tile form's id
- * is 100 + its GGUF type's */
-enum {
-    VSK_T4_0 = 102, VSK_T4_1 = 103, VSK_T5_0 = 106, VSK_T8_0 = 108, VSK_T2_K = 110, VSK_T3_K = 111, VSK_T4_K = 112,
-    VSK_T5_K = 113, VSK_T6_K = 114, VSK_TIQ4_NL = 120, VSK_TIQ4_XS = 123,
-};
+#include "vsk_forms.h" /* the ids of the GGML types with a native kernel and of their tile forms: VSK_Q4_K, VSK_T4_K */
 
 /* the paths: portable C, then the x86-64 family and the AArch64 family (a CPU runs the portable path and those
  * of its own family up to its best); NEON is plain Advanced SIMD, NEON_DOT adds sdot (FEAT_DotProd), NEON_I8MM
@@ -68,7 +55,6 @@ vsk_kernel vsk_kernel_scalar(int type);
 vsk_kernel vsk_tile_kernel_scalar(int type);
 vsk_kernel vsk_tile_kernel_avx2(int type);
 vsk_kernel vsk_tile_kernel_avx512(int type);
-size_t vsk_tile_strip_bytes(int type, int K); /* bytes of 16 rows */
 vsk_kernel vsk_kernel_avx2(int type);
 vsk_kernel vsk_kernel_avx512(int type);
 /* the NEON paths (NULL off AArch64, or where the compiler lacked the instructions' flag) */

@@ -29,14 +29,9 @@ vsk_task vsk_attention_task_avx2(void) { return NULL; }
 #define TILE 32    /* positions per tile: 32 x 128 float32 = 16 KiB */
 #define QUERIES 6  /* queries of one row sharing each load: 2 x 6 accumulators */
 
-/* keys or values [n][D] of a cache from element `at` as float32 rows: in place when the cache holds float32, else
- * widened into `buffer` */
-static const float *tile_of(const void *cache, size_t at, int n, int D, int half, float *buffer) {
-    if (!half) return (const float *)cache + at;
-    const uint16_t *src = (const uint16_t *)cache + at;
-    for (int i = 0; i < n * D; i += 8)
-        _mm256_storeu_ps(buffer + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
-    return buffer;
+/* 8 halves at h as float32 at f (vsk_attention_items.h: tile_of) */
+static inline void widen_lanes(const uint16_t *h, float *f) {
+    _mm256_storeu_ps(f, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)));
 }
 
 /* nothing: this path leaves the tiles to the hardware's prefetcher */
@@ -88,32 +83,24 @@ static void tile_scores(const float *const *q, int count, const float *k, int n,
     }
 }
 
-/* a query's scores over its span -> its weights exp(score - max) / their sum, in place; the sum in 8 lanes (the
- * first span / 8 * 8 positions) summed by a fixed tree, then the rest in order */
-static void softmax(float *scores, int span) {
-    __m256 top8 = _mm256_set1_ps(-INFINITY);
-    int t = 0;
-    for (; t + 8 <= span; t += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(scores + t));
-    float lanes[8], top = -INFINITY;
-    _mm256_storeu_ps(lanes, top8);
-    for (int l = 0; l < 8; l++) top = lanes[l] > top ? lanes[l] : top;
-    for (; t < span; t++) top = scores[t] > top ? scores[t] : top;
-    top8 = _mm256_set1_ps(top);
-    __m256 sum8 = _mm256_setzero_ps();
-    for (t = 0; t + 8 <= span; t += 8) {
-        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + t), top8));
-        _mm256_storeu_ps(scores + t, e);
-        sum8 = _mm256_add_ps(sum8, e);
-    }
-    _mm256_storeu_ps(lanes, sum8);
-    float total = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-    for (; t < span; t++) {
-        scores[t] = vsk_exp(scores[t] - top);
-        total += scores[t];
-    }
-    const __m256 inverse8 = _mm256_set1_ps(1.0f / total);
-    for (t = 0; t + 8 <= span; t += 8) _mm256_storeu_ps(scores + t, _mm256_mul_ps(_mm256_loadu_ps(scores + t), inverse8));
-    for (; t < span; t++) scores[t] *= 1.0f / total;
+/* the softmax's vectors (vsk_attention_items.h): 8 lanes, their maximum, and their sum by a fixed tree */
+#define LANES 8
+typedef __m256 lanes;
+#define lanes_exp exp8
+
+static inline __m256 lanes_max(__m256 a, __m256 b) { return _mm256_max_ps(a, b); }
+
+static inline float lanes_top(__m256 v) {
+    float l[8], top = -INFINITY;
+    _mm256_storeu_ps(l, v);
+    for (int i = 0; i < 8; i++) top = l[i] > top ? l[i] : top;
+    return top;
+}
+
+static inline float lanes_total(__m256 v) {
+    float l[8];
+    _mm256_storeu_ps(l, v);
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
 /* o[c] (D values each) += sum over positions [0, n) of w[c][t] * v[t], positions in order, for COUNT queries

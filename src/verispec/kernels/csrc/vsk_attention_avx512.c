@@ -24,28 +24,22 @@ vsk_task vsk_attention_task_avx512(void) { return NULL; }
 #include <string.h>
 
 #include "vsk_math.h"
+#include "vsk_rows.h"
 
 #define TILE 32    /* positions per tile: 32 x 128 float32 = 16 KiB */
 #define QUERIES 6  /* queries of one row sharing each value load */
 #define KEYS 8     /* keys per step of the scores: 2 queries x 8 keys = 16 accumulators */
 
-/* vsk_exp (vsk_math.h) on 16 floats, operation for operation (no fused multiply-adds): the same bits per element */
-static inline __m512 exp16(__m512 x) {
-    const __m512 magic = _mm512_set1_ps(12582912.0f);
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-    const __m512 n = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504089f)), magic), magic);
-    const __m512 r = _mm512_add_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f))),
-                                   _mm512_mul_ps(n, _mm512_set1_ps(2.12194440e-4f)));
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(5.0000001201e-1f));
-    const __m512 e = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(p, _mm512_mul_ps(r, r)), r), _mm512_set1_ps(1.0f));
-    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(e, _mm512_castsi512_ps(bits));
+/* vsk_exp (vsk_math.h) on 16 floats: the same bits per element */
+typedef int32_t vsk_i32x16 __attribute__((vector_size(64)));
+
+static inline __m512 exp16_clamp(__m512 x) {
+    return _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
 }
+
+static inline __m512 exp16_pow2(__m512 n) { return (__m512)((__builtin_convertvector(n, vsk_i32x16) + 127) << 23); }
+
+VSK_EXP(exp16, __m512, exp16_clamp, exp16_pow2)
 
 /* asks for a tile's lines while the one before it is computed on (the hardware's prefetcher alone left the cache's
  * stream well below the machine's read rate) */
@@ -54,14 +48,9 @@ static inline void prefetch_tile(const void *cache, size_t at, int elements, int
     for (int b = 0; b < elements * (half ? 2 : 4); b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
 }
 
-/* keys or values [n][D] of a cache from element `at` as float32 rows: in place when the cache holds float32, else
- * widened into `buffer` (D is a multiple of 16) */
-static const float *tile_of(const void *cache, size_t at, int n, int D, int half, float *buffer) {
-    if (!half) return (const float *)cache + at;
-    const uint16_t *src = (const uint16_t *)cache + at;
-    for (int i = 0; i < n * D; i += 16)
-        _mm512_storeu_ps(buffer + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
-    return buffer;
+/* 16 halves at h as float32 at f (vsk_attention_items.h: tile_of) */
+static inline void widen_lanes(const uint16_t *h, float *f) {
+    _mm512_storeu_ps(f, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)));
 }
 
 /* The folds of lane_sums: each takes two vectors of partial sums and adds each one's partials in pairs, giving
@@ -126,34 +115,20 @@ static void tile_scores(const float *const *q, int count, const float *k, int n,
     }
 }
 
-/* a query's scores over its span -> its weights exp(score - max) / their sum, in place; the sum in 16 lanes (the
- * first span / 16 * 16 positions) summed by a fixed tree, then the rest in order */
-static void softmax(float *scores, int span) {
-    __m512 top16 = _mm512_set1_ps(-INFINITY);
-    int t = 0;
-    for (; t + 16 <= span; t += 16) top16 = _mm512_max_ps(top16, _mm512_loadu_ps(scores + t));
-    float top = _mm512_reduce_max_ps(top16); /* a maximum is exact in any order */
-    for (; t < span; t++) top = scores[t] > top ? scores[t] : top;
-    top16 = _mm512_set1_ps(top);
-    __m512 sum16 = _mm512_setzero_ps();
-    for (t = 0; t + 16 <= span; t += 16) {
-        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(scores + t), top16));
-        _mm512_storeu_ps(scores + t, e);
-        sum16 = _mm512_add_ps(sum16, e);
-    }
-    float lanes[16];
-    _mm512_storeu_ps(lanes, sum16);
-    for (int w = 8; w >= 1; w /= 2) /* a fixed pairwise tree over the 16 lanes */
-        for (int l = 0; l < w; l++) lanes[l] += lanes[l + w];
-    float total = lanes[0];
-    for (; t < span; t++) {
-        scores[t] = vsk_exp(scores[t] - top);
-        total += scores[t];
-    }
-    const __m512 inverse16 = _mm512_set1_ps(1.0f / total);
-    for (t = 0; t + 16 <= span; t += 16)
-        _mm512_storeu_ps(scores + t, _mm512_mul_ps(_mm512_loadu_ps(scores + t), inverse16));
-    for (; t < span; t++) scores[t] *= 1.0f / total;
+/* the softmax's vectors (vsk_attention_items.h): 16 lanes, their maximum (exact in any order), and their sum by
+ * the pairwise tree */
+#define LANES 16
+typedef __m512 lanes;
+#define lanes_exp exp16
+
+static inline __m512 lanes_max(__m512 a, __m512 b) { return _mm512_max_ps(a, b); }
+
+static inline float lanes_top(__m512 v) { return _mm512_reduce_max_ps(v); }
+
+static inline float lanes_total(__m512 v) {
+    float l[16];
+    _mm512_storeu_ps(l, v);
+    return vsk_lane_tree(l);
 }
 
 /* o[c] (D values each) += sum over positions [0, n) of w[c][t] * v[t], positions in order, for COUNT queries and

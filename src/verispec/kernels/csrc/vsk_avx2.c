@@ -26,7 +26,6 @@ vsk_kernel NAME(vsk_kernel)(int type) {
 #include <immintrin.h>
 
 #include "vsk_blocks.h"
-#include "vsk_rows.h"
 
 
 static inline float hsum(__m256 v) {
@@ -103,150 +102,125 @@ static inline __m256i unpack32(int type, const uint8_t *b, float *d, float *mn) 
     }
 }
 
-static inline void sweep32(int type, size_t block_bytes, const uint8_t *W, size_t row_bytes, int n0, int n1, int K,
-                           const uint8_t *xq, size_t x_stride, int M, float *y, int ldy) {
-    const int blocks = K / 32;
+/* the row bodies (vsk_forms.h): one weight row against `rows` activation rows. The 32-weight types: the weights'
+ * magnitudes against the activations carrying their signs (Q4_1's unsigned values as they are, its minimum apart) */
+static inline __attribute__((always_inline)) void q32_rows(int type, const uint8_t *row, int K, const uint8_t *xq,
+                                                           size_t x_stride, int rows, float *y, int ldy) {
     const int with_min = type == VSK_Q4_1;
-    for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
-        const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
-        for (int n = n0; n < n1; n++) {
-            __m256 acc[MAX_ROWS];
-            float mins[MAX_ROWS];
-            for (int m = 0; m < rows; m++) {
-                acc[m] = _mm256_setzero_ps();
-                mins[m] = 0.0f;
-            }
-            const uint8_t *row = W + (size_t)n * row_bytes;
-            for (int b = 0; b < blocks; b++) {
-                float d, mn = 0.0f;
-                const __m256i w = unpack32(type, row + (size_t)b * block_bytes, &d, &mn);
-                const __m256i u = with_min ? w : _mm256_sign_epi8(w, w); /* |w| */
-                for (int m = 0; m < rows; m++) {
-                    const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)(r0 + m) * x_stride) + b;
-                    __m256i s = _mm256_loadu_si256((const __m256i *)x->q);
-                    if (!with_min) s = _mm256_sign_epi8(s, w); /* the weight's sign moves to the activation */
-                    const __m256i p = dot_u8s8(_mm256_setzero_si256(), u, s);
-                    acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(p), acc[m]);
-                    if (with_min) mins[m] += mn * (x->d * (float)(x->half[0] + x->half[1]));
-                }
-            }
-            for (int m = 0; m < rows; m++) y[(size_t)(r0 + m) * ldy + n] = hsum(acc[m]) + mins[m];
+    __m256 acc[MAX_ROWS];
+    float mins[MAX_ROWS];
+    for (int m = 0; m < rows; m++) {
+        acc[m] = _mm256_setzero_ps();
+        mins[m] = 0.0f;
+    }
+    for (int b = 0; b < K / 32; b++) {
+        float d, mn = 0.0f;
+        const __m256i w = unpack32(type, row + (size_t)b * vsk_block_bytes(type), &d, &mn);
+        const __m256i u = with_min ? w : _mm256_sign_epi8(w, w); /* |w| */
+        for (int m = 0; m < rows; m++) {
+            const vsk_act32 *x = vsk_act32_at(xq, x_stride, m, b);
+            __m256i s = _mm256_loadu_si256((const __m256i *)x->q);
+            if (!with_min) s = _mm256_sign_epi8(s, w); /* the weight's sign moves to the activation */
+            const __m256i p = dot_u8s8(_mm256_setzero_si256(), u, s);
+            acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(p), acc[m]);
+            if (with_min) mins[m] += mn * (x->d * (float)(x->half[0] + x->half[1]));
         }
     }
+    for (int m = 0; m < rows; m++) y[(size_t)m * ldy] = hsum(acc[m]) + mins[m];
 }
 
-#define SWEEP32(name, type, block_bytes)                                                                     \
-    static void NAME(kernel_##name)(const uint8_t *W, size_t row_bytes, int n0, int n1, int K,               \
-                                    const uint8_t *xq, size_t x_stride, int M, float *y, int ldy) {          \
-        sweep32(type, block_bytes, W, row_bytes, n0, n1, K, xq, x_stride, M, y, ldy);                        \
-    }
-SWEEP32(q4_0, VSK_Q4_0, 18)
-SWEEP32(q4_1, VSK_Q4_1, 20)
-SWEEP32(q5_0, VSK_Q5_0, 22)
-SWEEP32(q8_0, VSK_Q8_0, 34)
-SWEEP32(iq4_nl, VSK_IQ4_NL, 18)
-SWEEP32(mxfp4, VSK_MXFP4, 17)
+/* ---- Q4_K and Q6_K: a superblock's values unpacked once, then each row's sub-block sums meet their scales -- */
 
-/* ---- Q4_K ------------------------------------------------------------------------------------------------ */
-
-static void NAME(kernel_q4_k)(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
-                              size_t x_stride, int M, float *y, int ldy) {
-    const int blocks = K / 256;
+/* Q4_K's 256 values 0..15, 32 per register: register j is sub-block j */
+static inline void q4_k_unpack(const uint8_t *qs, __m256i *q) {
     const __m256i low = _mm256_set1_epi8(0x0F);
-    for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
-        const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
-        for (int n = n0; n < n1; n++) {
-            __m256 acc[MAX_ROWS];
-            for (int m = 0; m < rows; m++) acc[m] = _mm256_setzero_ps();
-            const uint8_t *row = W + (size_t)n * row_bytes;
-            for (int b = 0; b < blocks; b++) {
-                const uint8_t *blk = row + (size_t)b * Q4_K_BYTES;
-                const float d = half(blk), dmin = half(blk + 2);
-                uint8_t sc[8], mn[8];
-                q4_k_scales(blk + 4, sc, mn);
-                __m256i q[8];
-                for (int c = 0; c < 4; c++) {
-                    const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * c));
-                    q[2 * c] = _mm256_and_si256(raw, low);
-                    q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
-                }
-                /* mins as int16 pairs [m0, m0, m1, m1, ...] against the activation's 16-sums */
-                const __m256i mins = _mm256_cvtepu8_epi16(
-                    _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)mn), _mm_loadl_epi64((const __m128i *)mn)));
-                for (int m = 0; m < rows; m++) {
-                    const vsk_act256 *x = (const vsk_act256 *)(xq + (size_t)(r0 + m) * x_stride) + b;
-                    __m256i isum = _mm256_setzero_si256();
-                    for (int j = 0; j < 8; j++) {
-                        const __m256i s = _mm256_loadu_si256((const __m256i *)(x->q + 32 * j));
-                        isum = dot_s16(isum, _mm256_maddubs_epi16(q[j], s), _mm256_set1_epi16(sc[j]));
-                    }
-                    const __m256i msum =
-                        _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsum), mins);
-                    acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(x->d * d), _mm256_cvtepi32_ps(isum), acc[m]);
-                    acc[m] = _mm256_fnmadd_ps(_mm256_set1_ps(x->d * dmin), _mm256_cvtepi32_ps(msum), acc[m]);
-                }
-            }
-            for (int m = 0; m < rows; m++) y[(size_t)(r0 + m) * ldy + n] = hsum(acc[m]);
-        }
+    for (int c = 0; c < 4; c++) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+        q[2 * c] = _mm256_and_si256(raw, low);
+        q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
     }
 }
 
-/* ---- Q6_K ------------------------------------------------------------------------------------------------ */
+/* one superblock of a weight row against each activation row (acc[m]: row m's lanes) */
+static inline void q4_k_step(const uint8_t *blk, const uint8_t *xq, size_t x_stride, int b, int rows, __m256 *acc) {
+    const float d = half(blk), dmin = half(blk + 2);
+    uint8_t sc[8], mn[8];
+    __m256i q[8];
+    q4_k_scales(blk + 4, sc, mn);
+    q4_k_unpack(blk + 16, q);
+    /* mins as int16 pairs [m0, m0, m1, m1, ...] against the activation's 16-sums */
+    const __m256i mins = _mm256_cvtepu8_epi16(
+        _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)mn), _mm_loadl_epi64((const __m128i *)mn)));
+    for (int m = 0; m < rows; m++) {
+        const vsk_act256 *x = vsk_act256_at(xq, x_stride, m, b);
+        __m256i isum = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            const __m256i s = _mm256_loadu_si256((const __m256i *)(x->q + 32 * j));
+            isum = dot_s16(isum, _mm256_maddubs_epi16(q[j], s), _mm256_set1_epi16(sc[j]));
+        }
+        const __m256i msum = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsum), mins);
+        acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(x->d * d), _mm256_cvtepi32_ps(isum), acc[m]);
+        acc[m] = _mm256_fnmadd_ps(_mm256_set1_ps(x->d * dmin), _mm256_cvtepi32_ps(msum), acc[m]);
+    }
+}
 
-static void NAME(kernel_q6_k)(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
-                              size_t x_stride, int M, float *y, int ldy) {
-    const int blocks = K / 256;
+/* Q6_K's 256 values 0..63 in weight order, 32 per register: register j spans scales 2j and 2j + 1 */
+static inline void q6_k_unpack(const uint8_t *blk, __m256i *q) {
     const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x30);
-    for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
-        const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
-        for (int n = n0; n < n1; n++) {
-            __m256 acc[MAX_ROWS];
-            for (int m = 0; m < rows; m++) acc[m] = _mm256_setzero_ps();
-            const uint8_t *row = W + (size_t)n * row_bytes;
-            for (int b = 0; b < blocks; b++) {
-                const uint8_t *blk = row + (size_t)b * Q6_K_BYTES;
-                const float d = half(blk + 208);
-                /* values 0..63 in weight order, 32 per register; register j spans scales 2j and 2j + 1 */
-                __m256i q[8];
-                for (int h = 0; h < 2; h++) {
-                    const __m256i l0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
-                    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
-                    const __m256i hb = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
-                    q[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_and_si256(_mm256_slli_epi16(hb, 4), two));
-                    q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, low), _mm256_and_si256(_mm256_slli_epi16(hb, 2), two));
-                    q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low), _mm256_and_si256(hb, two));
-                    q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
-                                                   _mm256_and_si256(_mm256_srli_epi16(hb, 2), two));
-                }
-                const __m128i sc8 = _mm_loadu_si128((const __m128i *)(blk + 192));
-                const __m256i sc16 = _mm256_cvtepi8_epi16(sc8); /* the 16 scales, for the offset term */
-                __m256i scale[8];
-                for (int j = 0; j < 8; j++) {
-                    const int8_t *s = (const int8_t *)(blk + 192);
-                    scale[j] = _mm256_set_m128i(_mm_set1_epi16(s[2 * j + 1]), _mm_set1_epi16(s[2 * j]));
-                }
-                for (int m = 0; m < rows; m++) {
-                    const vsk_act256 *x = (const vsk_act256 *)(xq + (size_t)(r0 + m) * x_stride) + b;
-                    __m256i isum = _mm256_setzero_si256();
-                    for (int j = 0; j < 8; j++) {
-                        const __m256i s = _mm256_loadu_si256((const __m256i *)(x->q + 32 * j));
-                        isum = dot_s16(isum, _mm256_maddubs_epi16(q[j], s), scale[j]);
-                    }
-                    /* the values are offset by 32: subtract 32 * sum_j scale_j * bsum_j */
-                    const __m256i offset = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsum), sc16);
-                    isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(offset, 5));
-                    acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(isum), acc[m]);
-                }
-            }
-            for (int m = 0; m < rows; m++) y[(size_t)(r0 + m) * ldy + n] = hsum(acc[m]);
-        }
+    for (int h = 0; h < 2; h++) {
+        const __m256i l0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
+        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
+        const __m256i hb = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+        q[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_and_si256(_mm256_slli_epi16(hb, 4), two));
+        q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, low), _mm256_and_si256(_mm256_slli_epi16(hb, 2), two));
+        q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low), _mm256_and_si256(hb, two));
+        q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
+                                       _mm256_and_si256(_mm256_srli_epi16(hb, 2), two));
     }
 }
 
-/* ---- dense types (F32, F16, BF16): the rule of vsk_scalar.c, lanes 0..7 and 8..15 in two vectors ------- */
+static inline void q6_k_step(const uint8_t *blk, const uint8_t *xq, size_t x_stride, int b, int rows, __m256 *acc) {
+    const int8_t *sc = (const int8_t *)(blk + 192);
+    const float d = half(blk + 208);
+    __m256i q[8], scale[8];
+    q6_k_unpack(blk, q);
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc)); /* for the offset */
+    for (int j = 0; j < 8; j++) scale[j] = _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]));
+    for (int m = 0; m < rows; m++) {
+        const vsk_act256 *x = vsk_act256_at(xq, x_stride, m, b);
+        __m256i isum = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            const __m256i s = _mm256_loadu_si256((const __m256i *)(x->q + 32 * j));
+            isum = dot_s16(isum, _mm256_maddubs_epi16(q[j], s), scale[j]);
+        }
+        /* the values are offset by 32: subtract 32 * sum_j scale_j * bsum_j */
+        const __m256i offset = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsum), sc16);
+        isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(offset, 5));
+        acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), _mm256_cvtepi32_ps(isum), acc[m]);
+    }
+}
+
+/* the row body of Q4_K and Q6_K (vsk_forms.h) */
+static inline __attribute__((always_inline)) void k_rows(int type, const uint8_t *row, int K, const uint8_t *xq,
+                                                         size_t x_stride, int rows, float *y, int ldy) {
+    __m256 acc[MAX_ROWS];
+    for (int m = 0; m < rows; m++) acc[m] = _mm256_setzero_ps();
+    for (int b = 0; b < K / 256; b++) {
+        const uint8_t *blk = row + (size_t)b * (size_t)vsk_block_bytes(type);
+        if (type == VSK_Q4_K)
+            q4_k_step(blk, xq, x_stride, b, rows, acc);
+        else
+            q6_k_step(blk, xq, x_stride, b, rows, acc);
+    }
+    for (int m = 0; m < rows; m++) y[(size_t)m * ldy] = hsum(acc[m]);
+}
+
+/* ---- dense types (F32, F16, BF16): the rule's 16 lanes in two vectors (vsk_dense.h) ----------------------- */
+
+typedef __m256 dense_vec;
 
 /* weights k .. k + 15 of a dense row as float32 */
-static inline void dense16(int type, const uint8_t *row, int k, __m256 *w) {
+static inline void dense_weights(int type, const uint8_t *row, int k, __m256 *w) {
     for (int h = 0; h < 2; h++) {
         if (type == VSK_F32) {
             w[h] = _mm256_loadu_ps((const float *)row + k + 8 * h);
@@ -258,58 +232,17 @@ static inline void dense16(int type, const uint8_t *row, int k, __m256 *w) {
     }
 }
 
-#define DENSE_ROWS 4 /* activation rows per sweep over a weight row (their lanes stay in registers) */
+#define VSK_DENSE_VECTORS 1
+#include "vsk_dense.h"
 
-static void dense_kernel(int type, const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,
-                         size_t x_stride, int M, float *y, int ldy) {
-    const int body = K / VSK_DENSE_LANES * VSK_DENSE_LANES;
-    for (int n = n0; n < n1; n++) {
-        const uint8_t *row = W + (size_t)n * row_bytes;
-        for (int r0 = 0; r0 < M; r0 += DENSE_ROWS) {
-            const int rows = M - r0 < DENSE_ROWS ? M - r0 : DENSE_ROWS;
-            __m256 acc[DENSE_ROWS][2];
-            for (int m = 0; m < rows; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
-            for (int k = 0; k < body; k += VSK_DENSE_LANES) {
-                __m256 w[2];
-                dense16(type, row, k, w);
-                for (int m = 0; m < rows; m++) {
-                    const float *x = (const float *)(xq + (size_t)(r0 + m) * x_stride) + k;
-                    for (int h = 0; h < 2; h++) /* product rounded, then added: no fused multiply-add */
-                        acc[m][h] = _mm256_add_ps(acc[m][h], _mm256_mul_ps(_mm256_loadu_ps(x + 8 * h), w[h]));
-                }
-            }
-            for (int m = 0; m < rows; m++) {
-                const float *x = (const float *)(xq + (size_t)(r0 + m) * x_stride);
-                float lanes[VSK_DENSE_LANES];
-                _mm256_storeu_ps(lanes, acc[m][0]);
-                _mm256_storeu_ps(lanes + 8, acc[m][1]);
-                float sum = vsk_lane_tree(lanes);
-                for (int k = body; k < K; k++) sum += x[k] * vsk_dense_value(type, row, k);
-                y[(size_t)(r0 + m) * ldy + n] = sum;
-            }
-        }
-    }
-}
+/* the body serving each family of types (vsk_forms.h); Q2_K, Q3_K, Q5_K and IQ4_XS run the portable kernels */
+#define ROWS_q32(entry, ...) entry(q32_rows, __VA_ARGS__)
+#define ROWS_mxfp4(entry, ...) entry(q32_rows, __VA_ARGS__)
+#define ROWS_q4_k(entry, ...) entry(k_rows, __VA_ARGS__)
+#define ROWS_q6_k(entry, ...) entry(k_rows, __VA_ARGS__)
+#define ROWS_kblock(entry, ...)
+#define ROWS_dense(entry, ...) entry(dense_rows, __VA_ARGS__)
 
-VSK_ROW_ENTRY(NAME(kernel_f32), dense_kernel, VSK_F32)
-VSK_ROW_ENTRY(NAME(kernel_f16), dense_kernel, VSK_F16)
-VSK_ROW_ENTRY(NAME(kernel_bf16), dense_kernel, VSK_BF16)
-
-vsk_kernel NAME(vsk_kernel)(int type) {
-    switch (type) {
-    case VSK_Q4_0: return NAME(kernel_q4_0);
-    case VSK_Q4_1: return NAME(kernel_q4_1);
-    case VSK_Q5_0: return NAME(kernel_q5_0);
-    case VSK_Q8_0: return NAME(kernel_q8_0);
-    case VSK_IQ4_NL: return NAME(kernel_iq4_nl);
-    case VSK_MXFP4: return NAME(kernel_mxfp4);
-    case VSK_Q4_K: return NAME(kernel_q4_k);
-    case VSK_Q6_K: return NAME(kernel_q6_k);
-    case VSK_F32: return NAME(kernel_f32);
-    case VSK_F16: return NAME(kernel_f16);
-    case VSK_BF16: return NAME(kernel_bf16);
-    default: return NULL;
-    }
-}
+VSK_ROW_KERNELS(NAME(vsk_kernel))
 
 #endif /* __x86_64__ */

@@ -7,26 +7,37 @@
 
 #include "vsk.h"
 
-#define Q4_K_BYTES 144 /* f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles */
-#define Q6_K_BYTES 210 /* 128 bytes low nibbles, 64 bytes high 2 bits, 16 int8 scales, f16 d */
-#define Q5_K_BYTES 176 /* Q4_K's, with 32 bytes of fifth bits before the nibbles */
-#define Q3_K_BYTES 110 /* 32 bytes of third bits, 64 bytes of 2-bit values, 12 bytes of 6-bit scales, f16 d */
-#define Q2_K_BYTES 84  /* 16 bytes of 4-bit scales and mins, 64 bytes of 2-bit values, f16 d, f16 dmin */
-#define IQ4_XS_BYTES 136 /* f16 d, 2 + 4 bytes of 6-bit scales, 128 bytes of nibbles (indices into a table) */
-
-/* the tile forms' blocks of 16 rows (layouts: vsk_tiles.c) */
-#define T4K_BYTES 2368 /* 256 weights */
-#define T6K_BYTES 3360 /* 256 weights */
-#define T40_BYTES 288  /* 32 weights */
-#define T41_BYTES 320  /* 32 weights */
-#define T50_BYTES 352  /* 32 weights */
-#define T80_BYTES 544  /* 32 weights */
-#define T5K_BYTES 2880 /* 256 weights */
-#define T3K_BYTES 1824 /* 256 weights */
-#define T2K_BYTES 1344 /* 256 weights */
-#define TIQ4XS_BYTES 2208 /* 256 weights */
-
 #define MAX_ROWS 16 /* activation rows handled per sweep over the weights; more rows take more sweeps */
+
+/* whether a 256-weight tile form scales its weights per 16 (T6_K, T3_K, T2_K: the groups 0..3 and 4..7 of 32
+ * weights have their own scales) rather than per 32 */
+static inline int vsk_sub16(int form) { return form == VSK_T6_K || form == VSK_T3_K || form == VSK_T2_K; }
+
+/* activation block b of row m, rows x_stride bytes apart */
+static inline const vsk_act32 *vsk_act32_at(const uint8_t *xq, size_t x_stride, int m, int b) {
+    return (const vsk_act32 *)(xq + (size_t)m * x_stride) + b;
+}
+
+static inline const vsk_act256 *vsk_act256_at(const uint8_t *xq, size_t x_stride, int m, int b) {
+    return (const vsk_act256 *)(xq + (size_t)m * x_stride) + b;
+}
+
+/* A row body (vsk_forms.h) `name` that accumulates each output in one float (the portable and NEON paths'), block
+ * by block along the row: step(type, blk, xq, x_stride, b, rows, acc) adds the block's products with activation
+ * block b of each row m < rows to acc[m]. */
+#define VSK_FLOAT_ROWS(name, step)                                                                              \
+    static inline __attribute__((always_inline)) void name(int type, const uint8_t *row, int K, const uint8_t *xq, \
+                                                           size_t x_stride, int rows, float *y, int ldy) {     \
+        float acc[MAX_ROWS] = {0};                                                                              \
+        for (int b = 0; b < K / vsk_block_weights(type); b++)                                                   \
+            step(type, row + (size_t)b * (size_t)vsk_block_bytes(type), xq, x_stride, b, rows, acc);            \
+        for (int m = 0; m < rows; m++) y[(size_t)m * ldy] = acc[m];                                             \
+    }
+
+/* bytes of a strip of 16 rows of a tile form, K values each */
+static inline size_t vsk_strip_bytes(int form, int K) {
+    return (size_t)(K / vsk_block_weights(form)) * (size_t)vsk_block_bytes(form);
+}
 
 static inline uint16_t rd16(const uint8_t *p) {
     uint16_t v;
@@ -37,20 +48,6 @@ static inline uint16_t rd16(const uint8_t *p) {
 static inline uint32_t rd32(const uint8_t *p) {
     uint32_t v;
     memcpy(&v, p, 4);
-    return v;
-}
-
-/* weight k of a dense row (F32, F16, BF16) as float32: float16 and bfloat16 convert exactly */
-static inline float vsk_dense_value(int type, const uint8_t *row, int k) {
-    float v;
-    if (type == VSK_F32) {
-        memcpy(&v, row + 4 * (size_t)k, 4);
-        return v;
-    }
-    const uint16_t h = rd16(row + 2 * (size_t)k);
-    if (type == VSK_F16) return vsk_fp16_to_fp32(h);
-    const uint32_t bits = (uint32_t)h << 16;
-    memcpy(&v, &bits, 4);
     return v;
 }
 
@@ -136,17 +133,20 @@ static inline void q2_k_values(const uint8_t *qs, uint8_t *q) {
     for (int i = 0; i < 256; i++) q[i] = (qs[32 * (i / 128) + i % 32] >> (2 * (i / 32 % 4))) & 3;
 }
 
-/* IQ4_XS: the 8 sub-block scales (6 bits less 32: the low 4 in a nibble of scales_l, the high 2 in scales_h) and
- * the 256 indices (sub-block j: weights 32j + l and 32j + 16 + l in the low and high nibble of byte 16j + l) */
-static inline void iq4_xs_values(const uint8_t *blk, int8_t *sc, uint8_t *q) {
+/* IQ4_XS: the scale of sub-block j (6 bits less 32: the low 4 in a nibble of scales_l, the high 2 in scales_h) */
+static inline int8_t iq4_xs_scale(const uint8_t *blk, int j) {
     const uint16_t high = rd16(blk + 2);
-    for (int j = 0; j < 8; j++) {
-        sc[j] = (int8_t)((((blk[4 + j / 2] >> (4 * (j % 2))) & 0x0F) | (((high >> (2 * j)) & 3) << 4)) - 32);
+    return (int8_t)((((blk[4 + j / 2] >> (4 * (j % 2))) & 0x0F) | (((high >> (2 * j)) & 3) << 4)) - 32);
+}
+
+/* IQ4_XS: the 256 indices (sub-block j: weights 32j + l and 32j + 16 + l in the low and high nibble of byte
+ * 16j + l) */
+static inline void iq4_xs_values(const uint8_t *blk, uint8_t *q) {
+    for (int j = 0; j < 8; j++)
         for (int l = 0; l < 16; l++) {
             q[32 * j + l] = blk[8 + 16 * j + l] & 0x0F;
             q[32 * j + 16 + l] = blk[8 + 16 * j + l] >> 4;
         }
-    }
 }
 
 /* A superblock of Q2_K, Q3_K, Q5_K or IQ4_XS in one portable form: the weight i is
@@ -165,37 +165,43 @@ static inline int vsk_level(int type, int value) {
     return type == VSK_Q3_K ? value - 4 : type == VSK_IQ4_XS ? vsk_iq4_levels[value] : value;
 }
 
-/* the GGUF superblock `blk` of `type` */
-static inline void vsk_kblock_of(int type, const uint8_t *blk, vsk_kblock *k) {
-    memset(k, 0, sizeof *k);
+/* the factors, scales and minimums of the GGUF superblock `blk` of `type` (zero where it has none) */
+static inline void vsk_kblock_scales(int type, const uint8_t *blk, uint16_t *d, uint16_t *dmin, int8_t *scale,
+                                     uint8_t *min) {
+    uint8_t sc[8], mn[8];
+    *dmin = 0;
+    memset(min, 0, 16);
     if (type == VSK_Q2_K) {
-        k->d = rd16(blk + 80);
-        k->dmin = rd16(blk + 82);
+        *d = rd16(blk + 80);
+        *dmin = rd16(blk + 82);
         for (int j = 0; j < 16; j++) {
-            k->scale[j] = (int8_t)(blk[j] & 0x0F);
-            k->min[j] = blk[j] >> 4;
+            scale[j] = (int8_t)(blk[j] & 0x0F);
+            min[j] = blk[j] >> 4;
         }
-        q2_k_values(blk + 16, k->value);
     } else if (type == VSK_Q3_K) {
-        k->d = rd16(blk + 108);
-        q3_k_scales(blk + 96, k->scale);
-        q3_k_values(blk, k->value);
+        *d = rd16(blk + 108);
+        q3_k_scales(blk + 96, scale);
     } else if (type == VSK_Q5_K) {
-        uint8_t sc[8], mn[8];
-        k->d = rd16(blk);
-        k->dmin = rd16(blk + 2);
+        *d = rd16(blk);
+        *dmin = rd16(blk + 2);
         q4_k_scales(blk + 4, sc, mn);
         for (int j = 0; j < 16; j++) {
-            k->scale[j] = (int8_t)sc[j / 2];
-            k->min[j] = mn[j / 2];
+            scale[j] = (int8_t)sc[j / 2];
+            min[j] = mn[j / 2];
         }
-        q5_k_values(blk, k->value);
     } else { /* VSK_IQ4_XS */
-        int8_t sc[8];
-        k->d = rd16(blk);
-        iq4_xs_values(blk, sc, k->value);
-        for (int j = 0; j < 16; j++) k->scale[j] = sc[j / 2];
+        *d = rd16(blk);
+        for (int j = 0; j < 16; j++) scale[j] = iq4_xs_scale(blk, j / 2);
     }
+}
+
+/* the GGUF superblock `blk` of `type` */
+static inline void vsk_kblock_of(int type, const uint8_t *blk, vsk_kblock *k) {
+    vsk_kblock_scales(type, blk, &k->d, &k->dmin, k->scale, k->min);
+    if (type == VSK_Q2_K) q2_k_values(blk + 16, k->value);
+    if (type == VSK_Q3_K) q3_k_values(blk, k->value);
+    if (type == VSK_Q5_K) q5_k_values(blk, k->value);
+    if (type == VSK_IQ4_XS) iq4_xs_values(blk, k->value);
 }
 
 /* the superblock's product with one activation block: integer sums per 16 weights meet their integer scales, the
@@ -211,25 +217,5 @@ static inline float vsk_kblock_dot(int type, const vsk_kblock *k, const vsk_act2
     const float d = vsk_fp16_to_fp32(k->d), dmin = vsk_fp16_to_fp32(k->dmin);
     return x->d * (d * (float)isum) - x->d * (dmin * (float)msum);
 }
-
-/* the GGUF block bytes of a type of this family */
-static inline int vsk_kblock_bytes(int type) {
-    return type == VSK_Q2_K ? Q2_K_BYTES : type == VSK_Q3_K ? Q3_K_BYTES : type == VSK_Q5_K ? Q5_K_BYTES : IQ4_XS_BYTES;
-}
-
-/* a vsk_kernel (vsk.h) running `body(variant, ...)`: the tile forms of one family share one body per path */
-#define VSK_TILE_ENTRY(name, body, variant)                                                                     \
-    static void name(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,              \
-                     size_t x_stride, int M, float *y, int ldy) {                                              \
-        (void)row_bytes;                                                                                       \
-        body(variant, W, n0, n1, K, xq, x_stride, M, y, ldy);                                                  \
-    }
-
-/* a vsk_kernel running `body(variant, ...)` with the rows' byte stride (the row layouts' kernels) */
-#define VSK_ROW_ENTRY(name, body, variant)                                                                      \
-    static void name(const uint8_t *W, size_t row_bytes, int n0, int n1, int K, const uint8_t *xq,              \
-                     size_t x_stride, int M, float *y, int ldy) {                                              \
-        body(variant, W, row_bytes, n0, n1, K, xq, x_stride, M, y, ldy);                                       \
-    }
 
 #endif

@@ -74,7 +74,7 @@ static int current_isa = -1;
 
 /* the kernel of a type on a path: the path's own, else the best below it in its family, else the portable one */
 static vsk_kernel kernel_for(int isa, int type) {
-    const int tile = type > 100; /* a tile form */
+    const int tile = vsk_is_tile(type);
     vsk_kernel k = NULL;
     if (vsk_isa_neon(isa)) {
         if (isa >= VSK_ISA_NEON_I8MM && tile) k = vsk_tile_kernel_neon_i8mm(type);
@@ -124,7 +124,7 @@ static int tile_type(int type) {
 
 /* bytes of the tile form of an [N, K] matrix of `type`, or 0 when the type has none */
 VSK_API size_t vsk_repacked_bytes(int type, int N, int K) {
-    return tile_type(type) < 0 ? 0 : vsk_tile_strip_bytes(tile_type(type), K) * (size_t)((N + 15) / 16);
+    return tile_type(type) < 0 ? 0 : vsk_strip_bytes(tile_type(type), K) * (size_t)((N + 15) / 16);
 }
 
 /* writes the tile form into dst (vsk_repacked_bytes) and returns its type, or -1 */
@@ -136,15 +136,11 @@ VSK_API int vsk_repack(int type, const uint8_t *src, size_t row_bytes, int N, in
 
 /* ---- activations ---------------------------------------------------------------------------------------- */
 
-/* the 256-weight types (the K-quants, IQ4_XS) and their tile forms take one scale per 256 values, the dense types
- * float rows, every other type one scale per 32 values */
+/* values per activation block (vsk_forms.h): the 256-weight types (the K-quants, IQ4_XS) and their tile forms take
+ * one scale per 256 values, the dense types float rows (1), every other type one scale per 32 values */
 VSK_API int vsk_act_block(int type) {
-    if (type == VSK_F32 || type == VSK_F16 || type == VSK_BF16) return 1;
-    const int gguf = type > 100 ? type - 100 : type;
-    return gguf == VSK_Q2_K || gguf == VSK_Q3_K || gguf == VSK_Q4_K || gguf == VSK_Q5_K || gguf == VSK_Q6_K ||
-                   gguf == VSK_IQ4_XS
-               ? 256
-               : 32;
+    const int weights = vsk_block_weights(type);
+    return weights == 1 || weights == 256 ? weights : 32;
 }
 
 VSK_API size_t vsk_act_row_bytes(int type, int K) {

@@ -3,78 +3,74 @@
 #include <string.h>
 
 #include "vsk.h"
-#include "vsk_blocks.h"
+#include "vsk_dense.h"
 
 #define VSK_API __attribute__((visibility("default")))
 
 static float half(const uint8_t *p) { return vsk_fp16_to_fp32(rd16(p)); }
 
+/* one block of a 32-weight type */
+static void block32_floats(int type, const uint8_t *blk, float *out) {
+    const float d = half(blk);
+    if (type == VSK_Q8_0) {
+        for (int i = 0; i < 32; i++) out[i] = (float)(int8_t)blk[2 + i] * d;
+    } else if (type == VSK_IQ4_NL) {
+        for (int i = 0; i < 16; i++) {
+            out[i] = d * (float)vsk_iq4_levels[blk[2 + i] & 0x0F];
+            out[i + 16] = d * (float)vsk_iq4_levels[blk[2 + i] >> 4];
+        }
+    } else if (type == VSK_Q4_1) {
+        const float m = half(blk + 2);
+        for (int i = 0; i < 16; i++) {
+            out[i] = d * (float)(blk[4 + i] & 0x0F) + m;
+            out[i + 16] = d * (float)(blk[4 + i] >> 4) + m;
+        }
+    } else { /* Q4_0, Q5_0 */
+        const uint8_t *qs = blk + (type == VSK_Q5_0 ? 6 : 2);
+        const uint32_t qh = type == VSK_Q5_0 ? rd32(blk + 2) : 0;
+        const int offset = type == VSK_Q5_0 ? 16 : 8;
+        for (int i = 0; i < 16; i++) {
+            out[i] = d * (float)((int)((qs[i] & 0x0F) | (((qh >> i) & 1u) << 4)) - offset);
+            out[i + 16] = d * (float)((int)((qs[i] >> 4) | (((qh >> (i + 16)) & 1u) << 4)) - offset);
+        }
+    }
+}
+
+/* one block of a 256-weight type: Q4_K, Q6_K, or the package's (d * scale) * level - dmin * min of the others (Q3_K
+ * and IQ4_XS have no minimum: less 0, the same bits) */
+static void block256_floats(int type, const uint8_t *blk, float *out) {
+    uint8_t sc[8], mn[8], q[256];
+    if (type == VSK_Q4_K) {
+        q4_k_scales(blk + 4, sc, mn);
+        q4_k_values(blk + 16, q);
+        const float d = half(blk), dmin = half(blk + 2);
+        for (int i = 0; i < 256; i++) out[i] = (d * (float)sc[i / 32]) * (float)q[i] - dmin * (float)mn[i / 32];
+    } else if (type == VSK_Q6_K) {
+        q6_k_values(blk, q);
+        const float d = half(blk + 208);
+        for (int i = 0; i < 256; i++) out[i] = (d * (float)(int8_t)blk[192 + i / 16]) * (float)((int)q[i] - 32);
+    } else {
+        vsk_kblock k;
+        vsk_kblock_of(type, blk, &k);
+        const float d = vsk_fp16_to_fp32(k.d), dmin = vsk_fp16_to_fp32(k.dmin);
+        for (int i = 0; i < 256; i++)
+            out[i] = (d * (float)k.scale[i / 16]) * (float)vsk_level(type, k.value[i]) - dmin * (float)k.min[i / 16];
+    }
+}
+
+/* the types with a definition (MXFP4 has none) */
+static int has_floats(int type) { return vsk_block_weights(type) > 0 && !vsk_is_tile(type) && type != VSK_MXFP4; }
+
 int vsk_row_to_floats(int type, const uint8_t *row, int K, float *out) {
-    switch (type) {
-    case VSK_F32: case VSK_F16: case VSK_BF16:
-        for (int i = 0; i < K; i++) out[i] = vsk_dense_value(type, row, i);
-        return 0;
-    case VSK_Q4_0: case VSK_Q4_1: case VSK_Q5_0: case VSK_Q8_0: case VSK_IQ4_NL: {
-        const int bytes = type == VSK_Q4_1 ? 20 : type == VSK_Q5_0 ? 22 : type == VSK_Q8_0 ? 34 : 18;
-        for (int b = 0; b < K / 32; b++, out += 32) {
-            const uint8_t *blk = row + (size_t)b * bytes;
-            const float d = half(blk);
-            if (type == VSK_Q8_0) {
-                for (int i = 0; i < 32; i++) out[i] = (float)(int8_t)blk[2 + i] * d;
-            } else if (type == VSK_IQ4_NL) {
-                for (int i = 0; i < 16; i++) {
-                    out[i] = d * (float)vsk_iq4_levels[blk[2 + i] & 0x0F];
-                    out[i + 16] = d * (float)vsk_iq4_levels[blk[2 + i] >> 4];
-                }
-            } else if (type == VSK_Q4_1) {
-                const float m = half(blk + 2);
-                for (int i = 0; i < 16; i++) {
-                    out[i] = d * (float)(blk[4 + i] & 0x0F) + m;
-                    out[i + 16] = d * (float)(blk[4 + i] >> 4) + m;
-                }
-            } else {
-                const uint8_t *qs = blk + (type == VSK_Q5_0 ? 6 : 2);
-                const uint32_t qh = type == VSK_Q5_0 ? rd32(blk + 2) : 0;
-                const int offset = type == VSK_Q5_0 ? 16 : 8;
-                for (int i = 0; i < 16; i++) {
-                    out[i] = d * (float)((int)((qs[i] & 0x0F) | (((qh >> i) & 1u) << 4)) - offset);
-                    out[i + 16] = d * (float)((int)((qs[i] >> 4) | (((qh >> (i + 16)) & 1u) << 4)) - offset);
-                }
-            }
-        }
-        return 0;
+    const int weights = vsk_block_weights(type);
+    if (!has_floats(type)) return -1;
+    for (int b = 0; b < K / weights; b++, out += weights) {
+        const uint8_t *blk = row + (size_t)b * (size_t)vsk_block_bytes(type);
+        if (weights == 1) *out = vsk_dense_value(type, row, b);
+        if (weights == 32) block32_floats(type, blk, out);
+        if (weights == 256) block256_floats(type, blk, out);
     }
-    case VSK_Q4_K:
-        for (int b = 0; b < K / 256; b++, out += 256) {
-            const uint8_t *blk = row + (size_t)b * Q4_K_BYTES;
-            uint8_t sc[8], mn[8], q[256];
-            q4_k_scales(blk + 4, sc, mn);
-            q4_k_values(blk + 16, q);
-            const float d = half(blk), dmin = half(blk + 2);
-            for (int i = 0; i < 256; i++) out[i] = (d * (float)sc[i / 32]) * (float)q[i] - dmin * (float)mn[i / 32];
-        }
-        return 0;
-    case VSK_Q6_K:
-        for (int b = 0; b < K / 256; b++, out += 256) {
-            const uint8_t *blk = row + (size_t)b * Q6_K_BYTES;
-            uint8_t q[256];
-            q6_k_values(blk, q);
-            const float d = half(blk + 208);
-            for (int i = 0; i < 256; i++) out[i] = (d * (float)(int8_t)blk[192 + i / 16]) * (float)((int)q[i] - 32);
-        }
-        return 0;
-    case VSK_Q2_K: case VSK_Q3_K: case VSK_Q5_K: case VSK_IQ4_XS:
-        /* the package's (d * scale) * level - dmin * min; Q3_K and IQ4_XS have no minimum (less 0: the same bits) */
-        for (int b = 0; b < K / 256; b++, out += 256) {
-            vsk_kblock k;
-            vsk_kblock_of(type, row + (size_t)b * (size_t)vsk_kblock_bytes(type), &k);
-            const float d = vsk_fp16_to_fp32(k.d), dmin = vsk_fp16_to_fp32(k.dmin);
-            for (int i = 0; i < 256; i++)
-                out[i] = (d * (float)k.scale[i / 16]) * (float)vsk_level(type, k.value[i]) - dmin * (float)k.min[i / 16];
-        }
-        return 0;
-    default: return -1;
-    }
+    return 0;
 }
 
 VSK_API int vsk_has_rows_to_floats(int type) {

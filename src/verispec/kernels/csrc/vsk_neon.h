@@ -12,8 +12,10 @@
 #include <arm_neon.h>
 #include <string.h>
 
-/* the kernels' bodies take their type as a constant of each entry point (vsk_blocks.h: VSK_ROW_ENTRY, VSK_TILE_ENTRY):
- * inlined there, their switches on it fold away */
+#include "vsk_math.h"
+
+/* the kernels' bodies take their type as a constant of each entry point (vsk_forms.h: VSK_ROW_KERNELS,
+ * VSK_TILE_KERNELS): inlined there, their switches on it fold away */
 #define VSK_NEON_INLINE static inline __attribute__((always_inline))
 
 /* int32 lanes += the products of the signed bytes a x b, some lanes taking each (only the lanes' total is
@@ -43,20 +45,15 @@ static inline float32x4_t halves4(const uint8_t *p) {
     return vcvt_f32_f16(vreinterpret_f16_u16(h));
 }
 
-/* vsk_exp (vsk_math.h) on 4 floats, operation for operation: the same bits per element */
-static inline float32x4_t exp4(float32x4_t x) {
-    const float32x4_t magic = vdupq_n_f32(12582912.0f);
-    x = vminq_f32(vmaxq_f32(x, vdupq_n_f32(-87.0f)), vdupq_n_f32(88.0f));
-    const float32x4_t n = vsubq_f32(vaddq_f32(vmulq_n_f32(x, 1.44269504089f), magic), magic);
-    const float32x4_t r = vaddq_f32(vsubq_f32(x, vmulq_n_f32(n, 0.693359375f)), vmulq_n_f32(n, 2.12194440e-4f));
-    float32x4_t p = vaddq_f32(vmulq_n_f32(r, 1.9875691500e-4f), vdupq_n_f32(1.3981999507e-3f));
-    p = vaddq_f32(vmulq_f32(p, r), vdupq_n_f32(8.3334519073e-3f));
-    p = vaddq_f32(vmulq_f32(p, r), vdupq_n_f32(4.1665795894e-2f));
-    p = vaddq_f32(vmulq_f32(p, r), vdupq_n_f32(1.6666665459e-1f));
-    p = vaddq_f32(vmulq_f32(p, r), vdupq_n_f32(5.0000001201e-1f));
-    const float32x4_t e = vaddq_f32(vaddq_f32(vmulq_f32(p, vmulq_f32(r, r)), r), vdupq_n_f32(1.0f));
-    const int32x4_t bits = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
-    return vmulq_f32(e, vreinterpretq_f32_s32(bits));
+/* vsk_exp (vsk_math.h) on 4 floats: the same bits per element */
+static inline float32x4_t exp4_clamp(float32x4_t x) {
+    return vminq_f32(vmaxq_f32(x, vdupq_n_f32(-87.0f)), vdupq_n_f32(88.0f));
 }
+
+static inline float32x4_t exp4_pow2(float32x4_t n) {
+    return vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23));
+}
+
+VSK_EXP(exp4, float32x4_t, exp4_clamp, exp4_pow2)
 
 #endif

@@ -92,9 +92,8 @@ static void swiglu(const float *gate, const float *up, float *out, int n) {
     for (; i < n; i++) out[i] = gate[i] / (1.0f + vsk_exp(-gate[i])) * up[i];
 }
 
-/* the largest value by vector maxima (exact in any order), then its first index; a NaN anywhere: the portable
- * scan, which finds the first one */
-static int argmax(const float *x, int n) {
+/* the largest of x by vector maxima (exact in any order), noting a NaN */
+static inline float top_of(const float *x, int n, int *nan) {
     __m256 top = _mm256_set1_ps(-INFINITY), unordered = _mm256_setzero_ps();
     int i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -105,21 +104,21 @@ static int argmax(const float *x, int n) {
     __m128 h = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
     h = _mm_max_ps(h, _mm_movehl_ps(h, h));
     h = _mm_max_ss(h, _mm_movehdup_ps(h));
-    float best = _mm_cvtss_f32(h);
-    int nan = _mm256_movemask_ps(unordered);
-    for (int j = i; j < n; j++) {
-        nan |= isnan(x[j]);
-        best = x[j] > best ? x[j] : best;
-    }
+    *nan = _mm256_movemask_ps(unordered);
+    return vsk_top_from(x, i, n, _mm_cvtss_f32(h), nan);
+}
+
+/* the largest value, then its first index; a NaN anywhere: the portable scan, which finds the first one */
+static int argmax(const float *x, int n) {
+    int nan, i = 0;
+    const float best = top_of(x, n, &nan);
     if (nan) return vsk_rows_portable()->argmax(x, n);
     const __m256 wanted = _mm256_set1_ps(best);
-    for (i = 0; i + 8 <= n; i += 8) {
+    for (; i + 8 <= n; i += 8) {
         const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), wanted, _CMP_EQ_OQ));
         if (hit) return i + __builtin_ctz((unsigned)hit);
     }
-    for (; i < n; i++)
-        if (x[i] == best) return i;
-    return 0;
+    return vsk_first_from(x, i, n, best);
 }
 
 static const vsk_row_ops ops = {quantize32, quantize256, sum_squares, swiglu, argmax};

@@ -76,9 +76,8 @@ static void swiglu(const float *gate, const float *up, float *out, int n) {
     for (; i < n; i++) out[i] = gate[i] / (1.0f + vsk_exp(-gate[i])) * up[i];
 }
 
-/* the largest value by vector maxima (exact in any order), then its first index; a NaN anywhere: the portable
- * scan, which finds the first one */
-static int argmax(const float *x, int n) {
+/* the largest of x by vector maxima (exact in any order), noting a NaN */
+static inline float top_of(const float *x, int n, int *nan) {
     float32x4_t top = vdupq_n_f32(-INFINITY);
     uint32x4_t ordered = vdupq_n_u32(0xFFFFFFFFu);
     int i = 0;
@@ -87,23 +86,19 @@ static int argmax(const float *x, int n) {
         ordered = vandq_u32(ordered, vceqq_f32(v, v));
         top = vmaxq_f32(top, v);
     }
-    int nan = vminvq_u32(ordered) == 0;
-    float best = vmaxvq_f32(top);
-    for (int j = i; j < n; j++) {
-        nan |= isnan(x[j]);
-        best = x[j] > best ? x[j] : best;
-    }
+    *nan = vminvq_u32(ordered) == 0;
+    return vsk_top_from(x, i, n, vmaxvq_f32(top), nan);
+}
+
+/* the largest value, then its first index (a vector of four holding it, then its lane); a NaN anywhere: the portable
+ * scan, which finds the first one */
+static int argmax(const float *x, int n) {
+    int nan, i = 0;
+    const float best = top_of(x, n, &nan);
     if (nan) return vsk_rows_portable()->argmax(x, n);
-    const float32x4_t wanted = vdupq_n_f32(best);
-    for (i = 0; i + 4 <= n; i += 4) {
-        const uint32x4_t hit = vceqq_f32(vld1q_f32(x + i), wanted);
-        if (vmaxvq_u32(hit))
-            for (int l = 0; l < 4; l++)
-                if (x[i + l] == best) return i + l;
-    }
-    for (; i < n; i++)
-        if (x[i] == best) return i;
-    return 0;
+    for (; i + 4 <= n; i += 4)
+        if (vmaxvq_u32(vceqq_f32(vld1q_f32(x + i), vdupq_n_f32(best)))) return vsk_first_from(x, i, i + 4, best);
+    return vsk_first_from(x, i, n, best);
 }
 
 static const vsk_row_ops ops = {quantize32, quantize256, sum_squares, swiglu, argmax};

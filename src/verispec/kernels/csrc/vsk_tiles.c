@@ -44,62 +44,39 @@ static void pack_nibbles(const uint8_t values[16][256], int j, uint8_t *out) {
                                                     ((values[n][32 * j + 16 + 4 * i + c] & 0x0F) << 4));
 }
 
-size_t vsk_tile_strip_bytes(int type, int K) {
-    if (type == VSK_T4_0 || type == VSK_TIQ4_NL) return (size_t)(K / 32) * T40_BYTES;
-    if (type == VSK_T4_1) return (size_t)(K / 32) * T41_BYTES;
-    if (type == VSK_T5_0) return (size_t)(K / 32) * T50_BYTES;
-    if (type == VSK_T8_0) return (size_t)(K / 32) * T80_BYTES;
-    const size_t bytes = type == VSK_T4_K ? T4K_BYTES : type == VSK_T6_K ? T6K_BYTES : type == VSK_T5_K ? T5K_BYTES
-                         : type == VSK_T3_K ? T3K_BYTES : type == VSK_T2_K ? T2K_BYTES : TIQ4XS_BYTES;
-    return (size_t)(K / 256) * bytes;
-}
+/* The packers of one tile block: from the 16 rows' GGUF blocks blk[n] (NULL for rows past N, which stay zero)
+ * into `out` (zeroed before). */
 
 /* Q4_0 and IQ4_NL (18-byte blocks: f16 d, 16 bytes of nibbles), Q4_1 (20: f16 d, f16 m, 16 of nibbles) and Q5_0 (22:
  * f16 d, 4 bytes of fifth bits, 16 of nibbles) into T4_0 / T4_1 / T5_0: the same nibble chunks, T5_0 adding
  * its fifth bits after them, T4_1 its minimums */
-static void repack_nibble32(int type, const uint8_t *src, size_t row_bytes, int N, int K, uint8_t *dst) {
-    const int five = type == VSK_Q5_0, one = type == VSK_Q4_1;
-    const int strips = (N + 15) / 16, blocks = K / 32, in_bytes = five ? 22 : one ? 20 : 18;
-    const int nibbles = five ? 6 : one ? 4 : 2;
-    const size_t out_bytes = vsk_tile_strip_bytes(five ? VSK_T5_0 : one ? VSK_T4_1 : VSK_T4_0, 32);
-    memset(dst, 0, out_bytes * (size_t)blocks * (size_t)strips);
-    for (int t = 0; t < strips; t++)
-        for (int b = 0; b < blocks; b++) {
-            uint8_t *out = dst + ((size_t)t * blocks + b) * out_bytes;
-            uint8_t values[16][256];
-            memset(values, 0, sizeof values);
-            for (int n = 0; n < 16 && 16 * t + n < N; n++) {
-                const uint8_t *blk = src + (size_t)(16 * t + n) * row_bytes + (size_t)b * in_bytes;
-                memcpy(out + 2 * n, blk, 2);
-                if (one) memcpy(out + 288 + 2 * n, blk + 2, 2);
-                const uint32_t qh = five ? rd32(blk + 2) : 0;
-                for (int j = 0; j < 16; j++) {
-                    values[n][j] = (uint8_t)((blk[nibbles + j] & 0x0F) | (((qh >> j) & 1u) << 4));
-                    values[n][j + 16] = (uint8_t)((blk[nibbles + j] >> 4) | (((qh >> (j + 16)) & 1u) << 4));
-                }
-            }
-            pack_nibbles((const uint8_t (*)[256])values, 0, out + 32);
-            for (int g = 0; g < 8 && five; g++)
-                for (int n = 0; n < 16; n++)
-                    for (int c = 0; c < 4; c++)
-                        out[288 + 4 * n + c] |= (uint8_t)(((values[n][group_index(g, c)] >> 4) & 1) << g);
+static void pack_nibble32(int type, const uint8_t *const *blk, uint8_t *out) {
+    const int five = type == VSK_Q5_0, one = type == VSK_Q4_1, nibbles = five ? 6 : one ? 4 : 2;
+    uint8_t values[16][256];
+    memset(values, 0, sizeof values);
+    for (int n = 0; n < 16 && blk[n]; n++) {
+        memcpy(out + 2 * n, blk[n], 2);
+        if (one) memcpy(out + 288 + 2 * n, blk[n] + 2, 2);
+        const uint32_t qh = five ? rd32(blk[n] + 2) : 0;
+        for (int j = 0; j < 16; j++) {
+            values[n][j] = (uint8_t)((blk[n][nibbles + j] & 0x0F) | (((qh >> j) & 1u) << 4));
+            values[n][j + 16] = (uint8_t)((blk[n][nibbles + j] >> 4) | (((qh >> (j + 16)) & 1u) << 4));
         }
+    }
+    pack_nibbles((const uint8_t (*)[256])values, 0, out + 32);
+    for (int g = 0; g < 8 && five; g++)
+        for (int n = 0; n < 16; n++)
+            for (int c = 0; c < 4; c++)
+                out[288 + 4 * n + c] |= (uint8_t)(((values[n][group_index(g, c)] >> 4) & 1) << g);
 }
 
-static void repack_q8_0(const uint8_t *src, size_t row_bytes, int N, int K, uint8_t *dst) {
-    const int strips = (N + 15) / 16, blocks = K / 32;
-    memset(dst, 0, vsk_tile_strip_bytes(VSK_T8_0, K) * (size_t)strips);
-    for (int t = 0; t < strips; t++)
-        for (int b = 0; b < blocks; b++) {
-            uint8_t *out = dst + ((size_t)t * blocks + b) * T80_BYTES;
-            for (int n = 0; n < 16; n++) {
-                const uint8_t *blk = 16 * t + n < N ? src + (size_t)(16 * t + n) * row_bytes + (size_t)b * 34 : NULL;
-                if (blk) memcpy(out + 2 * n, blk, 2);
-                for (int g = 0; g < 8; g++)
-                    for (int c = 0; c < 4; c++) /* rows past N: weight 0, d 0 */
-                        out[32 + 64 * g + 4 * n + c] = (uint8_t)((blk ? blk[2 + group_index(g, c)] : 0) ^ 0x80);
-            }
-        }
+static void pack_q8_0(const uint8_t *const *blk, uint8_t *out) {
+    for (int n = 0; n < 16; n++) {
+        if (blk[n]) memcpy(out + 2 * n, blk[n], 2);
+        for (int g = 0; g < 8; g++)
+            for (int c = 0; c < 4; c++) /* rows past N: weight 0, d 0 */
+                out[32 + 64 * g + 4 * n + c] = (uint8_t)((blk[n] ? blk[n][2 + group_index(g, c)] : 0) ^ 0x80);
+    }
 }
 
 /* ---- T2_K, T3_K, T5_K and TIQ4_XS: packed from and unpacked to the portable superblock (vsk_kblock) --------- */
@@ -189,83 +166,74 @@ static void unpack_kblock(int tile, const uint8_t *blk, int n, vsk_kblock *k) {
             }
 }
 
-static void repack_kblocks(int type, const uint8_t *src, size_t row_bytes, int N, int K, uint8_t *dst) {
-    const int tile = type + 100, strips = (N + 15) / 16, blocks = K / 256;
-    const size_t block_bytes = vsk_tile_strip_bytes(tile, 256), in_bytes = (size_t)vsk_kblock_bytes(type);
-    memset(dst, 0, block_bytes * (size_t)blocks * (size_t)strips);
-    for (int t = 0; t < strips; t++)
-        for (int b = 0; b < blocks; b++) {
-            vsk_kblock k[16];
-            memset(k, 0, sizeof k); /* rows past N: all zero */
-            for (int n = 0; n < 16 && 16 * t + n < N; n++)
-                vsk_kblock_of(type, src + (size_t)(16 * t + n) * row_bytes + (size_t)b * in_bytes, &k[n]);
-            pack_kblocks(tile, k, dst + ((size_t)t * blocks + b) * block_bytes);
-        }
+static void pack_kblock(int type, const uint8_t *const *blk, uint8_t *out) {
+    vsk_kblock k[16];
+    memset(k, 0, sizeof k); /* rows past N: all zero */
+    for (int n = 0; n < 16 && blk[n]; n++) vsk_kblock_of(type, blk[n], &k[n]);
+    pack_kblocks(type + 100, k, out);
 }
 
-/* __attribute__((visibility)) is set on the entry point in vsk_core.c */
+/* row n's superblock of Q4_K or Q6_K: its factors and scales into the tile's superblock `out`, its values */
+static void pack_k_row(int type, const uint8_t *blk, int n, uint8_t *out, uint8_t *values) {
+    if (type == VSK_Q4_K) {
+        uint8_t sc[8], mn[8];
+        memcpy(out + 2 * n, blk, 2);
+        memcpy(out + 32 + 2 * n, blk + 2, 2);
+        q4_k_scales(blk + 4, sc, mn);
+        for (int j = 0; j < 8; j++) {
+            out[64 + 16 * j + n] = sc[j];
+            out[192 + 16 * j + n] = mn[j];
+        }
+        q4_k_values(blk + 16, values);
+    } else {
+        memcpy(out + 2 * n, blk + 208, 2);
+        for (int j = 0; j < 16; j++) out[32 + 16 * j + n] = blk[192 + j];
+        q6_k_values(blk, values);
+    }
+}
+
+/* Q6_K's high two bits of the 16 rows' values, per sub-block pair j two 64-byte chunks (group g in chunk g / 4) */
+static void pack_high(const uint8_t values[16][256], uint8_t *high) {
+    for (int j = 0; j < 8; j++)
+        for (int g = 0; g < 8; g++)
+            for (int n = 0; n < 16; n++)
+                for (int c = 0; c < 4; c++)
+                    high[128 * j + 64 * (g / 4) + 4 * n + c] |=
+                        (uint8_t)(((values[n][32 * j + group_index(g, c)] >> 4) & 3) << (2 * (g % 4)));
+}
+
+/* Q4_K and Q6_K into T4_K and T6_K */
+static void pack_k(int type, const uint8_t *const *blk, uint8_t *out) {
+    uint8_t values[16][256];
+    memset(values, 0, sizeof values);
+    for (int n = 0; n < 16 && blk[n]; n++) pack_k_row(type, blk[n], n, out, values[n]);
+    for (int j = 0; j < 8; j++)
+        pack_nibbles((const uint8_t (*)[256])values, j, out + (type == VSK_Q4_K ? 320 : 288) + 256 * j);
+    if (type == VSK_Q6_K) pack_high((const uint8_t (*)[256])values, out + 288 + 2048);
+}
+
+/* a GGUF matrix of `type` [N rows of `row_bytes`, K values each] into its tile form (vsk_repacked_bytes, vsk_core.c,
+ * whose visibility it has): each block of each strip of 16 rows packed from the rows' blocks */
 void vsk_repack_rows(int type, const uint8_t *src, size_t row_bytes, int N, int K, uint8_t *dst) {
-    if (type == VSK_Q2_K || type == VSK_Q3_K || type == VSK_Q5_K || type == VSK_IQ4_XS) {
-        repack_kblocks(type, src, row_bytes, N, K, dst);
-        return;
-    }
-    if (type == VSK_Q4_0 || type == VSK_Q4_1 || type == VSK_Q5_0 || type == VSK_IQ4_NL) {
-        repack_nibble32(type, src, row_bytes, N, K, dst);
-        return;
-    }
-    if (type == VSK_Q8_0) {
-        repack_q8_0(src, row_bytes, N, K, dst);
-        return;
-    }
-    const int strips = (N + 15) / 16, blocks = K / 256;
-    const size_t strip_bytes = vsk_tile_strip_bytes(type == VSK_Q4_K ? VSK_T4_K : VSK_T6_K, K);
-    memset(dst, 0, strip_bytes * (size_t)strips);
-    for (int t = 0; t < strips; t++) {
+    const int strips = (N + 15) / 16, blocks = K / vsk_block_weights(type);
+    const size_t out_bytes = (size_t)vsk_block_bytes(type + 100), in_bytes = (size_t)vsk_block_bytes(type);
+    memset(dst, 0, out_bytes * (size_t)blocks * (size_t)strips);
+    for (int t = 0; t < strips; t++)
         for (int b = 0; b < blocks; b++) {
-            uint8_t *out = dst + (size_t)t * strip_bytes + (size_t)b * (type == VSK_Q4_K ? T4K_BYTES : T6K_BYTES);
-            uint8_t values[16][256];
-            memset(values, 0, sizeof values);
-            for (int n = 0; n < 16 && 16 * t + n < N; n++) {
-                const uint8_t *blk = src + (size_t)(16 * t + n) * row_bytes + (size_t)b * (type == VSK_Q4_K ? Q4_K_BYTES : Q6_K_BYTES);
-                if (type == VSK_Q4_K) {
-                    uint8_t sc[8], mn[8];
-                    memcpy(out + 2 * n, blk, 2);
-                    memcpy(out + 32 + 2 * n, blk + 2, 2);
-                    q4_k_scales(blk + 4, sc, mn);
-                    for (int j = 0; j < 8; j++) {
-                        out[64 + 16 * j + n] = sc[j];
-                        out[192 + 16 * j + n] = mn[j];
-                    }
-                    q4_k_values(blk + 16, values[n]);
-                } else {
-                    memcpy(out + 2 * n, blk + 208, 2);
-                    for (int j = 0; j < 16; j++) out[32 + 16 * j + n] = blk[192 + j];
-                    q6_k_values(blk, values[n]);
-                }
-            }
-            uint8_t *nibbles = out + (type == VSK_Q4_K ? 320 : 288);
-            for (int j = 0; j < 8; j++) pack_nibbles((const uint8_t (*)[256])values, j, nibbles + 256 * j);
-            if (type == VSK_Q6_K) {
-                uint8_t *high = out + 288 + 2048;
-                for (int j = 0; j < 8; j++)
-                    for (int g = 0; g < 8; g++)
-                        for (int n = 0; n < 16; n++)
-                            for (int c = 0; c < 4; c++)
-                                high[128 * j + 64 * (g / 4) + 4 * n + c] |=
-                                    (uint8_t)(((values[n][32 * j + group_index(g, c)] >> 4) & 3) << (2 * (g % 4)));
+            const uint8_t *blk[16];
+            uint8_t *out = dst + ((size_t)t * blocks + b) * out_bytes;
+            for (int n = 0; n < 16; n++)
+                blk[n] = 16 * t + n < N ? src + (size_t)(16 * t + n) * row_bytes + (size_t)b * in_bytes : NULL;
+            switch (type) {
+            case VSK_Q2_K: case VSK_Q3_K: case VSK_Q5_K: case VSK_IQ4_XS: pack_kblock(type, blk, out); break;
+            case VSK_Q4_0: case VSK_Q4_1: case VSK_Q5_0: case VSK_IQ4_NL: pack_nibble32(type, blk, out); break;
+            case VSK_Q8_0: pack_q8_0(blk, out); break;
+            default: pack_k(type, blk, out); /* VSK_Q4_K, VSK_Q6_K */
             }
         }
-    }
 }
 
 /* ---- the portable kernels over tiles ----------------------------------------------------------------- */
-
-/* rows' sums of tile t into y (the weight rows below n1) */
-static void store_tile(float (*acc)[16], int rows, float *y, int ldy, int t, int n1) {
-    for (int m = 0; m < rows; m++)
-        for (int n = 0; n < 16; n++)
-            if (16 * t + n < n1) y[(size_t)m * ldy + 16 * t + n] = acc[m][n];
-}
 
 /* row n's 32 values of sub-block j, in weight order */
 static inline void unpack_sub(const uint8_t *nibbles, const uint8_t *high, int n, uint8_t *w) {
@@ -278,154 +246,95 @@ static inline void unpack_sub(const uint8_t *nibbles, const uint8_t *high, int n
         }
 }
 
-/* Per row and superblock: each sub-block's integer sum meets its scale (times the superblock's d), the
- * minimums (Q4_K) or the values' offset of 32 (Q6_K) are one integer sum over the activations' sub-block
- * sums, and the superblock's total meets the activations' scale once. */
-static void tile_kernel(int type, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride,
-                        int M, float *y, int ldy) {
-    const int blocks = K / 256, six = type == VSK_T6_K;
-    const size_t strip_bytes = vsk_tile_strip_bytes(type, K), block_bytes = six ? T6K_BYTES : T4K_BYTES;
-    for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
-        for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
-            const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
-            float acc[MAX_ROWS][16] = {{0}};
-            for (int b = 0; b < blocks; b++) {
-                const uint8_t *blk = W + (size_t)t * strip_bytes + (size_t)b * block_bytes;
-                for (int n = 0; n < 16; n++) {
-                    const float d = vsk_fp16_to_fp32(rd16(blk + 2 * n));
-                    float sb[MAX_ROWS] = {0};
-                    for (int j = 0; j < 8; j++) {
-                        uint8_t w[32];
-                        unpack_sub(blk + (six ? 288 : 320) + 256 * j, six ? blk + 2336 + 128 * j : NULL, n, w);
-                        for (int m = 0; m < rows; m++) {
-                            const vsk_act256 *x = (const vsk_act256 *)(xq + (size_t)(r0 + m) * x_stride) + b;
-                            int32_t s[2] = {0, 0};
-                            for (int i = 0; i < 32; i++) s[i / 16] += (int32_t)w[i] * x->q[32 * j + i];
-                            if (six) {
-                                for (int h = 0; h < 2; h++)
-                                    sb[m] += (d * (float)(int8_t)blk[32 + 16 * (2 * j + h) + n]) * (float)s[h];
-                            } else {
-                                sb[m] += (d * (float)blk[64 + 16 * j + n]) * (float)(s[0] + s[1]);
-                            }
-                        }
-                    }
-                    for (int m = 0; m < rows; m++) {
-                        const vsk_act256 *x = (const vsk_act256 *)(xq + (size_t)(r0 + m) * x_stride) + b;
-                        int32_t terms = 0; /* Q4_K: sum_j min_j sum32_j; Q6_K: sum_j scale_j bsum_j */
-                        if (six) {
-                            for (int j = 0; j < 16; j++) terms += (int32_t)(int8_t)blk[32 + 16 * j + n] * x->bsum[j];
-                            sb[m] -= (32.0f * d) * (float)terms;
-                        } else {
-                            for (int j = 0; j < 8; j++) terms += (int32_t)blk[192 + 16 * j + n] * x->sum32[j];
-                            sb[m] -= vsk_fp16_to_fp32(rd16(blk + 32 + 2 * n)) * (float)terms;
-                        }
-                        acc[m][n] += sb[m] * x->d;
-                    }
-                }
-            }
-            store_tile(acc, rows, y + (size_t)r0 * ldy, ldy, t, n1);
+/* T4_K and T6_K, row n of a superblock against each activation row: each sub-block's integer sum meets its scale
+ * (times the superblock's d), the minimums (T4_K) or the values' offset of 32 (T6_K) are one integer sum over the
+ * activations' sub-block sums, and the superblock's total meets the activations' scale once */
+static void k_rows(int form, const uint8_t *blk, int n, const uint8_t *xq, size_t x_stride, int b, int rows,
+                   float (*acc)[16]) {
+    const int six = form == VSK_T6_K;
+    const float d = vsk_fp16_to_fp32(rd16(blk + 2 * n));
+    const float dmin = six ? 32.0f * d : vsk_fp16_to_fp32(rd16(blk + 32 + 2 * n));
+    uint8_t w[256];
+    for (int j = 0; j < 8; j++)
+        unpack_sub(blk + (six ? 288 : 320) + 256 * j, six ? blk + 2336 + 128 * j : NULL, n, w + 32 * j);
+    for (int m = 0; m < rows; m++) {
+        const vsk_act256 *x = vsk_act256_at(xq, x_stride, m, b);
+        float sb = 0.0f;
+        for (int j = 0; j < 8; j++) {
+            int32_t s[2] = {0, 0};
+            for (int i = 0; i < 32; i++) s[i / 16] += (int32_t)w[32 * j + i] * x->q[32 * j + i];
+            for (int h = 0; h < 2 && six; h++) sb += (d * (float)(int8_t)blk[32 + 16 * (2 * j + h) + n]) * (float)s[h];
+            if (!six) sb += (d * (float)blk[64 + 16 * j + n]) * (float)(s[0] + s[1]);
         }
+        int32_t terms = 0; /* T4_K: sum_j min_j sum32_j; T6_K: sum_j scale_j bsum_j */
+        for (int j = 0; j < 16 && six; j++) terms += (int32_t)(int8_t)blk[32 + 16 * j + n] * x->bsum[j];
+        for (int j = 0; j < 8 && !six; j++) terms += (int32_t)blk[192 + 16 * j + n] * x->sum32[j];
+        acc[m][n] += (sb - dmin * (float)terms) * x->d;
     }
 }
 
-VSK_TILE_ENTRY(kernel_t4_k, tile_kernel, VSK_T4_K)
-
-/* T2_K, T3_K, T5_K and TIQ4_XS: each row's superblock unpacked to the portable form and dotted as the row layout's
+/* T2_K, T3_K, T5_K and TIQ4_XS: row n's superblock unpacked to the portable form and dotted as the row layout's
  * portable kernel does (vsk_scalar.c), so the same bits */
-static void kblock_tile_kernel(int type, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride,
-                               int M, float *y, int ldy) {
-    const int blocks = K / 256;
-    const size_t block_bytes = vsk_tile_strip_bytes(type, 256);
-    for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
-        for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
-            const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
-            float acc[MAX_ROWS][16] = {{0}};
-            for (int b = 0; b < blocks; b++)
-                for (int n = 0; n < 16; n++) {
-                    vsk_kblock k;
-                    unpack_kblock(type, W + ((size_t)t * blocks + b) * block_bytes, n, &k);
-                    for (int m = 0; m < rows; m++) {
-                        const vsk_act256 *x = (const vsk_act256 *)(xq + (size_t)(r0 + m) * x_stride) + b;
-                        acc[m][n] += vsk_kblock_dot(gguf_of_tile(type), &k, x);
-                    }
-                }
-            store_tile(acc, rows, y + (size_t)r0 * ldy, ldy, t, n1);
-        }
-    }
+static void kblock_rows(int form, const uint8_t *blk, int n, const uint8_t *xq, size_t x_stride, int b, int rows,
+                        float (*acc)[16]) {
+    vsk_kblock k;
+    unpack_kblock(form, blk, n, &k);
+    for (int m = 0; m < rows; m++)
+        acc[m][n] += vsk_kblock_dot(gguf_of_tile(form), &k, vsk_act256_at(xq, x_stride, m, b));
 }
-
-VSK_TILE_ENTRY(kernel_t2_k, kblock_tile_kernel, VSK_T2_K)
-
-VSK_TILE_ENTRY(kernel_t3_k, kblock_tile_kernel, VSK_T3_K)
-
-VSK_TILE_ENTRY(kernel_t5_k, kblock_tile_kernel, VSK_T5_K)
-
-VSK_TILE_ENTRY(kernel_tiq4_xs, kblock_tile_kernel, VSK_TIQ4_XS)
 
 /* the 32-weight tile forms: T4_0 (values 0..15, the weight d (value - 8)), T4_1 (values 0..15, the weight
  * d value + m), T5_0 (values 0..31, the weight d (value - 16)), T8_0 (bytes weight + 128) and TIQ4_NL (indices,
- * taken as their level + 128 like T8_0's bytes) */
-static void tile32_kernel(int type, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride,
-                          int M, float *y, int ldy) {
-    const int blocks = K / 32;
-    const int offset = type == VSK_T8_0 || type == VSK_TIQ4_NL ? 128 : type == VSK_T5_0 ? 16 : type == VSK_T4_0 ? 8 : 0;
-    const size_t block_bytes = vsk_tile_strip_bytes(type, 32);
-    for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
-        for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
-            const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
-            float acc[MAX_ROWS][16] = {{0}};
-            for (int b = 0; b < blocks; b++) {
-                const uint8_t *blk = W + ((size_t)t * blocks + b) * block_bytes;
-                for (int n = 0; n < 16; n++) {
-                    const float d = vsk_fp16_to_fp32(rd16(blk + 2 * n));
-                    const float mn = type == VSK_T4_1 ? vsk_fp16_to_fp32(rd16(blk + 288 + 2 * n)) : 0.0f;
-                    uint8_t w[32];
-                    if (type == VSK_T8_0) {
-                        for (int g = 0; g < 8; g++)
-                            for (int c = 0; c < 4; c++) w[group_index(g, c)] = blk[32 + 64 * g + 4 * n + c];
-                    } else {
-                        unpack_sub(blk + 32, NULL, n, w);
-                        for (int g = 0; g < 8 && type == VSK_T5_0; g++)
-                            for (int c = 0; c < 4; c++)
-                                w[group_index(g, c)] |= (uint8_t)(((blk[288 + 4 * n + c] >> g) & 1) << 4);
-                        for (int i = 0; i < 32 && type == VSK_TIQ4_NL; i++) w[i] = (uint8_t)(vsk_iq4_levels[w[i]] + 128);
-                    }
-                    for (int m = 0; m < rows; m++) {
-                        const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)(r0 + m) * x_stride) + b;
-                        int32_t s = -offset * (x->half[0] + x->half[1]);
-                        for (int i = 0; i < 32; i++) s += (int32_t)w[i] * x->q[i];
-                        acc[m][n] += (d * x->d) * (float)s + mn * (x->d * (float)(x->half[0] + x->half[1]));
-                    }
-                }
-            }
-            store_tile(acc, rows, y + (size_t)r0 * ldy, ldy, t, n1);
-        }
+ * taken as their level + 128 like T8_0's bytes): row n's 32 values */
+static void unpack32(int form, const uint8_t *blk, int n, uint8_t *w) {
+    if (form == VSK_T8_0) {
+        for (int g = 0; g < 8; g++)
+            for (int c = 0; c < 4; c++) w[group_index(g, c)] = blk[32 + 64 * g + 4 * n + c];
+        return;
+    }
+    unpack_sub(blk + 32, NULL, n, w);
+    for (int g = 0; g < 8 && form == VSK_T5_0; g++)
+        for (int c = 0; c < 4; c++) w[group_index(g, c)] |= (uint8_t)(((blk[288 + 4 * n + c] >> g) & 1) << 4);
+    for (int i = 0; i < 32 && form == VSK_TIQ4_NL; i++) w[i] = (uint8_t)(vsk_iq4_levels[w[i]] + 128);
+}
+
+static void rows32(int form, const uint8_t *blk, int n, const uint8_t *xq, size_t x_stride, int b, int rows,
+                   float (*acc)[16]) {
+    const int offset = form == VSK_T8_0 || form == VSK_TIQ4_NL ? 128 : form == VSK_T5_0 ? 16 : form == VSK_T4_0 ? 8 : 0;
+    const float d = vsk_fp16_to_fp32(rd16(blk + 2 * n));
+    const float mn = form == VSK_T4_1 ? vsk_fp16_to_fp32(rd16(blk + 288 + 2 * n)) : 0.0f;
+    uint8_t w[32];
+    unpack32(form, blk, n, w);
+    for (int m = 0; m < rows; m++) {
+        const vsk_act32 *x = vsk_act32_at(xq, x_stride, m, b);
+        int32_t s = -offset * (x->half[0] + x->half[1]);
+        for (int i = 0; i < 32; i++) s += (int32_t)w[i] * x->q[i];
+        acc[m][n] += (d * x->d) * (float)s + mn * (x->d * (float)(x->half[0] + x->half[1]));
     }
 }
 
-VSK_TILE_ENTRY(kernel_t4_0, tile32_kernel, VSK_T4_0)
-
-VSK_TILE_ENTRY(kernel_t4_1, tile32_kernel, VSK_T4_1)
-
-VSK_TILE_ENTRY(kernel_t5_0, tile32_kernel, VSK_T5_0)
-
-VSK_TILE_ENTRY(kernel_t8_0, tile32_kernel, VSK_T8_0)
-
-VSK_TILE_ENTRY(kernel_tiq4_nl, tile32_kernel, VSK_TIQ4_NL)
-
-VSK_TILE_ENTRY(kernel_t6_k, tile_kernel, VSK_T6_K)
-
-vsk_kernel vsk_tile_kernel_scalar(int type) {
-    return type == VSK_T4_K   ? kernel_t4_k
-           : type == VSK_T6_K ? kernel_t6_k
-           : type == VSK_T4_0 ? kernel_t4_0
-           : type == VSK_T4_1 ? kernel_t4_1
-           : type == VSK_T5_0 ? kernel_t5_0
-           : type == VSK_T8_0 ? kernel_t8_0
-           : type == VSK_T2_K ? kernel_t2_k
-           : type == VSK_T3_K ? kernel_t3_k
-           : type == VSK_T5_K ? kernel_t5_k
-           : type == VSK_TIQ4_XS ? kernel_tiq4_xs
-           : type == VSK_TIQ4_NL ? kernel_tiq4_nl
-                              : NULL;
+/* the tile body (vsk_forms.h): per block, each row of the strip against every activation row */
+static void tile_rows(int form, const uint8_t *strip, int blocks, const uint8_t *xq, size_t x_stride, int rows,
+                      float *y, int ldy, int lanes) {
+    const size_t block_bytes = (size_t)vsk_block_bytes(form);
+    float acc[MAX_ROWS][16] = {{0}};
+    for (int b = 0; b < blocks; b++)
+        for (int n = 0; n < 16; n++) {
+            const uint8_t *blk = strip + (size_t)b * block_bytes;
+            if (vsk_block_weights(form) == 32)
+                rows32(form, blk, n, xq, x_stride, b, rows, acc);
+            else if (form == VSK_T4_K || form == VSK_T6_K)
+                k_rows(form, blk, n, xq, x_stride, b, rows, acc);
+            else
+                kblock_rows(form, blk, n, xq, x_stride, b, rows, acc);
+        }
+    for (int m = 0; m < rows; m++)
+        for (int n = 0; n < lanes; n++) y[(size_t)m * ldy + n] = acc[m][n];
 }
+
+/* the body serving each family of tile forms (vsk_forms.h) */
+#define TILES_tile32(entry, ...) entry(tile_rows, MAX_ROWS, __VA_ARGS__)
+#define TILES_tile256(entry, ...) entry(tile_rows, MAX_ROWS, __VA_ARGS__)
+#define TILES_tile_kblock(entry, ...) entry(tile_rows, MAX_ROWS, __VA_ARGS__)
+
+VSK_TILE_KERNELS(vsk_tile_kernel_scalar)

@@ -15,14 +15,13 @@ vsk_kernel vsk_tile_kernel_avx2(int type) {
 #include "vsk_blocks.h"
 
 
-/* rows' sums of tile t into y (the lanes of weight rows below n1) */
-static inline void store_tile(__m256 (*acc)[2], int rows, float *y, int ldy, int t, int n1) {
-    const int lanes = n1 - 16 * t < 16 ? n1 - 16 * t : 16;
+/* rows' sums into y (the lanes of weight rows below `lanes`) */
+static inline void store_tile(__m256 (*acc)[2], int rows, float *y, int ldy, int lanes) {
     for (int m = 0; m < rows; m++) {
         float out[16];
         _mm256_storeu_ps(out, acc[m][0]);
         _mm256_storeu_ps(out + 8, acc[m][1]);
-        memcpy(y + (size_t)m * ldy + 16 * t, out, sizeof(float) * (size_t)lanes);
+        memcpy(y + (size_t)m * ldy, out, sizeof(float) * (size_t)lanes);
     }
 }
 
@@ -55,21 +54,6 @@ static inline __m256i byte_pairs(const uint8_t *p, const uint8_t *q, int is_sign
     const __m256i lo = is_signed ? _mm256_cvtepi8_epi32(a) : _mm256_cvtepu8_epi32(a);
     const __m256i hi = is_signed ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
     return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(hi, 16));
-}
-
-/* The 256-weight tiles with activations in 256-blocks: per row, superblock and half, the whole superblock is one
- * integer sum (each sub-block's products scaled by its integer scale inside madd; the minimums (T4_K, T5_K, T2_K)
- * and the values' offset (T6_K 32, T3_K 4) as sums over the activations' sub-block sums), then one float step with
- * d and the activations' scale. Exact integers: |sum| < 2^31 (at most 256 x 127 x 127 x 32, TIQ4_XS). */
-static inline int sub16(int form) { return form == VSK_T6_K || form == VSK_T3_K || form == VSK_T2_K; }
-
-static inline size_t kblock_bytes(int form) {
-    return form == VSK_T4_K   ? T4K_BYTES
-           : form == VSK_T5_K ? T5K_BYTES
-           : form == VSK_T6_K ? T6K_BYTES
-           : form == VSK_T3_K ? T3K_BYTES
-           : form == VSK_T2_K ? T2K_BYTES
-                              : TIQ4XS_BYTES;
 }
 
 /* bit g of each byte of h moved to bit `to` (shifts of 16-bit lanes: the bits kept never cross a byte) */
@@ -123,7 +107,7 @@ static inline __attribute__((always_inline)) void unpack_pair(const int form, co
 /* the scales of sub-block pair j, rows 8v .. 8v + 7, as int16 pairs (s, s) per lane: of groups 0..3 and 4..7 */
 static inline __attribute__((always_inline)) void pair_scales(const int form, const uint8_t *blk, int j, int v,
                                                               __m256i *scale) {
-    if (!sub16(form)) {
+    if (!vsk_sub16(form)) {
         const uint8_t *sc = blk + (form == VSK_TIQ4_XS ? 32 : 64) + 16 * j + 8 * v;
         scale[0] = scale[1] = byte_pairs(sc, sc, form == VSK_TIQ4_XS);
         return;
@@ -172,96 +156,96 @@ static inline int int16_run(int form) {
     }
 }
 
-static inline __attribute__((always_inline)) void tile_kernel(const int form, const uint8_t *W, int n0, int n1, int K,
-                                                              const uint8_t *xq, size_t x_stride, int M, float *y,
-                                                              int ldy) {
-    const int blocks = K / 256, iq4 = form == VSK_TIQ4_XS, run = int16_run(form);
-    const int mins = form == VSK_T4_K || form == VSK_T5_K || form == VSK_T2_K;
-    const size_t block_bytes = kblock_bytes(form), strip_bytes = (size_t)blocks * block_bytes;
-    const size_t pair_bytes = block_bytes / 8;
-    for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
-        for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
-            const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
-            __m256 acc[MAX_ROWS][2];
-            for (int m = 0; m < rows; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
-            for (int b = 0; b < blocks; b++) {
-                const uint8_t *blk = W + (size_t)t * strip_bytes + (size_t)b * block_bytes;
-                __m256i sums[MAX_ROWS][2];
-                for (int m = 0; m < rows; m++) sums[m][0] = sums[m][1] = _mm256_setzero_si256();
-                for (int j = 0; j < 8; j++) {
-                    /* keep memory busy while the rows are computed: ask for the data four superblocks ahead,
-                     * into L2 (L1's few fill buffers held too few reads in flight: 25 % slower on Sapphire
-                     * Rapids, 0686372) */
-                    for (int l = 0; l < (int)((pair_bytes + 63) / 64); l++)
-                        _mm_prefetch((const char *)blk + 4 * block_bytes + (size_t)j * pair_bytes + 64 * l, _MM_HINT_T1);
-                    for (int v = 0; v < 2; v++) { /* rows 8v .. 8v + 7 of the tile */
-                        __m256i w[8], scale[2];
-                        unpack_pair(form, blk, j, v, w);
-                        pair_scales(form, blk, j, v, scale);
-                        /* row m's activations: one step of x_stride per row (no multiply in the loop) */
-                        const int8_t *q = ((const vsk_act256 *)(xq + (size_t)r0 * x_stride) + b)->q + 32 * j;
-                        for (int m = 0; m < rows; m++, q += x_stride) {
-                            __m256i s = sums[m][v];
-                            for (int g0 = 0; g0 < 8; g0 += run) {
-                                __m256i pairs = _mm256_setzero_si256();
-                                for (int g = g0; g < g0 + run; g++) {
-                                    const __m256i a = broadcast4(q + (g < 4 ? 4 * g : 16 + 4 * (g - 4)));
-                                    /* TIQ4_XS: maddubs takes unsigned x signed, so the level's magnitude meets the
-                                     * activation carrying the level's sign (pairs below 2^15, as T8_0's) */
-                                    const __m256i p = iq4 ? _mm256_maddubs_epi16(_mm256_abs_epi8(w[g]), _mm256_sign_epi8(a, w[g]))
-                                                          : _mm256_maddubs_epi16(w[g], a);
-                                    pairs = in_order(g == g0 ? p : _mm256_add_epi16(pairs, p));
-                                }
-                                s = in_order(_mm256_add_epi32(s, _mm256_madd_epi16(pairs, scale[g0 / 4])));
-                            }
-                            sums[m][v] = s;
-                        }
-                    }
+/* the integer sums of sub-block pair j (32 weights) of a superblock: sums[m][v] (rows 8v .. 8v + 7 of the tile)
+ * gains each group's products with activation row m (at q + m x_stride), scaled inside madd */
+static inline __attribute__((always_inline)) void pair_sums(const int form, const uint8_t *blk, int j, const int8_t *q,
+                                                            size_t x_stride, int rows, __m256i (*sums)[2]) {
+    const int iq4 = form == VSK_TIQ4_XS, run = int16_run(form);
+    for (int v = 0; v < 2; v++) { /* rows 8v .. 8v + 7 of the tile */
+        __m256i w[8], scale[2];
+        unpack_pair(form, blk, j, v, w);
+        pair_scales(form, blk, j, v, scale);
+        const int8_t *x = q; /* row m's activations: one step of x_stride per row (no multiply in the loop) */
+        for (int m = 0; m < rows; m++, x += x_stride) {
+            __m256i s = sums[m][v];
+            for (int g0 = 0; g0 < 8; g0 += run) {
+                __m256i pairs = _mm256_setzero_si256();
+                for (int g = g0; g < g0 + run; g++) {
+                    const __m256i a = broadcast4(x + (g < 4 ? 4 * g : 16 + 4 * (g - 4)));
+                    /* TIQ4_XS: maddubs takes unsigned x signed, so the level's magnitude meets the activation
+                     * carrying the level's sign (pairs below 2^15, as T8_0's) */
+                    const __m256i p = iq4 ? _mm256_maddubs_epi16(_mm256_abs_epi8(w[g]), _mm256_sign_epi8(a, w[g]))
+                                          : _mm256_maddubs_epi16(w[g], a);
+                    pairs = in_order(g == g0 ? p : _mm256_add_epi16(pairs, p));
                 }
-                for (int v = 0; v < 2; v++) {
-                    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * v)));
-                    const __m256 dmin = mins ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * v))) : d;
-                    __m256i pairs[8];
-                    const int count = term_pairs(form, blk, v, pairs);
-                    for (int m = 0; m < rows; m++) {
-                        const vsk_act256 *x = (const vsk_act256 *)(xq + (size_t)(r0 + m) * x_stride) + b;
-                        const int16_t *sub = count == 4 ? x->sum32 : x->bsum; /* the activations' sub-block sums */
-                        __m256i terms = _mm256_setzero_si256();
-                        for (int i = 0; i < count; i++)
-                            terms = _mm256_add_epi32(terms, _mm256_madd_epi16(pairs[i], broadcast4((const int8_t *)(sub + 2 * i))));
-                        const __m256 dx = _mm256_set1_ps(x->d);
-                        __m256i total = sums[m][v];
-                        if (form == VSK_T6_K) total = _mm256_sub_epi32(total, _mm256_slli_epi32(terms, 5));
-                        if (form == VSK_T3_K) total = _mm256_sub_epi32(total, _mm256_slli_epi32(terms, 2));
-                        acc[m][v] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(total), acc[m][v]);
-                        if (mins)
-                            acc[m][v] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(terms), acc[m][v]);
-                    }
-                }
+                s = in_order(_mm256_add_epi32(s, _mm256_madd_epi16(pairs, scale[g0 / 4])));
             }
-            store_tile(acc, rows, y + (size_t)r0 * ldy, ldy, t, n1);
+            sums[m][v] = s;
         }
     }
 }
 
-VSK_TILE_ENTRY(kernel_t4_k, tile_kernel, VSK_T4_K)
+/* the superblock's float step per row: its integer total (less the values' offset) times d and the activations'
+ * scale, then the minimums' sum times dmin taken off */
+static inline __attribute__((always_inline)) void superblock_step(const int form, const uint8_t *blk,
+                                                                  const uint8_t *xq, size_t x_stride, int b, int rows,
+                                                                  __m256i (*sums)[2], __m256 (*acc)[2]) {
+    const int mins = form == VSK_T4_K || form == VSK_T5_K || form == VSK_T2_K;
+    for (int v = 0; v < 2; v++) {
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * v)));
+        const __m256 dmin = mins ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * v))) : d;
+        __m256i pairs[8];
+        const int count = term_pairs(form, blk, v, pairs);
+        for (int m = 0; m < rows; m++) {
+            const vsk_act256 *x = vsk_act256_at(xq, x_stride, m, b);
+            const int16_t *sub = count == 4 ? x->sum32 : x->bsum; /* the activations' sub-block sums */
+            __m256i terms = _mm256_setzero_si256();
+            for (int i = 0; i < count; i++)
+                terms = _mm256_add_epi32(terms, _mm256_madd_epi16(pairs[i], broadcast4((const int8_t *)(sub + 2 * i))));
+            const __m256 dx = _mm256_set1_ps(x->d);
+            __m256i total = sums[m][v];
+            if (form == VSK_T6_K) total = _mm256_sub_epi32(total, _mm256_slli_epi32(terms, 5));
+            if (form == VSK_T3_K) total = _mm256_sub_epi32(total, _mm256_slli_epi32(terms, 2));
+            acc[m][v] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(total), acc[m][v]);
+            if (mins) acc[m][v] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(terms), acc[m][v]);
+        }
+    }
+}
 
-VSK_TILE_ENTRY(kernel_t6_k, tile_kernel, VSK_T6_K)
+/* The 256-weight tiles with activations in 256-blocks: per row, superblock and half, the whole superblock is one
+ * integer sum (each sub-block's products scaled by its integer scale inside madd; the minimums (T4_K, T5_K, T2_K)
+ * and the values' offset (T6_K 32, T3_K 4) as sums over the activations' sub-block sums), then one float step with
+ * d and the activations' scale. Exact integers: |sum| < 2^31 (at most 256 x 127 x 127 x 32, TIQ4_XS). The tile
+ * body of these forms (vsk_forms.h). */
+static inline __attribute__((always_inline)) void tile_rows(const int form, const uint8_t *strip, int blocks,
+                                                            const uint8_t *xq, size_t x_stride, int rows, float *y,
+                                                            int ldy, int lanes) {
+    const size_t block_bytes = (size_t)vsk_block_bytes(form), pair_bytes = block_bytes / 8;
+    __m256 acc[MAX_ROWS][2];
+    for (int m = 0; m < rows; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+    for (int b = 0; b < blocks; b++) {
+        const uint8_t *blk = strip + (size_t)b * block_bytes;
+        __m256i sums[MAX_ROWS][2];
+        for (int m = 0; m < rows; m++) sums[m][0] = sums[m][1] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            /* keep memory busy while the rows are computed: ask for the data four superblocks ahead, into L2 (L1's
+             * few fill buffers held too few reads in flight: 25 % slower on Sapphire Rapids, 0686372) */
+            for (int l = 0; l < (int)((pair_bytes + 63) / 64); l++)
+                _mm_prefetch((const char *)blk + 4 * block_bytes + (size_t)j * pair_bytes + 64 * l, _MM_HINT_T1);
+            pair_sums(form, blk, j, vsk_act256_at(xq, x_stride, 0, b)->q + 32 * j, x_stride, rows, sums);
+        }
+        superblock_step(form, blk, xq, x_stride, b, rows, sums, acc);
+    }
+    store_tile(acc, rows, y, ldy, lanes);
+}
 
-VSK_TILE_ENTRY(kernel_t5_k, tile_kernel, VSK_T5_K)
-
-VSK_TILE_ENTRY(kernel_t3_k, tile_kernel, VSK_T3_K)
-
-VSK_TILE_ENTRY(kernel_t2_k, tile_kernel, VSK_T2_K)
-
-VSK_TILE_ENTRY(kernel_tiq4_xs, tile_kernel, VSK_TIQ4_XS)
-
-/* the 32-weight tile forms, rows 8v .. 8v + 7 of a tile. T4_0: values 0..15 (nibbles), the weight d (value
- * - 8); T4_1: values 0..15, the weight d value + m (the minimum times the activations' sum added); T5_0: values 0..31 (nibbles and a fifth bit), the weight d (value - 16); both dotted through maddubs
- * with the offset taken off. T8_0: maddubs takes unsigned x signed bytes and saturates pairs at 16 bits, so
- * the stored bytes (weight + 128) are flipped back to signed and the weight's magnitude (at most 128) meets
- * the activation carrying the weight's sign: pairs stay below 2^15. TIQ4_NL: the nibbles looked up (one shuffle per
- * group) as their levels (-127..113), then dotted as T8_0's weights. */
+/* the 32-weight tile forms, rows 8v .. 8v + 7 of a tile. T4_0: values 0..15 (nibbles), the weight d (value - 8);
+ * T4_1: values 0..15, the weight d value + m (the minimum times the activations' sum added); T5_0: values 0..31
+ * (nibbles and a fifth bit), the weight d (value - 16); all dotted through maddubs with the offset taken off. T8_0:
+ * maddubs takes unsigned x signed bytes and saturates pairs at 16 bits, so the stored bytes (weight + 128) are
+ * flipped back to signed and the weight's magnitude (at most 128) meets the activation carrying the weight's sign:
+ * pairs stay below 2^15. TIQ4_NL: the nibbles looked up (one shuffle per group) as their levels (-127..113), then
+ * dotted as T8_0's weights. */
 static inline void unpack32(int type, const uint8_t *blk, int v, __m256i *w, __m256i *magnitude) {
     if (type == VSK_T8_0) {
         const __m256i flip = _mm256_set1_epi8((char)0x80);
@@ -296,77 +280,61 @@ static inline void unpack32(int type, const uint8_t *blk, int v, __m256i *w, __m
     w[7] = _mm256_or_si256(w[7], _mm256_and_si256(_mm256_srli_epi16(h, 3), five));
 }
 
-static void tile32_kernel(int type, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride,
-                          int M, float *y, int ldy) {
-    const int eight = type == VSK_T8_0 || type == VSK_TIQ4_NL, blocks = K / 32; /* signed weights */
+/* the integer sum of activation row x against rows 8v .. 8v + 7's weights w (their magnitudes where signed) */
+static inline __attribute__((always_inline)) __m256i dot32(int type, const __m256i *w, const __m256i *magnitude,
+                                                           const vsk_act32 *x) {
     const int offset = type == VSK_T5_0 ? 16 : type == VSK_T4_0 ? 8 : 0; /* T8_0's products are signed */
-    const int one = type == VSK_T4_1, run = int16_run(type);
-    const size_t block_bytes = vsk_tile_strip_bytes(type, 32);
+    const int run = int16_run(type);
+    __m256i s = _mm256_set1_epi32(-offset * (x->half[0] + x->half[1]));
+    if (type == VSK_T8_0 || type == VSK_TIQ4_NL) { /* signed weights */
+        for (int g = 0; g < 8; g++) s = in_order(dot(s, magnitude[g], _mm256_sign_epi8(broadcast_group(x, g), w[g])));
+        return s;
+    }
+    for (int g0 = 0; g0 < 8; g0 += run) { /* int16 sums of `run` groups (int16_run) */
+        __m256i pairs = _mm256_maddubs_epi16(w[g0], broadcast_group(x, g0));
+        for (int g = g0 + 1; g < g0 + run; g++)
+            pairs = in_order(_mm256_add_epi16(pairs, _mm256_maddubs_epi16(w[g], broadcast_group(x, g))));
+        s = in_order(_mm256_add_epi32(s, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))));
+    }
+    return s;
+}
+
+/* the tile body of the 32-weight forms (vsk_forms.h) */
+static void tile32_rows(int type, const uint8_t *strip, int blocks, const uint8_t *xq, size_t x_stride, int rows,
+                        float *y, int ldy, int lanes) {
+    const int one = type == VSK_T4_1;
+    const size_t block_bytes = (size_t)vsk_block_bytes(type);
     const int lines = (int)(block_bytes / 64) + 1, ahead = type == VSK_T8_0 ? 6 : 8; /* about 3 KiB ahead */
-    for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
-        for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
-            const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
-            __m256 acc[MAX_ROWS][2];
-            for (int m = 0; m < rows; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
-            for (int b = 0; b < blocks; b++) {
-                const uint8_t *blk = W + ((size_t)t * blocks + b) * block_bytes;
-                for (int l = 0; l < lines; l++)
-                    _mm_prefetch((const char *)blk + ahead * block_bytes + 64 * l, _MM_HINT_T1); /* into L2 */
-                for (int v = 0; v < 2; v++) {
-                    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * v)));
-                    const __m256 mins =
-                        one ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 288 + 16 * v))) : d;
-                    __m256i w[8], magnitude[8];
-                    unpack32(type, blk, v, w, magnitude);
-                    const uint8_t *row = xq + (size_t)r0 * x_stride + (size_t)b * sizeof(vsk_act32);
-                    for (int m = 0; m < rows; m++, row += x_stride) {
-                        const vsk_act32 *x = (const vsk_act32 *)row;
-                        __m256i s = _mm256_set1_epi32(-offset * (x->half[0] + x->half[1]));
-                        if (eight)
-                            for (int g = 0; g < 8; g++)
-                                s = in_order(dot(s, magnitude[g], _mm256_sign_epi8(broadcast_group(x, g), w[g])));
-                        else
-                            for (int g0 = 0; g0 < 8; g0 += run) { /* int16 sums of `run` groups (int16_run) */
-                                __m256i pairs = _mm256_maddubs_epi16(w[g0], broadcast_group(x, g0));
-                                for (int g = g0 + 1; g < g0 + run; g++)
-                                    pairs = in_order(_mm256_add_epi16(pairs, _mm256_maddubs_epi16(w[g], broadcast_group(x, g))));
-                                s = in_order(_mm256_add_epi32(s, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))));
-                            }
-                        acc[m][v] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x->d)), _mm256_cvtepi32_ps(s), acc[m][v]);
-                        if (one) /* T4_1's minimums times the activations' sum */
-                            acc[m][v] = _mm256_fmadd_ps(mins, _mm256_set1_ps(x->d * (float)(x->half[0] + x->half[1])),
-                                                        acc[m][v]);
-                    }
-                }
+    __m256 acc[MAX_ROWS][2];
+    for (int m = 0; m < rows; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+    for (int b = 0; b < blocks; b++) {
+        const uint8_t *blk = strip + (size_t)b * block_bytes;
+        for (int l = 0; l < lines; l++)
+            _mm_prefetch((const char *)blk + ahead * block_bytes + 64 * l, _MM_HINT_T1); /* into L2 */
+        for (int v = 0; v < 2; v++) {
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * v)));
+            const __m256 mins = one ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 288 + 16 * v))) : d;
+            __m256i w[8], magnitude[8];
+            unpack32(type, blk, v, w, magnitude);
+            const uint8_t *row = xq + (size_t)b * sizeof(vsk_act32);
+            for (int m = 0; m < rows; m++, row += x_stride) {
+                const vsk_act32 *x = (const vsk_act32 *)row;
+                const __m256i s = dot32(type, w, magnitude, x);
+                acc[m][v] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x->d)), _mm256_cvtepi32_ps(s), acc[m][v]);
+                if (one) /* T4_1's minimums times the activations' sum */
+                    acc[m][v] =
+                        _mm256_fmadd_ps(mins, _mm256_set1_ps(x->d * (float)(x->half[0] + x->half[1])), acc[m][v]);
             }
-            store_tile(acc, rows, y + (size_t)r0 * ldy, ldy, t, n1);
         }
     }
+    store_tile(acc, rows, y, ldy, lanes);
 }
 
-VSK_TILE_ENTRY(kernel_t4_0, tile32_kernel, VSK_T4_0)
+/* the body serving each family of tile forms (vsk_forms.h) */
+#define TILES_tile32(entry, ...) entry(tile32_rows, MAX_ROWS, __VA_ARGS__)
+#define TILES_tile256(entry, ...) entry(tile_rows, MAX_ROWS, __VA_ARGS__)
+#define TILES_tile_kblock(entry, ...) entry(tile_rows, MAX_ROWS, __VA_ARGS__)
 
-VSK_TILE_ENTRY(kernel_t4_1, tile32_kernel, VSK_T4_1)
-
-VSK_TILE_ENTRY(kernel_t5_0, tile32_kernel, VSK_T5_0)
-
-VSK_TILE_ENTRY(kernel_t8_0, tile32_kernel, VSK_T8_0)
-
-VSK_TILE_ENTRY(kernel_tiq4_nl, tile32_kernel, VSK_TIQ4_NL)
-
-vsk_kernel vsk_tile_kernel_avx2(int type) {
-    return type == VSK_T4_K   ? kernel_t4_k
-           : type == VSK_T6_K ? kernel_t6_k
-           : type == VSK_T4_0 ? kernel_t4_0
-           : type == VSK_T4_1 ? kernel_t4_1
-           : type == VSK_T5_0 ? kernel_t5_0
-           : type == VSK_T8_0 ? kernel_t8_0
-           : type == VSK_T2_K ? kernel_t2_k
-           : type == VSK_T3_K ? kernel_t3_k
-           : type == VSK_T5_K ? kernel_t5_k
-           : type == VSK_TIQ4_XS ? kernel_tiq4_xs
-           : type == VSK_TIQ4_NL ? kernel_tiq4_nl
-                              : NULL;
-}
+VSK_TILE_KERNELS(vsk_tile_kernel_avx2)
 
 #endif

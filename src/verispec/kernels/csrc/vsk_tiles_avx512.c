@@ -23,11 +23,10 @@ static inline __m512 bytes_to_floats(const uint8_t *p, int is_signed) {
 /* a | (b & mask) in one instruction */
 static inline __m512i or_masked(__m512i a, __m512i b, __m512i mask) { return _mm512_ternarylogic_epi32(a, b, mask, 0xF8); }
 
-/* rows' sums of tile t into y (the lanes of weight rows below n1) */
-static inline void store_tile(const __m512 *acc, int rows, float *y, int ldy, int t, int n1) {
-    const int lanes = n1 - 16 * t < 16 ? n1 - 16 * t : 16;
+/* rows' sums into y (the lanes of weight rows below `lanes`) */
+static inline void store_tile(const __m512 *acc, int rows, float *y, int ldy, int lanes) {
     const __mmask16 keep = (__mmask16)((1u << lanes) - 1u);
-    for (int m = 0; m < rows; m++) _mm512_mask_storeu_ps(y + (size_t)m * ldy + 16 * t, keep, acc[m]);
+    for (int m = 0; m < rows; m++) _mm512_mask_storeu_ps(y + (size_t)m * ldy, keep, acc[m]);
 }
 
 /* 4 activation bytes broadcast to the 16 lanes */
@@ -66,19 +65,8 @@ static inline __m512i bit_at(__m512i h, int g, int to) {
  *  - an offset of the values (T6_K 32, T3_K 4, TIQ4_XS's levels + 128: 128) that starts each integer sum at
  *    -offset x the activations' sum;
  *  - minimums (T4_K, T5_K per 32 weights, T2_K per 16) taken off per superblock. */
-static inline int sub16(int form) { return form == VSK_T6_K || form == VSK_T3_K || form == VSK_T2_K; }
-
 static inline int value_offset(int form) {
     return form == VSK_T6_K ? 32 : form == VSK_T3_K ? 4 : form == VSK_TIQ4_XS ? 128 : 0;
-}
-
-static inline size_t kblock_bytes(int form) {
-    return form == VSK_T4_K   ? T4K_BYTES
-           : form == VSK_T5_K ? T5K_BYTES
-           : form == VSK_T6_K ? T6K_BYTES
-           : form == VSK_T3_K ? T3K_BYTES
-           : form == VSK_T2_K ? T2K_BYTES
-                              : TIQ4XS_BYTES;
 }
 
 /* superblocks read ahead: about 7 KiB (e599401: three Q4_K or two Q6_K; four of either left a Zen 4's T(1) 3-8%
@@ -162,18 +150,65 @@ static inline __m512i min_pairs(int form, const uint8_t *blk, int i) {
     return _mm512_or_si512(first, _mm512_slli_epi32(second, 16));
 }
 
+/* sb[m] += sub-block pair j's sums of activation row m, each times its scale (times the superblock's d), for
+ * `rows` rows (a constant) */
+static inline __attribute__((always_inline)) void pair_step(const int form, const int rows, const uint8_t *blk, int j,
+                                                            __m512 d, const uint8_t *xq, size_t x_stride, int b,
+                                                            __m512 *sb) {
+    const int offset = value_offset(form);
+    __m512i w[8];
+    __m512 scale[2];
+    unpack_pair(form, blk, j, w);
+    pair_scales(form, blk, j, d, scale);
+    for (int m = 0; m < rows; m++) {
+        const vsk_act256 *x = vsk_act256_at(xq, x_stride, m, b);
+        const int8_t *q = x->q + 32 * j;
+        if (vsk_sub16(form)) { /* two sums of 16 weights, each its own chain */
+            __m512i lo = _mm512_set1_epi32(-offset * x->bsum[2 * j]);
+            __m512i hi = _mm512_set1_epi32(-offset * x->bsum[2 * j + 1]);
+            for (int g = 0; g < 4; g++) lo = _mm512_dpbusd_epi32(lo, w[g], broadcast_group(q, g));
+            for (int g = 4; g < 8; g++) hi = _mm512_dpbusd_epi32(hi, w[g], broadcast_group(q, g));
+            sb[m] = _mm512_fmadd_ps(scale[0], _mm512_cvtepi32_ps(lo), sb[m]);
+            sb[m] = _mm512_fmadd_ps(scale[1], _mm512_cvtepi32_ps(hi), sb[m]);
+        } else {
+            const __m512i s = dot_groups(rows >= 4, _mm512_set1_epi32(-offset * x->sum32[j]), w, q);
+            sb[m] = _mm512_fmadd_ps(scale[0], _mm512_cvtepi32_ps(s), sb[m]);
+        }
+    }
+}
+
+/* acc[m] += the superblock's sb[m], less dmin sum_j min_j sum_j(activations) (an integer dot product over the
+ * activations' sums), times the activations' scale */
+static inline __attribute__((always_inline)) void superblock_end(const int form, const int rows, const uint8_t *blk,
+                                                                 __m512 d, const uint8_t *xq, size_t x_stride, int b,
+                                                                 __m512 *sb, __m512 *acc) {
+    const int mins = form == VSK_T4_K || form == VSK_T5_K ? 4 : form == VSK_T2_K ? 8 : 0;
+    __m512i pairs[8];
+    for (int i = 0; i < mins; i++) pairs[i] = min_pairs(form, blk, i);
+    const __m512 dmin = mins ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32))) : d;
+    for (int m = 0; m < rows; m++) {
+        const vsk_act256 *x = vsk_act256_at(xq, x_stride, m, b);
+        if (mins) {
+            const int16_t *sums = form == VSK_T2_K ? x->bsum : x->sum32;
+            __m512i terms = _mm512_setzero_si512();
+            for (int i = 0; i < mins; i++) terms = _mm512_dpwssd_epi32(terms, pairs[i], broadcast4(sums + 2 * i));
+            sb[m] = _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(terms), sb[m]);
+        }
+        acc[m] = _mm512_fmadd_ps(sb[m], _mm512_set1_ps(x->d), acc[m]);
+    }
+}
+
 /* `rows` (1..8, a constant in each instance, so that each row's sums stay in registers) activation rows of 256-
- * blocks against the tile strip at `strip` of a 256-weight form. Per row and superblock: each sub-block's integer
- * sum meets its scale (times the superblock's d) in one multiply-add (an offset of the values starts each sum,
- * from the activations' sums), the minimums are one integer dot product over the activations' sums (vpdpwssd), and
- * the superblock meets the activations' scale once. vpdpbusd, multiply-adds and vpdpwssd share the multiply units
- * (AMD Zen 4: one 512-bit operation per cycle between them; broadcasts, conversions and integer adds are beside
- * them), so each of these steps saved is time saved at every row. */
+ * blocks against a strip of a 256-weight form. Per row and superblock: each sub-block's integer sum meets its scale
+ * (times the superblock's d) in one multiply-add (an offset of the values starts each sum, from the activations'
+ * sums), the minimums are one integer dot product over the activations' sums (vpdpwssd), and the superblock meets
+ * the activations' scale once. vpdpbusd, multiply-adds and vpdpwssd share the multiply units (AMD Zen 4: one 512-bit
+ * operation per cycle between them; broadcasts, conversions and integer adds are beside them), so each of these
+ * steps saved is time saved at every row. */
 static inline __attribute__((always_inline)) void tile_rows(const int form, const int rows, const uint8_t *strip,
                                                             int blocks, const uint8_t *xq, size_t x_stride,
-                                                            float *y, int ldy, int t, int n1) {
-    const size_t block_bytes = kblock_bytes(form), pair_bytes = block_bytes / 8;
-    const int offset = value_offset(form), mins = form == VSK_T4_K || form == VSK_T5_K ? 4 : form == VSK_T2_K ? 8 : 0;
+                                                            float *y, int ldy, int lanes) {
+    const size_t block_bytes = (size_t)vsk_block_bytes(form), pair_bytes = block_bytes / 8;
     __m512 acc[8], sb[8];
     for (int m = 0; m < rows; m++) acc[m] = _mm512_setzero_ps();
     for (int b = 0; b < blocks; b++) {
@@ -186,76 +221,25 @@ static inline __attribute__((always_inline)) void tile_rows(const int form, cons
             for (int l = 0; l < (int)((pair_bytes + 63) / 64); l++)
                 _mm_prefetch((const char *)blk + kblocks_ahead(form) * block_bytes + (size_t)j * pair_bytes + 64 * l,
                              _MM_HINT_T1);
-            __m512i w[8];
-            unpack_pair(form, blk, j, w);
-            __m512 scale[2];
-            pair_scales(form, blk, j, d, scale);
-            for (int m = 0; m < rows; m++) {
-                const vsk_act256 *x = (const vsk_act256 *)(xq + (size_t)m * x_stride) + b;
-                const int8_t *q = x->q + 32 * j;
-                if (sub16(form)) { /* two sums of 16 weights, each its own chain */
-                    __m512i lo = _mm512_set1_epi32(-offset * x->bsum[2 * j]);
-                    __m512i hi = _mm512_set1_epi32(-offset * x->bsum[2 * j + 1]);
-                    for (int g = 0; g < 4; g++) lo = _mm512_dpbusd_epi32(lo, w[g], broadcast_group(q, g));
-                    for (int g = 4; g < 8; g++) hi = _mm512_dpbusd_epi32(hi, w[g], broadcast_group(q, g));
-                    sb[m] = _mm512_fmadd_ps(scale[0], _mm512_cvtepi32_ps(lo), sb[m]);
-                    sb[m] = _mm512_fmadd_ps(scale[1], _mm512_cvtepi32_ps(hi), sb[m]);
-                } else {
-                    const __m512i s = dot_groups(rows >= 4, _mm512_set1_epi32(-offset * x->sum32[j]), w, q);
-                    sb[m] = _mm512_fmadd_ps(scale[0], _mm512_cvtepi32_ps(s), sb[m]);
-                }
-            }
+            pair_step(form, rows, blk, j, d, xq, x_stride, b, sb);
         }
-        /* dmin sum_j min_j sum_j(activations) taken off, an integer dot product over the activations' sums */
-        __m512i pairs[8];
-        for (int i = 0; i < mins; i++) pairs[i] = min_pairs(form, blk, i);
-        const __m512 dmin = mins ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32))) : d;
-        for (int m = 0; m < rows; m++) {
-            const vsk_act256 *x = (const vsk_act256 *)(xq + (size_t)m * x_stride) + b;
-            if (mins) {
-                const int16_t *sums = form == VSK_T2_K ? x->bsum : x->sum32;
-                __m512i terms = _mm512_setzero_si512();
-                for (int i = 0; i < mins; i++) terms = _mm512_dpwssd_epi32(terms, pairs[i], broadcast4(sums + 2 * i));
-                sb[m] = _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(terms), sb[m]);
-            }
-            acc[m] = _mm512_fmadd_ps(sb[m], _mm512_set1_ps(x->d), acc[m]);
-        }
+        superblock_end(form, rows, blk, d, xq, x_stride, b, sb, acc);
     }
-    store_tile(acc, rows, y, ldy, t, n1);
+    store_tile(acc, rows, y, ldy, lanes);
 }
 
-/* rows in groups of up to 8 (an instance of tile_rows per count): a strip is unpacked once per group */
-static inline __attribute__((always_inline)) void tile_kernel(const int form, const uint8_t *W, int n0, int n1, int K,
-                                                              const uint8_t *xq, size_t x_stride, int M, float *y,
-                                                              int ldy) {
-    const int blocks = K / 256;
-    const size_t strip_bytes = (size_t)blocks * kblock_bytes(form);
-    for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
-        const uint8_t *strip = W + (size_t)t * strip_bytes;
-        for (int r0 = 0; r0 < M; r0 += 8) {
-            const uint8_t *x = xq + (size_t)r0 * x_stride;
-            float *out = y + (size_t)r0 * ldy;
-            switch (M - r0 < 8 ? M - r0 : 8) {
+/* the tile body of the 256-weight forms (vsk_forms.h): up to 8 rows, an instance of tile_rows per count (a strip is
+ * unpacked once per 8 rows) */
+static inline __attribute__((always_inline)) void tile_groups(const int form, const uint8_t *strip, int blocks,
+                                                              const uint8_t *xq, size_t x_stride, int rows, float *y,
+                                                              int ldy, int lanes) {
+    switch (rows) {
 #define ROWS(r)                                                                                                   \
-    case r: tile_rows(form, r, strip, blocks, x, x_stride, out, ldy, t, n1); break;
-                ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
+    case r: tile_rows(form, r, strip, blocks, xq, x_stride, y, ldy, lanes); break;
+        ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
 #undef ROWS
-            }
-        }
     }
 }
-
-VSK_TILE_ENTRY(kernel_t4_k, tile_kernel, VSK_T4_K)
-
-VSK_TILE_ENTRY(kernel_t6_k, tile_kernel, VSK_T6_K)
-
-VSK_TILE_ENTRY(kernel_t5_k, tile_kernel, VSK_T5_K)
-
-VSK_TILE_ENTRY(kernel_t3_k, tile_kernel, VSK_T3_K)
-
-VSK_TILE_ENTRY(kernel_t2_k, tile_kernel, VSK_T2_K)
-
-VSK_TILE_ENTRY(kernel_tiq4_xs, tile_kernel, VSK_TIQ4_XS)
 
 /* the 32-weight tile forms. T4_0: values 0..15 (nibbles), the weight d (value - 8); T4_1: d value + m. T5_0: values 0..31
  * (nibbles and a fifth bit), the weight d (value - 16). T8_0: unsigned bytes (weight + 128), which vpdpbusd
@@ -289,14 +273,14 @@ static inline void unpack32(int type, const uint8_t *blk, __m512i *w) {
     w[7] = or_masked(w[7], _mm512_srli_epi16(h, 3), five);
 }
 
-/* `rows` activation rows (at most MAX_ROWS) against the strip of tile t; a constant `rows` (1..8) keeps each
- * row's sums in registers */
+/* `rows` activation rows (at most MAX_ROWS) against a strip; a constant `rows` (1..8) keeps each row's sums in
+ * registers */
 static inline __attribute__((always_inline)) void tile32_rows(const int type, const int rows, const uint8_t *strip,
                                                               int blocks, const uint8_t *xq, size_t x_stride,
-                                                              float *y, int ldy, int t, int n1) {
+                                                              float *y, int ldy, int lanes) {
     const int one = type == VSK_T4_1;
     const int offset = type == VSK_T8_0 || type == VSK_TIQ4_NL ? 128 : type == VSK_T5_0 ? 16 : type == VSK_T4_0 ? 8 : 0;
-    const size_t block_bytes = vsk_tile_strip_bytes(type, 32);
+    const size_t block_bytes = (size_t)vsk_block_bytes(type);
     /* prefetch into L2 about 6 KiB ahead: 3 KiB (0686372 to 61c27d6) left a Zen 4's draft step 9-18% slower,
      * 12 KiB gained nothing more (in-process alternation, 9dc9d67) */
     const int lines = (int)(block_bytes / 64) + 1, ahead = type == VSK_T8_0 ? 12 : 16;
@@ -310,60 +294,34 @@ static inline __attribute__((always_inline)) void tile32_rows(const int type, co
         __m512i w[8];
         unpack32(type, blk, w);
         for (int m = 0; m < rows; m++) {
-            const vsk_act32 *x = (const vsk_act32 *)(xq + (size_t)m * x_stride) + b;
+            const vsk_act32 *x = vsk_act32_at(xq, x_stride, m, b);
             const __m512i s = dot_groups(rows >= 4, _mm512_set1_epi32(-offset * (x->half[0] + x->half[1])), w, x->q);
             acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x->d)), _mm512_cvtepi32_ps(s), acc[m]);
             if (one) /* T4_1's minimums times the activations' sum */
                 acc[m] = _mm512_fmadd_ps(mins, _mm512_set1_ps(x->d * (float)(x->half[0] + x->half[1])), acc[m]);
         }
     }
-    store_tile(acc, rows, y, ldy, t, n1);
+    store_tile(acc, rows, y, ldy, lanes);
 }
 
-/* up to 8 rows: an instance per count (the decode steps and verify passes); more: sweeps of MAX_ROWS rows (each
- * row's operations are the same either way, so its bits are too) */
-static void tile32_kernel(int type, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride,
-                          int M, float *y, int ldy) {
-    const int blocks = K / 32;
-    const size_t strip_bytes = (size_t)blocks * vsk_tile_strip_bytes(type, 32);
-    for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
-        const uint8_t *strip = W + (size_t)t * strip_bytes;
-        switch (M) {
+/* the tile body of the 32-weight forms (vsk_forms.h): up to 8 rows an instance per count (the decode steps and
+ * verify passes); more, one sweep of them (each row's operations are the same either way, so its bits are too) */
+static void tile32_sweep(int type, const uint8_t *strip, int blocks, const uint8_t *xq, size_t x_stride, int rows,
+                         float *y, int ldy, int lanes) {
+    switch (rows) {
 #define ROWS(r)                                                                                                   \
-    case r: tile32_rows(type, r, strip, blocks, xq, x_stride, y, ldy, t, n1); break;
-            ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
+    case r: tile32_rows(type, r, strip, blocks, xq, x_stride, y, ldy, lanes); break;
+        ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
 #undef ROWS
-        default:
-            for (int r0 = 0; r0 < M; r0 += MAX_ROWS)
-                tile32_rows(type, M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS, strip, blocks, xq + (size_t)r0 * x_stride,
-                            x_stride, y + (size_t)r0 * ldy, ldy, t, n1);
-        }
+    default: tile32_rows(type, rows, strip, blocks, xq, x_stride, y, ldy, lanes);
     }
 }
 
-VSK_TILE_ENTRY(kernel_t4_0, tile32_kernel, VSK_T4_0)
+/* the body serving each family of tile forms (vsk_forms.h) */
+#define TILES_tile32(entry, ...) entry(tile32_sweep, MAX_ROWS, __VA_ARGS__)
+#define TILES_tile256(entry, ...) entry(tile_groups, 8, __VA_ARGS__)
+#define TILES_tile_kblock(entry, ...) entry(tile_groups, 8, __VA_ARGS__)
 
-VSK_TILE_ENTRY(kernel_t4_1, tile32_kernel, VSK_T4_1)
-
-VSK_TILE_ENTRY(kernel_t5_0, tile32_kernel, VSK_T5_0)
-
-VSK_TILE_ENTRY(kernel_t8_0, tile32_kernel, VSK_T8_0)
-
-VSK_TILE_ENTRY(kernel_tiq4_nl, tile32_kernel, VSK_TIQ4_NL)
-
-vsk_kernel vsk_tile_kernel_avx512(int type) {
-    return type == VSK_T4_K   ? kernel_t4_k
-           : type == VSK_T6_K ? kernel_t6_k
-           : type == VSK_T4_0 ? kernel_t4_0
-           : type == VSK_T4_1 ? kernel_t4_1
-           : type == VSK_T5_0 ? kernel_t5_0
-           : type == VSK_T8_0 ? kernel_t8_0
-           : type == VSK_T2_K ? kernel_t2_k
-           : type == VSK_T3_K ? kernel_t3_k
-           : type == VSK_T5_K ? kernel_t5_k
-           : type == VSK_TIQ4_XS ? kernel_tiq4_xs
-           : type == VSK_TIQ4_NL ? kernel_tiq4_nl
-                              : NULL;
-}
+VSK_TILE_KERNELS(vsk_tile_kernel_avx512)
 
 #endif

@@ -94,18 +94,23 @@ VSK_NEON_INLINE void unpack_sub(int type, const uint8_t *blk, int j, sub_t *w) {
 }
 
 /* The exact integer sums of a sub-block: S[h][m][v] = sum over the groups of half h (weights 16h .. 16h + 15) of
- * activation row m's bytes q[m][0..31] times rows 4v .. 4v + 3's values (one lane each). |products| <= 128 x 127,
- * so two of them fit an int16 lane on the plain path. */
-static void sums32(const sub_t *w, const int8_t *const *q, int rows, int32x4_t (*S)[MAX_ROWS][4]) {
+ * activation row m's bytes q[m][0..31] times rows 4v .. 4v + 3's values (one lane each), by smmla, sdot or widening
+ * multiplies (each build its own). |products| <= 128 x 127, so two of them fit an int16 lane on the plain path. */
 #if defined(VSK_I8MM)
-    /* rows n, n + 1's eight bytes of groups 2p, 2p + 1 side by side: one smmla operand per pair of weight rows */
-    int8x16_t b[4][4][2];
+/* rows n, n + 1's eight bytes of groups 2p, 2p + 1 side by side: b[p][v][k], one smmla operand per pair of weight
+ * rows n = 4v + 2k */
+static void pair_operands(const sub_t *w, int8x16_t (*b)[4][2]) {
     for (int p = 0; p < 4; p++)
         for (int v = 0; v < 4; v++) {
             const int32x4_t lo = vreinterpretq_s32_s8(w->g[2 * p][v]), hi = vreinterpretq_s32_s8(w->g[2 * p + 1][v]);
             b[p][v][0] = vreinterpretq_s8_s32(vzip1q_s32(lo, hi));
             b[p][v][1] = vreinterpretq_s8_s32(vzip2q_s32(lo, hi));
         }
+}
+
+static void sums32(const sub_t *w, const int8_t *const *q, int rows, int32x4_t (*S)[MAX_ROWS][4]) {
+    int8x16_t b[4][4][2];
+    pair_operands(w, b);
     for (int m = 0; m < rows; m += 2) {
         const int8_t *q0 = q[m], *q1 = q[m + 1 < rows ? m + 1 : m]; /* an odd last row meets itself (not kept) */
         for (int h = 0; h < 2; h++) {
@@ -126,7 +131,9 @@ static void sums32(const sub_t *w, const int8_t *const *q, int rows, int32x4_t (
             }
         }
     }
+}
 #elif defined(VSK_DOTPROD)
+static void sums32(const sub_t *w, const int8_t *const *q, int rows, int32x4_t (*S)[MAX_ROWS][4]) {
     for (int m = 0; m < rows; m++) {
         const int8x16_t a0 = vld1q_s8(q[m]), a1 = vld1q_s8(q[m] + 16);
         for (int v = 0; v < 4; v++) {
@@ -142,7 +149,9 @@ static void sums32(const sub_t *w, const int8_t *const *q, int rows, int32x4_t (
             S[1][m][v] = s1;
         }
     }
+}
 #else
+static void sums32(const sub_t *w, const int8_t *const *q, int rows, int32x4_t (*S)[MAX_ROWS][4]) {
     for (int m = 0; m < rows; m++)
         for (int h = 0; h < 2; h++) {
             /* lo: (row 4v: bytes 0+1, 2+3; row 4v + 1: 0+1, 2+3), hi: the same of rows 4v + 2, 4v + 3 */
@@ -159,7 +168,17 @@ static void sums32(const sub_t *w, const int8_t *const *q, int rows, int32x4_t (
             }
             for (int v = 0; v < 4; v++) S[h][m][v] = vpaddq_s32(lo[v], hi[v]);
         }
+}
 #endif
+
+/* the sums S of sub-block j (32 weights) of the block at blk against the activation rows' bytes q[m] + 32 j */
+VSK_NEON_INLINE void sub_sums(int form, const uint8_t *blk, int j, const int8_t *const *q, int rows,
+                              int32x4_t (*S)[MAX_ROWS][4]) {
+    const int8_t *at[MAX_ROWS];
+    sub_t w;
+    for (int m = 0; m < rows; m++) at[m] = q[m] + 32 * j;
+    unpack_sub(form, blk, j, &w);
+    sums32(&w, at, rows, S);
 }
 
 /* 4 halves of rows 4v .. 4v + 3 at p as float32 (exact) */
@@ -170,212 +189,155 @@ static inline float32x4_t byte_floats(const uint8_t *p, int v, int is_signed) {
     return vcvtq_f32_s32(bytes4(p + 4 * v, is_signed));
 }
 
-/* rows' sums of tile t into y (the weight rows below n1) */
-static inline void store_tile(float32x4_t (*acc)[4], int rows, float *y, int ldy, int t, int n1) {
-    const int lanes = n1 - 16 * t < 16 ? n1 - 16 * t : 16;
+/* rows' sums into y (the weight rows below `lanes`) */
+static inline void store_tile(float32x4_t (*acc)[4], int rows, float *y, int ldy, int lanes) {
     for (int m = 0; m < rows; m++) {
         float out[16];
         for (int v = 0; v < 4; v++) vst1q_f32(out + 4 * v, acc[m][v]);
-        memcpy(y + (size_t)m * ldy + 16 * t, out, sizeof(float) * (size_t)lanes);
+        memcpy(y + (size_t)m * ldy, out, sizeof(float) * (size_t)lanes);
     }
 }
 
-/* T4_K and T6_K, as tile_kernel in vsk_tiles.c: per superblock and lane, sb sums (d x scale) x (the sub-block's
- * integer sum) over the sub-blocks in order, then takes off dmin x (minimums . sum32) (T4_K) or (32 d) x
- * (scales . bsum) (T6_K), and the accumulator gains sb x the activations' d */
-VSK_NEON_INLINE void tile_kernel(int type, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq, size_t x_stride,
-                                 int M, float *y, int ldy) {
-    const int blocks = K / 256, six = type == VSK_T6_K;
-    const size_t strip_bytes = vsk_tile_strip_bytes(type, K), block_bytes = six ? T6K_BYTES : T4K_BYTES;
-    for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
-        for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
-            const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
-            float32x4_t acc[MAX_ROWS][4];
-            for (int m = 0; m < rows; m++)
-                for (int v = 0; v < 4; v++) acc[m][v] = vdupq_n_f32(0.0f);
-            for (int b = 0; b < blocks; b++) {
-                const uint8_t *blk = W + (size_t)t * strip_bytes + (size_t)b * block_bytes;
-                const vsk_act256 *x[MAX_ROWS];
-                for (int m = 0; m < rows; m++) x[m] = (const vsk_act256 *)(xq + (size_t)(r0 + m) * x_stride) + b;
-                float32x4_t d[4], sb[MAX_ROWS][4];
-                for (int v = 0; v < 4; v++) d[v] = halves(blk, v);
+/* T4_K and T6_K, as k_rows in vsk_tiles.c: per superblock and lane, sb sums (d x scale) x (the sub-block's integer
+ * sum) over the sub-blocks in order, then takes off dmin x (minimums . sum32) (T4_K) or (32 d) x (scales . bsum)
+ * (T6_K), and the accumulator gains sb x the activations' d */
+VSK_NEON_INLINE void k_block(int form, const uint8_t *blk, const int8_t *const *q, const vsk_act256 *const *x,
+                             int rows, float32x4_t (*acc)[4]) {
+    const int six = form == VSK_T6_K;
+    float32x4_t d[4], sb[MAX_ROWS][4];
+    memset(sb, 0, sizeof sb[0] * (size_t)rows);
+    for (int v = 0; v < 4; v++) d[v] = halves(blk, v);
+    for (int j = 0; j < 8; j++) {
+        int32x4_t S[2][MAX_ROWS][4];
+        sub_sums(form, blk, j, q, rows, S);
+        for (int v = 0; v < 4; v++)
+            for (int h = 0; h < 2 && six; h++) {
+                const float32x4_t scale = vmulq_f32(d[v], byte_floats(blk + 32 + 16 * (2 * j + h), v, 1));
                 for (int m = 0; m < rows; m++)
-                    for (int v = 0; v < 4; v++) sb[m][v] = vdupq_n_f32(0.0f);
-                for (int j = 0; j < 8; j++) {
-                    sub_t w;
-                    int32x4_t S[2][MAX_ROWS][4];
-                    const int8_t *q[MAX_ROWS];
-                    for (int m = 0; m < rows; m++) q[m] = x[m]->q + 32 * j;
-                    unpack_sub(type, blk, j, &w);
-                    sums32(&w, q, rows, S);
-                    for (int v = 0; v < 4; v++) {
-                        if (six) {
-                            const float32x4_t s0 = vmulq_f32(d[v], byte_floats(blk + 32 + 16 * (2 * j), v, 1));
-                            const float32x4_t s1 = vmulq_f32(d[v], byte_floats(blk + 32 + 16 * (2 * j + 1), v, 1));
-                            for (int m = 0; m < rows; m++) {
-                                sb[m][v] = vaddq_f32(sb[m][v], vmulq_f32(s0, vcvtq_f32_s32(S[0][m][v])));
-                                sb[m][v] = vaddq_f32(sb[m][v], vmulq_f32(s1, vcvtq_f32_s32(S[1][m][v])));
-                            }
-                        } else {
-                            const float32x4_t scale = vmulq_f32(d[v], byte_floats(blk + 64 + 16 * j, v, 0));
-                            for (int m = 0; m < rows; m++)
-                                sb[m][v] = vaddq_f32(
-                                    sb[m][v], vmulq_f32(scale, vcvtq_f32_s32(vaddq_s32(S[0][m][v], S[1][m][v]))));
-                        }
-                    }
-                }
-                for (int v = 0; v < 4; v++) {
-                    /* T6_K: the scales of the 16 sub-blocks; T4_K: the minimums of the 8 */
-                    int32x4_t c[16];
-                    const int count = six ? 16 : 8;
-                    for (int j = 0; j < count; j++)
-                        c[j] = six ? bytes4(blk + 32 + 16 * j + 4 * v, 1) : bytes4(blk + 192 + 16 * j + 4 * v, 0);
-                    const float32x4_t factor = six ? vmulq_n_f32(d[v], 32.0f) : halves(blk + 32, v);
-                    for (int m = 0; m < rows; m++) {
-                        const int16_t *sub = six ? x[m]->bsum : x[m]->sum32;
-                        int32x4_t terms = vdupq_n_s32(0);
-                        for (int j = 0; j < count; j++) terms = vmlaq_n_s32(terms, c[j], sub[j]);
-                        const float32x4_t total = vsubq_f32(sb[m][v], vmulq_f32(factor, vcvtq_f32_s32(terms)));
-                        acc[m][v] = vaddq_f32(acc[m][v], vmulq_n_f32(total, x[m]->d));
-                    }
-                }
+                    sb[m][v] = vaddq_f32(sb[m][v], vmulq_f32(scale, vcvtq_f32_s32(S[h][m][v])));
             }
-            store_tile(acc, rows, y + (size_t)r0 * ldy, ldy, t, n1);
+        for (int v = 0; v < 4 && !six; v++) {
+            const float32x4_t scale = vmulq_f32(d[v], byte_floats(blk + 64 + 16 * j, v, 0));
+            for (int m = 0; m < rows; m++)
+                sb[m][v] = vaddq_f32(sb[m][v], vmulq_f32(scale, vcvtq_f32_s32(vaddq_s32(S[0][m][v], S[1][m][v]))));
+        }
+    }
+    for (int v = 0; v < 4; v++) {
+        int32x4_t c[16]; /* T6_K: the scales of the 16 sub-blocks; T4_K: the minimums of the 8 */
+        const int count = six ? 16 : 8;
+        for (int j = 0; j < count; j++)
+            c[j] = six ? bytes4(blk + 32 + 16 * j + 4 * v, 1) : bytes4(blk + 192 + 16 * j + 4 * v, 0);
+        const float32x4_t factor = six ? vmulq_n_f32(d[v], 32.0f) : halves(blk + 32, v);
+        for (int m = 0; m < rows; m++) {
+            const int16_t *sub = six ? x[m]->bsum : x[m]->sum32;
+            int32x4_t terms = vdupq_n_s32(0);
+            for (int j = 0; j < count; j++) terms = vmlaq_n_s32(terms, c[j], sub[j]);
+            const float32x4_t total = vsubq_f32(sb[m][v], vmulq_f32(factor, vcvtq_f32_s32(terms)));
+            acc[m][v] = vaddq_f32(acc[m][v], vmulq_n_f32(total, x[m]->d));
         }
     }
 }
 
-VSK_TILE_ENTRY(kernel_t4_k, tile_kernel, VSK_T4_K)
-VSK_TILE_ENTRY(kernel_t6_k, tile_kernel, VSK_T6_K)
+/* the scales of the 16 weights 32j + 16h .. of rows 4v .. 4v + 3 of a T2_K, T3_K, T5_K or TIQ4_XS superblock */
+VSK_NEON_INLINE int32x4_t kblock_scale(int form, const uint8_t *blk, int j, int h, int v) {
+    if (form == VSK_T3_K) return bytes4(blk + 32 + 16 * (2 * j + h) + 4 * v, 1);
+    if (form == VSK_T2_K) return vandq_s32(bytes4(blk + 64 + 16 * (2 * j + h) + 4 * v, 0), vdupq_n_s32(0x0F));
+    if (form == VSK_T5_K) return bytes4(blk + 64 + 16 * j + 4 * v, 0);
+    return bytes4(blk + 32 + 16 * j + 4 * v, 1); /* TIQ4_XS */
+}
+
+/* acc += x->d (d isum) - x->d (dmin msum) per lane: the minimums' sums msum against the activations' sums */
+VSK_NEON_INLINE void kblock_end(int form, const uint8_t *blk, const vsk_act256 *const *x, int rows,
+                                int32x4_t (*isum)[4], float32x4_t (*acc)[4]) {
+    const int mins = form == VSK_T2_K || form == VSK_T5_K;
+    for (int v = 0; v < 4; v++) {
+        const float32x4_t d = halves(blk, v), dmin = mins ? halves(blk + 32, v) : vdupq_n_f32(0.0f);
+        int32x4_t mn[16]; /* per 16 weights (T2_K), or per 32 (T5_K, against sum32: the same integers) */
+        for (int j = 0; j < 16 && mins; j++)
+            mn[j] = form == VSK_T2_K ? vshrq_n_s32(bytes4(blk + 64 + 16 * j + 4 * v, 0), 4)
+                                     : bytes4(blk + 192 + 16 * (j % 8) + 4 * v, 0);
+        for (int m = 0; m < rows; m++) {
+            int32x4_t msum = vdupq_n_s32(0);
+            for (int j = 0; j < 16 && form == VSK_T2_K; j++) msum = vmlaq_n_s32(msum, mn[j], x[m]->bsum[j]);
+            for (int j = 0; j < 8 && form == VSK_T5_K; j++) msum = vmlaq_n_s32(msum, mn[j], x[m]->sum32[j]);
+            const float32x4_t a = vmulq_n_f32(vmulq_f32(d, vcvtq_f32_s32(isum[m][v])), x[m]->d);
+            const float32x4_t c = vmulq_n_f32(vmulq_f32(dmin, vcvtq_f32_s32(msum)), x[m]->d);
+            acc[m][v] = vaddq_f32(acc[m][v], vsubq_f32(a, c));
+        }
+    }
+}
 
 /* T2_K, T3_K, T5_K and TIQ4_XS, as vsk_kblock_dot (vsk_blocks.h) per lane: isum = scales . (sums per 16 weights),
  * msum = minimums . bsum, then x->d (d isum) - x->d (dmin msum) added to the accumulator */
-VSK_NEON_INLINE void kblock_tile_kernel(int type, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq,
-                                        size_t x_stride, int M, float *y, int ldy) {
-    const int blocks = K / 256, mins = type == VSK_T2_K || type == VSK_T5_K;
-    const size_t block_bytes = vsk_tile_strip_bytes(type, 256);
-    for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
-        for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
-            const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
-            float32x4_t acc[MAX_ROWS][4];
-            for (int m = 0; m < rows; m++)
-                for (int v = 0; v < 4; v++) acc[m][v] = vdupq_n_f32(0.0f);
-            for (int b = 0; b < blocks; b++) {
-                const uint8_t *blk = W + ((size_t)t * blocks + b) * block_bytes;
-                const vsk_act256 *x[MAX_ROWS];
-                for (int m = 0; m < rows; m++) x[m] = (const vsk_act256 *)(xq + (size_t)(r0 + m) * x_stride) + b;
-                int32x4_t isum[MAX_ROWS][4];
-                for (int m = 0; m < rows; m++)
-                    for (int v = 0; v < 4; v++) isum[m][v] = vdupq_n_s32(0);
-                for (int j = 0; j < 8; j++) {
-                    sub_t w;
-                    int32x4_t S[2][MAX_ROWS][4];
-                    const int8_t *q[MAX_ROWS];
-                    for (int m = 0; m < rows; m++) q[m] = x[m]->q + 32 * j;
-                    unpack_sub(type, blk, j, &w);
-                    sums32(&w, q, rows, S);
-                    for (int h = 0; h < 2; h++)
-                        for (int v = 0; v < 4; v++) {
-                            int32x4_t scale; /* of the 16 weights 32j + 16h .. */
-                            if (type == VSK_T3_K) scale = bytes4(blk + 32 + 16 * (2 * j + h) + 4 * v, 1);
-                            else if (type == VSK_T2_K)
-                                scale = vandq_s32(bytes4(blk + 64 + 16 * (2 * j + h) + 4 * v, 0), vdupq_n_s32(0x0F));
-                            else if (type == VSK_T5_K) scale = bytes4(blk + 64 + 16 * j + 4 * v, 0);
-                            else scale = bytes4(blk + 32 + 16 * j + 4 * v, 1); /* TIQ4_XS */
-                            for (int m = 0; m < rows; m++) isum[m][v] = vmlaq_s32(isum[m][v], scale, S[h][m][v]);
-                        }
-                }
-                for (int v = 0; v < 4; v++) {
-                    const float32x4_t d = halves(blk, v), dmin = mins ? halves(blk + 32, v) : vdupq_n_f32(0.0f);
-                    int32x4_t mn[16]; /* per 16 weights (T2_K), or per 32 (T5_K, against sum32: the same integers) */
-                    for (int j = 0; j < 16 && mins; j++)
-                        mn[j] = type == VSK_T2_K ? vshrq_n_s32(bytes4(blk + 64 + 16 * j + 4 * v, 0), 4)
-                                                 : bytes4(blk + 192 + 16 * (j % 8) + 4 * v, 0);
-                    for (int m = 0; m < rows; m++) {
-                        int32x4_t msum = vdupq_n_s32(0);
-                        if (type == VSK_T2_K)
-                            for (int j = 0; j < 16; j++) msum = vmlaq_n_s32(msum, mn[j], x[m]->bsum[j]);
-                        else if (type == VSK_T5_K)
-                            for (int j = 0; j < 8; j++) msum = vmlaq_n_s32(msum, mn[j], x[m]->sum32[j]);
-                        const float32x4_t a = vmulq_n_f32(vmulq_f32(d, vcvtq_f32_s32(isum[m][v])), x[m]->d);
-                        const float32x4_t c = vmulq_n_f32(vmulq_f32(dmin, vcvtq_f32_s32(msum)), x[m]->d);
-                        acc[m][v] = vaddq_f32(acc[m][v], vsubq_f32(a, c));
-                    }
-                }
+VSK_NEON_INLINE void kblock_block(int form, const uint8_t *blk, const int8_t *const *q, const vsk_act256 *const *x,
+                                  int rows, float32x4_t (*acc)[4]) {
+    int32x4_t isum[MAX_ROWS][4];
+    memset(isum, 0, sizeof isum[0] * (size_t)rows);
+    for (int j = 0; j < 8; j++) {
+        int32x4_t S[2][MAX_ROWS][4];
+        sub_sums(form, blk, j, q, rows, S);
+        for (int h = 0; h < 2; h++)
+            for (int v = 0; v < 4; v++) {
+                const int32x4_t scale = kblock_scale(form, blk, j, h, v);
+                for (int m = 0; m < rows; m++) isum[m][v] = vmlaq_s32(isum[m][v], scale, S[h][m][v]);
             }
-            store_tile(acc, rows, y + (size_t)r0 * ldy, ldy, t, n1);
+    }
+    kblock_end(form, blk, x, rows, isum, acc);
+}
+
+/* the 32-weight forms, as rows32 in vsk_tiles.c: acc += (d x->d) s [+ m (x->d (its sum)) for T4_1]. (The other
+ * forms' minimum term is 0 x a finite value: adding that zero changes no accumulator, which starts at +0 and so is
+ * never -0.) */
+VSK_NEON_INLINE void block32(int form, const uint8_t *blk, const int8_t *const *q, const vsk_act32 *const *x,
+                             int rows, float32x4_t (*acc)[4]) {
+    int32x4_t S[2][MAX_ROWS][4];
+    sub_sums(form, blk, 0, q, rows, S);
+    for (int v = 0; v < 4; v++) {
+        const float32x4_t d = halves(blk, v);
+        const float32x4_t mn = form == VSK_T4_1 ? halves(blk + 288, v) : vdupq_n_f32(0.0f);
+        for (int m = 0; m < rows; m++) {
+            const int32x4_t s = vaddq_s32(S[0][m][v], S[1][m][v]);
+            float32x4_t step = vmulq_f32(vmulq_n_f32(d, x[m]->d), vcvtq_f32_s32(s));
+            if (form == VSK_T4_1)
+                step = vaddq_f32(step, vmulq_n_f32(mn, x[m]->d * (float)(x[m]->half[0] + x[m]->half[1])));
+            acc[m][v] = vaddq_f32(acc[m][v], step);
         }
     }
 }
 
-VSK_TILE_ENTRY(kernel_t2_k, kblock_tile_kernel, VSK_T2_K)
-VSK_TILE_ENTRY(kernel_t3_k, kblock_tile_kernel, VSK_T3_K)
-VSK_TILE_ENTRY(kernel_t5_k, kblock_tile_kernel, VSK_T5_K)
-VSK_TILE_ENTRY(kernel_tiq4_xs, kblock_tile_kernel, VSK_TIQ4_XS)
-
-/* the 32-weight forms, as tile32_kernel in vsk_tiles.c: acc += (d x->d) s [+ m (x->d (its sum)) for T4_1]. (The
- * other forms' minimum term is 0 x a finite value: adding that zero changes no accumulator, which starts at +0
- * and so is never -0.) */
-VSK_NEON_INLINE void tile32_kernel(int type, const uint8_t *W, int n0, int n1, int K, const uint8_t *xq,
-                                   size_t x_stride, int M, float *y, int ldy) {
-    const int blocks = K / 32, with_min = type == VSK_T4_1;
-    const size_t block_bytes = vsk_tile_strip_bytes(type, 32);
-    for (int t = n0 / 16; t < (n1 + 15) / 16; t++) {
-        for (int r0 = 0; r0 < M; r0 += MAX_ROWS) {
-            const int rows = M - r0 < MAX_ROWS ? M - r0 : MAX_ROWS;
-            float32x4_t acc[MAX_ROWS][4];
-            for (int m = 0; m < rows; m++)
-                for (int v = 0; v < 4; v++) acc[m][v] = vdupq_n_f32(0.0f);
-            for (int b = 0; b < blocks; b++) {
-                const uint8_t *blk = W + ((size_t)t * blocks + b) * block_bytes;
-                const vsk_act32 *x[MAX_ROWS];
-                const int8_t *q[MAX_ROWS];
-                for (int m = 0; m < rows; m++) {
-                    x[m] = (const vsk_act32 *)(xq + (size_t)(r0 + m) * x_stride) + b;
-                    q[m] = x[m]->q;
-                }
-                sub_t w;
-                int32x4_t S[2][MAX_ROWS][4];
-                unpack_sub(type, blk, 0, &w);
-                sums32(&w, q, rows, S);
-                for (int v = 0; v < 4; v++) {
-                    const float32x4_t d = halves(blk, v);
-                    const float32x4_t mn = with_min ? halves(blk + 288, v) : vdupq_n_f32(0.0f);
-                    for (int m = 0; m < rows; m++) {
-                        const int32x4_t s = vaddq_s32(S[0][m][v], S[1][m][v]);
-                        float32x4_t step = vmulq_f32(vmulq_n_f32(d, x[m]->d), vcvtq_f32_s32(s));
-                        if (with_min)
-                            step = vaddq_f32(step, vmulq_n_f32(mn, x[m]->d * (float)(x[m]->half[0] + x[m]->half[1])));
-                        acc[m][v] = vaddq_f32(acc[m][v], step);
-                    }
-                }
-            }
-            store_tile(acc, rows, y + (size_t)r0 * ldy, ldy, t, n1);
+/* the tile body (vsk_forms.h): each block of the strip against the activation rows, a tile's 16 weight rows in four
+ * vectors of four lanes */
+VSK_NEON_INLINE void tile_rows(int form, const uint8_t *strip, int blocks, const uint8_t *xq, size_t x_stride,
+                               int rows, float *y, int ldy, int lanes) {
+    const size_t block_bytes = (size_t)vsk_block_bytes(form);
+    float32x4_t acc[MAX_ROWS][4];
+    for (int m = 0; m < rows; m++)
+        for (int v = 0; v < 4; v++) acc[m][v] = vdupq_n_f32(0.0f);
+    for (int b = 0; b < blocks; b++) {
+        const uint8_t *blk = strip + (size_t)b * block_bytes;
+        const vsk_act32 *x32[MAX_ROWS];
+        const vsk_act256 *x256[MAX_ROWS];
+        const int8_t *q[MAX_ROWS]; /* the rows' activation bytes of the block */
+        for (int m = 0; m < rows; m++) {
+            x32[m] = vsk_act32_at(xq, x_stride, m, b);
+            x256[m] = vsk_act256_at(xq, x_stride, m, b);
+            q[m] = vsk_block_weights(form) == 32 ? x32[m]->q : x256[m]->q;
         }
+        if (vsk_block_weights(form) == 32)
+            block32(form, blk, q, x32, rows, acc);
+        else if (form == VSK_T4_K || form == VSK_T6_K)
+            k_block(form, blk, q, x256, rows, acc);
+        else
+            kblock_block(form, blk, q, x256, rows, acc);
     }
+    store_tile(acc, rows, y, ldy, lanes);
 }
 
-VSK_TILE_ENTRY(kernel_t4_0, tile32_kernel, VSK_T4_0)
-VSK_TILE_ENTRY(kernel_t4_1, tile32_kernel, VSK_T4_1)
-VSK_TILE_ENTRY(kernel_t5_0, tile32_kernel, VSK_T5_0)
-VSK_TILE_ENTRY(kernel_t8_0, tile32_kernel, VSK_T8_0)
-VSK_TILE_ENTRY(kernel_tiq4_nl, tile32_kernel, VSK_TIQ4_NL)
+/* every family of tile forms runs the one body (vsk_forms.h) */
+#define TILES_tile32(entry, ...) entry(tile_rows, MAX_ROWS, __VA_ARGS__)
+#define TILES_tile256(entry, ...) entry(tile_rows, MAX_ROWS, __VA_ARGS__)
+#define TILES_tile_kblock(entry, ...) entry(tile_rows, MAX_ROWS, __VA_ARGS__)
 
-vsk_kernel NAME(vsk_tile_kernel)(int type) {
-    switch (type) {
-    case VSK_T4_0: return kernel_t4_0;
-    case VSK_T4_1: return kernel_t4_1;
-    case VSK_T5_0: return kernel_t5_0;
-    case VSK_T8_0: return kernel_t8_0;
-    case VSK_TIQ4_NL: return kernel_tiq4_nl;
-    case VSK_T2_K: return kernel_t2_k;
-    case VSK_T3_K: return kernel_t3_k;
-    case VSK_T4_K: return kernel_t4_k;
-    case VSK_T5_K: return kernel_t5_k;
-    case VSK_T6_K: return kernel_t6_k;
-    case VSK_TIQ4_XS: return kernel_tiq4_xs;
-    default: return NULL;
-    }
-}
+VSK_TILE_KERNELS(NAME(vsk_tile_kernel))
 
 #endif /* __aarch64__ */
