@@ -3,6 +3,9 @@ path this CPU runs, and their row independence (bit for bit, whatever the other 
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -253,6 +256,18 @@ def test_a_product_shared_among_threads_computes_every_chunk_once_whoever_takes_
                 assert torch.equal(native.linear(tile, tiles, inputs[i % 2], n), alone[i % 2]), count
     finally:
         native.set_threads(threads)
+
+
+def test_the_python_tables_of_the_forms_are_the_c_table():
+    """native.QUANT_TYPES and TILE_OF list the forms of csrc/vsk_forms.h (the one table), with their blocks' sizes."""
+    header = (Path(native.__file__).parent / "csrc" / "vsk_forms.h").read_text(encoding="utf-8")
+    lines = re.findall(r"X\((\w+), \w+, (\d+), (\d+), (\d+), \w+\)", header)  # a type: name, id, values, bytes
+    types = {name: (int(i), int(w), int(b)) for name, i, w, b in lines}
+    tiles = re.findall(r"X\((\w+), \w+, (\w+), \d+, \w+\)", header)  # a tile form: name, its type's name
+    assert len(types) == 15 and len(tiles) == 11
+    assert {i: (w, b) for i, w, b in types.values()} == native.QUANT_TYPES
+    assert {types[name][0]: 100 + types[name][0] for _, name in tiles} == native.TILE_OF
+    assert {i for i, w, _ in types.values() if w == 1} == set(native.DENSE_TYPES)
 
 
 def test_a_native_linear_of_mixed_parts_equals_its_dequantized_matrix():
