@@ -1,5 +1,5 @@
-"""Rules of the house that keep the code readable for the next person (docs/architecture.md): short functions, calls
-that name their arguments, and an engine loop that knows no drafting method by name."""
+"""Rules of the house that keep the code readable for the next person (docs/architecture.md): short functions (Python
+and the C kernels'), calls that name their arguments, and an engine loop that knows no drafting method by name."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "verispec"
+KERNEL_SOURCES = PACKAGE / "kernels" / "csrc"
 LONGEST_FUNCTION = 60  # lines, decorators and docstring included
 MOST_POSITIONAL = 4  # arguments a call of verispec's own functions passes by position
 
@@ -25,6 +26,116 @@ def test_no_function_is_longer_than_60_lines():
         and node.end_lineno - node.lineno + 1 > LONGEST_FUNCTION
     ]
     assert not long, f"split these: {long}"
+
+
+def _blank_comments_and_literals(text: str) -> str:
+    """C source with its comments and string and character literals blanked, line breaks kept."""
+    out, i = [], 0
+    while i < len(text):
+        if text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            end = len(text) if end < 0 else end + 2
+        elif text.startswith("//", i):
+            end = text.find("\n", i)
+            end = len(text) if end < 0 else end
+        elif text[i] in "\"'":
+            end = i + 1
+            while end < len(text) and text[end] != text[i]:
+                end += 2 if text[end] == "\\" else 1
+            end += 1
+        else:
+            out.append(text[i])
+            i += 1
+            continue
+        out.append(re.sub(r"[^\n]", " ", text[i:end]))
+        i = end
+    return "".join(out)
+
+
+def _blank_directives(code: str) -> str:
+    """C code with its preprocessor lines blanked (a macro's continuation lines too): what macros define is not a
+    function of the file; both sides of an #if are read."""
+    lines, continued = code.split("\n"), False
+    for n, line in enumerate(lines):
+        directive = continued or line.lstrip().startswith("#")
+        continued = directive and line.rstrip().endswith("\\")
+        if directive:
+            lines[n] = ""
+    return "\n".join(lines)
+
+
+def _closing_brace(code: str, at: int) -> int:
+    """The index of the brace closing the one at `at`."""
+    depth = 0
+    for i in range(at, len(code)):
+        depth += {"{": 1, "}": -1}.get(code[i], 0)
+        if depth == 0:
+            return i
+    return len(code) - 1
+
+
+def c_functions(text: str) -> list[tuple[str, int, int]]:
+    """(name, first line, lines) of each function defined in C source `text`: a top-level brace whose header ends
+    with a parameter list (not an initializer, a struct or an enum), from the line of the function's name to its
+    closing brace."""
+    code = _blank_directives(_blank_comments_and_literals(text))
+    found, header_start, i = [], 0, 0
+    while i < len(code):
+        if code[i] == ";":
+            header_start = i + 1
+        if code[i] != "{":
+            i += 1
+            continue
+        end = _closing_brace(code, i)
+        header = code[header_start:i].rstrip()
+        if header.endswith(")") and "=" not in header:
+            name = re.search(r"(\w+)\s*(\([^()]*\)\s*)?\([^()]*(\([^()]*\)[^()]*)*\)\s*$", header)
+            start = header_start + (name.start(1) if name else 0)
+            first = code.count("\n", 0, start) + 1
+            found.append((name.group(1) if name else "?", first, code.count("\n", 0, end) + 2 - first))
+        header_start = i = end + 1
+    return found
+
+
+def _long_c_functions(sources: dict[str, str]) -> list[str]:
+    return [
+        f"{path}:{line} {name} ({length} lines)"
+        for path, text in sources.items()
+        for name, line, length in c_functions(text)
+        if length > LONGEST_FUNCTION
+    ]
+
+
+def test_no_c_function_is_longer_than_60_lines():
+    sources = {
+        str(path.relative_to(PACKAGE)): path.read_text(encoding="utf-8") for path in KERNEL_SOURCES.glob("*.[ch]")
+    }
+    assert len(sources) > 20
+    assert sum(len(c_functions(text)) for text in sources.values()) > 200  # the reader finds the kernels' functions
+    long = _long_c_functions(sources)
+    assert not long, f"split these: {long}"
+
+
+def test_the_c_length_check_catches_a_61_line_function():
+    """The control: of two functions of 61 and 60 lines, amid what is not a function or is no brace of one (an
+    initializer, a struct, a macro's body, braces in comments, strings and characters), the first is reported."""
+    lines = [f"    x += {n}; /* {{ */\n" for n in range(58)]
+    text = (
+        '#include "vsk.h"\n'
+        "#define BODY(name) static void name(void) { \\\n    }\n"
+        "typedef struct {\n    int a;\n} pair_t;\n"
+        "static const int table[] = {1, 2, 3};\n"
+        "static inline __attribute__((always_inline)) void sixty_one(int x,\n"
+        "                                                             int y) {\n"
+        f"{''.join(lines)}"
+        "}\n"
+        "static int sixty(int x) {\n"
+        f"{''.join(lines[:57])}"
+        "    return x + '{' + (int)sizeof \"}\";\n"
+        "}\n"
+    )
+    assert [(name, length) for name, _, length in c_functions(text)] == [("sixty_one", 61), ("sixty", 60)]
+    assert _long_c_functions({"example.c": text}) == ["example.c:8 sixty_one (61 lines)"]
 
 
 def _own_callables(modules: dict[Path, ast.Module]) -> set[str]:
