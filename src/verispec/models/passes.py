@@ -9,6 +9,7 @@ padded keys are never read again (they are overwritten before any later read).
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import torch
 
@@ -19,20 +20,16 @@ PAD_TOKEN = 0  # any valid id: padded positions are computed and then forgotten
 
 
 def padded_forward(
-    model: Transformer,
-    cache: KVCache,
-    rows: list[list[int]],
-    slots: list[int],
-    draft_head: DraftHead | None = None,
-    parents: list[list[int] | None] | None = None,
+    model: Transformer, cache: KVCache, rows: list[list[int]], slots: list[int], **options: Any
 ) -> list[torch.Tensor]:
     """One forward of all `rows` (row i appends to slot i); returns each row's logits [len(row), V] on the CPU.
-    `parents` (a verify pass): per row, its token tree's parents (Transformer.forward), or None for a chain.
+    `options`: padded_logits' draft_head and parents. `parents` (a verify pass): per row, its token tree's parents
+    (Transformer.forward), or None for a chain.
 
     With a `draft_head` it is a draft's forward: that head, ordinary attention (a draft's rounding never has
     to match a decode step's, see Transformer.forward), logits over the head's own rows (`DraftHead.over_vocab`
     spreads them over the target's vocabulary)."""
-    logits = padded_logits(model, cache, rows=rows, slots=slots, draft_head=draft_head, parents=parents)
+    logits = padded_logits(model, cache, rows=rows, slots=slots, **options)
     return [logits[i, : len(row)] for i, row in enumerate(rows)]
 
 

@@ -13,6 +13,7 @@ is refused with the tensor's name before anything is cached.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -109,20 +110,12 @@ def assembled_model(config: ModelConfig, state: dict[str, torch.Tensor], quantiz
 
 
 def assemble_state_dict(
-    config: ModelConfig,
-    fetch: Fetch,
-    dtype: torch.dtype,
-    *,
-    quantization: str = "none",
-    fetch_int4: FetchInt4 = lambda name, rows=None: None,
-    row_count: RowCount | None = None,
+    config: ModelConfig, fetch: Fetch, dtype: torch.dtype, **reading: Any
 ) -> dict[str, torch.Tensor]:
-    """The whole state dict at once (for sources small enough to hold; conversion streams the parts)."""
+    """The whole state dict at once (for sources small enough to hold; conversion streams the parts). `reading`:
+    state_dict_parts' keywords (quantization, fetch_int4, row_count)."""
     state: dict[str, torch.Tensor] = {}
-    parts = state_dict_parts(
-        config, fetch, dtype, quantization=quantization, fetch_int4=fetch_int4, row_count=row_count
-    )
-    for _, part in parts:
+    for _, part in state_dict_parts(config, fetch, dtype, **reading):
         state |= part
     return state
 
