@@ -78,8 +78,17 @@ DRAFT_VOCAB = MethodOption(
 
 
 def check_draft_model(target: LoadedModel, draft: LoadedModel | None) -> None:
-    """What a method that drafts with a draft model of its own asks of it: the target's tokenizer, a cache that rolls
-    back to any length, and no drafter made for another method (a model that reads its target: `drafter_method`)."""
+    """What a method that drafts with a draft model of its own asks of it: the target's tokenizer, and what
+    check_draft_model_of_any_vocabulary asks."""
+    check_draft_model_of_any_vocabulary(target, draft)
+    if draft is not None:
+        target.tokenizer.check_compatible(draft.tokenizer)
+
+
+def check_draft_model_of_any_vocabulary(target: LoadedModel, draft: LoadedModel | None) -> None:
+    """What a method that drafts with a draft model of any vocabulary asks of it (Method.other_vocabulary): a cache
+    that rolls back to any length, and no drafter made for another method (a model that reads its target:
+    `drafter_method`)."""
     if draft is None:
         return
     made_for = getattr(draft.model, "drafter_method", None)
@@ -88,7 +97,6 @@ def check_draft_model(target: LoadedModel, draft: LoadedModel | None) -> None:
             f"the speculative model {draft.name} drafts by reading its target: draft with it by "
             f"--speculative-method {made_for}"
         )
-    target.tokenizer.check_compatible(draft.tokenizer)
     if draft.model.config.hybrid:
         raise InvalidParameterError(
             "a draft model with linear-attention layers (Qwen3.5) is not supported: its cache is forked and "
@@ -98,8 +106,9 @@ def check_draft_model(target: LoadedModel, draft: LoadedModel | None) -> None:
 
 
 def draft_model_limits(target: LoadedModel, draft: LoadedModel | None) -> tuple[int | None, int | None]:
-    """A draft model's (longest context, vocabulary it embeds); (None, None) without one."""
-    if draft is None:
+    """A draft model's (longest context, vocabulary it embeds); (None, None) without one, or for one of another
+    vocabulary (it reads the target's text cut into its own tokens, windowed to its positions: cross_vocab.py)."""
+    if draft is None or not target.tokenizer.shares_vocabulary(draft.tokenizer):
         return None, None
     return draft.model.config.max_position_embeddings, draft.model.config.vocab_size
 
@@ -132,6 +141,9 @@ class Method:
     # family (models/families.py) by the loader; else the method's own reader (a head, not a model)
     load_draft: Callable[[str, LoadedModel], Any] | None = None
     options: tuple[MethodOption, ...] = ()
+    # its draft model may have another vocabulary than the target's (drafts translated through text: cross_vocab.py);
+    # its `check` then does not refuse one (check_draft_model_of_any_vocabulary), and it drafts with `setup.model`
+    other_vocabulary: bool = False
 
     @property
     def needs_draft_model(self) -> bool:
@@ -298,18 +310,20 @@ def _check_assistant(target: LoadedModel, draft: LoadedModel | None) -> None:
         )
 
 
-register(Method(name="draft", summary="the --speculative-model drafts", build=_draft, draft_model=DraftModelUse.NEEDED,
-                options=(DRAFT_VOCAB,)))  # fmt: skip
+# the methods drafting with a draft model of their own take one of any vocabulary (cross_vocab.py)
+ANY_VOCABULARY = dict(check=check_draft_model_of_any_vocabulary, other_vocabulary=True)
+register(Method(name="draft", summary="the --speculative-model drafts (of the target's vocabulary or another)",
+                build=_draft, draft_model=DraftModelUse.NEEDED, options=(DRAFT_VOCAB,), **ANY_VOCABULARY))  # fmt: skip
 register(Method(name="ngram", summary="prompt lookup in the context (no draft model)", build=_ngram,
                 draft_model=DraftModelUse.UNUSED))  # fmt: skip
 register(Method(name="hybrid", summary="prompt lookup where the context repeats itself, the draft model elsewhere",
-                build=_hybrid, draft_model=DraftModelUse.NEEDED, options=(DRAFT_VOCAB,)))  # fmt: skip
+                build=_hybrid, draft_model=DraftModelUse.NEEDED, options=(DRAFT_VOCAB,), **ANY_VOCABULARY))  # fmt: skip
 register(Method(
     name="suffix",
     summary="lookups in the context and earlier requests' outputs, up to 15 tokens where the match is long, the "
     "draft model elsewhere (with --speculative-model none: the lookups alone)",
     build=_suffix, draft_model=DraftModelUse.OPTIONAL, widest=_suffix_widest, trees=True,
-    options=(SUFFIX_CACHE_TOKENS, DRAFT_VOCAB),
+    options=(SUFFIX_CACHE_TOKENS, DRAFT_VOCAB), **ANY_VOCABULARY,
 ))  # fmt: skip
 register(Method(
     name="mtp",

@@ -161,7 +161,8 @@ def load_pair(
     draft_quantization: str | None = None,
 ) -> tuple[LoadedModel, LoadedModel | None]:
     """A target and the model that drafts for it (None: none), each a source to load or a model already loaded. One
-    copy of the weights serves both when they name the same source in the same format; the tokenizers must match.
+    copy of the weights serves both when they name the same source in the same format. Whether the drafter's
+    tokenizer must be the target's is its method's check (engine/methods.py), not the loader's.
     `draft_quantization` None: default_draft_quantization of the target's; 'auto': the drafter's fastest form here
     (draft_forms.py)."""
     if quantization == COARSE_DRAFT:  # the target's numbers are the output: never coarsened
@@ -188,8 +189,6 @@ def load_pair(
         raise InvalidParameterError(f"{first.name} {family.not_a_target if family else 'has no tokenizer'}")
     if second is not None and second.tokenizer is None:  # a drafter without tokenizer files: its target's ids
         second.tokenizer = first.tokenizer
-    if second is not None:
-        first.tokenizer.check_compatible(second.tokenizer)
     return first, second
 
 

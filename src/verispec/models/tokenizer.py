@@ -271,15 +271,23 @@ class Tokenizer:
             ids += _encode(self._text_only, content, add_special_tokens=False)
         return ids + _encode(self.raw, pieces, add_special_tokens=False)
 
-    def check_compatible(self, draft: Tokenizer) -> None:
-        """Draft tokens must mean the same to the target: one token table must extend the other.
+    def _differing(self, other: Tokenizer) -> tuple[list[str], dict[str, int]]:
+        """The tokens of the smaller token table that the other maps to another id (or lacks), and that table."""
+        if other.raw is self.raw:
+            return [], {}
+        small, large = sorted((self.vocab, other.vocab), key=len)
+        return [tok for tok, i in small.items() if large.get(tok) != i], small
 
-        Padded vocabulary sizes (151936 vs 152064 rows) do not matter; only the token tables do.
-        """
-        if draft.raw is self.raw:
-            return
-        small, large = sorted((self.vocab, draft.vocab), key=len)
-        differing = [tok for tok, i in small.items() if large.get(tok) != i]
+    def shares_vocabulary(self, other: Tokenizer) -> bool:
+        """Whether `other`'s token ids mean what this tokenizer's do: one token table extends the other (padded
+        vocabulary sizes, 151936 vs 152064 rows, do not matter; only the token tables do). A draft model whose
+        tokenizer does not share the target's drafts through text, where its method allows one (engine/methods.py:
+        Method.other_vocabulary)."""
+        return not self._differing(other)[0]
+
+    def check_compatible(self, draft: Tokenizer) -> None:
+        """Draft tokens must mean the same to the target (shares_vocabulary), else TokenizerMismatchError."""
+        differing, small = self._differing(draft)
         if differing:
             first = min(differing, key=small.__getitem__)  # the lowest id: the same example on every run
             raise TokenizerMismatchError(
