@@ -13,10 +13,17 @@ from tokenizers import Tokenizer as RawTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
 from verispec import SpeculativeGenerator
+from verispec.decoding.noise import KeyedNoise
 from verispec.decoding.sampling import SamplingParams
 from verispec.engine import cross_vocab
 from verispec.engine.cross_vocab import OtherVocabularyDrafter, SlotText, Translation
-from verispec.engine.methods import get_method, method_names
+from verispec.engine.drafting import DraftJob
+from verispec.engine.methods import (
+    check_draft_model,
+    check_draft_model_of_any_vocabulary,
+    get_method,
+    method_names,
+)
 from verispec.engine.requests import EngineRequest, FinishEvent
 from verispec.engine.scheduler import Scheduler, SchedulerConfig
 from verispec.errors import TokenizerMismatchError
@@ -344,3 +351,38 @@ def test_a_draft_of_another_vocabulary_bounds_neither_the_prompt_ids_nor_the_con
     got = spec.generate(prompt, max_tokens=40)
     assert got.token_ids == plain.generate(prompt, max_tokens=40).token_ids
     assert got.stats.drafted > 0
+
+
+def _proposals(draft_loaded, target, params: SamplingParams) -> list[list[int]]:
+    """What a fresh draft-method proposer proposes at k = 4 for each prompt, as a request with `params` asks."""
+    proposer = _generator(target, draft_loaded).engine.proposer
+    proposer.admit(0, "")
+    found = []
+    for prompt in PROMPTS:
+        ids = target.tokenizer.encode(prompt)
+        noise = KeyedNoise(params.seed or 0, target.model.config.vocab_size)
+        found.append(
+            proposer.propose([DraftJob(slot=0, tokens=ids, k=4, params=params, noise=noise)])[0].tokens.tolist()
+        )
+    return found
+
+
+def test_a_sampled_request_is_drafted_the_drafts_argmax(pairs):
+    """decisions.md: a draft of another vocabulary cannot race the target's keyed noise, so it proposes its argmax for
+    a sampled request too (accepted with the target's probability of it). The control: a draft of the target's own
+    vocabulary races the noise, and proposes otherwise for some prompt."""
+    target, twin, stranger = pairs
+    sampled = SamplingParams(temperature=1.5, seed=5)
+    for draft in (twin, stranger):
+        assert _proposals(draft, target, sampled) == _proposals(draft, target, SamplingParams())
+    same_vocabulary = tiny_loaded(_first_layers(target.model, 1), target.tokenizer)
+    assert _proposals(same_vocabulary, target, sampled) != _proposals(same_vocabulary, target, SamplingParams())
+
+
+def test_a_method_drafting_in_the_targets_ids_only_refuses_another_vocabulary(pairs):
+    """A method registered without Method.other_vocabulary keeps the default check: a draft of another vocabulary is
+    refused in one line naming the first token that differs, before anything is built."""
+    target, _, stranger = pairs
+    with pytest.raises(TokenizerMismatchError, match="draft and target tokenizers differ"):
+        check_draft_model(target, stranger)
+    check_draft_model_of_any_vocabulary(target, stranger)  # the methods that take one: no refusal

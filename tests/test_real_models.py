@@ -82,6 +82,47 @@ def test_a_draft_of_another_vocabulary_drafts_for_the_target(smol_pair):
     assert spec.generate(prompt, 48, **sampled).token_ids == plain.generate(prompt, 48, **sampled).token_ids
 
 
+def test_a_draft_of_another_vocabulary_batched_gets_each_request_its_plain_output(smol_pair):
+    """Three requests at once through the scheduler, SmolLM2 drafting for each (greedy, and seeded at two
+    temperatures): each gets plain decoding's output for its prompt and seed."""
+    from verispec.decoding.sampling import SamplingParams
+    from verispec.engine.requests import EngineRequest, FinishEvent
+    from verispec.engine.scheduler import Scheduler, SchedulerConfig
+
+    target, smol = smol_pair
+    plain = SpeculativeGenerator(target, None)
+    config = SchedulerConfig(max_num_seqs=3, draft_policy="always", speculative_method="draft")
+    scheduler = Scheduler(target, smol, config)
+    options = [{}, {"temperature": 0.8, "seed": 3}, {"temperature": 1.0, "top_p": 0.9, "seed": 11}]
+    prompts = humaneval_prompts(3)
+    events: list[list] = [[] for _ in prompts]
+    for i, (prompt, option) in enumerate(zip(prompts, options, strict=True)):
+        ids, params = target.tokenizer.encode(prompt), SamplingParams(**option)
+        scheduler.submit(EngineRequest(request_id=str(i), prompt_ids=ids, params=params, max_tokens=48,
+                                       sink=events[i].append))  # fmt: skip
+    scheduler.run_until_idle(max_steps=1000)
+    for prompt, option, got in zip(prompts, options, events, strict=True):
+        assert isinstance(got[-1], FinishEvent), got[-1]
+        assert got[-1].output.token_ids == plain.generate(prompt, max_tokens=48, **option).token_ids, option
+    assert sum(e[-1].output.stats.accepted for e in events) > 0
+
+
+def test_the_identity_with_smollm2_is_the_verifiers_doing(smol_pair, monkeypatch):
+    """The negative control of the tests above: a verifier that accepts every drafted token emits SmolLM2's
+    translated drafts as they come, and the output is no longer plain decoding's."""
+    from verispec.engine import verification
+
+    def accept_all(drafts, parents, choices):
+        return [(len(tokens), chosen[len(tokens)], None) for tokens, chosen in zip(drafts, choices, strict=True)]
+
+    target, smol = smol_pair
+    prompt = humaneval_prompts(1)[0]
+    expected = SpeculativeGenerator(target, None).generate(prompt, max_tokens=TOKENS).token_ids
+    monkeypatch.setattr(verification, "verify_batch", accept_all)
+    spec = SpeculativeGenerator(target, smol, num_speculative_tokens=4, adaptive=False, speculative_method="draft")
+    assert spec.generate(prompt, max_tokens=TOKENS).token_ids != expected
+
+
 @pytest.fixture(
     scope="module",
     params=[pytest.param(("int4", "int4-all"), marks=pytest.mark.slow), ("gguf", "gguf")],  # PyTorch's int4: slow
