@@ -8,11 +8,11 @@ The first that fits, in this order:
   4. the smallest model of the target's family among the user's models (models/stores.py: the Hugging Face cache,
      Ollama, LM Studio) at most half the target's size whose token table fits the target's;
   5. no draft model: the default method's lookups alone (suffix).
-A candidate is judged as loaded, by its method's own checks (and the loader's, for a draft model's tokenizer); one
-refused gives way to the next. One line (`Drafter.line`) says what was chosen and why; it is logged, and `generate`
+A candidate model's token table is the target's (catalog.tables_fit); it is judged as loaded by its method's own
+checks, and one refused gives way to the next. One line (`Drafter.line`) says what was chosen and why; it is logged, and `generate`
 prints it. A method named (`--speculative-method`) keeps the candidates it can draft with; one that needs a draft
-model and finds none is refused in one line. A draft model named explicitly is not chosen but checked: a tokenizer
-that differs is refused in one line (models/tokenizer.py).
+model and finds none is refused in one line. A draft model named explicitly is not chosen but checked: one of another
+vocabulary drafts through text where its method takes one (engine/cross_vocab.py), else is refused in one line.
 """
 
 from __future__ import annotations
