@@ -36,7 +36,10 @@ from verispec.testing import EOS_TEXT, byte_tokenizer, tiny_config, tiny_loaded,
 # ones, whose space prefix and byte tokens are the boundaries' hard cases
 PAIRS = [("qwen2", "llama-spm"), ("llama-spm", "qwen2"), ("qwen2", "llama-bpe"), ("llama-bpe", "phi-3"),
          ("phi-3", "gpt-2"), ("gpt-2", "llama-bpe")]  # fmt: skip
-WELL_CUT = 0.99  # the share of drafted texts whose target tokens are the target's own cut (measured: all but ~0.5 %)
+# the share of drafted texts whose target tokens are the target's own cut: measured 0.990-0.999 by pair on these
+# texts (the README among them, which changes)
+WELL_CUT = 0.98
+CONTROL_FACTOR = 5  # a broken rule cuts otherwise at least this many times as often (measured: 14 and 240)
 
 
 def _texts() -> list[str]:
@@ -112,7 +115,10 @@ def test_drafted_text_comes_back_as_the_targets_own_tokens(target, draft, vocabu
 )
 def test_the_boundary_rules_are_what_make_the_cut_right(broken, pair, vocabularies, monkeypatch):
     """The controls: encoding the drafted text alone (a SentencePiece target puts a space before it), or proposing
-    the last drafted word whole (the target's cut of more text would lengthen it), fall below the bar."""
+    the last drafted word whole (the target's cut of more text would lengthen it), cut otherwise many times as often
+    as the rules do on the same pair."""
+    target, draft = vocabularies(pair[0]), vocabularies(pair[1])
+    good, total = _well_cut(target, draft)
     if broken == "no lookbehind":
         monkeypatch.setattr(cross_vocab, "LOOKBEHIND", 0)
     else:
@@ -123,8 +129,8 @@ def test_the_boundary_rules_are_what_make_the_cut_right(broken, pair, vocabulari
             return back(self, context, drafted, most)
 
         monkeypatch.setattr(Translation, "back", whole)
-    good, total = _well_cut(vocabularies(pair[0]), vocabularies(pair[1]))
-    assert good < WELL_CUT * total, (good, total)
+    broken_good, broken_total = _well_cut(target, draft)
+    assert broken_total - broken_good > CONTROL_FACTOR * max(1, total - good), (broken_good, good, total)
 
 
 def test_a_context_ending_inside_a_character_is_not_drafted_for(vocabularies):
