@@ -9,10 +9,11 @@ The first that fits, in this order:
      Ollama, LM Studio) at most half the target's size whose token table fits the target's;
   5. no draft model: the default method's lookups alone (suffix).
 A candidate model's token table is the target's (catalog.tables_fit); it is judged as loaded by its method's own
-checks, and one refused gives way to the next. One line (`Drafter.line`) says what was chosen and why; it is logged, and `generate`
-prints it. A method named (`--speculative-method`) keeps the candidates it can draft with; one that needs a draft
-model and finds none is refused in one line. A draft model named explicitly is not chosen but checked: one of another
-vocabulary drafts through text where its method takes one (engine/cross_vocab.py), else is refused in one line.
+checks, and one refused gives way to the next. One line (`Drafter.line`) says what was chosen and why; it is logged,
+and `generate` prints it. A method named (`--speculative-method`) keeps the candidates it can draft with; one that
+needs a draft model and finds none is refused in one line. A draft model named explicitly is not chosen but checked:
+one of another vocabulary drafts through text where its method takes one (engine/cross_vocab.py), else is refused in
+one line.
 """
 
 from __future__ import annotations
