@@ -150,10 +150,11 @@ class Scheduler:
         made = allocate(target, draft, self.method, sizes=sizes, options=config.method_options)
         self.cache, self.prefixes, self.proposer, self.widest = made.cache, made.prefixes, made.proposer, made.widest
         self.max_model_len, self.context_cut, self.on_demand = made.context, made.context_cut, made.on_demand
-        # a drafter that reads the target's hidden states says so; the target serves them to it (and no earlier
-        # engine's drafter on the same model reads them any more)
-        target.model.serve_hidden(self.proposer.observe_hidden if getattr(self.proposer, "reads_hidden", False)
-                                  else None)  # fmt: skip
+        # a drafter that reads the target's hidden states says so, and which (the final ones, or the inputs of the
+        # layers it names); the target serves them to it (and no earlier engine's drafter on the same model any more)
+        reads = getattr(self.proposer, "reads_hidden", False)
+        target.model.serve_hidden(self.proposer.observe_hidden if reads else None,
+                                  layers=getattr(self.proposer, "hidden_layers", None) if reads else None)  # fmt: skip
         self.grammars = GrammarCompiler(self.tokenizer, target.model.config.vocab_size)  # for EngineRequest.grammar
         mode = config.draft_policy if self.proposer is not None else "never"
         self.policy = DraftPolicy(PolicySettings(k_max=config.num_speculative_tokens, mode=mode))

@@ -189,6 +189,20 @@ class NativeStack:
             self._caches[cache] = made
         return made[0]
 
+    def _range(self, cache: _Cache, first: int, end: int) -> tuple[_Model, _Cache]:
+        """The library's views of blocks first .. end - 1 and of their layers' caches (the structures point into the
+        whole model's arrays; the embedding scale only where the range starts at block 0)."""
+        if not 0 <= first < end <= len(self._keep):
+            raise ValueError(f"layers {first} .. {end} of a stack of {len(self._keep)}")
+        pointer = ctypes.sizeof(_c_p)
+        model = _Model.from_buffer_copy(self._model)
+        model.blocks = ctypes.cast(ctypes.addressof(self._blocks[first]), ctypes.POINTER(_Block))
+        model.layers, model.embed_scale = end - first, self._model.embed_scale if first == 0 else 0.0
+        view = _Cache.from_buffer_copy(cache)
+        view.keys = ctypes.cast(ctypes.cast(cache.keys, _c_p).value + first * pointer, ctypes.POINTER(_c_p))
+        view.values = ctypes.cast(ctypes.cast(cache.values, _c_p).value + first * pointer, ctypes.POINTER(_c_p))
+        return model, view
+
     @staticmethod
     def timing() -> tuple[float, float, float, float]:
         """(seconds in the stack, of which in products; in the heads of native greedy steps; in the stack's
@@ -198,7 +212,8 @@ class NativeStack:
         return out[0], out[1], out[2], out[3]
 
     def __call__(self, x: torch.Tensor, cache, cos: torch.Tensor, sin: torch.Tensor, slots: list[int],
-                 positions: list[int], parents: list[int] | None = None) -> None:  # fmt: skip
+                 positions: list[int], parents: list[int] | None = None,
+                 layers: tuple[int, int] | None = None) -> None:  # fmt: skip
         """x [M, hidden] float32 contiguous, in place; row m is at positions[m] of cache slot slots[m]. `cache` is a
         KVCache (models/kv_cache.py) of float16 or float32; the blocks the rows are written to are made the slots'
         own first (KVCache.ensure). cos/sin are the rotary tables [tables, length, head dim]
@@ -208,6 +223,10 @@ class NativeStack:
         its sequence's previous position. A tree's rows (at most 16) follow its root, parents first; a node sits
         at its parent's position + 1 and is stored at its root's position + its row's distance from the root; it
         attends to its ancestors only, with the same bits as a chain pass along its path (vsk_stack_forward_tree).
+
+        `layers` (first, end): only those blocks, the embedding scale applied only where the range starts at the first
+        block; x leaves each range whole (its last residual added), so ranges run one after another give the bits
+        of one call (models/hidden_states.py reads the rows between them).
         """
         m = x.shape[0]
         if x.dtype != torch.float32 or not x.is_contiguous() or x.shape[1] != self.hidden:
@@ -230,7 +249,8 @@ class NativeStack:
             if self._scratch.numel() < need:
                 self._scratch = torch.empty(need, dtype=torch.uint8)
             aligned = (self._scratch.data_ptr() + 63) // 64 * 64
-            model, view, at = ctypes.byref(self._model), ctypes.byref(cache), ctypes.byref(rows, 4 * m)
+            model, cache = (self._model, cache) if layers is None else self._range(cache, *layers)
+            model, view, at = ctypes.byref(model), ctypes.byref(cache), ctypes.byref(rows, 4 * m)
             if tree is None:
                 status = lib.vsk_stack_forward(model, view, x.data_ptr(), m, rows, at, aligned)
             else:

@@ -17,16 +17,18 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.stack import TREE_ROWS
 from .config import ModelConfig
 from .delta_net import GatedDeltaNet
 from .feed_forward import MLP, GemmaMixture, MixtureOfExperts, PerLayerInput, PerLayerInputs, RMSNorm
+from .hidden_states import ServedHidden, tapped
 from .kv_cache import KVCache
+from .masks import causal_mask, tree_mask, tree_offsets, window_mask
 from .rope import rotary_table
 
 # `fused_blocks` takes a long pass (a prefill) in calls of at most this many rows, bounding its scratch memory
@@ -261,7 +263,7 @@ class Transformer(nn.Module):
         # the checkpoint's multi-token-prediction layer (a drafter trained with the model), or None: mtp.py's
         # `transformer` makes a model with it
         self.mtp: nn.Module | None = None
-        self._hidden_reader = None  # serve_hidden's reader, or None
+        self._served: ServedHidden | None = None  # who serve_hidden hands every pass's hidden states, or None
         self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
         self._layer_tables = [config.rope_table(i) for i in range(config.num_layers)]  # per layer, or -1: none
         self._table_sizes = [size for _, _, size in config.rope_table_specs()]  # per table, the dimensions it turns
@@ -345,30 +347,43 @@ class Transformer(nn.Module):
         if parents is not None and self.config.hybrid:
             raise ValueError("a hybrid model's passes hold no token trees (its recurrent state follows one chain)")
         starts = self._reserve(cache, slots, [seq] * batch)
-        offsets = [list(range(seq))] * batch if parents is None else self._tree_offsets(parents, batch, seq)
+        offsets = [list(range(seq))] * batch if parents is None else tree_offsets(parents, batch, seq)
         x = self.embed(tokens)
         if self.fused_blocks is not None:
             flat = None
             if parents is not None:
                 flat = [-1 if p < 0 else b * seq + p for b, row in enumerate(parents) for p in row]
             x = x.reshape(batch * seq, -1).float().contiguous()
-            self._fused_rows(x, cache, slots, Rows(starts=starts, offsets=offsets, parents=flat))
+            taps = self._served.taps() if self._served is not None else None
+            self._fused_rows(x, cache, slots, Rows(starts=starts, offsets=offsets, parents=flat), taps=taps)
+            self._serve(slots, starts, taps, x.view(batch, seq, -1))
             return self._logits(x.view(batch, seq, -1).to(self.dtype), num_logits, head)
         if parents is not None and invariant and any(layer.attn.batch_invariant for layer in self.layers):
             raise ValueError("token trees need the native stack or ordinary attention")
         rows = Rows(starts=starts, offsets=offsets, parents=parents)
-        x = self._layers(x, cache, slots, rows, invariant=invariant, per_layer=self._per_layer(tokens, x))
+        taps = self._served.taps() if self._served is not None else None
+        x = self._layers(x, cache, slots, rows, invariant=invariant, per_layer=self._per_layer(tokens, x), taps=taps)
         for slot in slots:
             cache.lengths[slot] += seq
-        if self._hidden_reader is not None:
-            self._hidden_reader(slots, starts, self.norm(x))
+        self._serve(slots, starts, taps, x)
         return self._logits(x, num_logits, head)
 
-    def serve_hidden(self, reader) -> None:
-        """Hand every pass's final hidden states (after the last norm) to `reader(slots, starts, hidden [batch, seq,
-        hidden])` from now on, in place of any reader before (None: to none). A drafter that reads them (an MTP
-        layer, an assistant) declares it (`reads_hidden`), and the engine serves it."""
-        self._hidden_reader = reader
+    def serve_hidden(self, reader, layers: tuple[int, ...] | None = None) -> None:
+        """Hand every pass's hidden states to `reader(slots, starts, hidden [batch, seq, size])` from now on, in place
+        of any reader before (None: to none): the final ones after the last norm, or the inputs of `layers` side by
+        side (hidden_states.py). A drafter that reads them (an MTP layer, an assistant, an EAGLE head) declares it
+        (`reads_hidden`, and `hidden_layers`), and the engine serves it."""
+        self._served = None if reader is None else ServedHidden(reader, layers)
+
+    def _serve(self, slots: list[int], starts: list[int], taps, x: torch.Tensor, lengths: list[int] | None = None):
+        """The pass's hidden states to the reader, if any (`x` its output; `lengths`: rows laid end to end)."""
+        if self._served is None:
+            return
+        hidden = self._served.hidden(taps, lambda: self.norm(x)).view(*x.shape[:-1], -1)
+        if lengths is None:
+            self._served.reader(slots, starts, hidden)
+        else:
+            self._served.serve_rows(slots, starts, lengths, hidden)
 
     def _per_layer(self, tokens: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
         """The pass's per-layer inputs [batch, seq, layers, size] of its tokens and embeddings (Gemma 4), or None."""
@@ -386,9 +401,10 @@ class Transformer(nn.Module):
         *,
         invariant: bool,
         per_layer: torch.Tensor | None = None,
+        taps: dict | None = None,
     ) -> torch.Tensor:
         """The decoder layers on PyTorch over the padded batch `x` [batch, seq, hidden]; `per_layer` as `_per_layer`
-        makes them."""  # fmt: skip
+        makes them; `taps` (hidden_states.py) records the inputs of the layers it names."""  # fmt: skip
         batch, seq = x.shape[:2]
         starts, offsets = rows.starts, rows.offsets
         cos_full, sin_full = self.rope_tables(cache.max_len)
@@ -404,19 +420,22 @@ class Transformer(nn.Module):
             x = x * scale
         span = max(starts) + seq
         if rows.parents is not None:
-            mask = self._tree_mask(rows.parents, starts, span).to(x.device)
+            mask = tree_mask(rows.parents, starts, span).to(x.device)
         else:
-            mask = self._mask(positions, span) if seq > 1 or batch > 1 else None
+            mask = causal_mask(positions, span) if seq > 1 or batch > 1 else None
         masks = {0: mask} | {
-            w: self._window_mask(mask, positions, starts=starts, offsets=offsets, span=span, window=w)
-            for w in self._windows
+            w: window_mask(mask, positions, starts=starts, offsets=offsets, span=span, window=w) for w in self._windows
         }
         where = cache.pass_pages(slots, starts, seq)
         for layer, block in enumerate(self.layers):
             table = self._layer_tables[layer]
             cos, sin = tables[table] if table >= 0 else (None, None)
             layer_input = None if per_layer is None else per_layer[:, :, layer]
+            if taps is not None and layer in taps:
+                taps[layer].append(x)
             x = block(x, cos, sin, masks, cache, layer, where, slots, starts, invariant, per_layer=layer_input)
+        if taps is not None and len(self.layers) in taps:
+            taps[len(self.layers)].append(x)
         return x
 
     @torch.inference_mode()
@@ -438,7 +457,7 @@ class Transformer(nn.Module):
         parents = parents or [None] * len(rows)
         starts = self._reserve(cache, slots, [len(row) for row in rows])
         offsets = [
-            list(range(len(row))) if tree is None else self._tree_offsets([tree], 1, len(row))[0]
+            list(range(len(row))) if tree is None else tree_offsets([tree], 1, len(row))[0]
             for row, tree in zip(rows, parents, strict=True)
         ]
         x = self.embed(torch.tensor([t for row in rows for t in row], dtype=torch.long, device=self.device))
@@ -451,7 +470,9 @@ class Transformer(nn.Module):
                 for base, row, tree in zip(bases, rows, parents, strict=True)
                 for j in range(len(row))
             ]
-        self._fused_rows(x, cache, slots, Rows(starts=starts, offsets=offsets, parents=flat))
+        taps = self._served.taps() if self._served is not None else None
+        self._fused_rows(x, cache, slots, Rows(starts=starts, offsets=offsets, parents=flat), taps=taps)
+        self._serve(slots, starts, taps, x, lengths=[len(row) for row in rows])
         return self._logits(x.to(self.dtype), None, head)
 
     @staticmethod
@@ -467,29 +488,30 @@ class Transformer(nn.Module):
                 cache.recurrent.begin(slot, start)
         return starts
 
-    def _fused_rows(self, x: torch.Tensor, cache: KVCache, slots: list[int], rows: Rows) -> None:
+    def _fused_rows(self, x: torch.Tensor, cache: KVCache, slots: list[int], rows: Rows, taps=None) -> None:
         """The native stack over the rows `x` [rows, hidden] laid end to end, slot i's at `rows.offsets[i]` from its
-        start; the slots' lengths advanced."""
+        start; the slots' lengths advanced; `taps` as `_layers`'."""
         row_slots = [slot for slot, row in zip(slots, rows.offsets, strict=True) for _ in row]
         row_positions = [start + t for start, row in zip(rows.starts, rows.offsets, strict=True) for t in row]
-        self._run_fused(x, cache, row_slots=row_slots, row_positions=row_positions, parents=rows.parents)
+        self._run_fused(x, cache, row_slots=row_slots, row_positions=row_positions, parents=rows.parents, taps=taps)
         for slot, row in zip(slots, rows.offsets, strict=True):
             cache.lengths[slot] += len(row)
 
     def _run_fused(
-        self, x: torch.Tensor, cache: KVCache, row_slots: list[int], row_positions: list[int], parents: list[int] | None
-    ) -> None:
+        self, x: torch.Tensor, cache: KVCache, row_slots: list[int], row_positions: list[int],
+        parents: list[int] | None, taps: dict | None = None,
+    ) -> None:  # fmt: skip
         """The native stack over the rows `x` [rows, hidden], in place: with token trees (`parents`, each row's
         parent row among them or -1) in one call, so that every parent is in it; else in calls of at most
         FUSED_CHUNK_ROWS rows in order (the stack's scratch stays bounded; its passes are row-invariant, so the cut
-        changes no bit)."""
+        changes no bit). `taps` (hidden_states.py): the stack runs in layer ranges, the tapped layers' inputs kept."""
         cos_full, sin_full = self.rope_tables(cache.max_len)
-        if parents is not None:
-            self.fused_blocks(x, cache, cos_full, sin_full, row_slots, row_positions, parents)
-            return
-        for begin in range(0, x.shape[0], FUSED_CHUNK_ROWS):
-            chunk = slice(begin, begin + FUSED_CHUNK_ROWS)
-            self.fused_blocks(x[chunk], cache, cos_full, sin_full, row_slots[chunk], row_positions[chunk])
+        step = x.shape[0] if parents is not None else FUSED_CHUNK_ROWS
+        for begin in range(0, x.shape[0], step):
+            rows, chunk = x[begin : begin + step], slice(begin, begin + step)
+            run = partial(self.fused_blocks, rows, cache, cos_full, sin_full, row_slots[chunk], row_positions[chunk],
+                          parents)  # fmt: skip
+            tapped(run, rows, taps, num_layers=len(self.layers), scale=self.embedding_scale(torch.float32))
 
     @property
     def takes_trees(self) -> bool:
@@ -519,55 +541,3 @@ class Transformer(nn.Module):
             logits = self.lm_head(normed)
         cap = self.config.final_softcap
         return logits.float() if not cap else (torch.tanh(logits / cap) * cap).float()
-
-    @staticmethod
-    def _tree_offsets(parents: list[list[int]], batch: int, seq: int) -> list[list[int]]:
-        """Each row's position past its slot's length: its own index, or its parent's offset + 1."""
-        if len(parents) != batch or any(len(row) != seq for row in parents):
-            raise ValueError("token trees need one parent per row")
-        offsets = []
-        for row in parents:
-            offset, root = [], []
-            for i, p in enumerate(row):
-                if p >= i or p < -1:
-                    raise ValueError(f"parents {row}: row {i}'s parent must be an earlier row, or -1")
-                root.append(i if p < 0 else root[p])
-                if i - root[i] >= TREE_ROWS:
-                    raise ValueError(f"parents {row}: a tree holds at most {TREE_ROWS} rows from its root")
-                offset.append(i if p < 0 else offset[p] + 1)
-            offsets.append(offset)
-        return offsets
-
-    @staticmethod
-    def _tree_mask(parents: list[list[int]], starts: list[int], span: int) -> torch.Tensor:
-        """[batch, 1, seq, span] boolean: the keys before the row's slot length, then its ancestors and itself
-        (all earlier rows, for a row whose parent is -1)."""
-        seq = len(parents[0])
-        mask = torch.zeros(len(parents), 1, seq, span, dtype=torch.bool)
-        for b, (row, start) in enumerate(zip(parents, starts, strict=True)):
-            mask[b, 0, :, :start] = True
-            for i, p in enumerate(row):
-                if p < 0:
-                    mask[b, 0, i, start : start + i + 1] = True
-                else:
-                    mask[b, 0, i] = mask[b, 0, p]
-                    mask[b, 0, i, start + i] = True
-        return mask
-
-    @staticmethod
-    def _window_mask(mask, positions, starts, offsets, span: int, window: int) -> torch.Tensor:
-        """`mask` (or the causal one where it is None) narrowed to the keys whose position is within `window` of
-        the query's: key position > query position - window, positions being where the rotary puts them (a tree
-        node's is its parent's + 1, wherever it is stored)."""
-        keys = torch.arange(span, device=positions.device).repeat(len(starts), 1)
-        for b, (start, row) in enumerate(zip(starts, offsets, strict=True)):
-            keys[b, start : start + len(row)] = start + torch.tensor(row, device=positions.device)
-        near = keys[:, None, :] > positions[:, :, None] - window
-        causal = mask if mask is not None else Transformer._mask(positions, span)
-        return causal & near.unsqueeze(1)
-
-    @staticmethod
-    def _mask(positions: torch.Tensor, span: int) -> torch.Tensor:
-        """[batch, 1, seq, span] boolean: key position <= query position."""
-        key_positions = torch.arange(span, device=positions.device)
-        return (key_positions[None, None, :] <= positions[:, :, None]).unsqueeze(1)
