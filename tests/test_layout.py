@@ -11,7 +11,7 @@ prefix: `models.model` is the model layer, the rest of `models` the weights laye
                    know no weight format),
                    models.delta_net, models.recurrent_state (linear attention and its state), models.masks (a
                    pass's attention masks), models.hidden_states (what a pass hands a drafter), models.mtp,
-                   models.assistant (the drafters trained with a target)
+                   models.assistant, models.eagle3 (the drafters trained with a target)
     3 weights      models/ (quantize, weights, weight_forms, family, hf_config, gguf_config, hf_source,
                    native_blocks, family_gemma, family_qwen35, family_gpt_oss, families, gguf_source, gguf_native,
                    gguf_converted, draft_head, passes, loading), testing
@@ -33,7 +33,7 @@ LAYERS = {
     "models.tokenizer": 0, "models.gguf_vocab": 0, "models.bundled": 0, "models.converted": 0,
     "kernels": 1,
     "models.model": 2, "models.kv_cache": 2, "models.delta_net": 2, "models.recurrent_state": 2, "models.mtp": 2,
-    "models.assistant": 2, "models.feed_forward": 2, "models.hidden_states": 2, "models.masks": 2,
+    "models.assistant": 2, "models.feed_forward": 2, "models.eagle3": 2, "models.hidden_states": 2, "models.masks": 2,
     "models": 3, "testing": 3,
     "engine": 4,
     "generator": 5,

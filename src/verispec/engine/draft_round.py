@@ -117,7 +117,7 @@ class DraftRound:
         proposals: list[Proposal | None] = [Proposal(torch.empty(0, dtype=torch.long))] * len(seqs)
         if not jobs:
             return proposals
-        if looks_up:
+        if looks_up or self.trees:  # what rows cost: a lookup's, or a tree's, size is priced by it
             self._price_lookups(seqs, ks, jobs)
         try:
             for (i, _), proposal in zip(jobs, self.proposer.propose([job for _, job in jobs]), strict=True):
@@ -177,9 +177,10 @@ class DraftRound:
         spent = self.proposer.spent if any(ks) else None
         caught_up = (spent.catch_up_seconds, spent.catch_up_tokens) if spent is not None else (0.0, 0)
         drafting = sum(1 for k in ks if k)
-        widest = max((p.tokens.shape[0] for p in proposals if p is not None), default=0)
-        # a longer lookup's verify pass is not what the policy's k costs, nor one a preemption took rows out of
-        if widest <= max(ks) and not preempted:
+        # a longer lookup's verify pass is not what the policy's k costs, nor one a preemption took rows out of (a
+        # token tree its drafter grew k deep is: the rows it chose at that k)
+        longer = any(p is not None and p.looked_up and p.tokens.shape[0] > max(ks) for p in proposals)
+        if not longer and not preempted:
             cost = StepCost(batch=batch, drafting=drafting, k=max(ks), draft_seconds=draft_seconds,
                             verify_seconds=verify_seconds, catch_up_seconds=caught_up[0],
                             catch_up_tokens=caught_up[1], modelled=spent is not None and spent.modelled)  # fmt: skip

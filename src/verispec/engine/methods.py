@@ -310,6 +310,45 @@ def _check_assistant(target: LoadedModel, draft: LoadedModel | None) -> None:
         )
 
 
+def _eagle3(setup: Setup) -> Proposer:
+    from .eagle3 import eagle3_drafter
+
+    return eagle3_drafter(setup)
+
+
+def _load_eagle3(path: str, target: LoadedModel) -> Any:
+    from ..models.eagle3_checkpoint import load_eagle3
+
+    return load_eagle3(path, target)
+
+
+def _check_eagle3(target: LoadedModel, head: Any) -> None:
+    from ..models.eagle3 import Eagle3Head
+
+    if head is not None and not isinstance(head, Eagle3Head):
+        raise InvalidParameterError(
+            "the eagle3 speculative method drafts with an EAGLE-3 head: give its folder or GGUF file as "
+            "--speculative-model"
+        )
+
+
+def _eagle3_cache_bytes(target: LoadedModel, head: Any) -> int:
+    from .eagle3 import eagle3_cache_bytes
+
+    return eagle3_cache_bytes(head)
+
+
+def _eagle3_limits(target: LoadedModel, head: Any) -> tuple[int | None, int | None]:
+    """No bound on the context (its rotary reaches any position); the ids it embeds where it has embeddings."""
+    return None, head.spec.vocab if head.embed is not None else None
+
+
+def _eagle3_widest(k: int) -> int:
+    from .eagle3 import TREE_NODES
+
+    return max(k, TREE_NODES)
+
+
 # the methods drafting with a draft model of their own take one of any vocabulary (cross_vocab.py)
 ANY_VOCABULARY = dict(check=check_draft_model_of_any_vocabulary, other_vocabulary=True)
 register(Method(name="draft", summary="the --speculative-model drafts (of the target's vocabulary or another)",
@@ -336,4 +375,11 @@ register(Method(
     summary="a Gemma 4 assistant checkpoint (gemma4_assistant) as --speculative-model, reading the target's hidden "
     "states and keys",
     build=_assistant, draft_model=DraftModelUse.NEEDED, check=_check_assistant, cache_bytes=_no_cache,
+))  # fmt: skip
+register(Method(
+    name="eagle3",
+    summary="an EAGLE-3 head trained for the target (its folder or GGUF as --speculative-model) reading the target's "
+    "hidden states; dynamic token trees with --token-trees",
+    build=_eagle3, draft_model=DraftModelUse.NEEDED, check=_check_eagle3, cache_bytes=_eagle3_cache_bytes,
+    limits=_eagle3_limits, load_draft=_load_eagle3, widest=_eagle3_widest, trees=True,
 ))  # fmt: skip
