@@ -6,6 +6,7 @@ one-line refusals of a head its target cannot serve."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -24,9 +25,10 @@ from verispec.models.eagle3 import default_layers
 from verispec.models.eagle3_checkpoint import load_eagle3
 from verispec.models.gguf_native import native_from_dense
 from verispec.models.loading import LoadedModel
-from verispec.testing import byte_tokenizer, tiny_config, tiny_loaded, tiny_model
+from verispec.testing import byte_tokenizer, tiny_config, tiny_loaded, tiny_model, word_tokenizer
 
 from architectures import make_model, save
+from distributions import total_variation
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "eagle3"
 PROMPTS = ["hello world", "The quick brown fox", "abc abc abc abc abc"]
@@ -229,6 +231,64 @@ def test_batched_with_shared_prompts_the_output_is_plain_decodings(one_thread, a
     assert sum(outputs[n].stats.accepted for n in "ace") > 10
     assert any(trees)
     assert sum(outputs[n].stats.cached_tokens for n in "abcde") > 0  # prompts' starts came from the prefix cache
+
+
+@pytest.mark.parametrize("name", ["qwen3", "gpt-oss"])
+def test_other_families_targets_output_is_plain_decodings(one_thread, tmp_path, name):
+    """A head (both layouts) beside a Qwen3 and a gpt-oss target (its sliding and full layers): greedy and seeded
+    output, chains and trees, as plain decoding's."""
+    types = {"layer_types": ["sliding_attention", "full_attention"] * 2} if name == "gpt-oss" else {}
+    folder = save(make_model(name, num_hidden_layers=4, **types), tmp_path / name)
+    target = load_model(folder, "float32", progress=False)
+    plain = SpeculativeGenerator(target, None, max_seq_len=128, progress=False)
+    prompt = target.tokenizer.encode("hello world, hello world")
+    for layout, trees in zip(LAYOUTS, (False, True), strict=True):
+        head = write_head(tmp_path / layout, layout, _target_config(folder), hidden=48 if layout == "vllm" else None)
+        spec = SpeculativeGenerator(target, str(head), speculative_method="eagle3", num_speculative_tokens=3,
+                                    max_seq_len=128, adaptive=False, progress=False, token_trees=trees)  # fmt: skip
+        for sampled in (dict(temperature=0), dict(temperature=0.8, seed=5)):
+            out = spec.generate(prompt, max_tokens=16, ignore_eos=True, **sampled)
+            assert out.token_ids == plain.generate(prompt, max_tokens=16, ignore_eos=True, **sampled).token_ids
+            assert out.stats.drafted > 0
+
+
+LAW_VOCAB, LAW_RUNS, LAW_TOLERANCE = 7, 3000, 0.07  # TV over 49 outcomes; sampling noise about 0.025 at 3000
+
+
+def _exact_first_two(model, prompt: list[int]) -> dict:
+    """The target's exact law of its first two sampled tokens at temperature 1 after `prompt`."""
+
+    def probs(seq: list[int]) -> torch.Tensor:
+        return model(torch.tensor([seq]), model.new_cache(max_len=len(seq)), [0])[0, -1].float().softmax(-1)
+
+    first = probs(prompt)
+    return {(a, b): float(first[a]) * float(q) for a in range(LAW_VOCAB) for b, q in enumerate(probs([*prompt, a]))}
+
+
+@pytest.mark.parametrize("trees", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["chains", "trees"])
+def test_sampled_output_follows_the_targets_law(one_thread, tmp_path, trees):
+    """Sampled at temperature 1 over many seeds, the first two tokens follow the target's exact law (total variation
+    within sampling noise), drafts accepted on the way; the head's own law (its bigram reading) is told apart at this
+    sample size (the control: the test can fail)."""
+    tokenizer = word_tokenizer(LAW_VOCAB)
+    tokenizer.stop_token_ids = frozenset()
+    model = tiny_model(tiny_config(vocab_size=LAW_VOCAB, num_layers=4), seed=3, scale=1.0, residual_gain=0.5)
+    head = write_agreeing_head(tmp_path / "head", model)
+    spec = SpeculativeGenerator(tiny_loaded(model, tokenizer), str(head), speculative_method="eagle3",
+                                num_speculative_tokens=3, adaptive=False, progress=False,
+                                token_trees=trees)  # fmt: skip
+    verified, settle = [], spec.engine.verifier.settle  # a round whose verdict has a path verified a tree
+    spec.engine.verifier.settle = lambda *args: (args[-1][2] is not None and verified.append(1)) or settle(*args)
+    prompt, counts, accepted = [0, 1, 2, 0, 1], Counter(), 0
+    for seed in range(LAW_RUNS):
+        # four tokens: drafts past the first round's (a prompt's whole catch-up for one draft is not made)
+        out = spec.generate(prompt, max_tokens=4, ignore_eos=True, temperature=1.0, seed=seed)
+        counts[tuple(out.token_ids[:2])] += 1
+        accepted += out.stats.accepted
+    assert accepted > 0 and bool(verified) == trees
+    assert total_variation(counts, _exact_first_two(model, prompt), LAW_RUNS) < LAW_TOLERANCE
+    bigram = tiny_model(tiny_config(vocab_size=LAW_VOCAB, num_layers=4), seed=3, scale=1.0, residual_gain=0.0)
+    assert total_variation(counts, _exact_first_two(bigram, prompt), LAW_RUNS) > LAW_TOLERANCE
 
 
 def test_a_tree_is_cut_where_its_rows_stop_paying():
