@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-LAYOUTS = ("specforge", "vllm")
+LAYOUTS = ("specforge", "vllm")  # the layouts llama.cpp's converter takes (the fixtures of make.py)
+FOLDER_LAYOUTS = (*LAYOUTS, "speculators")  # and RedHat's speculators layout, read from its folder
 
 
 def head_config(layout: str, target: dict, draft_vocab: int, hidden: int | None = None) -> dict:
@@ -41,7 +42,21 @@ def head_config(layout: str, target: dict, draft_vocab: int, hidden: int | None 
         config |= {"target_hidden_size": target["hidden_size"], "norm_before_residual": True,
                    "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, layers // 2, layers - 1],
                                     "use_aux_hidden_state": True}}  # fmt: skip
+    if layout == "speculators":  # the layer's config nested, the head's own fields and bookkeeping at the top
+        layers = target["num_hidden_layers"]
+        own = {key: config.pop(key) for key in ("draft_vocab_size", "torch_dtype")}
+        config = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+                  "speculators_version": "0.3.0", "speculators_config": {"algorithm": "eagle3",
+                  "default_proposal_method": "greedy", "verifier": {"architectures": ["LlamaForCausalLM"]}},
+                  "transformer_layer_config": config | {"architectures": ["LlamaForCausalLM"]},
+                  "target_hidden_size": target["hidden_size"], "norm_before_residual": False,
+                  "eagle_aux_hidden_state_layer_ids": [0, layers // 2 - 1, layers - 2], **own}  # fmt: skip
     return config
+
+
+def layer_config(config: dict) -> dict:
+    """A head config's decoder-layer fields, wherever its layout keeps them."""
+    return config | config.get("transformer_layer_config", {})
 
 
 def draft_ids(vocab: int, draft_vocab: int) -> torch.Tensor:
@@ -53,6 +68,7 @@ def draft_ids(vocab: int, draft_vocab: int) -> torch.Tensor:
 
 def head_tensors(layout: str, config: dict, seed: int = 11) -> dict[str, torch.Tensor]:
     """The head's tensors by the layout's names, drawn from `seed`."""
+    config = layer_config(config)
     hidden, inter = config["hidden_size"], config["intermediate_size"]
     heads, kv, dim = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
     target_hidden = config.get("target_hidden_size", hidden)
@@ -69,7 +85,7 @@ def head_tensors(layout: str, config: dict, seed: int = 11) -> dict[str, torch.T
         f"{layer}mlp.down_proj.weight": (hidden, inter),
         "norm.weight": (hidden,), "lm_head.weight": (config["draft_vocab_size"], hidden),
     }  # fmt: skip
-    if layout == "vllm":
+    if layout in ("vllm", "speculators"):
         shapes["embed_tokens.weight"] = (config["vocab_size"], hidden)
     generator = torch.Generator().manual_seed(seed)
     tensors = {}

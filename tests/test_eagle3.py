@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from eagle3_heads import LAYOUTS, write_agreeing_head, write_head
+from eagle3_heads import FOLDER_LAYOUTS, LAYOUTS, layer_config, write_agreeing_head, write_head
 from safetensors.torch import load_file
 
 from verispec import SpeculativeGenerator, load_model
@@ -75,7 +75,7 @@ def reference_drafts(folder: Path, features: torch.Tensor, tokens: list[int], em
     """Greedy drafts after `tokens` from the target's `features` [len(tokens) - 1, 3 x hidden] (positions 0 ..
     n - 2) and each draft's logits over the draft vocabulary: the whole sequence recomputed for every draft, each
     further row reading the head's prenorm output before it."""
-    t, config = load_file(folder / "model.safetensors"), json.loads((folder / "config.json").read_text())
+    t, config = load_file(folder / "model.safetensors"), layer_config(json.loads((folder / "config.json").read_text()))
     table = t.get("embed_tokens.weight", embed)
     d2t = t["d2t"].long() + torch.arange(t["d2t"].numel())
     g = features @ t["fc.weight"].T
@@ -112,17 +112,23 @@ def _job(tokens: list[int], k: int, vocab: int, slot: int = 0, tree: bool = Fals
                     pricing=LookupPricing(tree=tree))  # fmt: skip
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout", FOLDER_LAYOUTS)
 def test_the_head_drafts_what_an_independent_reading_of_eagle3_drafts(llama, tmp_path, layout):
     """Greedy drafts and their logits (every draft of a chain of 4) equal the reference's, the target's features taken
-    from transformers' own hidden states; both layouts (the second: embeddings and a hidden size of its own, named
-    target layers, norm_before_residual)."""
+    from transformers' own hidden states; every layout (vllm: embeddings and a hidden size of its own, named target
+    layers, norm_before_residual; speculators: the layer's config nested, embeddings of its own, its layers named at
+    the top)."""
     from transformers import AutoModelForCausalLM
 
     head_folder = write_head(tmp_path / layout, layout, _target_config(llama), hidden=48 if layout == "vllm" else None)
     target = load_model(llama, "float32", progress=False)
     head = load_eagle3(str(head_folder), target)
     drafter = _drafter(target.model, head)
+    config = json.loads((head_folder / "config.json").read_text())
+    named = config.get("eagle_aux_hidden_state_layer_ids") or config.get("eagle_config", {}).get(
+        "eagle_aux_hidden_state_layer_ids"
+    )
+    assert drafter.hidden_layers == (tuple(named) if named else (2, 2, 1))  # as named, else the default for 4 layers
     tokens = [int(t) for t in torch.randint(0, 250, (12,), generator=torch.Generator().manual_seed(4))]
     cache = target.model.new_cache(2, 256)
     try:
