@@ -349,6 +349,39 @@ def _eagle3_widest(k: int) -> int:
     return max(k, TREE_NODES)
 
 
+def _dflash(setup: Setup) -> Proposer:
+    from .dflash import dflash_drafter
+
+    return dflash_drafter(setup)
+
+
+def _load_dflash(path: str, target: LoadedModel) -> Any:
+    from ..models.dflash_checkpoint import load_dflash
+
+    return load_dflash(path, target)
+
+
+def _check_dflash(target: LoadedModel, drafter: Any) -> None:
+    from ..models.dflash import DFlashDrafter
+
+    if drafter is not None and not isinstance(drafter, DFlashDrafter):
+        raise InvalidParameterError(
+            "the dflash speculative method drafts with a DFlash block drafter: give its folder or GGUF file as "
+            "--speculative-model"
+        )
+
+
+def _dflash_cache_bytes(target: LoadedModel, drafter: Any) -> int:
+    from .dflash import dflash_cache_bytes
+
+    return dflash_cache_bytes(drafter)
+
+
+def _dflash_limits(target: LoadedModel, drafter: Any) -> tuple[int | None, int | None]:
+    """No bound on the context (its rotary reaches any position); the ids it embeds where it has embeddings."""
+    return None, drafter.spec.vocab if drafter.embed is not None else None
+
+
 # the methods drafting with a draft model of their own take one of any vocabulary (cross_vocab.py)
 ANY_VOCABULARY = dict(check=check_draft_model_of_any_vocabulary, other_vocabulary=True)
 register(Method(name="draft", summary="the --speculative-model drafts (of the target's vocabulary or another)",
@@ -382,4 +415,11 @@ register(Method(
     "hidden states; dynamic token trees with --token-trees",
     build=_eagle3, draft_model=DraftModelUse.NEEDED, check=_check_eagle3, cache_bytes=_eagle3_cache_bytes,
     limits=_eagle3_limits, load_draft=_load_eagle3, widest=_eagle3_widest, trees=True,
+))  # fmt: skip
+register(Method(
+    name="dflash",
+    summary="a DFlash block drafter trained for the target (its folder or GGUF as --speculative-model): one pass over "
+    "the target's hidden states proposes a block of k tokens",
+    build=_dflash, draft_model=DraftModelUse.NEEDED, check=_check_dflash, cache_bytes=_dflash_cache_bytes,
+    limits=_dflash_limits, load_draft=_load_dflash,
 ))  # fmt: skip
