@@ -97,7 +97,8 @@ def write_agreeing_drafter(folder: Path, target, mask: int = MASK, block_size: i
         "layers.0.self_attn.v_proj.weight": eye.clone(), "layers.0.self_attn.o_proj.weight": eye.clone(),
         "layers.0.self_attn.q_norm.weight": torch.ones(hidden // heads),
         "layers.0.self_attn.k_norm.weight": torch.ones(hidden // heads),
-        "layers.0.mlp.gate_proj.weight": zeros(2 * hidden, hidden), "layers.0.mlp.up_proj.weight": zeros(2 * hidden, hidden),
+        "layers.0.mlp.gate_proj.weight": zeros(2 * hidden, hidden),
+        "layers.0.mlp.up_proj.weight": zeros(2 * hidden, hidden),
         "layers.0.mlp.down_proj.weight": zeros(hidden, 2 * hidden),
     }  # fmt: skip
     folder.mkdir(parents=True, exist_ok=True)

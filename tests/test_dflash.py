@@ -6,6 +6,7 @@ the one-line refusals of a drafter its target cannot serve."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -233,6 +234,49 @@ def test_batched_with_shared_prompts_the_output_is_plain_decodings(one_thread, a
     assert sum(outputs[n].stats.cached_tokens for n in "abcde") > 0  # prompts' starts came from the prefix cache
 
 
+LAW_VOCAB, LAW_RUNS, LAW_TOLERANCE = 7, 3000, 0.07  # TV over 49 outcomes; sampling noise about 0.025 at 3000
+
+
+def _exact_first_two(model, prompt: list[int]) -> dict:
+    """The target's exact law of its first two sampled tokens at temperature 1 after `prompt`."""
+
+    def probs(seq: list[int]) -> torch.Tensor:
+        return model(torch.tensor([seq]), model.new_cache(max_len=len(seq)), [0])[0, -1].float().softmax(-1)
+
+    first = probs(prompt)
+    return {(a, b): float(first[a]) * float(q) for a in range(LAW_VOCAB) for b, q in enumerate(probs([*prompt, a]))}
+
+
+def test_sampled_output_follows_the_targets_law(one_thread, tmp_path):
+    """Sampled at temperature 1 over many seeds, the first two tokens follow the target's exact law (total variation
+    within sampling noise), drafts accepted on the way; the drafter's own law (its bigram reading) is told apart at
+    this sample size (the control: the test can fail)."""
+    from verispec.testing import word_tokenizer
+
+    from distributions import total_variation
+
+    tokenizer = word_tokenizer(LAW_VOCAB)
+    tokenizer.stop_token_ids = frozenset()
+    mask = LAW_VOCAB - 1
+    model = tiny_model(tiny_config(vocab_size=LAW_VOCAB, num_layers=4), seed=3, scale=1.0, residual_gain=0.5)
+    with torch.no_grad():
+        model.embed.weight[mask] = 0.0
+    drafter = write_agreeing_drafter(tmp_path / "drafter", model, mask=mask)
+    spec = SpeculativeGenerator(tiny_loaded(model, tokenizer), str(drafter), speculative_method="dflash",
+                                num_speculative_tokens=3, adaptive=False, progress=False)  # fmt: skip
+    prompt, counts, accepted = [0, 1, 2, 0, 1], Counter(), 0
+    for seed in range(LAW_RUNS):
+        out = spec.generate(prompt, max_tokens=4, ignore_eos=True, temperature=1.0, seed=seed)
+        counts[tuple(out.token_ids[:2])] += 1
+        accepted += out.stats.accepted
+    assert accepted > 0
+    assert total_variation(counts, _exact_first_two(model, prompt), LAW_RUNS) < LAW_TOLERANCE
+    bigram = tiny_model(tiny_config(vocab_size=LAW_VOCAB, num_layers=4), seed=3, scale=1.0, residual_gain=0.0)
+    with torch.no_grad():
+        bigram.embed.weight[mask] = 0.0
+    assert total_variation(counts, _exact_first_two(bigram, prompt), LAW_RUNS) > LAW_TOLERANCE
+
+
 # ---- refusals ---------------------------------------------------------------------------------------------------
 def _refused(tmp_path, qwen3, match: str, error=InvalidParameterError, target_dims: dict | None = None, **change):
     folder = write_drafter(tmp_path / "d", _config(qwen3) | (target_dims or {}), layers=2)
@@ -263,6 +307,12 @@ def test_a_config_field_the_drafter_does_not_compute_is_refused(tmp_path, qwen3)
              dflash_config={"mask_token_id": MASK, "target_layer_ids": [1, 4], "conv_kernel_size": 4})  # fmt: skip
 
 
+def test_a_drafter_with_sliding_windows_is_refused_in_one_line(tmp_path, qwen3):
+    """Its layers' windows are not computed by the block pass: refused, not ignored."""
+    _refused(tmp_path, qwen3, "sliding windows", error=ModelLoadError, use_sliding_window=True, sliding_window=4,
+             max_window_layers=0, layer_types=["sliding_attention"] * 2)  # fmt: skip
+
+
 # ---- llama.cpp's conversions and drafts (tests/fixtures/dflash/make.py, llamacpp_drafts.py) -------------------------
 @pytest.mark.parametrize("name", ["qwen3", "llama"])
 def test_llama_cpps_conversions_draft_as_the_folder(name):
@@ -273,7 +323,8 @@ def test_llama_cpps_conversions_draft_as_the_folder(name):
     tokens = _tokens(9)
     folder, drafted, logits = drafts_and_logits(target, FIXTURES / name, tokens, 6)
     for outtype, tolerance in (("f32", 1e-5), ("q8_0", 5e-2)):
-        converted, their_drafts, their_logits = drafts_and_logits(target, FIXTURES / f"{name}.{outtype}.gguf", tokens, 6)
+        path = FIXTURES / f"{name}.{outtype}.gguf"
+        converted, their_drafts, their_logits = drafts_and_logits(target, path, tokens, 6)
         assert converted.spec.target_layers == folder.spec.target_layers
         assert (converted.spec.block_size, converted.spec.mask_token) == (folder.spec.block_size, MASK)
         assert torch.allclose(their_logits, logits, atol=tolerance * logits.abs().max(), rtol=0), outtype

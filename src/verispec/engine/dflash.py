@@ -136,7 +136,8 @@ class DFlashProposer:
                 stop = min(self.held[slot] + FEED_ROWS, end)
                 positions = list(range(self.held[slot], stop))
                 g = torch.stack([self.fused[slot].pop(p) for p in positions])
-                self.model.inject(g, torch.tensor(positions), self.cache, slot, [p - first for p in positions])
+                stored = [p - first for p in positions]
+                self.model.inject(g, torch.tensor(positions), cache=self.cache, slot=slot, stored=stored)
                 self.held[slot] = stop
         if caught_up:  # the context the drafter lacked (a prompt), beyond a step's accepted tokens
             self.spent.catch_up_seconds, self.spent.catch_up_tokens = time.perf_counter() - begin, caught_up
@@ -152,7 +153,7 @@ class DFlashProposer:
         starts = [end - self.first[job.slot] for job, end in zip(jobs, ends, strict=True)]
         slots = [job.slot for job in jobs]
         ids = torch.tensor(tokens, device=self.model.device)
-        normed = self.model.block(
+        normed = self.model.block_pass(
             self.model.embeddings(ids, self.target), cache=self.cache, slots=slots, starts=starts,
             positions=torch.tensor([[end + t for t in range(width)] for end in ends]),
             visible=visible_block(starts, rows, width),

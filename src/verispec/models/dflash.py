@@ -105,7 +105,8 @@ class DFlashDrafter(nn.Module):
         """g of the target's features [..., m x target hidden] -> [..., hidden], float32."""
         return self.hidden_norm(self.fc(features.float()).float())
 
-    def inject(self, g: torch.Tensor, positions: torch.Tensor, cache: KVCache, slot: int, stored: list[int]) -> None:
+    def inject(self, g: torch.Tensor, positions: torch.Tensor, *, cache: KVCache, slot: int,
+               stored: list[int]) -> None:  # fmt: skip
         """The context's keys and values of rows g [rows, hidden] at rotary `positions` into `cache`, slot `slot`, at
         its positions `stored` (the slot's length set past the last)."""
         cos, sin = self.rope(positions)
@@ -117,7 +118,7 @@ class DFlashDrafter(nn.Module):
             cache.values[layer][where] = v
         cache.lengths[slot] = stored[-1] + 1
 
-    def block(self, embeds: torch.Tensor, *, cache: KVCache, slots: list[int], starts: list[int],
+    def block_pass(self, embeds: torch.Tensor, *, cache: KVCache, slots: list[int], starts: list[int],
               positions: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:  # fmt: skip
         """The layers over block rows `embeds` [batch, rows, hidden], batch row b's written to its slot at starts[b]
         + t (after its context; the caller rolls them back), `positions` [batch, rows] their rotary positions,

@@ -128,6 +128,11 @@ def _read_folder(folder: Path, target_hidden: int) -> tuple[DFlashSpec, dict[str
         raise ModelLoadError(f"{folder}: a DFlash drafter's layers are Qwen3 layers, not {raw['model_type']}")
     raw["model_type"] = "qwen3"
     _, layers = config_from_hf(raw, str(folder))
+    departures = [name for name, value in (("sliding windows", any(layers.layer_windows)), ("q/k/v biases",
+                  layers.qkv_bias), ("a partial rotary", layers.rotary_dim)) if value]  # fmt: skip
+    if departures:
+        raise ModelLoadError(f"{folder}: a DFlash drafter with {', '.join(departures)}: not computed by verispec's "
+                             "DFlash drafter; refused rather than ignored")  # fmt: skip
     ids = nested.get("target_layer_ids", own.get("target_layer_ids"))
     mask = nested.get("mask_token_id")
     if not ids or mask is None:
