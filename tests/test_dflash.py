@@ -277,6 +277,23 @@ def test_sampled_output_follows_the_targets_law(one_thread, tmp_path):
     assert total_variation(counts, _exact_first_two(bigram, prompt), LAW_RUNS) > LAW_TOLERANCE
 
 
+@pytest.mark.parametrize("name", ["qwen3", "llama"])
+def test_the_fixtures_targets_output_is_plain_decodings(one_thread, name):
+    """The converted drafters beside their Qwen3 and Llama targets (GGUF, on the native stack and as PyTorch weights):
+    greedy and seeded output as plain decoding's, drafts made."""
+    drafter = str(FIXTURES / f"{name}.q8_0.gguf")
+    for quantization in ("gguf", "none"):
+        target = load_model(FIXTURES / f"{name}.target.f32.gguf", "float32", progress=False, quantization=quantization)
+        plain = SpeculativeGenerator(target, None, max_seq_len=128, progress=False)
+        spec = SpeculativeGenerator(target, drafter, speculative_method="dflash", num_speculative_tokens=5,
+                                    max_seq_len=128, adaptive=False, progress=False)  # fmt: skip
+        prompt = target.tokenizer.encode("hello world, hello world")
+        for sampled in (dict(temperature=0), dict(temperature=0.8, seed=5)):
+            out = spec.generate(prompt, max_tokens=16, ignore_eos=True, **sampled)
+            assert out.token_ids == plain.generate(prompt, max_tokens=16, ignore_eos=True, **sampled).token_ids
+            assert out.stats.drafted > 0
+
+
 # ---- refusals ---------------------------------------------------------------------------------------------------
 def _refused(tmp_path, qwen3, match: str, error=InvalidParameterError, target_dims: dict | None = None, **change):
     folder = write_drafter(tmp_path / "d", _config(qwen3) | (target_dims or {}), layers=2)
