@@ -247,6 +247,7 @@ def _exact_first_two(model, prompt: list[int]) -> dict:
     return {(a, b): float(first[a]) * float(q) for a in range(LAW_VOCAB) for b, q in enumerate(probs([*prompt, a]))}
 
 
+@pytest.mark.slow  # 3,000 seeded requests: in the slow set with the other methods' laws
 def test_sampled_output_follows_the_targets_law(one_thread, tmp_path):
     """Sampled at temperature 1 over many seeds, the first two tokens follow the target's exact law (total variation
     within sampling noise), drafts accepted on the way; the drafter's own law (its bigram reading) is told apart at
