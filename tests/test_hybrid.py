@@ -271,11 +271,11 @@ def test_the_mtp_head_is_restricted_as_draft_vocab_says_and_the_output_stays_the
 
 
 def test_a_long_prompt_catches_up_alone_and_the_output_stays_the_targets(hybrid, monkeypatch):
-    """A 150-token prompt's MTP catch-up (fed alone, here 64 rows a pass: FEED_ROWS) beside short sequences: greedy
-    output is plain greedy output, and a finished request's MTP blocks are given back at once."""
-    from verispec.engine import mtp
+    """A 150-token prompt's MTP catch-up (fed alone, here 64 rows a pass: hidden_proposer.FEED_ROWS) beside short
+    sequences: greedy output is plain greedy output, and a finished request's MTP blocks are given back at once."""
+    from verispec.engine import hidden_proposer
 
-    monkeypatch.setattr(mtp, "FEED_ROWS", 64)
+    monkeypatch.setattr(hidden_proposer, "FEED_ROWS", 64)
     loaded = hybrid[2]
     long = [(13 * i + 5) % 250 for i in range(150)]
     requests = [(long, SamplingParams()), (PROMPTS[1], SamplingParams()), (PROMPTS[2], SamplingParams())]

@@ -24,10 +24,10 @@ import time
 import torch
 
 from ..models.dflash import DFlashDrafter, visible_block
-from ..models.kv_cache import KVCache
 from ..models.model import Transformer
 from .draft_model import pick_draft, plain_greedy
 from .drafting import DraftCost, DraftJob, Proposal
+from .hidden_proposer import HiddenStateProposer, own_cache
 from .setup import Setup
 
 CATCH_UP_ROWS = 8  # a catch-up longer than this (a prompt) is timed apart, as the context the drafter lacked
@@ -41,21 +41,10 @@ def dflash_drafter(setup: Setup, coarse: bool | None = None) -> DFlashProposer:
     if coarse if coarse is not None else target.fused_blocks is not None:
         model.on_the_kernels()
     block = model.spec.block_size
-    max_len = setup.context + setup.widest + 1 + block
-    blocks = None if not setup.num_blocks else setup.num_blocks + setup.slots * (-(-block // 16) + 1)
-    return DFlashProposer(target, model, slots=setup.slots, max_len=max_len, num_blocks=blocks)
+    return DFlashProposer(target, model, **own_cache(setup, block))
 
 
-def dflash_cache_bytes(model: DFlashDrafter) -> int:
-    """The drafter's keys and values per block of positions (its layers, float32)."""
-    return KVCache.block_bytes(model.spec.layers, torch.float32)
-
-
-class DFlashProposer:
-    looks_up = False
-    drafter = None  # no draft model: the draft policy prices this proposer by the steps it times
-    reads_hidden = True  # the inputs of `hidden_layers` of every target pass (observe_hidden)
-
+class DFlashProposer(HiddenStateProposer):
     def __init__(self, target: Transformer, model: DFlashDrafter, *, slots: int, max_len: int,
                  num_blocks: int | None = None):  # fmt: skip
         self.target, self.model = target, model
@@ -81,15 +70,6 @@ class DFlashProposer:
         self.cache.release(slot)
         self.fused[slot].clear()
         self.first[slot] = self.held[slot] = 0
-
-    def lag(self, slot: int, tokens: list[int], model_tokens: list[int] | None = None) -> int:
-        return max(0, len(tokens) - 1 - self.held[slot])
-
-    def finished(self, slot: int, output: list[int], partition: str) -> None:
-        self.admit(slot, partition)  # its blocks given back at once, not when the slot is next taken
-
-    def forget(self, history: bool = True, prompts: bool = True) -> None:
-        """Nothing is kept across requests (a slot's cache starts over at admission)."""
 
     # ---- drafting -----------------------------------------------------------------------------------------------
     @torch.inference_mode()

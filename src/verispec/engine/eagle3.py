@@ -28,15 +28,13 @@ import time
 import torch
 
 from ..models.eagle3 import Eagle3Head, visible_chain
-from ..models.kv_cache import KVCache
 from ..models.model import Transformer
 from .draft_model import pick_draft, plain_greedy
 from .drafting import DraftCost, DraftJob, Proposal
 from .eagle3_tree import DraftTree, top_candidates
+from .hidden_proposer import CATCH_UP_ROWS, HiddenStateProposer, own_cache
 from .setup import Setup
 
-CATCH_UP_ROWS = 8  # a catch-up longer than this (a prompt) is fed alone first, FEED_ROWS rows a pass
-FEED_ROWS = 256
 TREE_NODES = 15  # the most nodes a tree holds: a verify pass's tree is at most 16 rows from its root (TREE_ROWS)
 TREE_WIDTH = 4  # nodes expanded per depth, and continuations kept per node
 MAX_DEPTH = 15
@@ -51,21 +49,10 @@ def eagle3_drafter(setup: Setup, coarse: bool | None = None) -> Eagle3Drafter:
     if coarse:
         head.on_the_kernels()
     expansion = MAX_DEPTH * TREE_WIDTH + CATCH_UP_ROWS
-    max_len = setup.context + setup.widest + 1 + expansion
-    blocks = None if not setup.num_blocks else setup.num_blocks + setup.slots * (-(-expansion // 16) + 1)
-    return Eagle3Drafter(target, head, slots=setup.slots, max_len=max_len, num_blocks=blocks)
+    return Eagle3Drafter(target, head, **own_cache(setup, expansion))
 
 
-def eagle3_cache_bytes(head: Eagle3Head) -> int:
-    """The head's keys and values per block of positions (its one layer, float32)."""
-    return KVCache.block_bytes(head.spec.layer, torch.float32)
-
-
-class Eagle3Drafter:
-    looks_up = False
-    drafter = None  # no draft model: the draft policy prices this proposer by the steps it times
-    reads_hidden = True  # the inputs of `hidden_layers` of every target pass (observe_hidden)
-
+class Eagle3Drafter(HiddenStateProposer):
     def __init__(self, target: Transformer, head: Eagle3Head, *, slots: int, max_len: int,
                  num_blocks: int | None = None):  # fmt: skip
         self.target, self.head = target, head
@@ -120,15 +107,6 @@ class Eagle3Drafter:
         self.first[slot] = self.held[slot] = 0
         self.proposed[slot] = self.unresolved[slot] = None
 
-    def lag(self, slot: int, tokens: list[int], model_tokens: list[int] | None = None) -> int:
-        return max(0, len(tokens) - 1 - self.held[slot])
-
-    def finished(self, slot: int, output: list[int], partition: str) -> None:
-        self.admit(slot, partition)  # its blocks given back at once, not when the slot is next taken
-
-    def forget(self, history: bool = True, prompts: bool = True) -> None:
-        """Nothing is kept across requests (a slot's cache starts over at admission)."""
-
     # ---- drafting -----------------------------------------------------------------------------------------------
     @torch.inference_mode()
     def propose(self, jobs: list[DraftJob]) -> list[Proposal]:
@@ -176,13 +154,7 @@ class Eagle3Drafter:
         for job in jobs:  # the drafted guesses of the last propose are forgotten
             slot = job.slot
             self.cache.set_length(slot, min(self.held[slot] - self.first[slot], self.cache.lengths[slot]))
-        caught_up = 0
-        for job in jobs:
-            end = len(job.tokens) - 1
-            while end - self.held[job.slot] > CATCH_UP_ROWS:
-                stop = min(self.held[job.slot] + FEED_ROWS, end - CATCH_UP_ROWS)
-                caught_up += stop - self.held[job.slot]
-                self._feed([job], [stop])
+        caught_up = self._feed_long_catch_ups(jobs)
         last = self._feed(jobs, [len(job.tokens) - 1 for job in jobs])
         if caught_up:  # the context the head lacked (a prompt), beyond a step's accepted tokens
             self.spent.catch_up_seconds, self.spent.catch_up_tokens = time.perf_counter() - begin, caught_up

@@ -333,9 +333,9 @@ def _check_eagle3(target: LoadedModel, head: Any) -> None:
 
 
 def _eagle3_cache_bytes(target: LoadedModel, head: Any) -> int:
-    from .eagle3 import eagle3_cache_bytes
+    from .hidden_proposer import own_cache_bytes
 
-    return eagle3_cache_bytes(head)
+    return own_cache_bytes(head.spec.layer)
 
 
 def _eagle3_limits(target: LoadedModel, head: Any) -> tuple[int | None, int | None]:
@@ -372,9 +372,9 @@ def _check_dflash(target: LoadedModel, drafter: Any) -> None:
 
 
 def _dflash_cache_bytes(target: LoadedModel, drafter: Any) -> int:
-    from .dflash import dflash_cache_bytes
+    from .hidden_proposer import own_cache_bytes
 
-    return dflash_cache_bytes(drafter)
+    return own_cache_bytes(drafter.spec.layers)
 
 
 def _dflash_limits(target: LoadedModel, drafter: Any) -> tuple[int | None, int | None]:

@@ -37,10 +37,9 @@ from ..models.model import Transformer
 from ..models.mtp import mtp_config
 from .draft_model import pick_draft, plain_greedy
 from .drafting import DraftCost, DraftJob, Proposal
+from .hidden_proposer import CATCH_UP_ROWS, HiddenStateProposer
 from .setup import Setup
 
-CATCH_UP_ROWS = 8  # a catch-up longer than this (a prompt) is fed alone first, FEED_ROWS rows a pass
-FEED_ROWS = 256
 MTP_HEAD_ROWS = DEFAULT_DRAFT_VOCAB  # the MTP drafter's head by default: the command line's --draft-vocab, everywhere
 
 
@@ -66,11 +65,7 @@ def mtp_head_rows(draft_vocab: int | None, vocab_size: int) -> int | None:
     return draft_vocab or None
 
 
-class MtpDrafter:
-    looks_up = False
-    drafter = None  # no draft model: the draft policy prices this proposer by the steps it times
-    reads_hidden = True  # every target pass's final hidden states (observe_hidden)
-
+class MtpDrafter(HiddenStateProposer):
     def __init__(
         self, target: Transformer, slots: int, max_len: int, num_blocks: int | None = None,
         head_ids: torch.Tensor | None = None,
@@ -100,15 +95,6 @@ class MtpDrafter:
         self.hidden[slot].clear()
         self.held[slot] = 0
 
-    def lag(self, slot: int, tokens: list[int], model_tokens: list[int] | None = None) -> int:
-        return max(0, len(tokens) - 1 - self.held[slot])
-
-    def finished(self, slot: int, output: list[int], partition: str) -> None:
-        self.admit(slot, partition)  # its blocks given back at once, not when the slot is next taken
-
-    def forget(self, history: bool = True, prompts: bool = True) -> None:
-        """Nothing is kept across requests (a slot's cache starts over at admission)."""
-
     @torch.inference_mode()
     def propose(self, jobs: list[DraftJob]) -> list[Proposal]:
         self.spent = DraftCost(modelled=True)
@@ -128,13 +114,7 @@ class MtpDrafter:
         begin = time.perf_counter()
         for job in jobs:  # the chained guesses of the last propose are forgotten
             self.cache.set_length(job.slot, min(self.held[job.slot], self.cache.lengths[job.slot]))
-        caught_up = 0
-        for job in jobs:
-            end = len(job.tokens) - 1
-            while end - self.held[job.slot] > CATCH_UP_ROWS:
-                stop = min(self.held[job.slot] + FEED_ROWS, end - CATCH_UP_ROWS)
-                caught_up += stop - self.held[job.slot]
-                self._feed([job], [stop])
+        caught_up = self._feed_long_catch_ups(jobs)
         last = self._feed(jobs, [len(job.tokens) - 1 for job in jobs])
         self._pick(jobs, drafted, self._logits(last))
         if caught_up:  # the context the layer lacked (a prompt), beyond a step's accepted tokens

@@ -30,6 +30,7 @@ from .config import ModelConfig
 from .kv_cache import KVCache
 from .model import MLP, RMSNorm, rotate_half
 from .rope import rotary_table
+from .trained_drafter import on_the_kernels as coarse
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -162,17 +163,6 @@ class DFlashDrafter(nn.Module):
         split into 32-weight blocks stays float32): the form beside a target on the native stack. The drafter only
         proposes, so the coarser rounding changes which tokens it proposes, never the output."""
         from ..kernels import native
-        from ..kernels.linear import NativeLinear
-
-        def coarse(linear: nn.Module | None) -> nn.Module | None:
-            if not isinstance(linear, nn.Linear):
-                return linear
-            rows = linear.weight.detach().float().contiguous()
-            raw = rows.view(torch.uint8).reshape(rows.shape[0], -1)
-            if linear.in_features % 32:
-                return NativeLinear(linear.in_features, [(0, raw)])
-            ids = torch.arange(rows.shape[0])
-            return NativeLinear(linear.in_features, [(native.Q4_0, native.requantize_q4_0(0, raw, ids, rows.shape[1]))])
 
         native.claim_threads()
         self.fc, self.lm_head = coarse(self.fc), coarse(self.lm_head)

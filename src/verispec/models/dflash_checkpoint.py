@@ -17,15 +17,14 @@ scales, soft-capping) is refused rather than ignored.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import torch
 
 from ..errors import InvalidParameterError, ModelLoadError
 from .config import ModelConfig
 from .dflash import DFlashDrafter, DFlashSpec
 from .families import config_from_hf
+from .trained_drafter import gguf_keys, gguf_tensor, load_checked, read_gguf
 
 _OWN_FIELDS = ("block_size", "num_target_layers", "dflash_config", "auto_map", "target_layer_ids")
 # dflash_config fields this drafter computes; any other (DFlash2's conv_kernel_size, use_swa, causal, scales...) refused
@@ -102,14 +101,7 @@ def build_drafter(spec: DFlashSpec, tensors: dict[str, torch.Tensor], where: str
                 state[p + ours] = torch.cat([tensors.pop(p + part) for part in parts])
     if tensors:
         raise ModelLoadError(f"{where}: tensors a DFlash drafter does not have: {', '.join(sorted(tensors)[:8])}")
-    expected = dict(drafter.state_dict())
-    missing = [name for name in expected if name not in state]
-    if missing:
-        raise ModelLoadError(f"{where}: the DFlash drafter lacks {', '.join(missing[:8])}")
-    for name, value in state.items():
-        if tuple(value.shape) != tuple(expected[name].shape):
-            raise ModelLoadError(f"{where}: {name} is {list(value.shape)}, not {list(expected[name].shape)}")
-    drafter.load_state_dict({k: v.float() for k, v in state.items()}, assign=True, strict=True)
+    load_checked(drafter, state, where, "the DFlash drafter")
     return drafter.eval()
 
 
@@ -162,15 +154,7 @@ def _folder_tensors(folder: Path) -> dict[str, torch.Tensor]:
 
 # ---- its GGUF ---------------------------------------------------------------------------------------------------
 def _read_gguf(path: Path, target_hidden: int) -> tuple[DFlashSpec, dict[str, torch.Tensor]]:
-    from gguf import GGUFReader
-
-    try:
-        reader = GGUFReader(path)
-    except Exception as exc:  # the gguf package raises assorted errors for bad bytes
-        raise ModelLoadError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from None
-    fields = {name: field.contents() for name, field in reader.fields.items()}
-    if fields.get("general.architecture") != "dflash":
-        raise ModelLoadError(f"{path}: a GGUF of architecture '{fields.get('general.architecture')}', not dflash")
+    reader, fields = read_gguf(path, "dflash")
     for key in _GGUF_REFUSED:
         if fields.get(f"dflash.{key}") not in (None, False, 0, 0.0, "none"):
             raise ModelLoadError(f"{path}: GGUF key 'dflash.{key}' = {fields[f'dflash.{key}']!r}: not computed by "
@@ -180,7 +164,7 @@ def _read_gguf(path: Path, target_hidden: int) -> tuple[DFlashSpec, dict[str, to
         name = _gguf_name(tensor.name)
         if name is None:
             raise ModelLoadError(f"{path}: tensor {tensor.name} is not a DFlash drafter's")
-        named[name] = _gguf_tensor(tensor)
+        named[name] = gguf_tensor(tensor)
     layers = _gguf_layers(fields, str(path))
     ids = tuple(int(i) for i in fields.get("dflash.target_layers") or ())
     mask = fields.get("tokenizer.ggml.mask_token_id")
@@ -205,24 +189,9 @@ def _gguf_name(name: str) -> str | None:
     return None
 
 
-def _gguf_tensor(tensor) -> torch.Tensor:
-    """A GGUF tensor as float32, in PyTorch's shape (rows first)."""
-    from gguf.quants import dequantize
-
-    shape = tuple(int(d) for d in reversed(tensor.shape))
-    values = dequantize(tensor.data, tensor.tensor_type)
-    return torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))
-
-
 def _gguf_layers(fields: dict, where: str) -> ModelConfig:
     """The decoder layers' config of the drafter's `dflash.` keys."""
-
-    def key(name: str, default: Any = None) -> Any:
-        value = fields.get(f"dflash.{name}", default)
-        if value is None:
-            raise ModelLoadError(f"{where}: GGUF metadata lacks 'dflash.{name}'")
-        return value
-
+    key = gguf_keys(fields, "dflash", where)
     heads, hidden = int(key("attention.head_count")), int(key("embedding_length"))
     vocab = fields.get("dflash.vocab_size") or len(fields.get("tokenizer.ggml.tokens") or ())
     return ModelConfig(

@@ -29,6 +29,7 @@ from .config import ModelConfig
 from .kv_cache import KVCache
 from .model import MLP, RMSNorm, rotate_half
 from .rope import rotary_table
+from .trained_drafter import on_the_kernels as coarse
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,17 +162,6 @@ class Eagle3Head(nn.Module):
         """Its matrices on the native kernels in Q4_0 (requantized once, as a draft's form; a matrix whose rows do not
         split into 32-weight blocks stays float32): the form beside a target on the native stack."""
         from ..kernels import native
-        from ..kernels.linear import NativeLinear
-
-        def coarse(linear: nn.Module) -> nn.Module:
-            if not isinstance(linear, nn.Linear):
-                return linear
-            rows = linear.weight.detach().float().contiguous()
-            raw = rows.view(torch.uint8).reshape(rows.shape[0], -1)
-            if linear.in_features % 32:
-                return NativeLinear(linear.in_features, [(0, raw)])
-            ids = torch.arange(rows.shape[0])
-            return NativeLinear(linear.in_features, [(native.Q4_0, native.requantize_q4_0(0, raw, ids, rows.shape[1]))])
 
         native.claim_threads()
         self.fc, self.wqkv, self.wo, self.lm_head = (coarse(m) for m in (self.fc, self.wqkv, self.wo, self.lm_head))

@@ -22,7 +22,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..errors import InvalidParameterError, ModelLoadError
@@ -30,6 +29,7 @@ from .config import ModelConfig
 from .eagle3 import Eagle3Head, Eagle3Spec
 from .families import config_from_hf
 from .rope import RopeScaling
+from .trained_drafter import gguf_keys, gguf_tensor, load_checked, read_gguf
 from .weights import undo_rope_permutation
 
 # the head's own fields of config.json (the rest is its decoder layer's Llama config)
@@ -121,14 +121,7 @@ def build_head(spec: Eagle3Spec, tensors: dict[str, torch.Tensor], where: str) -
     d2t = tensors.pop("d2t", None)
     if tensors:
         raise ModelLoadError(f"{where}: tensors an EAGLE-3 head does not have: {', '.join(sorted(tensors)[:8])}")
-    expected = dict(head.state_dict())
-    missing = [name for name in expected if name not in state]
-    if missing:
-        raise ModelLoadError(f"{where}: the EAGLE-3 head lacks {', '.join(missing)}")
-    for name, value in state.items():
-        if tuple(value.shape) != tuple(expected[name].shape):
-            raise ModelLoadError(f"{where}: {name} is {list(value.shape)}, not {list(expected[name].shape)}")
-    head.load_state_dict({k: v.float() for k, v in state.items()}, assign=True, strict=True)
+    load_checked(head, state, where, "the EAGLE-3 head")
     head.d2t = _target_ids(d2t, spec, where)
     return head.eval()
 
@@ -214,16 +207,8 @@ def _folder_tensors(folder: Path) -> dict[str, torch.Tensor]:
 
 # ---- its GGUF ---------------------------------------------------------------------------------------------------
 def _read_gguf(path: Path) -> tuple[Eagle3Spec, dict[str, torch.Tensor]]:
-    from gguf import GGUFReader
-
-    try:
-        reader = GGUFReader(path)
-    except Exception as exc:  # the gguf package raises assorted errors for bad bytes
-        raise ModelLoadError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from None
-    fields = {name: field.contents() for name, field in reader.fields.items()}
-    if fields.get("general.architecture") != "eagle3":
-        raise ModelLoadError(f"{path}: a GGUF of architecture '{fields.get('general.architecture')}', not eagle3")
-    tensors = {t.name: _gguf_tensor(t) for t in reader.tensors}
+    reader, fields = read_gguf(path, "eagle3")
+    tensors = {t.name: gguf_tensor(t) for t in reader.tensors}
     unknown = sorted(set(tensors) - set(_GGUF_NAMES) - {"rope_freqs.weight"})
     if unknown:
         raise ModelLoadError(f"{path}: tensors an EAGLE-3 head does not have: {', '.join(unknown[:8])}")
@@ -245,27 +230,9 @@ def _read_gguf(path: Path) -> tuple[Eagle3Spec, dict[str, torch.Tensor]]:
     return spec, named
 
 
-def _gguf_tensor(tensor) -> torch.Tensor:
-    """A GGUF tensor as float32 (d2t: int64), in PyTorch's shape (rows first)."""
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
-
-    shape = tuple(int(d) for d in reversed(tensor.shape))
-    if tensor.tensor_type == GGMLQuantizationType.I64:
-        return torch.from_numpy(np.array(tensor.data, dtype=np.int64).reshape(shape))
-    values = dequantize(tensor.data, tensor.tensor_type)
-    return torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))
-
-
 def _gguf_layer(fields: dict, rope_freqs: torch.Tensor | None, where: str) -> ModelConfig:
     """The decoder layer's config of the head's `eagle3.` keys."""
-
-    def key(name: str, default: Any = None) -> Any:
-        value = fields.get(f"eagle3.{name}", default)
-        if value is None:
-            raise ModelLoadError(f"{where}: GGUF metadata lacks 'eagle3.{name}'")
-        return value
-
+    key = gguf_keys(fields, "eagle3", where)
     heads, hidden = int(key("attention.head_count")), int(key("embedding_length"))
     for name in ("rope.scaling.type", "rope.scaling.factor"):
         if fields.get(f"eagle3.{name}") not in (None, "none", 1.0):
