@@ -60,6 +60,7 @@ def smol_pair():
     return load_model("target", quantization="gguf"), load_model(smollm2_path(), quantization="gguf")
 
 
+@pytest.mark.slow  # 3 prompts x 3 generators on the real pair; the batched test below stays in the default set
 def test_a_draft_of_another_vocabulary_drafts_for_the_target(smol_pair):
     """SmolLM2 (49,152 tokens of its own BPE) drafts for the Qwen target (151,936): greedy output equal to plain
     decoding's on HumanEval prompts with its drafts accepted in part, by itself and as suffix's model; a seeded
