@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from dflash_drafters import MASK, write_agreeing_drafter, write_drafter
+from hidden_drafting import exact_first_two, on_native, rms, rotated, run_as_plain
 from safetensors.torch import load_file
 
 from verispec import SpeculativeGenerator, load_model
@@ -21,8 +22,6 @@ from verispec.engine.dflash import DFlashProposer
 from verispec.engine.drafting import DraftJob
 from verispec.errors import InvalidParameterError, ModelLoadError
 from verispec.models.dflash_checkpoint import load_dflash
-from verispec.models.gguf_native import native_from_dense
-from verispec.models.loading import LoadedModel
 from verispec.testing import byte_tokenizer, tiny_config, tiny_loaded, tiny_model
 
 from architectures import TINY, make_model, save
@@ -32,16 +31,6 @@ PROMPTS = ["hello world", "The quick brown fox", "abc abc abc abc abc"]
 
 
 # ---- the reference: DFlash's drafter as z-lab's DFlashDraftModel and llama.cpp's graph (src/models/dflash.cpp) ---
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
-
-
-def _rotated(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """x [rows, heads, dim] turned by the rotary at `positions` (rotate-half layout)."""
-    dim = x.shape[-1]
-    angles = positions[:, None].double() * (1.0 / theta ** (torch.arange(0, dim, 2).double() / dim))[None]
-    cos, sin = torch.cat([angles.cos()] * 2, -1).float()[:, None], torch.cat([angles.sin()] * 2, -1).float()[:, None]
-    return x * cos + torch.cat([-x[..., dim // 2 :], x[..., : dim // 2]], -1) * sin
 
 
 def reference_block(folder: Path, features: torch.Tensor, tokens: list[int], embed: torch.Tensor,
@@ -53,25 +42,25 @@ def reference_block(folder: Path, features: torch.Tensor, tokens: list[int], emb
     eps, heads, kv, dim, theta = (c[key] for key in ("rms_norm_eps", "num_attention_heads", "num_key_value_heads",
                                                      "head_dim", "rope_theta"))  # fmt: skip
     n = len(tokens)
-    g = _rms(features @ t["fc.weight"].T, t["hidden_norm.weight"], eps)
+    g = rms(features @ t["fc.weight"].T, t["hidden_norm.weight"], eps)
     x = embed[torch.tensor([tokens[-1]] + [c["dflash_config"]["mask_token_id"]] * k)]
     context, block = torch.arange(n - 1), torch.arange(n - 1, n + k)
     for i in range(c["num_hidden_layers"]):
         p = lambda name, i=i: t[f"layers.{i}.{name}"]  # noqa: E731
-        h = _rms(x, p("input_layernorm.weight"), eps)
-        q = _rotated(_rms((h @ p("self_attn.q_proj.weight").T).view(-1, heads, dim), p("self_attn.q_norm.weight"),
+        h = rms(x, p("input_layernorm.weight"), eps)
+        q = rotated(rms((h @ p("self_attn.q_proj.weight").T).view(-1, heads, dim), p("self_attn.q_norm.weight"),
                           eps), block, theta)  # fmt: skip
         both = torch.cat([g, h])
-        keys = _rms((both @ p("self_attn.k_proj.weight").T).view(-1, kv, dim), p("self_attn.k_norm.weight"), eps)
-        keys = _rotated(keys, torch.cat([context, block]), theta).repeat_interleave(heads // kv, dim=1)
+        keys = rms((both @ p("self_attn.k_proj.weight").T).view(-1, kv, dim), p("self_attn.k_norm.weight"), eps)
+        keys = rotated(keys, torch.cat([context, block]), theta).repeat_interleave(heads // kv, dim=1)
         values = (both @ p("self_attn.v_proj.weight").T).view(-1, kv, dim).repeat_interleave(heads // kv, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q, keys) / dim**0.5
         attended = torch.einsum("hqk,khd->qhd", scores.softmax(-1), values).reshape(k + 1, heads * dim)
         x = x + attended @ p("self_attn.o_proj.weight").T
-        m = _rms(x, p("post_attention_layernorm.weight"), eps)
+        m = rms(x, p("post_attention_layernorm.weight"), eps)
         x = x + (torch.nn.functional.silu(m @ p("mlp.gate_proj.weight").T) * (m @ p("mlp.up_proj.weight").T)) @ \
             p("mlp.down_proj.weight").T  # fmt: skip
-    logits = _rms(x, t["norm.weight"], eps)[1:] @ head.T
+    logits = rms(x, t["norm.weight"], eps)[1:] @ head.T
     return [int(i) for i in logits.argmax(-1)], logits
 
 
@@ -176,18 +165,12 @@ def agreeing(tmp_path_factory):
     return target, write_agreeing_drafter(tmp_path_factory.mktemp("agreeing") / "drafter", model)
 
 
-def _on_native(target: LoadedModel) -> LoadedModel:
-    import copy
-
-    return LoadedModel(target.name, target.path, native_from_dense(copy.deepcopy(target.model)), target.tokenizer)
-
-
 @pytest.mark.parametrize("native", [False, True], ids=["pytorch", "native"])
 def test_greedy_and_seeded_output_is_plain_decodings(one_thread, agreeing, native):
     """Alone: greedy output token for token, and a seed's sampled text, as plain decoding's; drafts were made and
     some accepted."""
     target, drafter = agreeing
-    target = _on_native(target) if native else target
+    target = on_native(target) if native else target
     plain = SpeculativeGenerator(target, None, max_seq_len=256, progress=False)
     spec = SpeculativeGenerator(target, str(drafter), speculative_method="dflash", num_speculative_tokens=4,
                                 max_seq_len=256, adaptive=False, progress=False)  # fmt: skip
@@ -208,11 +191,10 @@ def test_batched_with_shared_prompts_the_output_is_plain_decodings(one_thread, a
     ones take from the prefix cache (the drafter then reads from where the target's features start); each output is
     plain decoding's."""
     from verispec.engine.methods import get_method, load_models
-    from verispec.engine.requests import EngineRequest, FinishEvent
     from verispec.engine.scheduler import Scheduler, SchedulerConfig
 
     target, drafter_path = agreeing
-    target = _on_native(target) if native else target
+    target = on_native(target) if native else target
     target, drafter = load_models(get_method("dflash"), target, str(drafter_path))
     prompt = target.tokenizer.encode("the quick brown fox jumps over the lazy dog " * 3)
     other = target.tokenizer.encode("abc abc abc abc")
@@ -221,30 +203,12 @@ def test_batched_with_shared_prompts_the_output_is_plain_decodings(one_thread, a
                 ("e", prompt, SamplingParams())]  # fmt: skip
     config = SchedulerConfig(max_num_seqs=3, max_model_len=256, draft_policy="always", prefill_chunk=16,
                              speculative_method="dflash", num_speculative_tokens=3)  # fmt: skip
-    scheduler, outputs = Scheduler(target, drafter, config), {}
-    for name, ids, params in requests:
-        sink = lambda event, name=name: outputs.update({name: event.output}) if isinstance(event, FinishEvent) else None  # noqa: E731
-        scheduler.submit(EngineRequest(request_id=name, prompt_ids=ids, params=params, max_tokens=30, sink=sink))
-    scheduler.run_until_idle()
-    plain = SpeculativeGenerator(target, None, max_seq_len=256, progress=False)
-    for name, ids, params in requests:
-        expected = plain.generate(ids, max_tokens=30, temperature=params.temperature, seed=params.seed)
-        assert outputs[name].token_ids == expected.token_ids, name
+    outputs = run_as_plain(Scheduler(target, drafter, config), target, requests)
     assert sum(outputs[n].stats.accepted for n in "ace") > 10
     assert sum(outputs[n].stats.cached_tokens for n in "abcde") > 0  # prompts' starts came from the prefix cache
 
 
 LAW_VOCAB, LAW_RUNS, LAW_TOLERANCE = 7, 3000, 0.07  # TV over 49 outcomes; sampling noise about 0.025 at 3000
-
-
-def _exact_first_two(model, prompt: list[int]) -> dict:
-    """The target's exact law of its first two sampled tokens at temperature 1 after `prompt`."""
-
-    def probs(seq: list[int]) -> torch.Tensor:
-        return model(torch.tensor([seq]), model.new_cache(max_len=len(seq)), [0])[0, -1].float().softmax(-1)
-
-    first = probs(prompt)
-    return {(a, b): float(first[a]) * float(q) for a in range(LAW_VOCAB) for b, q in enumerate(probs([*prompt, a]))}
 
 
 @pytest.mark.slow  # 3,000 seeded requests: in the slow set with the other methods' laws
@@ -271,11 +235,11 @@ def test_sampled_output_follows_the_targets_law(one_thread, tmp_path):
         counts[tuple(out.token_ids[:2])] += 1
         accepted += out.stats.accepted
     assert accepted > 0
-    assert total_variation(counts, _exact_first_two(model, prompt), LAW_RUNS) < LAW_TOLERANCE
+    assert total_variation(counts, exact_first_two(model, prompt, LAW_VOCAB), LAW_RUNS) < LAW_TOLERANCE
     bigram = tiny_model(tiny_config(vocab_size=LAW_VOCAB, num_layers=4), seed=3, scale=1.0, residual_gain=0.0)
     with torch.no_grad():
         bigram.embed.weight[mask] = 0.0
-    assert total_variation(counts, _exact_first_two(bigram, prompt), LAW_RUNS) > LAW_TOLERANCE
+    assert total_variation(counts, exact_first_two(bigram, prompt, LAW_VOCAB), LAW_RUNS) > LAW_TOLERANCE
 
 
 @pytest.mark.parametrize("name", ["qwen3", "llama"])

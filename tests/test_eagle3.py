@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from eagle3_heads import FOLDER_LAYOUTS, LAYOUTS, layer_config, write_agreeing_head, write_head
+from hidden_drafting import exact_first_two, on_native, rms, rotated, run_as_plain
 from safetensors.torch import load_file
 
 from verispec import SpeculativeGenerator, load_model
@@ -23,8 +24,6 @@ from verispec.engine.eagle3_tree import DraftTree
 from verispec.errors import InvalidParameterError, ModelLoadError
 from verispec.models.eagle3 import default_layers
 from verispec.models.eagle3_checkpoint import load_eagle3
-from verispec.models.gguf_native import native_from_dense
-from verispec.models.loading import LoadedModel
 from verispec.testing import byte_tokenizer, tiny_config, tiny_loaded, tiny_model, word_tokenizer
 
 from architectures import make_model, save
@@ -35,16 +34,6 @@ PROMPTS = ["hello world", "The quick brown fox", "abc abc abc abc abc"]
 
 
 # ---- the reference: EAGLE-3's head as the paper and llama.cpp's graph (src/models/eagle3.cpp) write it ----------
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
-
-
-def _rotated(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """x [rows, heads, dim] turned by the rotary at `positions` (HF's rotate-half layout)."""
-    dim = x.shape[-1]
-    angles = positions[:, None].double() * (1.0 / theta ** (torch.arange(0, dim, 2).double() / dim))[None]
-    cos, sin = torch.cat([angles.cos()] * 2, -1).float()[:, None], torch.cat([angles.sin()] * 2, -1).float()[:, None]
-    return x * cos + torch.cat([-x[..., dim // 2 :], x[..., : dim // 2]], -1) * sin
 
 
 def _reference_rows(t: dict, config: dict, embeds: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -53,12 +42,12 @@ def _reference_rows(t: dict, config: dict, embeds: torch.Tensor, g: torch.Tensor
     eps, heads, kv, dim = config["rms_norm_eps"], config["num_attention_heads"], config["num_key_value_heads"], \
         config["head_dim"]  # fmt: skip
     layer = "midlayer." if "midlayer.hidden_norm.weight" in t else "layers.0."
-    normed = _rms(g, t[layer + "hidden_norm.weight"], eps)
-    x = torch.cat([_rms(embeds, t[layer + "input_layernorm.weight"], eps), normed], -1)
+    normed = rms(g, t[layer + "hidden_norm.weight"], eps)
+    x = torch.cat([rms(embeds, t[layer + "input_layernorm.weight"], eps), normed], -1)
     n = x.shape[0]
     positions = torch.arange(n)
-    q = _rotated((x @ t[layer + "self_attn.q_proj.weight"].T).view(n, heads, dim), positions, config["rope_theta"])
-    k = _rotated((x @ t[layer + "self_attn.k_proj.weight"].T).view(n, kv, dim), positions, config["rope_theta"])
+    q = rotated((x @ t[layer + "self_attn.q_proj.weight"].T).view(n, heads, dim), positions, config["rope_theta"])
+    k = rotated((x @ t[layer + "self_attn.k_proj.weight"].T).view(n, kv, dim), positions, config["rope_theta"])
     v = (x @ t[layer + "self_attn.v_proj.weight"].T).view(n, kv, dim)
     k, v = k.repeat_interleave(heads // kv, dim=1), v.repeat_interleave(heads // kv, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q, k) / dim**0.5
@@ -66,7 +55,7 @@ def _reference_rows(t: dict, config: dict, embeds: torch.Tensor, g: torch.Tensor
     attended = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(n, heads * dim)
     residual = normed if config.get("norm_before_residual") else g
     h = residual + attended @ t[layer + "self_attn.o_proj.weight"].T
-    m = _rms(h, t[layer + "post_attention_layernorm.weight"], eps)
+    m = rms(h, t[layer + "post_attention_layernorm.weight"], eps)
     gate, up = m @ t[layer + "mlp.gate_proj.weight"].T, m @ t[layer + "mlp.up_proj.weight"].T
     return h + (torch.nn.functional.silu(gate) * up) @ t[layer + "mlp.down_proj.weight"].T
 
@@ -83,7 +72,7 @@ def reference_drafts(folder: Path, features: torch.Tensor, tokens: list[int], em
     drafts, logits = [], []
     for _ in range(k):
         last = _reference_rows(t, config, embeds, g)[-1]
-        row = _rms(last, t["norm.weight"], config["rms_norm_eps"]) @ t["lm_head.weight"].T
+        row = rms(last, t["norm.weight"], config["rms_norm_eps"]) @ t["lm_head.weight"].T
         drafts.append(int(d2t[int(row.argmax())]))
         logits.append(row)
         embeds, g = torch.cat([embeds, table[drafts[-1]][None]]), torch.cat([g, last[None]])
@@ -176,19 +165,13 @@ def agreeing(tmp_path_factory):
     return target, write_agreeing_head(tmp_path_factory.mktemp("agreeing") / "head", model)
 
 
-def _on_native(target: LoadedModel) -> LoadedModel:
-    import copy
-
-    return LoadedModel(target.name, target.path, native_from_dense(copy.deepcopy(target.model)), target.tokenizer)
-
-
 @pytest.mark.parametrize("native", [False, True], ids=["pytorch", "native"])
 @pytest.mark.parametrize("trees", [False, True], ids=["chains", "trees"])
 def test_greedy_and_seeded_output_is_plain_decodings(one_thread, agreeing, native, trees):
     """Alone: greedy output token for token, and a seed's sampled text, as plain decoding's; drafts were made and
     some accepted (trees: some proposed as trees)."""
     target, head = agreeing
-    target = _on_native(target) if native else target
+    target = on_native(target) if native else target
     plain = SpeculativeGenerator(target, None, max_seq_len=256, progress=False)
     spec = SpeculativeGenerator(target, str(head), speculative_method="eagle3", num_speculative_tokens=4,
                                 max_seq_len=256, adaptive=False, progress=False, token_trees=trees)  # fmt: skip
@@ -209,11 +192,10 @@ def test_batched_with_shared_prompts_the_output_is_plain_decodings(one_thread, a
     the later ones take from the prefix cache (the head then reads from where the target's features start); each
     output is plain decoding's, and some drafts were proposed as trees."""
     from verispec.engine.methods import get_method, load_models
-    from verispec.engine.requests import EngineRequest, FinishEvent
     from verispec.engine.scheduler import Scheduler, SchedulerConfig
 
     target, head_path = agreeing
-    target = _on_native(target) if native else target
+    target = on_native(target) if native else target
     target, head = load_models(get_method("eagle3"), target, str(head_path))
     prompt = target.tokenizer.encode("the quick brown fox jumps over the lazy dog " * 3)
     other = target.tokenizer.encode("abc abc abc abc")
@@ -222,18 +204,10 @@ def test_batched_with_shared_prompts_the_output_is_plain_decodings(one_thread, a
                 ("e", prompt, SamplingParams())]  # fmt: skip
     config = SchedulerConfig(max_num_seqs=3, max_model_len=256, draft_policy="always", prefill_chunk=16,
                              speculative_method="eagle3", num_speculative_tokens=3, token_trees=True)  # fmt: skip
-    scheduler, outputs = Scheduler(target, head, config), {}
-    trees = []
+    scheduler, trees = Scheduler(target, head, config), []
     propose = scheduler.proposer.propose
     scheduler.proposer.propose = lambda jobs: [trees.append(p.parents is not None) or p for p in propose(jobs)]
-    for name, ids, params in requests:
-        sink = lambda event, name=name: outputs.update({name: event.output}) if isinstance(event, FinishEvent) else None  # noqa: E731
-        scheduler.submit(EngineRequest(request_id=name, prompt_ids=ids, params=params, max_tokens=30, sink=sink))
-    scheduler.run_until_idle()
-    plain = SpeculativeGenerator(target, None, max_seq_len=256, progress=False)
-    for name, ids, params in requests:
-        expected = plain.generate(ids, max_tokens=30, temperature=params.temperature, seed=params.seed)
-        assert outputs[name].token_ids == expected.token_ids, name
+    outputs = run_as_plain(scheduler, target, requests)
     assert sum(outputs[n].stats.accepted for n in "ace") > 10
     assert any(trees)
     assert sum(outputs[n].stats.cached_tokens for n in "abcde") > 0  # prompts' starts came from the prefix cache
@@ -261,16 +235,6 @@ def test_other_families_targets_output_is_plain_decodings(one_thread, tmp_path, 
 LAW_VOCAB, LAW_RUNS, LAW_TOLERANCE = 7, 3000, 0.07  # TV over 49 outcomes; sampling noise about 0.025 at 3000
 
 
-def _exact_first_two(model, prompt: list[int]) -> dict:
-    """The target's exact law of its first two sampled tokens at temperature 1 after `prompt`."""
-
-    def probs(seq: list[int]) -> torch.Tensor:
-        return model(torch.tensor([seq]), model.new_cache(max_len=len(seq)), [0])[0, -1].float().softmax(-1)
-
-    first = probs(prompt)
-    return {(a, b): float(first[a]) * float(q) for a in range(LAW_VOCAB) for b, q in enumerate(probs([*prompt, a]))}
-
-
 @pytest.mark.slow  # 3,000 seeded requests a law: in the slow set with the other methods' laws
 @pytest.mark.parametrize("trees", [False, True], ids=["chains", "trees"])
 def test_sampled_output_follows_the_targets_law(one_thread, tmp_path, trees):
@@ -293,9 +257,9 @@ def test_sampled_output_follows_the_targets_law(one_thread, tmp_path, trees):
         counts[tuple(out.token_ids[:2])] += 1
         accepted += out.stats.accepted
     assert accepted > 0 and bool(verified) == trees
-    assert total_variation(counts, _exact_first_two(model, prompt), LAW_RUNS) < LAW_TOLERANCE
+    assert total_variation(counts, exact_first_two(model, prompt, LAW_VOCAB), LAW_RUNS) < LAW_TOLERANCE
     bigram = tiny_model(tiny_config(vocab_size=LAW_VOCAB, num_layers=4), seed=3, scale=1.0, residual_gain=0.0)
-    assert total_variation(counts, _exact_first_two(bigram, prompt), LAW_RUNS) > LAW_TOLERANCE
+    assert total_variation(counts, exact_first_two(bigram, prompt, LAW_VOCAB), LAW_RUNS) > LAW_TOLERANCE
 
 
 def test_a_tree_is_cut_where_its_rows_stop_paying():
