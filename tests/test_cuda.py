@@ -105,3 +105,124 @@ def test_qwen35_on_the_gpu_rolls_back_exactly_and_keeps_the_output(tmp_path, mon
         check_the_gguf_fixture_on("cuda", truths)
     finally:
         unregister("oracle")
+
+
+# ---- one pass shape in bfloat16 at a real shape (models/pass_shape.py) -----------------------------------------------
+REAL_SHAPE = dict(
+    vocab_size=151936,
+    hidden_size=1536,
+    num_layers=28,
+    num_heads=12,
+    num_kv_heads=2,
+    intermediate_size=8960,
+    rope_theta=1e6,
+    qkv_bias=True,
+    tie_word_embeddings=True,
+    max_position_embeddings=4096,
+)  # fmt: skip  (Qwen2.5-1.5B's)
+
+
+@pytest.fixture(scope="module")
+def real_shape_pair():
+    """Random bfloat16 weights of Qwen2.5-1.5B's shape on the GPU, and a draft of its first 2 layers."""
+    from verispec.models.config import ModelConfig
+    from verispec.models.model import Transformer
+    from verispec.testing import byte_tokenizer, truncated_copy
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Transformer(ModelConfig(**REAL_SHAPE))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, 2.0 / param.shape[-1] ** 0.5 if param.dim() > 1 else 0.02)
+            if name.endswith(("wo.weight", "w_down.weight")):
+                param.mul_(0.3)
+    draft = truncated_copy(model, 2).to(torch.bfloat16)
+    model = model.to(torch.bfloat16).eval()
+    tokenizer = byte_tokenizer()
+    return tiny_loaded(model, tokenizer, "t"), tiny_loaded(draft, tokenizer, "d")
+
+
+def _real_prompts() -> list[list[int]]:
+    generator = torch.Generator().manual_seed(1)
+    return [torch.randint(0, 256, (48,), generator=generator).tolist() for _ in range(6)]
+
+
+def test_in_bfloat16_at_a_real_shape_greedy_speculative_output_is_plain_output(real_shape_pair):
+    """6 prompts x 96 tokens; a draft model (k 4), suffix lookups and drafts of fixed acceptance as token trees, each
+    alone and the 6 batched in one engine, against plain decoding at the same (default) pass shape; seeded sampling
+    the same. Before the pass shape: 0 of 6 equal for the draft model and suffix (docs/speed.md "On a GPU")."""
+    from verispec.engine.fixed_acceptance import fixed_acceptance
+
+    target, draft = real_shape_pair
+    prompts = _real_prompts()
+    plain = SpeculativeGenerator(target, None, device="cuda", max_seq_len=512)
+    expected = [plain.generate(p, max_tokens=96, ignore_eos=True).token_ids for p in prompts]
+    sampled = [plain.generate(p, max_tokens=48, ignore_eos=True, temperature=0.8, seed=i).token_ids
+               for i, p in enumerate(prompts)]  # fmt: skip
+    with fixed_acceptance([p + e for p, e in zip(prompts, expected, strict=True)], 0.7, tree=True) as oracle:
+        for options in (
+            dict(speculative_method="draft", num_speculative_tokens=4, adaptive=False),
+            dict(speculative_method="suffix"),
+            dict(speculative_method=oracle, num_speculative_tokens=4, adaptive=False, token_trees=True),
+        ):
+            spec = SpeculativeGenerator(target, draft, device="cuda", max_seq_len=512, **options)
+            alone = [spec.generate(p, max_tokens=96, ignore_eos=True).token_ids for p in prompts]
+            assert alone == expected, options
+            draws = [spec.generate(p, max_tokens=48, ignore_eos=True, temperature=0.8, seed=i).token_ids
+                     for i, p in enumerate(prompts)]  # fmt: skip
+            assert draws == sampled, options
+            assert _batched(target, draft, prompts, **options) == expected, options
+
+
+def _batched(target, draft, prompts, **options) -> list[list[int]]:
+    method = options.get("speculative_method")
+    config = SchedulerConfig(max_num_seqs=len(prompts), max_model_len=512, speculative_method=method,
+                             num_speculative_tokens=options.get("num_speculative_tokens", 4), draft_policy="always",
+                             token_trees=options.get("token_trees", False))  # fmt: skip
+    scheduler = Scheduler(target, draft, config)
+    finals: dict[int, FinishEvent] = {}
+    for i, ids in enumerate(prompts):
+        sink = lambda event, i=i: finals.__setitem__(i, event) if isinstance(event, FinishEvent) else None  # noqa: E731
+        scheduler.submit(EngineRequest(request_id=str(i), prompt_ids=ids, params=SamplingParams(), max_tokens=96,
+                                       sink=sink, ignore_eos=True))  # fmt: skip
+    scheduler.run_until_idle(max_steps=20000)
+    return [finals[i].output.token_ids for i in range(len(prompts))]
+
+
+def test_a_rows_bfloat16_logits_are_the_same_bits_in_every_pass_on_the_gpu(real_shape_pair):
+    """tests/test_pass_shape.py's check (decode steps, a verify pass beside another sequence, a prefill's end) in
+    bfloat16 on the GPU, replayed from CUDA graphs; the control: the ordinary passes differ."""
+    from test_pass_shape import passes, same_bits
+
+    from verispec.models.pass_shape import CUDA_PASS_SHAPE, use_pass_shape
+
+    model = real_shape_pair[0].model
+    ids = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(0)).cuda()
+    try:
+        use_pass_shape(model, CUDA_PASS_SHAPE)
+        assert same_bits(passes(model, ids))
+        use_pass_shape(model, None)
+        assert not same_bits(passes(model, ids))
+    finally:
+        use_pass_shape(model, None)
+
+
+def test_graph_replay_gives_the_bits_of_the_same_pass_run_eagerly(real_shape_pair):
+    from verispec.models.pass_shape import CUDA_PASS_SHAPE, use_pass_shape
+
+    model = real_shape_pair[0].model
+    ids = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(2)).cuda()
+    outputs = []
+    try:
+        for graphs in (True, False):
+            use_pass_shape(model, CUDA_PASS_SHAPE, graphs=graphs)
+            cache = model.new_cache(num_slots=2, max_len=64)
+            model(ids[:, :16], cache, [0, 1])
+            outputs.append([model(ids[:, 16 + i : 17 + i], cache, [0, 1]) for i in range(8)])
+    finally:
+        use_pass_shape(model, None)
+    assert all(torch.equal(a, b) for a, b in zip(*outputs, strict=True))

@@ -64,6 +64,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "is more, at most half the memory available at start; memory is taken as the cache fills)",
     )
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: all cores)")
+    parser.add_argument(
+        "--pass-shape",
+        default="auto",
+        help="every target pass at one padded shape GROUPSxWIDTH, so that a row's bits never depend on the pass "
+        "(greedy speculative output = plain output in bfloat16 on a GPU); auto (default): 8x8 on CUDA, off on a CPU",
+    )
 
 
 def _add_model_sources(parser: argparse.ArgumentParser) -> None:

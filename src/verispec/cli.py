@@ -61,6 +61,7 @@ def build_generator(args: argparse.Namespace, with_draft: bool = True):
         draft_window=args.draft_window,
         kv_cache_memory=args.kv_cache_memory,
         revision=args.revision,
+        pass_shape=args.pass_shape,
     )
 
 

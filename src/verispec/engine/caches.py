@@ -63,9 +63,9 @@ def allocate(target: LoadedModel, draft: LoadedModel | None, method: Method | No
     num_blocks = cache_blocks(budget, wanted, block_bytes, target.model.device)
     context, cut = _context_held(num_blocks, block_bytes, widest, sizes)
     cache = target.model.new_cache(sizes.slots, context + widest + 1, num_blocks)
-    # prefill reuse (prefixes.py): to the token where the target's passes are row-invariant (the native stack);
-    # none on a hybrid model (a block's keys without the recurrent state at its end are of no use)
-    invariant = target.model.fused_blocks is not None
+    # prefill reuse (prefixes.py): to the token where the target's passes are row-invariant (the native stack, or
+    # one pass shape); none on a hybrid model (a block's keys without the recurrent state at its end are of no use)
+    invariant = target.model.row_invariant
     prefixes = PrefixBlocks(
         cache,
         None if invariant else sizes.prefill_chunk,

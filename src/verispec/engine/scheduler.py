@@ -28,6 +28,7 @@ prefill (prefill.py, prefill_pacing.py), the step's drafting (draft_round.py, po
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -39,6 +40,8 @@ from ..decoding.logprobs import MAX_TOP_LOGPROBS
 from ..decoding.stopping import check_stop
 from ..errors import InvalidParameterError, PromptTooLongError, VerispecError
 from ..models.loading import LoadedModel
+from ..models.model import Transformer
+from ..models.pass_shape import parse_pass_shape, use_pass_shape
 from .admitter import Admitter
 from .caches import CacheSizes, allocate
 from .draft_round import DraftRound
@@ -89,6 +92,9 @@ class SchedulerConfig:
     # bytes the target's and the draft model's KV caches may take together (budget.py); None: DEFAULT_SLOT_TOKENS
     # per slot (or one whole context, if more), at most half the memory available at start
     kv_cache_memory: int | None = None
+    # every pass of the target (and of a draft model) at one padded shape, "GROUPSxWIDTH" (models/pass_shape.py: a
+    # row's bits whatever the pass); "auto": 8x8 on CUDA, none on a CPU (whose native kernels are row-invariant)
+    pass_shape: str = "auto"
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_queue < 0 or (self.max_model_len is not None and self.max_model_len < 2):
@@ -102,6 +108,7 @@ class SchedulerConfig:
         if self.draft_policy not in POLICIES:
             raise InvalidParameterError(f"draft_policy must be one of {', '.join(POLICIES)}, got {self.draft_policy!r}")
         check_method_options(self.method_options)
+        parse_pass_shape(self.pass_shape, "cpu")  # its form, before loading
         if self.draft_window < 0:
             raise InvalidParameterError(f"draft_window must be >= 0 (0 = the whole context), got {self.draft_window}")
         if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
@@ -141,9 +148,21 @@ class Scheduler:
         self.vocab_size = min(vocabs)  # token ids every model can embed
         self._build(target, draft, min(limits))
 
+    def _shape_passes(self, target: LoadedModel, draft: LoadedModel | None) -> None:
+        """The pass shape on the target (refused by name where asked for and not covered) and on a draft model on
+        PyTorch (for its CUDA graphs: a draft's bits need not match anything); CUDA graphs unless
+        VERISPEC_CUDA_GRAPHS=0."""
+        text = self.config.pass_shape
+        graphs = os.environ.get("VERISPEC_CUDA_GRAPHS", "1") != "0"
+        shape = use_pass_shape(target.model, parse_pass_shape(text, target.model.device), asked=text != "auto",
+                               graphs=graphs)  # fmt: skip
+        if draft is not None and isinstance(draft.model, Transformer):
+            use_pass_shape(draft.model, shape, graphs=graphs)
+
     def _build(self, target: LoadedModel, draft: LoadedModel | None, context: int) -> None:
         """The caches and the proposer (caches.py), then the rooms that share them."""
         config = self.config
+        self._shape_passes(target, draft)
         sizes = CacheSizes(slots=config.max_num_seqs, k=config.num_speculative_tokens, context=context,
                            prefill_chunk=config.prefill_chunk, answer_reuse=config.answer_reuse,
                            kv_cache_memory=config.kv_cache_memory)  # fmt: skip

@@ -225,7 +225,10 @@ class KVCache:
         device,
         num_blocks: int | None = None,
         block_size: int = BLOCK_SIZE,
+        scratch: bool = False,
     ):
+        """`scratch`: one block more in every pool, never handed out, that padded rows write into (pass_shape.py);
+        `scratch_block` is its index (None without one)."""
         if num_slots < 1 or max_len < 1 or block_size < 1:
             raise ValueError("a cache needs a slot, a position and a block size of at least 1")
         self.block_size, self.max_len = block_size, max_len
@@ -233,7 +236,9 @@ class KVCache:
         num_blocks = num_slots * self.max_blocks if num_blocks is None else num_blocks
         if num_blocks < 1:
             raise ValueError(f"a cache needs at least one block, got {num_blocks}")
-        shapes = [(num_blocks, config.cached_kv_heads(i), block_size, config.head_size_of(i))
+        self.scratch_block = num_blocks if scratch else None
+        pooled = num_blocks + (1 if scratch else 0)
+        shapes = [(pooled, config.cached_kv_heads(i), block_size, config.head_size_of(i))
                   for i in range(config.num_layers)]  # fmt: skip
         self.keys = [torch.empty(shape, dtype=dtype, device=device) for shape in shapes]
         self.values = [torch.empty(shape, dtype=dtype, device=device) for shape in shapes]
@@ -245,6 +250,8 @@ class KVCache:
         self._table = self.table.numpy()
         self.reserved = [0] * num_slots  # blocks each slot has reserved and not yet taken
         self.pool = BlockPool(num_blocks, self._zero)
+        if self.scratch_block is not None:
+            self._zero(self.scratch_block)
 
     @property
     def num_slots(self) -> int:
@@ -265,12 +272,13 @@ class KVCache:
         return 2 * values * block_size * torch.empty(0, dtype=dtype).element_size()
 
     def nbytes(self) -> int:
-        """Bytes of the whole pool (what it may grow to)."""
+        """Bytes of the whole pool (what it may grow to), the scratch block included."""
         return sum(t.numel() * t.element_size() for t in self.keys + self.values)
 
     def used_bytes(self) -> int:
         """Bytes of the blocks handed out at least once (what the pool has touched)."""
-        return self.nbytes() // self.num_blocks * self.pool.touched
+        per_block = sum(t[0].numel() * t.element_size() for t in self.keys + self.values)
+        return per_block * self.pool.touched
 
     def blocks_for(self, positions: int) -> int:
         return -(-positions // self.block_size)

@@ -16,6 +16,7 @@ before each query's position, and every position is rewritten before it is read 
 from __future__ import annotations
 
 import itertools
+import weakref
 from dataclasses import dataclass
 from functools import partial
 
@@ -29,6 +30,7 @@ from .feed_forward import MLP, GemmaMixture, MixtureOfExperts, PerLayerInput, Pe
 from .hidden_states import ServedHidden, tapped
 from .kv_cache import KVCache
 from .masks import causal_mask, tree_mask, tree_offsets, window_mask
+from .pass_shape import PassShape, ShapedPasses, kept_rows, plan_groups, shaped_forward
 from .rope import rotary_table
 
 # `fused_blocks` takes a long pass (a prefill) in calls of at most this many rows, bounding its scratch memory
@@ -276,6 +278,11 @@ class Transformer(nn.Module):
         # what the KV cache holds (new_cache); None: float32 on a CPU, else the weights' dtype. The native stack
         # reads and writes float16 (models/gguf_native.py): half the bytes a long context's attention reads.
         self.kv_dtype: torch.dtype | None = None
+        # every pass at one padded shape (pass_shape.py: a row's bits whatever the pass), or None; set before the
+        # caches are made (their scratch block), by `use_pass_shape`
+        self.pass_shape: PassShape | None = None
+        self.pass_graphs = False  # on CUDA, replay each shaped pass from a CUDA graph
+        self._shaped: weakref.WeakKeyDictionary[KVCache, ShapedPasses] = weakref.WeakKeyDictionary()
 
     @property
     def dtype(self) -> torch.dtype:
@@ -296,7 +303,13 @@ class Transformer(nn.Module):
         (default: enough for every slot to reach max_len; memory is taken as blocks are used, kv_cache.py)."""
         max_len = max_len or self.config.max_position_embeddings
         return KVCache(
-            self.config, num_slots, max_len=max_len, dtype=self.cache_dtype, device=self.device, num_blocks=num_blocks
+            self.config,
+            num_slots,
+            max_len=max_len,
+            dtype=self.cache_dtype,
+            device=self.device,
+            num_blocks=num_blocks,
+            scratch=self.pass_shape is not None,
         )
 
     def rope_tables(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -348,6 +361,11 @@ class Transformer(nn.Module):
             raise ValueError("a hybrid model's passes hold no token trees (its recurrent state follows one chain)")
         starts = self._reserve(cache, slots, [seq] * batch)
         offsets = [list(range(seq))] * batch if parents is None else tree_offsets(parents, batch, seq)
+        runner = self._shaped_runner(cache, parents)
+        if runner is not None:
+            groups = plan_groups(slots, starts, offsets, parents=parents, width=runner.shape.width)
+            return self._shaped_forward(runner, groups, tokens, cache, slots=slots, starts=starts,
+                                        num_logits=num_logits, head=head)  # fmt: skip
         x = self.embed(tokens)
         if self.fused_blocks is not None:
             flat = None
@@ -367,6 +385,32 @@ class Transformer(nn.Module):
             cache.lengths[slot] += seq
         self._serve(slots, starts, taps, x)
         return self._logits(x, num_logits, head)
+
+    def _shaped_runner(self, cache: KVCache, parents) -> ShapedPasses | None:
+        """The runner of this model's passes over `cache` at its pass shape, or None: no shape, a cache made without
+        a scratch block, or sliding windows with a token tree (pass_shape.py: not covered)."""
+        if self.pass_shape is None or cache.scratch_block is None or (parents is not None and self._windows):
+            return None
+        runner = self._shaped.get(cache)
+        if runner is None or runner.shape != self.pass_shape:
+            runner = self._shaped[cache] = ShapedPasses(self, cache, self.pass_shape, graphs=self.pass_graphs)
+        return runner
+
+    def _shaped_forward(self, runner: ShapedPasses, groups: list, tokens: torch.Tensor, cache: KVCache, *,
+                        slots: list[int], starts: list[int], num_logits: int | None,
+                        head: nn.Module | None) -> torch.Tensor:  # fmt: skip
+        """`forward` at the pass shape (its rows planned as `groups`): its logits [batch, num_logits or seq, V], the
+        slots' lengths advanced, the hidden states served."""
+        batch, seq = tokens.shape
+        tapped = tuple(self._served.layers or ()) if self._served is not None else ()
+        hidden, logits, taps = shaped_forward(runner, tokens, groups, keep=kept_rows(batch, seq, num_logits),
+                                              head=head, tapped=tapped)  # fmt: skip
+        for slot in slots:
+            cache.lengths[slot] += seq
+        if self._served is not None:
+            served = {layer: [taps[layer].view(batch, seq, -1)] for layer in taps} if taps else None
+            self._serve(slots, starts, served, hidden.view(batch, seq, -1))
+        return logits.view(batch, -1, logits.shape[-1])
 
     def serve_hidden(self, reader, layers: tuple[int, ...] | None = None) -> None:
         """Hand every pass's hidden states to `reader(slots, starts, hidden [batch, seq, size])` from now on, in place
@@ -512,6 +556,12 @@ class Transformer(nn.Module):
             run = partial(self.fused_blocks, rows, cache, cos_full, sin_full, row_slots[chunk], row_positions[chunk],
                           parents)  # fmt: skip
             tapped(run, rows, taps, num_layers=len(self.layers), scale=self.embedding_scale(torch.float32))
+
+    @property
+    def row_invariant(self) -> bool:
+        """Whether every pass gives a row the bits it would get in any other pass (the native stack, or one pass
+        shape): a prefill may then be cut anywhere and reused to the token."""
+        return self.fused_blocks is not None or self.pass_shape is not None
 
     @property
     def takes_trees(self) -> bool:

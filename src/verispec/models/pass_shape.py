@@ -1,0 +1,318 @@
+"""One pass shape: every pass of a model on PyTorch's kernels run at one padded shape, so that a row's logits are the
+same bits whatever the pass's width and whatever its other rows (the rule on a GPU: docs/decisions.md "One pass shape
+on a GPU").
+
+Why. A GPU's kernels are chosen by shape: a product of 1 row and one of 5 rows take other tilings (and other splits of
+the sum), attention another split over the keys, and in bfloat16 the rounding then differs enough to flip near ties, so
+a token verified in a k+1-row pass is not always the token a one-row decode step writes. Run every pass at one shape,
+`groups` groups of `width` rows, each group attending over its slot's whole span (the cache's `max_len` positions,
+rounded up to whole blocks) under a mask made of tensors, and every pass launches the same kernels on the same shapes:
+a row's result is a function of its own inputs alone. Prefill chunks take the same shape, so a prompt's keys are the
+same bits however it was cut (the scheduler's chunks depend on what else runs), and a sequence prefilled again after
+preemption gets back the bits it had.
+
+The layout. A pass's rows are cut into groups of at most `width` consecutive rows of one slot (a long prefill fills
+several groups of its slot), and the groups into passes of `groups` groups, in order. Unused rows and groups are
+padding: they write into the cache's scratch block and attend to one key. Every row writes its keys before any row
+attends (layer by layer), so a group sees the rows of its slot in earlier groups of the same pass as it sees earlier
+passes'. A row admits the keys stored before its `limit` and, for a token tree's node, its ancestors and itself among
+the TREE_ROWS positions from its `base` (just past its tree's root; a tree holds at most TREE_ROWS rows, masks.py), by
+storage position, whichever group holds them.
+
+Static buffers. Every tensor a pass reads is a buffer of the runner, refilled in place per pass; on CUDA the pass is
+captured once per (cache, head) as a CUDA graph and replayed (`graphs`), which removes the ~1,300 kernel launches from
+Python a step costs eagerly.
+
+Not covered (`covers`; such a model keeps its ordinary passes): the native stack and native attention (row-invariant
+already), hybrid models (their recurrent layers step row by row in Python), mixtures of experts (an expert's product
+is sized by how many rows chose it), sliding windows together with token trees.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import InvalidParameterError
+from ..kernels.stack import TREE_ROWS
+from .kv_cache import KVCache, lay_out
+
+log = logging.getLogger("verispec")
+
+
+@dataclass(frozen=True)
+class PassShape:
+    groups: int  # groups of rows per pass, each of one cache slot
+    width: int  # rows per group
+
+    @property
+    def rows(self) -> int:
+        return self.groups * self.width
+
+    def __str__(self) -> str:
+        return f"{self.groups}x{self.width}"
+
+
+# on CUDA unless told otherwise: 64 rows (8 sequences of a verify pass of up to 8 rows in one pass) keep a
+# 7B-shaped model's products bound by reading the weights, as one row is (docs/speed.md "On a GPU")
+CUDA_PASS_SHAPE = PassShape(groups=8, width=8)
+
+
+def parse_pass_shape(text: str | None, device: torch.device | str) -> PassShape | None:
+    """What `--pass-shape` asks for: "auto" (or None) CUDA_PASS_SHAPE on CUDA and none elsewhere, "off" none, "GxW"
+    `G` groups of `W` rows."""
+    if text in (None, "auto"):
+        return CUDA_PASS_SHAPE if torch.device(device).type == "cuda" else None
+    if text == "off":
+        return None
+    found = re.fullmatch(r"(\d+)x(\d+)", str(text))
+    if found is None or not (1 <= int(found[1]) <= 256 and 1 <= int(found[2]) <= 256):
+        raise InvalidParameterError(f"pass shape {text!r}: use auto, off or GROUPSxWIDTH (each 1-256), e.g. 8x8")
+    return PassShape(groups=int(found[1]), width=int(found[2]))
+
+
+def uncovered(model) -> str | None:
+    """Why `model` (a Transformer) cannot take one pass shape, or None where it can."""
+    config = model.config
+    if model.fused_blocks is not None or any(getattr(b.attn, "batch_invariant", False) for b in model.layers):
+        return "its native kernels are row-invariant already"
+    if config.hybrid:
+        return "a hybrid model's recurrent layers step row by row"
+    if any(config.moe(layer) for layer in range(config.num_layers)):
+        return "a mixture of experts sizes each expert's product by the rows that chose it"
+    return None
+
+
+def use_pass_shape(model, shape: PassShape | None, *, asked: bool = False, graphs: bool = True) -> PassShape | None:
+    """Every pass of `model` (a Transformer) at `shape` from now on, replayed from CUDA graphs on CUDA where `graphs`
+    (None: its ordinary passes); caches made before keep their passes. A model the rule does not cover keeps its
+    ordinary passes, said once in the log, or refused where the shape was `asked` for by name. Returns the shape
+    taken."""
+    reason = uncovered(model) if shape is not None else None
+    if reason is not None:
+        if asked:
+            raise InvalidParameterError(f"pass shape {shape}: not for this model ({reason}); use --pass-shape off")
+        log.info("passes at their own shapes: %s", reason)
+        shape = None
+    model.pass_shape = shape
+    model.pass_graphs = graphs and shape is not None
+    return shape
+
+
+# ---- planning: the caller's rows as groups --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PlannedRow:
+    source: int  # the row's index among the caller's rows, flat (batch row x seq + row)
+    storage: int  # the cache position it is stored at
+    position: int  # its rotary position
+    limit: int  # it admits every key stored before this
+    base: int  # and, of the TREE_ROWS positions from here, its `ancestors`
+    ancestors: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Group:
+    slot: int
+    rows: list[PlannedRow]
+
+
+def plan_groups(
+    slots: list[int], starts: list[int], offsets: list[list[int]], *, parents: list[list[int]] | None, width: int
+) -> list[Group]:
+    """The caller's pass (batch row b: slot slots[b], its rows stored from starts[b], at rotary offsets offsets[b],
+    its token tree's parents or -1: checked by masks.tree_offsets) as groups of at most `width` consecutive rows of
+    one slot."""
+    groups = []
+    for b, (slot, start, row_offsets) in enumerate(zip(slots, starts, offsets, strict=True)):
+        tree = parents[b] if parents is not None else None
+        seq = len(row_offsets)
+        planned = [_planned(b * seq + i, i, start=start, offset=row_offsets[i], tree=tree) for i in range(seq)]
+        groups += [Group(slot, planned[i : i + width]) for i in range(0, seq, width)]
+    return groups
+
+
+def _planned(source: int, i: int, *, start: int, offset: int, tree: list[int] | None) -> PlannedRow:
+    storage, position = start + i, start + offset
+    if tree is None or tree[i] < 0:  # a chain's row: every key stored before it, and itself
+        return PlannedRow(source=source, storage=storage, position=position, limit=storage + 1, base=storage)
+    path = [i]
+    while tree[path[-1]] >= 0:
+        path.append(tree[path[-1]])
+    base = start + path[-1] + 1  # a node lies fewer than TREE_ROWS rows past its root (masks.tree_offsets)
+    return PlannedRow(source=source, storage=storage, position=position, limit=base, base=base,
+                      ancestors=tuple(start + j - base for j in path[:-1]))  # fmt: skip
+
+
+class SpanPages:
+    """Where a pass of one shape writes (`written`: the pools' index of its rows, in order) and reads: every group's
+    slot over the whole span (`read` [groups, blocks], missing blocks the scratch block, masked)."""
+
+    def __init__(self, written: tuple, read: torch.Tensor, span: int):
+        self.written, self.read, self.span = written, read, span
+
+    def keys_values(self, layer: int, keys: torch.Tensor, values: torch.Tensor, span: int):
+        return lay_out(keys[self.read], self.span), lay_out(values[self.read], self.span)
+
+
+# ---- the runner -----------------------------------------------------------------------------------------------------
+class ShapedPasses:
+    """A model's passes over one cache at one shape: the static buffers, the fill, the computation (eager, or replayed
+    from a CUDA graph)."""
+
+    def __init__(self, model, cache: KVCache, shape: PassShape, graphs: bool):
+        if cache.scratch_block is None:
+            raise ValueError("a pass shape needs a cache with a scratch block (Transformer.new_cache makes one)")
+        self.model, self.cache, self.shape = model, cache, shape
+        self.graphs = graphs and cache.device.type == "cuda"
+        groups, width, device = shape.groups, shape.width, cache.device
+        self.span = cache.max_blocks * cache.block_size
+        zeros = lambda *size, dtype=torch.long: torch.zeros(*size, dtype=dtype, device=device)  # noqa: E731
+        self.tokens, self.positions = zeros(groups, width), zeros(groups, width)
+        self.limit, self.base, self.ancestors = zeros(groups, width), zeros(groups, width), zeros(
+            groups, width, TREE_ROWS, dtype=torch.bool)  # fmt: skip
+        self.write_block, self.write_row = zeros(groups * width), zeros(groups * width)
+        self.read = zeros(groups, cache.max_blocks)
+        self.key_index = torch.arange(self.span, device=device)
+        self.rope = model.rope_tables(cache.max_len)
+        self._captured: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
+
+    # ---- one pass ----
+    def run(self, groups: list[Group], tokens: torch.Tensor, head, tapped: tuple[int, ...] = ()):
+        """Each of `groups` (at most the shape's) computed: the hidden states [groups x width, hidden] after the last
+        layer, float32 logits [groups x width, V], the inputs of the `tapped` layers; row g x width + i is group g's
+        row i."""
+        self._fill(groups, tokens)
+        if self.graphs and not tapped:
+            graph, outputs = self._graph(head)
+            graph.replay()
+            return (*outputs, {})
+        return self._compute(head, tapped)
+
+    def _fill(self, groups: list[Group], tokens: torch.Tensor) -> None:
+        """The buffers for `groups` (their rows' tokens picked from the caller's `tokens`, flat): padding rows write
+        into the scratch block and admit its first key (or their slot's); padding groups read the scratch block."""
+        shape, cache, scratch = self.shape, self.cache, self.cache.scratch_block
+        size, width = cache.block_size, shape.width
+        source = [0] * shape.rows
+        real = [False] * shape.rows
+        columns = {name: [0] * shape.rows for name in ("position", "limit", "base", "block", "row")}
+        columns["block"] = [scratch] * shape.rows
+        columns["limit"] = [1] * shape.rows
+        ancestors = torch.zeros(shape.rows, TREE_ROWS, dtype=torch.bool)
+        read = torch.full((shape.groups, cache.max_blocks), scratch, dtype=torch.long)
+        for g, group in enumerate(groups):
+            blocks = cache.blocks[group.slot]
+            read[g, : len(blocks)] = torch.tensor(blocks, dtype=torch.long)
+            for i, row in enumerate(group.rows):
+                n = g * width + i
+                source[n], real[n] = row.source, True
+                columns["position"][n], columns["limit"][n], columns["base"][n] = row.position, row.limit, row.base
+                columns["block"][n], columns["row"][n] = blocks[row.storage // size], row.storage % size
+                ancestors[n, list(row.ancestors)] = True
+        picked = tokens.reshape(-1)[torch.tensor(source, device=tokens.device)]
+        self.tokens.view(-1).copy_(picked.masked_fill(~torch.tensor(real, device=tokens.device), 0))
+        for buffer, name in ((self.positions, "position"), (self.limit, "limit"), (self.base, "base"),
+                             (self.write_block, "block"), (self.write_row, "row")):  # fmt: skip
+            buffer.view(-1).copy_(torch.tensor(columns[name], dtype=torch.long))
+        self.ancestors.view(-1, TREE_ROWS).copy_(ancestors)
+        self.read.copy_(read)
+
+    def _masks(self) -> dict[int, torch.Tensor]:
+        """Per window (0: none), [groups, 1, width, span] boolean: key j admitted by row i of group g."""
+        keys = self.key_index
+        relative = keys[None, None, :] - self.base[:, :, None]
+        inside = (relative >= 0) & (relative < TREE_ROWS)
+        among = self.ancestors.gather(2, relative.clamp(0, TREE_ROWS - 1))
+        mask = (keys[None, None, :] < self.limit[:, :, None]) | (inside & among)
+        masks = {0: mask.unsqueeze(1)}
+        for window in self.model._windows:  # chains only (`covers`): a key's position is where it is stored
+            near = keys[None, None, :] > self.positions[:, :, None] - window
+            masks[window] = (mask & near).unsqueeze(1)
+        return masks
+
+    def _compute(self, head, tapped: tuple[int, ...] = ()):
+        """The pass over the buffers: every tensor it reads is one of them, so a CUDA graph can replay it."""
+        model, cache = self.model, self.cache
+        x = model.embed(self.tokens)
+        per_layer = model._per_layer(self.tokens, x)
+        scale = model.embedding_scale(x.dtype)
+        if scale is not None:
+            x = x * scale
+        cos_full, sin_full = self.rope
+        tables = [
+            (cos_full[t][self.positions][..., :size].to(model.dtype).unsqueeze(2),
+             sin_full[t][self.positions][..., :size].to(model.dtype).unsqueeze(2))
+            for t, size in enumerate(model._table_sizes)
+        ]  # fmt: skip
+        masks = self._masks()
+        where = SpanPages((self.write_block, slice(None), self.write_row), self.read, self.span)
+        taps = {}
+        for layer, block in enumerate(model.layers):
+            table = model._layer_tables[layer]
+            cos, sin = tables[table] if table >= 0 else (None, None)
+            if layer in tapped:
+                taps[layer] = x.reshape(self.shape.rows, -1).clone()
+            layer_input = None if per_layer is None else per_layer[:, :, layer]
+            x = block(x, cos, sin, masks, cache, layer, where, [], [0], False, per_layer=layer_input)
+        if len(model.layers) in tapped:
+            taps[len(model.layers)] = x.reshape(self.shape.rows, -1).clone()
+        logits = model._head(model.norm(x), head)
+        return x.reshape(self.shape.rows, -1), logits.reshape(self.shape.rows, -1), taps
+
+    def _graph(self, head):
+        """The pass captured as a CUDA graph for `head` (None: the model's own), once; its outputs are static
+        tensors each replay overwrites."""
+        key = id(head)
+        if key not in self._captured:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):  # warm-up off the capture: lazy initialisations happen here
+                for _ in range(2):
+                    self._compute(head)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                hidden, logits, _ = self._compute(head)
+            self._captured[key] = (graph, (hidden, logits))
+        return self._captured[key]
+
+
+def shaped_forward(runner: ShapedPasses, tokens: torch.Tensor, groups: list[Group], *, keep: set[int] | None,
+                   head, tapped: tuple[int, ...]):  # fmt: skip
+    """The caller's pass (`tokens` [batch, seq], planned as `groups`) in passes of the runner's shape, in order:
+    the hidden states [batch x seq, hidden] and taps per tapped layer in the caller's row order, and the logits of
+    the rows `keep` names (None: every row) in that order."""
+    rows = tokens.numel()
+    hidden = logits_rows = None
+    taps: dict[int, torch.Tensor] = {}
+    kept: list[torch.Tensor] = []
+    kept_sources: list[int] = []
+    for begin in range(0, len(groups), runner.shape.groups):
+        chunk = groups[begin : begin + runner.shape.groups]
+        x, logits, chunk_taps = runner.run(chunk, tokens, head, tapped)
+        index = [g * runner.shape.width + i for g, group in enumerate(chunk) for i in range(len(group.rows))]
+        sources = [row.source for group in chunk for row in group.rows]
+        at = torch.tensor(index, device=x.device)
+        into = torch.tensor(sources, device=x.device)
+        if hidden is None:
+            hidden = x.new_empty(rows, x.shape[-1])
+        hidden[into] = x[at]
+        for layer, tap in chunk_taps.items():
+            taps.setdefault(layer, tap.new_empty(rows, tap.shape[-1]))[into] = tap[at]
+        wanted = [n for n, source in enumerate(sources) if keep is None or source in keep]
+        kept.append(logits[at[wanted]])
+        kept_sources += [sources[n] for n in wanted]
+    order = sorted(range(len(kept_sources)), key=kept_sources.__getitem__)
+    logits_rows = torch.cat(kept)[torch.tensor(order, device=hidden.device)]
+    return hidden, logits_rows, taps
+
+
+def kept_rows(batch: int, seq: int, num_logits: int | None) -> set[int] | None:
+    """The caller's rows whose logits a pass returns: the last `num_logits` of each batch row (None: all)."""
+    if num_logits is None:
+        return None
+    return set(itertools.chain.from_iterable(range(b * seq + seq - num_logits, (b + 1) * seq) for b in range(batch)))

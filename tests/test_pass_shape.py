@@ -1,0 +1,235 @@
+"""One pass shape (models/pass_shape.py), on the CPU in float32: a row's logits are the same bits whatever the pass's
+width and whatever its other rows, where PyTorch's ordinary passes differ in the last bits (the negative control); what
+a shaped pass computes is what an ordinary pass computes (chains, token trees, sliding windows, several slots, served
+hidden states); speculative output then equals plain output to the bit of every logprob, batched and alone, for every
+method; bad shapes are refused by name. The same code runs on CUDA, captured in graphs (tests/test_cuda.py)."""
+
+from collections import Counter
+
+import pytest
+import torch
+
+from verispec import SpeculativeGenerator
+from verispec.decoding.sampling import SamplingParams
+from verispec.engine.fixed_acceptance import fixed_acceptance
+from verispec.engine.requests import EngineRequest, FinishEvent
+from verispec.engine.scheduler import Scheduler, SchedulerConfig
+from verispec.errors import InvalidParameterError
+from verispec.kernels.stack import TREE_ROWS
+from verispec.models.pass_shape import PassShape, ShapedPasses, parse_pass_shape, use_pass_shape
+from verispec.testing import byte_tokenizer, tiny_config, tiny_loaded, tiny_model, truncated_copy
+
+CONFIG = dict(vocab_size=257, hidden_size=128, num_layers=4, num_heads=8, num_kv_heads=2, intermediate_size=384)
+PROMPTS = ["def add(a, b):", "hello world", "x", "The quick brown fox jumps over the lazy dog. " * 3]
+
+
+def model(shape: PassShape | None = None, **overrides):
+    made = tiny_model(tiny_config(**{**CONFIG, **overrides}), seed=1, scale=2.0, residual_gain=0.3)
+    use_pass_shape(made, shape)
+    return made
+
+
+def passes(model, ids: torch.Tensor) -> dict[str, list[torch.Tensor]]:
+    """The logits of the same 6 tokens after the same 30, as decode steps one by one, as one 6-row verify pass beside
+    another sequence's 3-row pass, and as the end of one prefill."""
+    cache = model.new_cache(num_slots=4, max_len=128)
+    model(ids[:, :30], cache, [0])
+    model(ids[:, :30], cache, [1])
+    model(ids[:, 5:20], cache, [2])
+    decoded = [model(ids[:, 30 + i : 31 + i], cache, [0])[0, 0] for i in range(6)]
+    batch = torch.stack([ids[0, 30:36], torch.cat([ids[0, 20:23], ids[0, :3]])])
+    verified = model(batch, cache, [1, 2])[0]
+    prefilled = model(ids[:, :36], cache, [3])[0, 30:]
+    return {"decoded": decoded, "verified": list(verified), "prefilled": list(prefilled)}
+
+
+def same_bits(runs: dict[str, list[torch.Tensor]]) -> bool:
+    first = runs["decoded"]
+    return all(torch.equal(a, b) for name in runs for a, b in zip(first, runs[name], strict=True))
+
+
+def test_a_rows_logits_are_the_same_bits_in_every_pass_at_one_shape():
+    ids = torch.randint(0, 257, (1, 40), generator=torch.Generator().manual_seed(0))
+    assert same_bits(passes(model(PassShape(groups=3, width=4)), ids))
+    assert same_bits(passes(model(PassShape(groups=1, width=16)), ids))
+    # the control: PyTorch's ordinary passes round a 6-row pass otherwise than a 1-row one
+    assert not same_bits(passes(model(), ids))
+
+
+def test_shaped_passes_compute_what_ordinary_passes_compute():
+    ids = torch.randint(0, 257, (1, 40), generator=torch.Generator().manual_seed(1))
+    ordinary, shaped = passes(model(), ids), passes(model(PassShape(groups=2, width=3)), ids)
+    for name in ordinary:
+        for a, b in zip(ordinary[name], shaped[name], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"layer_windows": (4, 0, 4, 0)}], ids=["full", "sliding-window"])
+def test_token_trees_and_windows_at_one_shape_compute_what_ordinary_passes_compute(overrides):
+    """A verify pass holding token trees (two slots, one tree each, its nodes' ancestors spread over two groups of
+    width 3) and a sliding-window model's chains: the logits of ordinary passes. Windows with trees keep the ordinary
+    passes (pass_shape.py: not covered)."""
+    ids = torch.randint(0, 257, (2, 20), generator=torch.Generator().manual_seed(2))
+    parents = [[-1, 0, 1, 0, 3, 1], [-1, -1, 1, 1, 2, 4]]
+    results = []
+    for shape in (None, PassShape(groups=2, width=3)):
+        made = model(shape, **overrides)
+        cache = made.new_cache(num_slots=2, max_len=64)
+        made(ids[:, :12], cache, [0, 1])
+        results.append((made(ids[:, 12:18], cache, [0, 1], parents=parents), made(ids[:, 12:18], cache, [0, 1])))
+    for ordinary, shaped in zip(*results, strict=True):
+        torch.testing.assert_close(ordinary, shaped, rtol=1e-4, atol=1e-4)
+
+
+def test_a_tree_as_wide_as_trees_get_spread_over_narrow_groups_computes_what_an_ordinary_pass_does():
+    """A tree of TREE_ROWS rows (a root, then a chain of 7 and branches off it) in groups of 2 rows: each node's
+    ancestors lie in other groups of the pass, found by storage position."""
+    parents = [[-1, 0, 1, 2, 3, 4, 5, 6, 0, 8, 1, 10, 2, 12, 7, 14]]
+    assert len(parents[0]) == TREE_ROWS
+    ids = torch.randint(0, 257, (1, 21), generator=torch.Generator().manual_seed(3))
+    outputs = []
+    for made in (model(PassShape(groups=3, width=2)), model()):
+        cache = made.new_cache(max_len=32)
+        made(ids[:, :5], cache, [0])
+        outputs.append(made(ids[:, 5:], cache, [0], parents=parents))
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-4, atol=1e-4)
+
+
+def test_hidden_states_served_from_shaped_passes_are_the_ordinary_ones():
+    ids = torch.randint(0, 257, (1, 20), generator=torch.Generator().manual_seed(4))
+    seen = []
+    for shape in (None, PassShape(groups=2, width=4)):
+        made, got = model(shape), []
+        made.serve_hidden(lambda slots, starts, hidden, got=got: got.append((slots, starts, hidden.clone())),
+                          layers=(1, 4))  # fmt: skip
+        cache = made.new_cache(max_len=32)
+        made(ids[:, :13], cache, [0], num_logits=1)
+        made(ids[:, 13:18], cache, [0])
+        seen.append(got)
+    for (slots, starts, ordinary), (slots2, starts2, shaped) in zip(*seen, strict=True):
+        assert (slots, starts) == (slots2, starts2)
+        torch.testing.assert_close(ordinary, shaped, rtol=1e-4, atol=1e-4)
+
+
+# ---- speculative output = plain output, to the bit -------------------------------------------------------------------
+def pair():
+    target = model()
+    draft = truncated_copy(target, 1)
+    return tiny_loaded(target, byte_tokenizer(), "t"), tiny_loaded(draft, byte_tokenizer(), "d")
+
+
+def generated(target, draft, shape: str, **options) -> list:
+    """Each prompt's tokens, their logprobs and the stats, at `shape` ("off": PyTorch's ordinary passes)."""
+    generator = SpeculativeGenerator(target, draft, pass_shape=shape, max_seq_len=256, **options)
+    outputs = [generator.generate(p, max_tokens=40, ignore_eos=True, logprobs=0) for p in PROMPTS]
+    return [(o.token_ids, [entry.logprob for entry in o.logprobs], o.stats) for o in outputs]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(speculative_method="draft", num_speculative_tokens=4, adaptive=False),
+     dict(speculative_method="suffix", num_speculative_tokens=3, adaptive=False),
+     dict(speculative_method="oracle", num_speculative_tokens=6, adaptive=False),
+     dict(speculative_method="oracle-tree", num_speculative_tokens=6, adaptive=False, token_trees=True)],
+    ids=["draft", "suffix", "oracle", "trees"],
+)  # fmt: skip
+def test_speculative_output_is_plain_output_to_every_logprobs_bit_at_one_shape(options, monkeypatch):
+    """Greedy output and every logprob of speculative decoding at shape 2x4 (verify rows spread over groups) are
+    plain decoding's at that shape, for a draft model, suffix lookups, and drafts of fixed acceptance
+    (engine/fixed_acceptance.py) as chains (and as token trees whose second branch is taken: the same tokens,
+    logprobs within float rounding, as docs/decisions.md says); without the shape (the control) a verified token's
+    logprob differs from its decoded one in the last bits."""
+    tree_rows = []
+    run = ShapedPasses.run
+    monkeypatch.setattr(ShapedPasses, "run", lambda self, groups, *rest: tree_rows.extend(
+        row for group in groups for row in group.rows if row.ancestors) or run(self, groups, *rest))  # fmt: skip
+    target, draft = pair()
+    plain = generated(target, None, "2x4")
+    method = options.pop("speculative_method")
+    with fixed_acceptance([target.tokenizer.encode(p) + o[0] for p, o in zip(PROMPTS, plain, strict=True)], 0.6,
+                          tree=method == "oracle-tree") as oracle:  # fmt: skip
+        name = oracle if method.startswith("oracle") else method
+        speculative = generated(target, draft, "2x4", speculative_method=name, **options)
+        ordinary = generated(target, draft, "off", speculative_method=name, **options)
+    for (tokens, logprobs, _), (spec_tokens, spec_logprobs, _stats) in zip(plain, speculative, strict=True):
+        assert spec_tokens == tokens
+        if method == "oracle-tree":  # a node's keys lie off a chain's order: the same sum in another order
+            assert spec_logprobs == pytest.approx(logprobs, abs=1e-5)
+        else:
+            assert spec_logprobs == logprobs  # floats compared exactly
+    stats = [s for *_, s in speculative]
+    assert 0 < sum(s.accepted for s in stats) < sum(s.drafted for s in stats)
+    assert bool(tree_rows) == (method == "oracle-tree")  # trees verified through shaped passes
+    assert any(o[1] != p[1] for o, p in zip(ordinary, generated(target, None, "off"), strict=True))
+
+
+def test_a_batched_sequence_gets_the_bits_it_gets_alone():
+    """Four requests in one engine at once (3 slots: one waits), seeded sampling and greedy, against each alone in an
+    engine of plain decoding at the same shape: the same tokens and logprobs."""
+    target, draft = pair()
+    config = SchedulerConfig(max_num_seqs=3, max_model_len=256, draft_policy="always", num_speculative_tokens=4,
+                             pass_shape="3x4", speculative_method="draft")  # fmt: skip
+    scheduler = Scheduler(target, draft, config)
+    finals: dict[int, FinishEvent] = {}
+    params = [SamplingParams(), SamplingParams(temperature=0.8, seed=5), SamplingParams(), SamplingParams(seed=9)]
+    for i, (prompt, param) in enumerate(zip(PROMPTS, params, strict=True)):
+        sink = lambda event, i=i: finals.__setitem__(i, event) if isinstance(event, FinishEvent) else None  # noqa: E731
+        request = EngineRequest(request_id=str(i), prompt_ids=target.tokenizer.encode(prompt), params=param,
+                                max_tokens=30, sink=sink, ignore_eos=True, logprobs=0)  # fmt: skip
+        scheduler.submit(request)
+    scheduler.run_until_idle(max_steps=2000)
+    alone = SpeculativeGenerator(target, None, pass_shape="3x4", max_seq_len=256)
+    for i, (prompt, param) in enumerate(zip(PROMPTS, params, strict=True)):
+        out = alone.generate(prompt, max_tokens=30, ignore_eos=True, logprobs=0, temperature=param.temperature,
+                             seed=param.seed)  # fmt: skip
+        assert finals[i].output.token_ids == out.token_ids
+        assert [e.logprob for e in finals[i].output.logprobs] == [e.logprob for e in out.logprobs]
+    assert sum(f.output.stats.accepted for f in finals.values()) > 0
+
+
+def test_sampled_speculative_decoding_at_one_shape_follows_the_target_distribution():
+    """The acceptance rule's law holds through shaped passes: the first two tokens' frequencies against the exact
+    law over a 7-token vocabulary (tests/test_generator_tiny.py's reference), with its tolerance."""
+    from test_generator_tiny import RUNS, TOLERANCE, VOCAB, _exact_first_two
+
+    from verispec.testing import word_tokenizer
+
+    from distributions import total_variation
+
+    tokenizer = word_tokenizer(VOCAB)
+    tokenizer.stop_token_ids = frozenset()
+    target = tiny_model(tiny_config(vocab_size=VOCAB), seed=3, scale=1.0, residual_gain=0.5)
+    draft = tiny_model(tiny_config(vocab_size=VOCAB, hidden_size=32, num_layers=1), seed=4)
+    prompt, params = [0, 1, 2], SamplingParams(temperature=1.0)
+    exact = _exact_first_two(target, prompt, params)
+    generator = SpeculativeGenerator(tiny_loaded(target, tokenizer), tiny_loaded(draft, tokenizer), pass_shape="2x4",
+                                     num_speculative_tokens=3, adaptive=False)  # fmt: skip
+    counts = Counter(
+        tuple(generator.generate(prompt, max_tokens=2, temperature=1.0, seed=s).token_ids) for s in range(RUNS // 4)
+    )
+    assert total_variation(counts, exact, RUNS // 4) < 2 * TOLERANCE
+
+
+# ---- the shape asked for ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("text", ["0x4", "8x", "x8", "8x300", "8*8", "eight"])
+def test_a_malformed_pass_shape_is_refused_naming_the_forms(text):
+    with pytest.raises(InvalidParameterError, match="GROUPSxWIDTH"):
+        parse_pass_shape(text, "cpu")
+    with pytest.raises(InvalidParameterError, match="GROUPSxWIDTH"):
+        SchedulerConfig(pass_shape=text)
+
+
+def test_auto_is_a_shape_on_cuda_and_none_on_a_cpu():
+    assert parse_pass_shape("auto", "cpu") is None and parse_pass_shape("off", "cuda") is None
+    assert parse_pass_shape("auto", "cuda") == PassShape(groups=8, width=8)
+    assert parse_pass_shape("2x16", "cpu") == PassShape(groups=2, width=16)
+
+
+def test_a_model_the_rule_does_not_cover_is_refused_by_name_and_left_alone_under_auto():
+    moe = tiny_model(tiny_config(num_experts=4, experts_per_token=2, expert_intermediate_size=32))
+    with pytest.raises(InvalidParameterError, match="mixture of experts"):
+        use_pass_shape(moe, PassShape(groups=2, width=4), asked=True)
+    assert use_pass_shape(moe, PassShape(groups=2, width=4)) is None and moe.pass_shape is None
+    target = tiny_loaded(moe)
+    with pytest.raises(InvalidParameterError, match="mixture of experts"):
+        Scheduler(target, None, SchedulerConfig(max_num_seqs=1, max_model_len=64, pass_shape="2x4"))
