@@ -17,6 +17,7 @@ from verispec.engine.scheduler import Scheduler, SchedulerConfig
 from verispec.errors import InvalidParameterError
 from verispec.kernels.stack import TREE_ROWS
 from verispec.models.pass_shape import PassShape, ShapedPasses, parse_pass_shape, use_pass_shape
+from verispec.models.shaped_attention import KEY_BLOCK
 from verispec.testing import byte_tokenizer, tiny_config, tiny_loaded, tiny_model, truncated_copy
 
 CONFIG = dict(vocab_size=257, hidden_size=128, num_layers=4, num_heads=8, num_kv_heads=2, intermediate_size=384)
@@ -56,6 +57,23 @@ def test_a_rows_logits_are_the_same_bits_in_every_pass_at_one_shape():
     assert not same_bits(passes(model(), ids))
 
 
+def test_a_row_gets_the_same_bits_from_a_pass_that_reads_more_blocks_of_older_keys():
+    """A row decoded alone reads one block of KEY_BLOCK older positions; beside a sequence past KEY_BLOCK tokens the
+    pass reads two, which the row does not reach: the same bits."""
+    made = model(PassShape(groups=2, width=4), max_position_embeddings=4096)
+    ids = torch.randint(0, 257, (1, KEY_BLOCK + 100), generator=torch.Generator().manual_seed(5))
+    cache = made.new_cache(num_slots=3, max_len=KEY_BLOCK + 128)
+    for slot in (0, 1):
+        made(ids[:, :40], cache, [slot])
+    made(ids, cache, [2])
+    alone = made(ids[:, 40:41], cache, [0])[0, 0]
+    runner = made._shaped[cache]
+    assert runner.key_blocks == 1
+    beside = made(torch.stack([ids[0, 40:41], ids[0, 7:8]]), cache, [1, 2])[0, 0]
+    assert runner.key_blocks == 2
+    assert torch.equal(alone, beside)
+
+
 def test_shaped_passes_compute_what_ordinary_passes_compute():
     ids = torch.randint(0, 257, (1, 40), generator=torch.Generator().manual_seed(1))
     ordinary, shaped = passes(model(), ids), passes(model(PassShape(groups=2, width=3)), ids)
@@ -67,8 +85,7 @@ def test_shaped_passes_compute_what_ordinary_passes_compute():
 @pytest.mark.parametrize("overrides", [{}, {"layer_windows": (4, 0, 4, 0)}], ids=["full", "sliding-window"])
 def test_token_trees_and_windows_at_one_shape_compute_what_ordinary_passes_compute(overrides):
     """A verify pass holding token trees (two slots, one tree each, its nodes' ancestors spread over two groups of
-    width 3) and a sliding-window model's chains: the logits of ordinary passes. Windows with trees keep the ordinary
-    passes (pass_shape.py: not covered)."""
+    width 3) and the same rows as chains, with and without sliding windows: the logits of ordinary passes."""
     ids = torch.randint(0, 257, (2, 20), generator=torch.Generator().manual_seed(2))
     parents = [[-1, 0, 1, 0, 3, 1], [-1, -1, 1, 1, 2, 4]]
     results = []
@@ -136,13 +153,12 @@ def generated(target, draft, shape: str, **options) -> list:
 def test_speculative_output_is_plain_output_to_every_logprobs_bit_at_one_shape(options, monkeypatch):
     """Greedy output and every logprob of speculative decoding at shape 2x4 (verify rows spread over groups) are
     plain decoding's at that shape, for a draft model, suffix lookups, and drafts of fixed acceptance
-    (engine/fixed_acceptance.py) as chains (and as token trees whose second branch is taken: the same tokens,
-    logprobs within float rounding, as docs/decisions.md says); without the shape (the control) a verified token's
-    logprob differs from its decoded one in the last bits."""
+    (engine/fixed_acceptance.py) as chains and as token trees whose second branch is taken; without the shape (the
+    control) a verified token's logprob differs from its decoded one in the last bits."""
     tree_rows = []
     run = ShapedPasses.run
     monkeypatch.setattr(ShapedPasses, "run", lambda self, groups, *rest: tree_rows.extend(
-        row for group in groups for row in group.rows if row.ancestors) or run(self, groups, *rest))  # fmt: skip
+        row for group in groups for row in group.rows if row.branch) or run(self, groups, *rest))  # fmt: skip
     target, draft = pair()
     plain = generated(target, None, "2x4")
     method = options.pop("speculative_method")
@@ -153,10 +169,7 @@ def test_speculative_output_is_plain_output_to_every_logprobs_bit_at_one_shape(o
         ordinary = generated(target, draft, "off", speculative_method=name, **options)
     for (tokens, logprobs, _), (spec_tokens, spec_logprobs, _stats) in zip(plain, speculative, strict=True):
         assert spec_tokens == tokens
-        if method == "oracle-tree":  # a node's keys lie off a chain's order: the same sum in another order
-            assert spec_logprobs == pytest.approx(logprobs, abs=1e-5)
-        else:
-            assert spec_logprobs == logprobs  # floats compared exactly
+        assert spec_logprobs == logprobs  # floats compared exactly
     stats = [s for *_, s in speculative]
     assert 0 < sum(s.accepted for s in stats) < sum(s.drafted for s in stats)
     assert bool(tree_rows) == (method == "oracle-tree")  # trees verified through shaped passes

@@ -32,6 +32,7 @@ from .kv_cache import KVCache
 from .masks import causal_mask, tree_mask, tree_offsets, window_mask
 from .pass_shape import PassShape, ShapedPasses, kept_rows, plan_groups, shaped_forward
 from .rope import rotary_table
+from .shaped_attention import ShapedPages
 
 # `fused_blocks` takes a long pass (a prefill) in calls of at most this many rows, bounding its scratch memory
 FUSED_CHUNK_ROWS = 256
@@ -102,6 +103,8 @@ class Attention(nn.Module):
                 layer_values.dtype
             )
         q = q.to(layer_keys.dtype)  # the cache may hold float32 (see Transformer.new_cache)
+        if isinstance(where, ShapedPages):  # a pass of one shape: each row's keys in its own order
+            return self._out(where.attend(self, q, layer_keys, layer_values).to(x.dtype), gate)
         keys, values = where.keys_values(self.source, layer_keys, layer_values, span=max(starts) + seq)
         attended = self._attend(q, keys, values, masks=masks, starts=starts, invariant=invariant)
         return self._out(attended.to(x.dtype), gate)
@@ -361,7 +364,7 @@ class Transformer(nn.Module):
             raise ValueError("a hybrid model's passes hold no token trees (its recurrent state follows one chain)")
         starts = self._reserve(cache, slots, [seq] * batch)
         offsets = [list(range(seq))] * batch if parents is None else tree_offsets(parents, batch, seq)
-        runner = self._shaped_runner(cache, parents)
+        runner = self._shaped_runner(cache)
         if runner is not None:
             groups = plan_groups(slots, starts, offsets, parents=parents, width=runner.shape.width)
             return self._shaped_forward(runner, groups, tokens, cache, slots=slots, starts=starts,
@@ -386,10 +389,10 @@ class Transformer(nn.Module):
         self._serve(slots, starts, taps, x)
         return self._logits(x, num_logits, head)
 
-    def _shaped_runner(self, cache: KVCache, parents) -> ShapedPasses | None:
-        """The runner of this model's passes over `cache` at its pass shape, or None: no shape, a cache made without
-        a scratch block, or sliding windows with a token tree (pass_shape.py: not covered)."""
-        if self.pass_shape is None or cache.scratch_block is None or (parents is not None and self._windows):
+    def _shaped_runner(self, cache: KVCache) -> ShapedPasses | None:
+        """The runner of this model's passes over `cache` at its pass shape, or None: no shape, or a cache made
+        without a scratch block."""
+        if self.pass_shape is None or cache.scratch_block is None:
             return None
         runner = self._shaped.get(cache)
         if runner is None or runner.shape != self.pass_shape:

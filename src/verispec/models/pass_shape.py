@@ -5,27 +5,26 @@ on a GPU").
 Why. A GPU's kernels are chosen by shape: a product of 1 row and one of 5 rows take other tilings (and other splits of
 the sum), attention another split over the keys, and in bfloat16 the rounding then differs enough to flip near ties, so
 a token verified in a k+1-row pass is not always the token a one-row decode step writes. Run every pass at one shape,
-`groups` groups of `width` rows, each group attending over its slot's whole span (the cache's `max_len` positions,
-rounded up to whole blocks) under a mask made of tensors, and every pass launches the same kernels on the same shapes:
-a row's result is a function of its own inputs alone. Prefill chunks take the same shape, so a prompt's keys are the
-same bits however it was cut (the scheduler's chunks depend on what else runs), and a sequence prefilled again after
-preemption gets back the bits it had.
+`groups` groups of `width` rows, and every product has the same shape in every pass: a row's result is a function of
+its own inputs alone. Attention (shaped_attention.py) reads each row's keys in an order of its own: its older keys in
+blocks of positions (as many blocks as the pass's longest row needs: a block a row does not reach leaves its bits
+alone), then its newest positions gathered in chain order, where a token tree's node finds its ancestors. Prefill
+chunks take the same shape, so a prompt's keys are the same bits however it was cut (the scheduler's chunks depend on
+what else runs), and a sequence prefilled again after preemption gets back the bits it had.
 
 The layout. A pass's rows are cut into groups of at most `width` consecutive rows of one slot (a long prefill fills
 several groups of its slot), and the groups into passes of `groups` groups, in order. Unused rows and groups are
-padding: they write into the cache's scratch block and attend to one key. Every row writes its keys before any row
-attends (layer by layer), so a group sees the rows of its slot in earlier groups of the same pass as it sees earlier
-passes'. A row admits the keys stored before its `limit` and, for a token tree's node, its ancestors and itself among
-the TREE_ROWS positions from its `base` (just past its tree's root; a tree holds at most TREE_ROWS rows, masks.py), by
-storage position, whichever group holds them.
+padding: they write into the cache's scratch block and attend to its first row. Every row writes its keys before any
+row attends (layer by layer), so a group sees the rows of its slot in earlier groups of the same pass as it sees
+earlier passes'.
 
 Static buffers. Every tensor a pass reads is a buffer of the runner, refilled in place per pass; on CUDA the pass is
-captured once per (cache, head) as a CUDA graph and replayed (`graphs`), which removes the ~1,300 kernel launches from
-Python a step costs eagerly.
+captured as a CUDA graph per (head, blocks of older keys) and replayed (`graphs`), which removes the ~1,300 kernel
+launches from Python a step costs eagerly.
 
-Not covered (`covers`; such a model keeps its ordinary passes): the native stack and native attention (row-invariant
-already), hybrid models (their recurrent layers step row by row in Python), mixtures of experts (an expert's product
-is sized by how many rows chose it), sliding windows together with token trees.
+Not covered (`uncovered`; such a model keeps its ordinary passes): the native stack and native attention
+(row-invariant already), hybrid models (their recurrent layers step row by row in Python), mixtures of experts (an
+expert's product is sized by how many rows chose it).
 """
 
 from __future__ import annotations
@@ -35,11 +34,12 @@ import logging
 import re
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..errors import InvalidParameterError
-from ..kernels.stack import TREE_ROWS
-from .kv_cache import KVCache, lay_out
+from .kv_cache import KVCache
+from .shaped_attention import KEY_BLOCK, RECENT, ShapedPages
 
 log = logging.getLogger("verispec")
 
@@ -109,9 +109,8 @@ class PlannedRow:
     source: int  # the row's index among the caller's rows, flat (batch row x seq + row)
     storage: int  # the cache position it is stored at
     position: int  # its rotary position
-    limit: int  # it admits every key stored before this
-    base: int  # and, of the TREE_ROWS positions from here, its `ancestors`
-    ancestors: tuple[int, ...] = ()
+    # a token tree's node: where the nodes from its root's child down to itself are stored (a chain's row: ())
+    branch: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -137,25 +136,13 @@ def plan_groups(
 
 def _planned(source: int, i: int, *, start: int, offset: int, tree: list[int] | None) -> PlannedRow:
     storage, position = start + i, start + offset
-    if tree is None or tree[i] < 0:  # a chain's row: every key stored before it, and itself
-        return PlannedRow(source=source, storage=storage, position=position, limit=storage + 1, base=storage)
+    if tree is None or tree[i] < 0:  # a chain's row: stored at its position
+        return PlannedRow(source=source, storage=storage, position=position)
     path = [i]
     while tree[path[-1]] >= 0:
         path.append(tree[path[-1]])
-    base = start + path[-1] + 1  # a node lies fewer than TREE_ROWS rows past its root (masks.tree_offsets)
-    return PlannedRow(source=source, storage=storage, position=position, limit=base, base=base,
-                      ancestors=tuple(start + j - base for j in path[:-1]))  # fmt: skip
-
-
-class SpanPages:
-    """Where a pass of one shape writes (`written`: the pools' index of its rows, in order) and reads: every group's
-    slot over the whole span (`read` [groups, blocks], missing blocks the scratch block, masked)."""
-
-    def __init__(self, written: tuple, read: torch.Tensor, span: int):
-        self.written, self.read, self.span = written, read, span
-
-    def keys_values(self, layer: int, keys: torch.Tensor, values: torch.Tensor, span: int):
-        return lay_out(keys[self.read], self.span), lay_out(values[self.read], self.span)
+    return PlannedRow(source=source, storage=storage, position=position,
+                      branch=tuple(start + j for j in reversed(path[:-1])))  # fmt: skip
 
 
 # ---- the runner -----------------------------------------------------------------------------------------------------
@@ -166,19 +153,22 @@ class ShapedPasses:
     def __init__(self, model, cache: KVCache, shape: PassShape, graphs: bool):
         if cache.scratch_block is None:
             raise ValueError("a pass shape needs a cache with a scratch block (Transformer.new_cache makes one)")
+        if KEY_BLOCK % cache.block_size:
+            raise ValueError(f"a cache block of {cache.block_size} positions does not divide {KEY_BLOCK}")
         self.model, self.cache, self.shape = model, cache, shape
         self.graphs = graphs and cache.device.type == "cuda"
         groups, width, device = shape.groups, shape.width, cache.device
-        self.span = cache.max_blocks * cache.block_size
-        zeros = lambda *size, dtype=torch.long: torch.zeros(*size, dtype=dtype, device=device)  # noqa: E731
-        self.tokens, self.positions = zeros(groups, width), zeros(groups, width)
-        self.limit, self.base, self.ancestors = zeros(groups, width), zeros(groups, width), zeros(
-            groups, width, TREE_ROWS, dtype=torch.bool)  # fmt: skip
+        per = KEY_BLOCK // cache.block_size
+        self.read_width = -(-cache.max_blocks // per) * per  # whole key blocks
+        zeros = lambda *size: torch.zeros(*size, dtype=torch.long, device=device)  # noqa: E731
+        self.tokens, self.positions, self.older_limit = zeros(groups, width), zeros(groups, width), zeros(groups, width)
         self.write_block, self.write_row = zeros(groups * width), zeros(groups * width)
-        self.read = zeros(groups, cache.max_blocks)
-        self.key_index = torch.arange(self.span, device=device)
+        self.read = zeros(groups, self.read_width)
+        self.recent_block, self.recent_row = zeros(groups, width, RECENT), zeros(groups, width, RECENT)
+        self.recent_position = zeros(groups, width, RECENT)
+        self.key_blocks = 0  # blocks of older keys the pass reads
         self.rope = model.rope_tables(cache.max_len)
-        self._captured: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
+        self._captured: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
 
     # ---- one pass ----
     def run(self, groups: list[Group], tokens: torch.Tensor, head, tapped: tuple[int, ...] = ()):
@@ -193,46 +183,64 @@ class ShapedPasses:
         return self._compute(head, tapped)
 
     def _fill(self, groups: list[Group], tokens: torch.Tensor) -> None:
-        """The buffers for `groups` (their rows' tokens picked from the caller's `tokens`, flat): padding rows write
-        into the scratch block and admit its first key (or their slot's); padding groups read the scratch block."""
-        shape, cache, scratch = self.shape, self.cache, self.cache.scratch_block
-        size, width = cache.block_size, shape.width
-        source = [0] * shape.rows
-        real = [False] * shape.rows
-        columns = {name: [0] * shape.rows for name in ("position", "limit", "base", "block", "row")}
-        columns["block"] = [scratch] * shape.rows
-        columns["limit"] = [1] * shape.rows
-        ancestors = torch.zeros(shape.rows, TREE_ROWS, dtype=torch.bool)
-        read = torch.full((shape.groups, cache.max_blocks), scratch, dtype=torch.long)
-        for g, group in enumerate(groups):
-            blocks = cache.blocks[group.slot]
-            read[g, : len(blocks)] = torch.tensor(blocks, dtype=torch.long)
-            for i, row in enumerate(group.rows):
-                n = g * width + i
-                source[n], real[n] = row.source, True
-                columns["position"][n], columns["limit"][n], columns["base"][n] = row.position, row.limit, row.base
-                columns["block"][n], columns["row"][n] = blocks[row.storage // size], row.storage % size
-                ancestors[n, list(row.ancestors)] = True
-        picked = tokens.reshape(-1)[torch.tensor(source, device=tokens.device)]
-        self.tokens.view(-1).copy_(picked.masked_fill(~torch.tensor(real, device=tokens.device), 0))
-        for buffer, name in ((self.positions, "position"), (self.limit, "limit"), (self.base, "base"),
-                             (self.write_block, "block"), (self.write_row, "row")):  # fmt: skip
-            buffer.view(-1).copy_(torch.tensor(columns[name], dtype=torch.long))
-        self.ancestors.view(-1, TREE_ROWS).copy_(ancestors)
-        self.read.copy_(read)
+        """The buffers for `groups` (their rows' tokens picked from the caller's `tokens`, flat). Padding rows write
+        into the scratch block and read its first row alone; padding groups read only the scratch block."""
+        rows = [(g, i, row) for g, group in enumerate(groups) for i, row in enumerate(group.rows)]
+        n, scratch, size = self.shape.rows, self.cache.scratch_block, self.cache.block_size
+        flat = np.array([g * self.shape.width + i for g, i, _ in rows], dtype=np.int64)
+        slot = np.array([groups[g].slot for g, _, _ in rows], dtype=np.int64)
+        storage = np.array([row.storage for *_, row in rows], dtype=np.int64)
+        position = np.array([row.position for *_, row in rows], dtype=np.int64)
+        table = np.where(self.cache._table < 0, scratch, self.cache._table)
+        columns = {name: np.zeros(n, dtype=np.int64) for name in ("source", "position", "older", "row")}
+        columns["block"] = np.full(n, scratch, dtype=np.int64)
+        columns["source"][flat] = [row.source for *_, row in rows]
+        columns["position"][flat], columns["older"][flat] = position, np.maximum(position - RECENT + 1, 0)
+        columns["block"][flat], columns["row"][flat] = table[slot, storage // size], storage % size
+        recent = np.full((n, RECENT), -1, dtype=np.int64)  # the recent positions' storage; -1: none
+        recent[flat] = position[:, None] + np.arange(1 - RECENT, 1)
+        for g, i, row in rows:
+            if row.branch:  # a tree node: its ancestors below its root's child are where the branch put them
+                recent[g * self.shape.width + i, RECENT - len(row.branch) :] = row.branch
+        recent_position = np.full((n, RECENT), -1, dtype=np.int64)
+        recent_position[:, -1] = 0  # a padding row reads the scratch block's first row: its numbers stay finite
+        recent_position[flat] = position[:, None] + np.arange(1 - RECENT, 1)
+        row_slot = np.zeros(n, dtype=np.int64)
+        row_slot[flat] = slot
+        valid = recent >= 0
+        recent_block = np.where(valid, table[row_slot[:, None], np.maximum(recent, 0) // size], scratch)
+        read = np.full((self.shape.groups, self.read_width), scratch, dtype=np.int64)
+        read[: len(groups), : table.shape[1]] = table[[group.slot for group in groups]]
+        self.key_blocks = -(-int(columns["older"].max()) // KEY_BLOCK)
+        self._copy(tokens, columns, read=read, recent_block=recent_block, recent_row=np.where(valid, recent % size, 0),
+                   recent_position=recent_position, real=flat)  # fmt: skip
 
-    def _masks(self) -> dict[int, torch.Tensor]:
-        """Per window (0: none), [groups, 1, width, span] boolean: key j admitted by row i of group g."""
-        keys = self.key_index
-        relative = keys[None, None, :] - self.base[:, :, None]
-        inside = (relative >= 0) & (relative < TREE_ROWS)
-        among = self.ancestors.gather(2, relative.clamp(0, TREE_ROWS - 1))
-        mask = (keys[None, None, :] < self.limit[:, :, None]) | (inside & among)
-        masks = {0: mask.unsqueeze(1)}
-        for window in self.model._windows:  # chains only (`covers`): a key's position is where it is stored
-            near = keys[None, None, :] > self.positions[:, :, None] - window
-            masks[window] = (mask & near).unsqueeze(1)
-        return masks
+    def _copy(self, tokens: torch.Tensor, columns: dict, *, read, recent_block, recent_row, recent_position,
+              real) -> None:  # fmt: skip
+        """The host's arrays into the buffers (the tokens picked on the device)."""
+        picked = tokens.reshape(-1)[torch.from_numpy(columns["source"]).to(tokens.device)]
+        keep = torch.zeros(self.shape.rows, dtype=torch.bool)
+        keep[torch.from_numpy(real)] = True
+        self.tokens.view(-1).copy_(picked.masked_fill(~keep.to(tokens.device), 0))
+        for buffer, array in ((self.positions, columns["position"]), (self.older_limit, columns["older"]),
+                              (self.write_block, columns["block"]), (self.write_row, columns["row"]),
+                              (self.read, read), (self.recent_block, recent_block), (self.recent_row, recent_row),
+                              (self.recent_position, recent_position)):  # fmt: skip
+            buffer.copy_(torch.from_numpy(np.ascontiguousarray(array)).view(buffer.shape))
+
+    def _pages(self) -> ShapedPages:
+        """Where the pass writes and what each row reads, per window (0: none): older keys at positions before the
+        row's `older_limit` (and within the window), recent positions that exist (and within the window)."""
+        span = self.key_blocks * KEY_BLOCK
+        keys = torch.arange(span, device=self.read.device)
+        older = {0: keys[None, None, :] < self.older_limit[:, :, None]}
+        recent = {0: self.recent_position >= 0}
+        for window in self.model._windows:
+            older[window] = older[0] & (keys[None, None, :] > self.positions[:, :, None] - window)
+            recent[window] = recent[0] & (self.recent_position > self.positions[:, :, None] - window)
+        return ShapedPages(written=(self.write_block, slice(None), self.write_row), read=self.read,
+                           key_blocks=self.key_blocks, block_size=self.cache.block_size, older=older,
+                           recent_block=self.recent_block, recent_row=self.recent_row, recent=recent)  # fmt: skip
 
     def _compute(self, head, tapped: tuple[int, ...] = ()):
         """The pass over the buffers: every tensor it reads is one of them, so a CUDA graph can replay it."""
@@ -248,25 +256,23 @@ class ShapedPasses:
              sin_full[t][self.positions][..., :size].to(model.dtype).unsqueeze(2))
             for t, size in enumerate(model._table_sizes)
         ]  # fmt: skip
-        masks = self._masks()
-        where = SpanPages((self.write_block, slice(None), self.write_row), self.read, self.span)
-        taps = {}
+        where, taps = self._pages(), {}
         for layer, block in enumerate(model.layers):
             table = model._layer_tables[layer]
             cos, sin = tables[table] if table >= 0 else (None, None)
             if layer in tapped:
                 taps[layer] = x.reshape(self.shape.rows, -1).clone()
             layer_input = None if per_layer is None else per_layer[:, :, layer]
-            x = block(x, cos, sin, masks, cache, layer, where, [], [0], False, per_layer=layer_input)
+            x = block(x, cos, sin, None, cache, layer, where, [], [0], False, per_layer=layer_input)
         if len(model.layers) in tapped:
             taps[len(model.layers)] = x.reshape(self.shape.rows, -1).clone()
         logits = model._head(model.norm(x), head)
         return x.reshape(self.shape.rows, -1), logits.reshape(self.shape.rows, -1), taps
 
     def _graph(self, head):
-        """The pass captured as a CUDA graph for `head` (None: the model's own), once; its outputs are static
-        tensors each replay overwrites."""
-        key = id(head)
+        """The pass captured as a CUDA graph for `head` (None: the model's own) and the pass's blocks of older keys,
+        once; its outputs are static tensors each replay overwrites."""
+        key = (id(head), self.key_blocks)
         if key not in self._captured:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())

@@ -1,0 +1,85 @@
+"""Attention in a pass of one shape (pass_shape.py): each row sums its keys in an order that depends on the row alone.
+
+A row at rotary position p attends to two parts, merged in this order as flash attention merges blocks (a running
+maximum, sum and output, in float32):
+
+- its older keys, those at positions up to p - RECENT: stored where a chain stores them (a token tree's nodes lie
+  after its root, and a tree holds fewer than RECENT rows), read from the cache in blocks of KEY_BLOCK positions, in
+  position order, under a mask (key position <= p - RECENT; within a sliding window, > p - window). A block every key
+  of which is masked leaves the merge unchanged bit for bit (its sum is 0 and the running maximum stays), so a pass
+  may read as many blocks as its longest row needs: a row gets the same bits from a pass that reads more;
+- its RECENT newest positions, p - RECENT + 1 .. p, gathered per row in position order: a chain's keys where they
+  are stored, a tree node's ancestors (and itself) from wherever the pass stored them.
+
+So a token tree's node sums exactly what the same token decoded in a chain sums, in the same order, and a decode
+step, a verify pass and a prefill give a row the same bits. Every product has one shape per pass shape and block
+count: [groups x kv heads] of (width x group) x KEY_BLOCK for an older block, and one small product per row for the
+recent part.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..kernels.stack import TREE_ROWS
+from .kv_cache import lay_out
+
+KEY_BLOCK = 1024  # older keys per block: a multiple of the cache's block size
+RECENT = TREE_ROWS  # newest positions gathered per row: a tree's nodes lie fewer than this past its root
+
+
+class ShapedPages:
+    """Where a shaped pass writes (`written`: the pools' index of its rows, in order) and what each row reads: its
+    group's blocks (`read` [groups, blocks], `key_blocks` blocks of KEY_BLOCK of them) under `older` (per window,
+    [groups, width, key_blocks x KEY_BLOCK]), and its recent keys' addresses (`recent_block`, `recent_row`
+    [groups, width, RECENT]) under `recent` (per window, [groups, width, RECENT])."""
+
+    def __init__(self, *, written: tuple, read: torch.Tensor, key_blocks: int, block_size: int, older: dict,
+                 recent_block: torch.Tensor, recent_row: torch.Tensor, recent: dict):  # fmt: skip
+        self.written, self.read, self.key_blocks, self.block_size = written, read, key_blocks, block_size
+        self.older, self.recent = older, recent
+        self.recent_block, self.recent_row = recent_block, recent_row
+
+    def attend(self, attn, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """[groups, width, heads x head size]: `attn`'s (an Attention's) queries `q` [groups, width, heads, head
+        size] over the pools `keys`, `values` [blocks, kv heads, block size, head size]."""
+        groups, width, heads, size = q.shape
+        kv_heads = attn.num_kv_heads
+        grouped = q.float().view(groups, width, kv_heads, heads // kv_heads, size)
+        state = None
+        per = KEY_BLOCK // self.block_size
+        for block in range(self.key_blocks):
+            cache_blocks = self.read[:, block * per : (block + 1) * per]
+            older_keys = lay_out(keys[cache_blocks], KEY_BLOCK).float()  # [groups, kv heads, KEY_BLOCK, size]
+            older_values = lay_out(values[cache_blocks], KEY_BLOCK).float()
+            scores = torch.einsum("gwkhd,gknd->gwkhn", grouped, older_keys)
+            mask = self.older[attn.window][:, :, None, None, block * KEY_BLOCK : (block + 1) * KEY_BLOCK]
+            state = _merge(state, _scores(attn, scores, mask), older_values, "gwkhn,gknd->gwkhd")
+        recent_keys = keys[self.recent_block, :, self.recent_row].float()  # [groups, width, RECENT, kv heads, size]
+        recent_values = values[self.recent_block, :, self.recent_row].float()
+        scores = torch.einsum("gwkhd,gwrkd->gwkhr", grouped, recent_keys)
+        mask = self.recent[attn.window][:, :, None, None, :]
+        top, total, out = _merge(state, _scores(attn, scores, mask), recent_values, "gwkhr,gwrkd->gwkhd")
+        if attn.sinks is not None:  # a sink logit per head takes its share of the softmax, with no value
+            total = total + torch.exp(attn.sinks.float().view(kv_heads, -1) - top)
+        return (out / total[..., None]).reshape(groups, width, -1).to(q.dtype)
+
+
+def _scores(attn, scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Scaled, soft-capped where the model caps, -inf where the mask admits no key."""
+    scores = scores * attn.scale
+    if attn.softcap:
+        scores = torch.tanh(scores / attn.softcap) * attn.softcap
+    return scores.masked_fill(~mask, float("-inf"))
+
+
+def _merge(state, scores: torch.Tensor, values: torch.Tensor, product: str):
+    """The running (maximum, sum, output) after one more part of the keys; None: none before it."""
+    top = scores.amax(-1) if state is None else torch.maximum(state[0], scores.amax(-1))
+    shift = torch.where(top == float("-inf"), torch.zeros_like(top), top)  # no key yet: exp(-inf - 0) = 0
+    weights = torch.exp(scores - shift[..., None])
+    total, out = weights.sum(-1), torch.einsum(product, weights, values)
+    if state is not None:
+        kept = torch.exp(state[0] - shift)
+        total, out = state[1] * kept + total, state[2] * kept[..., None] + out
+    return top, total, out
