@@ -159,7 +159,7 @@ def test_in_bfloat16_at_a_real_shape_greedy_speculative_output_is_plain_output(r
 
     target, draft = real_shape_pair
     prompts = _real_prompts()
-    plain = SpeculativeGenerator(target, None, device="cuda", max_seq_len=512)
+    plain = SpeculativeGenerator(target, None, device="cuda", dtype="bfloat16", max_seq_len=512)
     expected = [plain.generate(p, max_tokens=96, ignore_eos=True).token_ids for p in prompts]
     sampled = [plain.generate(p, max_tokens=48, ignore_eos=True, temperature=0.8, seed=i).token_ids
                for i, p in enumerate(prompts)]  # fmt: skip
@@ -169,7 +169,7 @@ def test_in_bfloat16_at_a_real_shape_greedy_speculative_output_is_plain_output(r
             dict(speculative_method="suffix"),
             dict(speculative_method=oracle, num_speculative_tokens=4, adaptive=False, token_trees=True),
         ):
-            spec = SpeculativeGenerator(target, draft, device="cuda", max_seq_len=512, **options)
+            spec = SpeculativeGenerator(target, draft, device="cuda", dtype="bfloat16", max_seq_len=512, **options)
             alone = [spec.generate(p, max_tokens=96, ignore_eos=True).token_ids for p in prompts]
             assert alone == expected, options
             draws = [spec.generate(p, max_tokens=48, ignore_eos=True, temperature=0.8, seed=i).token_ids
@@ -223,6 +223,7 @@ def test_graph_replay_gives_the_bits_of_the_same_pass_run_eagerly(real_shape_pai
             cache = model.new_cache(num_slots=2, max_len=64)
             model(ids[:, :16], cache, [0, 1])
             outputs.append([model(ids[:, 16 + i : 17 + i], cache, [0, 1]) for i in range(8)])
+            assert bool(model._shaped[cache]._captured) == graphs  # replayed from graphs, not fallen back to eager
     finally:
         use_pass_shape(model, None)
     assert all(torch.equal(a, b) for a, b in zip(*outputs, strict=True))

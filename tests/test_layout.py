@@ -10,8 +10,8 @@ prefix: `models.model` is the model layer, the rest of `models` the weights laye
     2 model        models.model, models.feed_forward, models.kv_cache (the transformer, its parts and its paged cache;
                    know no weight format),
                    models.delta_net, models.recurrent_state (linear attention and its state), models.masks (a
-                   pass's attention masks), models.hidden_states (what a pass hands a drafter), models.mtp,
-                   models.assistant, models.eagle3 (the drafters trained with a target), models.trained_drafter (what
+                   pass's attention masks), models.pass_shape and models.shaped_attention (every pass at one
+                   shape), models.hidden_states (what a pass hands a drafter), models.mtp, models.assistant, models.eagle3 (the drafters trained with a target), models.trained_drafter (what
                    they share)
     3 weights      models/ (quantize, weights, weight_forms, family, hf_config, gguf_config, hf_source,
                    native_blocks, family_gemma, family_qwen35, family_gpt_oss, families, gguf_source, gguf_native,
@@ -35,7 +35,7 @@ LAYERS = {
     "kernels": 1,
     "models.model": 2, "models.kv_cache": 2, "models.delta_net": 2, "models.recurrent_state": 2, "models.mtp": 2,
     "models.assistant": 2, "models.feed_forward": 2, "models.eagle3": 2, "models.hidden_states": 2, "models.masks": 2,
-    "models.trained_drafter": 2,
+    "models.trained_drafter": 2, "models.pass_shape": 2, "models.shaped_attention": 2,
     "models": 3, "testing": 3,
     "engine": 4,
     "generator": 5,

@@ -156,8 +156,9 @@ class Scheduler:
         graphs = os.environ.get("VERISPEC_CUDA_GRAPHS", "1") != "0"
         shape = use_pass_shape(target.model, parse_pass_shape(text, target.model.device), asked=text != "auto",
                                graphs=graphs)  # fmt: skip
-        if draft is not None and isinstance(draft.model, Transformer):
-            use_pass_shape(draft.model, shape, graphs=graphs)
+        draft_model = getattr(draft, "model", None)  # a method's drafter may be a checkpoint of its own
+        if isinstance(draft_model, Transformer):
+            use_pass_shape(draft_model, shape, graphs=graphs)
 
     def _build(self, target: LoadedModel, draft: LoadedModel | None, context: int) -> None:
         """The caches and the proposer (caches.py), then the rooms that share them."""

@@ -177,9 +177,10 @@ class ShapedPasses:
         row i."""
         self._fill(groups, tokens)
         if self.graphs and not tapped:
-            graph, outputs = self._graph(head)
-            graph.replay()
-            return (*outputs, {})
+            captured = self._graph(head)
+            if captured is not None:
+                captured[0].replay()
+                return (*captured[1], {})
         return self._compute(head, tapped)
 
     def _fill(self, groups: list[Group], tokens: torch.Tensor) -> None:
@@ -274,17 +275,26 @@ class ShapedPasses:
         once; its outputs are static tensors each replay overwrites."""
         key = (id(head), self.key_blocks)
         if key not in self._captured:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):  # warm-up off the capture: lazy initialisations happen here
-                for _ in range(2):
-                    self._compute(head)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                hidden, logits, _ = self._compute(head)
-            self._captured[key] = (graph, (hidden, logits))
+            try:
+                self._captured[key] = self._capture(head)
+            except RuntimeError:  # a GPU or an op that cannot be captured: the same passes, run eagerly
+                log.warning("CUDA graph capture failed; shaped passes run eagerly", exc_info=True)
+                self.graphs = False
+                return None
         return self._captured[key]
+
+    def _capture(self, head):
+        """A CUDA graph of the pass over the buffers as they are, and its output tensors."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up off the capture: lazy initialisations happen here
+            for _ in range(2):
+                self._compute(head)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            hidden, logits, _ = self._compute(head)
+        return graph, (hidden, logits)
 
 
 def shaped_forward(runner: ShapedPasses, tokens: torch.Tensor, groups: list[Group], *, keep: set[int] | None,
