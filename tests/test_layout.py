@@ -11,8 +11,8 @@ prefix: `models.model` is the model layer, the rest of `models` the weights laye
                    know no weight format),
                    models.delta_net, models.recurrent_state (linear attention and its state), models.masks (a
                    pass's attention masks), models.pass_shape and models.shaped_attention (every pass at one
-                   shape), models.hidden_states (what a pass hands a drafter), models.mtp, models.assistant, models.eagle3 (the drafters trained with a target), models.trained_drafter (what
-                   they share)
+                   shape), models.hidden_states (what a pass hands a drafter), models.mtp, models.assistant,
+                   models.eagle3 (the drafters trained with a target), models.trained_drafter (what they share)
     3 weights      models/ (quantize, weights, weight_forms, family, hf_config, gguf_config, hf_source,
                    native_blocks, family_gemma, family_qwen35, family_gpt_oss, families, gguf_source, gguf_native,
                    gguf_converted, draft_head, passes, loading), testing
