@@ -10,6 +10,7 @@ Per pass shape (--pass-shapes, "off" = PyTorch's ordinary passes), one sitting:
 - T(n): one sequence's pass over n new rows after a 256-token context (median of --reps); T(n)/T(1);
 - c: the draft shape's one-row step over the target's T(1);
 - GB/s at T(1): the target's weight bytes / T(1), against the card's read rate (a 4 GiB matrix-vector product);
+- kernels per step: the CUDA kernels one decode step runs (what a graph replays, or Python launches without one);
 - plain tok/s: greedy decoding of --tokens tokens after a 256-token prompt, prefill included;
 - speculative tok/s with drafts of fixed acceptance (engine/fixed_acceptance.py: the target's own continuation, a share
   --acceptance right) at k = --k, alone and --batch sequences at once, and the speedup over plain at that batch;
@@ -111,6 +112,28 @@ def pass_times(model: Transformer, widths: tuple[int, ...], reps: int, device: s
     return {n: statistics.median(s) * 1e3 for n, s in samples.items()}
 
 
+def kernels_per_step(model: Transformer, device: str) -> int | None:
+    """CUDA kernels one decode step runs (PyTorch's profiler), its passes run eagerly: what a graph replays, or what
+    Python launches one by one without a graph. None off CUDA."""
+    if not device.startswith("cuda"):
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    graphs, model.pass_graphs = model.pass_graphs, False
+    try:
+        cache = model.new_cache(num_slots=1, max_len=CONTEXT + 2)
+        context = torch.arange(1, CONTEXT + 1, device=device)[None] % model.config.vocab_size
+        model(context, cache, [0], num_logits=1)
+        model(context[:, :1], cache, [0])  # the step's own lazy initialisations, before counting
+        cache.set_length(0, CONTEXT)
+        with profile(activities=[ProfilerActivity.CUDA]) as profiled:
+            model(context[:, :1], cache, [0])
+            synchronize(device)
+        return sum(1 for event in profiled.events() if event.device_type.name == "CUDA")
+    finally:
+        model.pass_graphs = graphs
+
+
 def prompts(count: int, vocab: int) -> list[list[int]]:
     generator = torch.Generator().manual_seed(1)
     return [torch.randint(3, min(vocab, 256), (CONTEXT,), generator=generator).tolist() for _ in range(count)]
@@ -171,7 +194,8 @@ def measure(args) -> dict:
         times = pass_times(target.model, (1, 2, 4, 8, 16), args.reps, device)
         step = pass_times(draft, (1,), args.reps, device)[1]
         row = {"T_ms": times, "T_ratio": {n: t / times[1] for n, t in times.items()}, "draft_step_ms": step,
-               "c": step / times[1], "GBps_at_T1": weight_bytes / (times[1] / 1e3) / 1e9}  # fmt: skip
+               "c": step / times[1], "GBps_at_T1": weight_bytes / (times[1] / 1e3) / 1e9,
+               "kernels_per_step": kernels_per_step(target.model, device)}  # fmt: skip
         print(f"pass shape {text}: {json.dumps(row)}", flush=True)
         row |= speeds(target, text, args, device)
         results[f"shape_{text}"] = row

@@ -246,3 +246,25 @@ def test_a_model_the_rule_does_not_cover_is_refused_by_name_and_left_alone_under
     target = tiny_loaded(moe)
     with pytest.raises(InvalidParameterError, match="mixture of experts"):
         Scheduler(target, None, SchedulerConfig(max_num_seqs=1, max_model_len=64, pass_shape="2x4"))
+
+
+def test_the_gpu_benchmark_runs_on_a_cpu_and_counts_identical_outputs(tmp_path):
+    """benchmarks/gpu_costs.py on tiny shapes in float32 (its smoke run): every figure is there, and at a pass shape
+    every fixed-acceptance output is plain output."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_costs.py"
+    out = tmp_path / "costs.json"
+    command = [sys.executable, str(script), "--device", "cpu", "--target", "tiny", "--draft", "tiny-draft", "--dtype",
+               "float32", "--tokens", "8", "--batch", "2", "--reps", "1", "--pass-shapes", "off,2x4",
+               "--acceptance", "0.8", "--out", str(out)]  # fmt: skip
+    subprocess.run(command, check=True, capture_output=True, timeout=300)
+    results = json.loads(out.read_text())
+    for shape in ("shape_off", "shape_2x4"):
+        assert set(results[shape]["T_ms"]) == {"1", "2", "4", "8", "16"} and results[shape]["c"] > 0
+        for batch in ("batch_1", "batch_2"):
+            assert results[shape][batch]["plain_tok_s"] > 0
+    assert results["shape_2x4"]["batch_2"]["alpha_0.8"]["identical"] == "2/2"
