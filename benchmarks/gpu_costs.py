@@ -38,7 +38,7 @@ from verispec.engine.scheduler import Scheduler, SchedulerConfig  # noqa: E402
 from verispec.models.config import ModelConfig  # noqa: E402
 from verispec.models.model import Transformer  # noqa: E402
 from verispec.models.pass_shape import parse_pass_shape, use_pass_shape  # noqa: E402
-from verispec.testing import byte_tokenizer, tiny_loaded  # noqa: E402
+from verispec.testing import byte_tokenizer, tiny_loaded, tiny_model  # noqa: E402
 
 QWEN = dict(rope_theta=1e6, qkv_bias=True, max_position_embeddings=4096)
 SHAPES = {  # Qwen2.5-7B, -1.5B and -0.5B-Instruct's shapes
@@ -58,16 +58,7 @@ CONTEXT = 256
 
 def build(shape: str, device: str, dtype: torch.dtype) -> Transformer:
     """Random weights of `shape` (each product's output of unit scale), made on the device."""
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = Transformer(ModelConfig(**SHAPES[shape]))
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            else:
-                param.normal_(0.0, 1.0 / param.shape[-1] ** 0.5 if param.dim() > 1 else 0.02)
-    return model.to(dtype).eval()
+    return tiny_model(ModelConfig(**SHAPES[shape]), dtype=dtype, device=device)
 
 
 def synchronize(device: str) -> None:

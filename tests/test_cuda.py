@@ -108,40 +108,21 @@ def test_qwen35_on_the_gpu_rolls_back_exactly_and_keeps_the_output(tmp_path, mon
 
 
 # ---- one pass shape in bfloat16 at a real shape (models/pass_shape.py) -----------------------------------------------
-REAL_SHAPE = dict(
-    vocab_size=151936,
-    hidden_size=1536,
-    num_layers=28,
-    num_heads=12,
-    num_kv_heads=2,
-    intermediate_size=8960,
-    rope_theta=1e6,
-    qkv_bias=True,
-    tie_word_embeddings=True,
-    max_position_embeddings=4096,
-)  # fmt: skip  (Qwen2.5-1.5B's)
+REAL_SHAPE = dict(  # Qwen2.5-1.5B's
+    vocab_size=151936, hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2, intermediate_size=8960,
+    rope_theta=1e6, qkv_bias=True, tie_word_embeddings=True, max_position_embeddings=4096,
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def real_shape_pair():
     """Random bfloat16 weights of Qwen2.5-1.5B's shape on the GPU, and a draft of its first 2 layers."""
     from verispec.models.config import ModelConfig
-    from verispec.models.model import Transformer
     from verispec.testing import byte_tokenizer, truncated_copy
 
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = Transformer(ModelConfig(**REAL_SHAPE))
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            else:
-                param.normal_(0.0, 2.0 / param.shape[-1] ** 0.5 if param.dim() > 1 else 0.02)
-            if name.endswith(("wo.weight", "w_down.weight")):
-                param.mul_(0.3)
+    model = tiny_model(ModelConfig(**REAL_SHAPE), scale=2.0, residual_gain=0.3, device="cuda")
     draft = truncated_copy(model, 2).to(torch.bfloat16)
-    model = model.to(torch.bfloat16).eval()
+    model = model.to(torch.bfloat16)
     tokenizer = byte_tokenizer()
     return tiny_loaded(model, tokenizer, "t"), tiny_loaded(draft, tokenizer, "d")
 

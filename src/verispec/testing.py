@@ -56,12 +56,14 @@ def tiny_config(vocab_size: int = 257, hidden_size: int = 64, num_layers: int = 
 
 
 def tiny_model(
-    config: ModelConfig, seed: int = 0, scale: float = 1.0, residual_gain: float = 1.0, dtype=torch.float32
-) -> Transformer:
-    """Random weights; `scale` sharpens the output distribution (larger = more peaked); a small
-    `residual_gain` makes each layer a small correction, so shallower copies agree more often."""
+    config: ModelConfig, seed: int = 0, scale: float = 1.0, residual_gain: float = 1.0, dtype=torch.float32,
+    device: str = "cpu",
+) -> Transformer:  # fmt: skip
+    """Random weights (made on `device`: real shapes on a GPU); `scale` sharpens the output distribution (larger =
+    more peaked); a small `residual_gain` makes each layer a small correction, so shallower copies agree more often."""
     torch.manual_seed(seed)
-    model = Transformer(config)
+    with torch.device(device):
+        model = Transformer(config)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -79,7 +81,8 @@ def truncated_copy(model: Transformer, num_layers: int) -> Transformer:
     """A smaller model made of the first layers of `model` (same embeddings and head): a draft that agrees
     with its target part of the time, like a real draft."""
     config = ModelConfig(**{**model.config.__dict__, "num_layers": num_layers})
-    small = Transformer(config)
+    with torch.device(model.device):
+        small = Transformer(config)
     state = {
         k: v.clone()
         for k, v in model.state_dict().items()
