@@ -170,7 +170,9 @@ def speeds(target, shape: str, args, device: str) -> dict:
     return result
 
 
-def measure(args) -> dict:
+def measure(args, save) -> dict:
+    """Every figure but transformers', `save(results)` called after each pass shape's (a visit cut short keeps what
+    it measured)."""
     device, dtype = args.device, getattr(torch, args.dtype)
     results: dict = {"device": torch.cuda.get_device_name(0) if device.startswith("cuda") else "cpu",
                      "torch": torch.__version__, "dtype": args.dtype, "read_GBps": read_rate(device)}  # fmt: skip
@@ -188,8 +190,10 @@ def measure(args) -> dict:
                "c": step / times[1], "GBps_at_T1": weight_bytes / (times[1] / 1e3) / 1e9,
                "kernels_per_step": kernels_per_step(target.model, device)}  # fmt: skip
         print(f"pass shape {text}: {json.dumps(row)}", flush=True)
-        row |= speeds(target, text, args, device)
         results[f"shape_{text}"] = row
+        save(results)
+        row |= speeds(target, text, args, device)
+        save(results)
     use_pass_shape(target.model, None)
     return results
 
@@ -240,12 +244,16 @@ def main() -> None:
     parser.add_argument("--out", default=os.path.join(os.environ["OUT"], "gpu_costs.json") if "OUT" in os.environ
                         else None)  # fmt: skip
     args = parser.parse_args()
-    results = measure(args)
+
+    def save(results: dict) -> None:
+        if args.out:
+            Path(args.out).write_text(json.dumps(results, indent=1))
+
+    results = measure(args, save)
     if args.hf:
         results["transformers"] = transformers_decoding(args)
+        save(results)
     print(json.dumps(results, indent=1))
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
