@@ -82,6 +82,27 @@ def test_shaped_passes_compute_what_ordinary_passes_compute():
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
+FEATURES = {  # what the families' blocks add, as the shaped attention must take them
+    "gpt-oss": dict(attn_sinks=True, layer_windows=(4, 0, 4, 0), num_experts=4, experts_per_token=2,
+                    expert_intermediate_size=96, router_softmax_topk=True, activation="swiglu_oai", swiglu_alpha=1.702,
+                    swiglu_limit=7.0, o_bias=True),
+    "gemma": dict(attn_softcap=50.0, final_softcap=30.0, qk_norm=True, post_norms=True, embed_scale=True,
+                  query_scale=0.1, activation="gelu_tanh", layer_windows=(24, 0, 24, 0)),
+    "gated-output": dict(attn_output_gate=True, qk_norm=True),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", sorted(FEATURES))
+def test_the_families_features_at_one_shape_compute_what_ordinary_passes_compute_with_the_same_bits(family):
+    """Attention sinks, sliding windows, soft-capping, q/k norms, a query scale, a gated output and mixtures of
+    experts through shaped passes: the ordinary passes' logits (float rounding), and one row's bits in every pass."""
+    ids = torch.randint(0, 257, (1, 40), generator=torch.Generator().manual_seed(7))
+    shaped = passes(model(PassShape(groups=2, width=4), **FEATURES[family]), ids)
+    assert same_bits(shaped)
+    for a, b in zip(passes(model(**FEATURES[family]), ids)["decoded"], shaped["decoded"], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("overrides", [{}, {"layer_windows": (4, 0, 4, 0)}], ids=["full", "sliding-window"])
 def test_token_trees_and_windows_at_one_shape_compute_what_ordinary_passes_compute(overrides):
     """A verify pass holding token trees (two slots, one tree each, its nodes' ancestors spread over two groups of
@@ -239,32 +260,22 @@ def test_auto_is_a_shape_on_cuda_and_none_on_a_cpu():
 
 
 def test_a_model_the_rule_does_not_cover_is_refused_by_name_and_left_alone_under_auto():
-    moe = tiny_model(tiny_config(num_experts=4, experts_per_token=2, expert_intermediate_size=32))
-    with pytest.raises(InvalidParameterError, match="mixture of experts"):
-        use_pass_shape(moe, PassShape(groups=2, width=4), asked=True)
-    assert use_pass_shape(moe, PassShape(groups=2, width=4)) is None and moe.pass_shape is None
-    target = tiny_loaded(moe)
-    with pytest.raises(InvalidParameterError, match="mixture of experts"):
-        Scheduler(target, None, SchedulerConfig(max_num_seqs=1, max_model_len=64, pass_shape="2x4"))
+    hybrid = tiny_model(tiny_config(linear_layers=(0,), linear_key_heads=2, linear_key_dim=16, linear_value_heads=2,
+                                    linear_value_dim=16, linear_conv_kernel=4))  # fmt: skip
+    with pytest.raises(InvalidParameterError, match="hybrid"):
+        use_pass_shape(hybrid, PassShape(groups=2, width=4), asked=True)
+    assert use_pass_shape(hybrid, PassShape(groups=2, width=4)) is None and hybrid.pass_shape is None
+    with pytest.raises(InvalidParameterError, match="hybrid"):
+        Scheduler(tiny_loaded(hybrid), None, SchedulerConfig(max_num_seqs=1, max_model_len=64, pass_shape="2x4"))
 
 
-def test_the_gpu_benchmark_runs_on_a_cpu_and_counts_identical_outputs(tmp_path):
-    """benchmarks/gpu_costs.py on tiny shapes in float32 (its smoke run): every figure is there, and at a pass shape
-    every fixed-acceptance output is plain output."""
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_costs.py"
-    out = tmp_path / "costs.json"
-    command = [sys.executable, str(script), "--device", "cpu", "--target", "tiny", "--draft", "tiny-draft", "--dtype",
-               "float32", "--tokens", "8", "--batch", "2", "--reps", "1", "--pass-shapes", "off,2x4",
-               "--acceptance", "0.8", "--out", str(out)]  # fmt: skip
-    subprocess.run(command, check=True, capture_output=True, timeout=300)
-    results = json.loads(out.read_text())
-    for shape in ("shape_off", "shape_2x4"):
-        assert set(results[shape]["T_ms"]) == {"1", "2", "4", "8", "16"} and results[shape]["c"] > 0
-        for batch in ("batch_1", "batch_2"):
-            assert results[shape][batch]["plain_tok_s"] > 0
-    assert results["shape_2x4"]["batch_2"]["alpha_0.8"]["identical"] == "2/2"
+@pytest.mark.parametrize("beside", [False, True], ids=["in-place-of-the-mlp", "beside-the-mlp"])
+def test_a_mixture_of_experts_rows_are_the_same_bits_in_every_pass_at_one_shape(beside):
+    """Each chosen expert runs over the pass's whole row count: a row's bits do not depend on how many other rows
+    chose its experts (ordinary passes: they do). Such a model runs its shaped passes without CUDA graphs."""
+    overrides = dict(num_experts=4, experts_per_token=2, expert_intermediate_size=96, moe_beside_mlp=beside)
+    ids = torch.randint(0, 257, (1, 40), generator=torch.Generator().manual_seed(6))
+    shaped = model(PassShape(groups=3, width=4), **overrides)
+    assert shaped.pass_graphs is False
+    assert same_bits(passes(shaped, ids))
+    assert not same_bits(passes(model(**overrides), ids))

@@ -52,6 +52,22 @@ class MLP(nn.Module):
         return self.w_down(F.silu(gate) * up)
 
 
+def through_experts(experts: nn.ModuleList, inputs: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor,
+                    padded: bool) -> torch.Tensor:  # fmt: skip
+    """Each row of `inputs` [rows, hidden] through its chosen experts (`chosen` [rows, k]), weighted (`weights`), summed
+    in the experts' order. `padded`: each expert's product runs over as many rows as `inputs` holds (the rows that
+    chose it first, then zeros), so that a row's result never depends on how many other rows chose the same expert
+    (one pass shape, pass_shape.py)."""
+    out = torch.zeros_like(inputs)
+    for expert in chosen.unique().tolist():
+        picked, rank = torch.where(chosen == expert)
+        rows = inputs[picked]
+        if padded:
+            rows = torch.cat([rows, rows.new_zeros(inputs.shape[0] - rows.shape[0], rows.shape[1])])
+        out.index_add_(0, picked, experts[expert](rows)[: picked.shape[0]] * weights[picked, rank, None])
+    return out
+
+
 class MixtureOfExperts(nn.Module):
     """Each row through its top k experts (MLPs), weighted by the router's softmax over all experts (float32),
     renormalized over the k chosen where the config says so: transformers' Qwen3-MoE block. Ties among the router's
@@ -69,6 +85,7 @@ class MixtureOfExperts(nn.Module):
         shared = config.shared_expert_intermediate_size
         self.shared = MLP(config, shared) if shared else None
         self.shared_gate = nn.Linear(config.hidden_size, 1, bias=False) if shared else None
+        self.padded = False  # each expert over every row's count (through_experts): set with a pass shape
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
@@ -80,11 +97,7 @@ class MixtureOfExperts(nn.Module):
             weights, chosen = torch.topk(probs, self.top_k, dim=-1)
         if self.renormalize:
             weights = weights / weights.sum(-1, keepdim=True)
-        weights = weights.to(x.dtype)
-        out = torch.zeros_like(rows)
-        for expert in chosen.unique().tolist():
-            picked, rank = torch.where(chosen == expert)
-            out.index_add_(0, picked, self.experts[expert](rows[picked]) * weights[picked, rank, None])
+        out = through_experts(self.experts, rows, chosen, weights.to(x.dtype), self.padded)
         if self.shared is not None:
             out = out + torch.sigmoid(self.shared_gate(rows)) * self.shared(rows)
         return out.reshape(x.shape)
@@ -105,6 +118,7 @@ class GemmaMixture(nn.Module):
         self.pre_norm, self.mlp_post_norm, self.post_norm = RMSNorm(*norm), RMSNorm(*norm), RMSNorm(*norm)
         self.top_k, self.eps = config.experts_per_token, config.rms_norm_eps
         self.hidden_scale = config.hidden_size**-0.5
+        self.padded = False  # as MixtureOfExperts'
 
     def forward(self, x: torch.Tensor, mlp_out: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
@@ -113,10 +127,7 @@ class GemmaMixture(nn.Module):
         scores = self.router(routed * self.router_scale * self.hidden_scale)
         weights, chosen = torch.topk(torch.softmax(scores, dim=-1, dtype=torch.float32), self.top_k, dim=-1)
         weights = weights / weights.sum(-1, keepdim=True) * self.expert_scale.float()[chosen]
-        inputs, out = self.pre_norm(rows), torch.zeros_like(rows)
-        for expert in chosen.unique().tolist():
-            picked, rank = torch.where(chosen == expert)
-            out.index_add_(0, picked, self.experts[expert](inputs[picked]) * weights[picked, rank, None].to(x.dtype))
+        out = through_experts(self.experts, self.pre_norm(rows), chosen, weights.to(x.dtype), self.padded)
         return self.mlp_post_norm(mlp_out) + self.post_norm(out.reshape(x.shape))
 
 

@@ -22,9 +22,12 @@ Static buffers. Every tensor a pass reads is a buffer of the runner, refilled in
 captured as a CUDA graph per (head, blocks of older keys) and replayed (`graphs`), which removes the ~1,300 kernel
 launches from Python a step costs eagerly.
 
+A mixture of experts runs each chosen expert over the pass's whole row count (feed_forward.through_experts: the rows
+that chose it, then zeros), so that an expert's product has one shape too; which experts run depends on the tokens,
+so such a model's passes run eagerly, without graphs.
+
 Not covered (`uncovered`; such a model keeps its ordinary passes): the native stack and native attention
-(row-invariant already), hybrid models (their recurrent layers step row by row in Python), mixtures of experts (an
-expert's product is sized by how many rows chose it).
+(row-invariant already), hybrid models (their recurrent layers step row by row in Python).
 """
 
 from __future__ import annotations
@@ -82,8 +85,6 @@ def uncovered(model) -> str | None:
         return "its native kernels are row-invariant already"
     if config.hybrid:
         return "a hybrid model's recurrent layers step row by row"
-    if any(config.moe(layer) for layer in range(config.num_layers)):
-        return "a mixture of experts sizes each expert's product by the rows that chose it"
     return None
 
 
@@ -98,8 +99,12 @@ def use_pass_shape(model, shape: PassShape | None, *, asked: bool = False, graph
             raise InvalidParameterError(f"pass shape {shape}: not for this model ({reason}); use --pass-shape off")
         log.info("passes at their own shapes: %s", reason)
         shape = None
+    mixtures = [m for m in model.modules() if hasattr(m, "padded")]  # feed_forward.through_experts
+    for mixture in mixtures:
+        mixture.padded = shape is not None
     model.pass_shape = shape
-    model.pass_graphs = graphs and shape is not None
+    # which experts a pass runs depends on its tokens: a mixture's passes run eagerly
+    model.pass_graphs = graphs and shape is not None and not mixtures
     return shape
 
 
@@ -231,14 +236,15 @@ class ShapedPasses:
 
     def _pages(self) -> ShapedPages:
         """Where the pass writes and what each row reads, per window (0: none): older keys at positions before the
-        row's `older_limit` (and within the window), recent positions that exist (and within the window)."""
+        row's `older_limit` (and within the window), recent positions that exist (and within the window); the masks
+        say what is hidden."""
         span = self.key_blocks * KEY_BLOCK
         keys = torch.arange(span, device=self.read.device)
-        older = {0: keys[None, None, :] < self.older_limit[:, :, None]}
-        recent = {0: self.recent_position >= 0}
+        older = {0: keys[None, None, :] >= self.older_limit[:, :, None]}  # True: hidden from the row
+        recent = {0: self.recent_position < 0}
         for window in self.model._windows:
-            older[window] = older[0] & (keys[None, None, :] > self.positions[:, :, None] - window)
-            recent[window] = recent[0] & (self.recent_position > self.positions[:, :, None] - window)
+            older[window] = older[0] | (keys[None, None, :] <= self.positions[:, :, None] - window)
+            recent[window] = recent[0] | (self.recent_position <= self.positions[:, :, None] - window)
         return ShapedPages(written=(self.write_block, slice(None), self.write_row), read=self.read,
                            key_blocks=self.key_blocks, block_size=self.cache.block_size, older=older,
                            recent_block=self.recent_block, recent_row=self.recent_row, recent=recent)  # fmt: skip
