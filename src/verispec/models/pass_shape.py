@@ -60,8 +60,9 @@ class PassShape:
         return f"{self.groups}x{self.width}"
 
 
-# on CUDA unless told otherwise: 64 rows (8 sequences of a verify pass of up to 8 rows in one pass) keep a
-# 7B-shaped model's products bound by reading the weights, as one row is (docs/speed.md "On a GPU")
+# on CUDA unless told otherwise: 64 rows, 8 sequences' verify passes of up to 8 rows in one pass. A GPU step reads
+# every weight once whatever its rows (T(16)/T(1) was 1.10 on an H200), so padding a one-row step should cost little;
+# what 64 rows cost is benchmarks/gpu_costs.py's to measure (docs/speed.md "On a GPU")
 CUDA_PASS_SHAPE = PassShape(groups=8, width=8)
 
 
