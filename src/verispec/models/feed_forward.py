@@ -52,7 +52,7 @@ class MLP(nn.Module):
         return self.w_down(F.silu(gate) * up)
 
 
-def through_experts(experts: nn.ModuleList, inputs: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor,
+def through_experts(experts: nn.ModuleList, inputs: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, *,
                     padded: bool) -> torch.Tensor:  # fmt: skip
     """Each row of `inputs` [rows, hidden] through its chosen experts (`chosen` [rows, k]), weighted (`weights`), summed
     in the experts' order. `padded`: each expert's product runs over as many rows as `inputs` holds (the rows that
@@ -97,7 +97,7 @@ class MixtureOfExperts(nn.Module):
             weights, chosen = torch.topk(probs, self.top_k, dim=-1)
         if self.renormalize:
             weights = weights / weights.sum(-1, keepdim=True)
-        out = through_experts(self.experts, rows, chosen, weights.to(x.dtype), self.padded)
+        out = through_experts(self.experts, rows, chosen, weights.to(x.dtype), padded=self.padded)
         if self.shared is not None:
             out = out + torch.sigmoid(self.shared_gate(rows)) * self.shared(rows)
         return out.reshape(x.shape)
@@ -127,7 +127,7 @@ class GemmaMixture(nn.Module):
         scores = self.router(routed * self.router_scale * self.hidden_scale)
         weights, chosen = torch.topk(torch.softmax(scores, dim=-1, dtype=torch.float32), self.top_k, dim=-1)
         weights = weights / weights.sum(-1, keepdim=True) * self.expert_scale.float()[chosen]
-        out = through_experts(self.experts, self.pre_norm(rows), chosen, weights.to(x.dtype), self.padded)
+        out = through_experts(self.experts, self.pre_norm(rows), chosen, weights.to(x.dtype), padded=self.padded)
         return self.mlp_post_norm(mlp_out) + self.post_norm(out.reshape(x.shape))
 
 
