@@ -246,9 +246,13 @@ class ShapedPasses:
         for window in self.model._windows:
             older[window] = older[0] | (keys[None, None, :] <= self.positions[:, :, None] - window)
             recent[window] = recent[0] | (self.recent_position <= self.positions[:, :, None] - window)
-        return ShapedPages(written=(self.write_block, slice(None), self.write_row), read=self.read,
-                           key_blocks=self.key_blocks, block_size=self.cache.block_size, older=older,
-                           recent_block=self.recent_block, recent_row=self.recent_row, recent=recent)  # fmt: skip
+        size = self.cache.block_size
+        per = KEY_BLOCK // size
+        older_blocks = [self.read[:, b * per : (b + 1) * per].repeat_interleave(size, dim=1)
+                        for b in range(self.key_blocks)]  # fmt: skip
+        return ShapedPages(written=(self.write_block, slice(None), self.write_row), older_blocks=older_blocks,
+                           older_rows=keys[:KEY_BLOCK] % size, older=older, recent_block=self.recent_block,
+                           recent_row=self.recent_row, recent=recent)  # fmt: skip
 
     def _compute(self, head, tapped: tuple[int, ...] = ()):
         """The pass over the buffers: every tensor it reads is one of them, so a CUDA graph can replay it."""

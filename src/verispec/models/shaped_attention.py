@@ -19,26 +19,27 @@ recent part.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from ..kernels.stack import TREE_ROWS
-from .kv_cache import lay_out
 
 KEY_BLOCK = 1024  # older keys per block: a multiple of the cache's block size
 RECENT = TREE_ROWS  # newest positions gathered per row: a tree's nodes lie fewer than this past its root
 
 
 class ShapedPages:
-    """Where a shaped pass writes (`written`: the pools' index of its rows, in order) and what each row reads: its
-    group's blocks (`read` [groups, blocks], `key_blocks` blocks of KEY_BLOCK of them) but those `older` hides (per
-    window, [groups, width, key_blocks x KEY_BLOCK], True: hidden), and its recent keys' addresses (`recent_block`,
-    `recent_row` [groups, width, RECENT]) but those `recent` hides (likewise)."""
+    """Where a shaped pass writes (`written`: the pools' index of its rows, in order) and what each row reads: per
+    block of older keys, each group's cache block and row at each of its KEY_BLOCK positions (`older_blocks` [groups,
+    KEY_BLOCK] per block, `older_rows` [KEY_BLOCK]) but those `older` hides (per window, [groups, width, key blocks x
+    KEY_BLOCK], True: hidden), and its recent keys' addresses (`recent_block`, `recent_row` [groups, width, RECENT])
+    but those `recent` hides (likewise). Keys are gathered straight into the products' layouts: no copy between."""
 
-    def __init__(self, *, written: tuple, read: torch.Tensor, key_blocks: int, block_size: int, older: dict,
+    def __init__(self, *, written: tuple, older_blocks: list[torch.Tensor], older_rows: torch.Tensor, older: dict,
                  recent_block: torch.Tensor, recent_row: torch.Tensor, recent: dict):  # fmt: skip
-        self.written, self.read, self.key_blocks, self.block_size = written, read, key_blocks, block_size
-        self.older, self.recent = older, recent
-        self.recent_block, self.recent_row = recent_block, recent_row
+        self.written, self.older_blocks, self.older_rows, self.older = written, older_blocks, older_rows, older
+        self.recent_block, self.recent_row, self.recent = recent_block, recent_row, recent
 
     def attend(self, attn, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """[groups, width, heads x head size]: `attn`'s (an Attention's) queries `q` [groups, width, heads, head
@@ -47,23 +48,35 @@ class ShapedPages:
         kv_heads = attn.num_kv_heads
         # scaled once for both parts (the scores' scale folded into the queries: one multiplication fewer per part)
         grouped = (q.float() * attn.scale).view(groups, width, kv_heads, heads // kv_heads, size)
-        state = None
-        per = KEY_BLOCK // self.block_size
-        for block in range(self.key_blocks):
-            cache_blocks = self.read[:, block * per : (block + 1) * per]
-            older_keys = lay_out(keys[cache_blocks], KEY_BLOCK).float()  # [groups, kv heads, KEY_BLOCK, size]
-            older_values = lay_out(values[cache_blocks], KEY_BLOCK).float()
-            scores = torch.einsum("gwkhd,gknd->gwkhn", grouped, older_keys)
-            hidden = self.older[attn.window][:, :, None, None, block * KEY_BLOCK : (block + 1) * KEY_BLOCK]
-            state = _merge(state, _scores(attn, scores, hidden), older_values, "gwkhn,gknd->gwkhd")
-        recent_keys = keys[self.recent_block, :, self.recent_row].float()  # [groups, width, RECENT, kv heads, size]
-        recent_values = values[self.recent_block, :, self.recent_row].float()
-        scores = torch.einsum("gwkhd,gwrkd->gwkhr", grouped, recent_keys)
+        state = self._older(attn, grouped, keys, values) if self.older_blocks else None
+        where = (self.recent_block[:, :, None, :], torch.arange(kv_heads, device=q.device)[:, None],
+                 self.recent_row[:, :, None, :])  # [groups, width, kv heads, RECENT]  # fmt: skip
+        scores = grouped @ keys[where].float().transpose(-1, -2)  # [groups, width, kv heads, group, RECENT]
         hidden = self.recent[attn.window][:, :, None, None, :]
-        top, total, out = _merge(state, _scores(attn, scores, hidden), recent_values, "gwkhr,gwrkd->gwkhd")
+        recent_values = values[where].float()
+        top, total, out = _merge(state, _scores(attn, scores, hidden), lambda weights: weights @ recent_values)
         if attn.sinks is not None:  # a sink logit per head takes its share of the softmax, with no value
             total = total + torch.exp(attn.sinks.float().view(kv_heads, -1) - top)
         return (out / total[..., None]).reshape(groups, width, -1).to(q.dtype)
+
+    def _older(self, attn, grouped: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> tuple:
+        """The running (maximum, sum, output) over the older keys, block by block, laid out as the recent part's
+        ([groups, width, kv heads, group, ...]); each block one product per (group, kv head)."""
+        groups, width, kv_heads, group, size = grouped.shape
+        by_head = grouped.permute(0, 2, 1, 3, 4).reshape(groups, kv_heads, width * group, size)
+        heads = torch.arange(kv_heads, device=grouped.device)[:, None]
+        state = None
+        for block, blocks in enumerate(self.older_blocks):
+            where = (blocks[:, None, :], heads, self.older_rows)  # [groups, kv heads, KEY_BLOCK]
+            scores = (by_head @ keys[where].float().transpose(-1, -2)).view(groups, kv_heads, width, group, -1)
+            hidden = self.older[attn.window][:, None, :, None, block * KEY_BLOCK : (block + 1) * KEY_BLOCK]
+            state = _merge(state, _scores(attn, scores, hidden), partial(_by_head, values=values[where].float()))
+        return tuple(t.transpose(1, 2) for t in state)
+
+
+def _by_head(weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """weights [groups, kv heads, width, group, keys] times values [groups, kv heads, keys, size]."""
+    return (weights.flatten(2, 3) @ values).unflatten(2, weights.shape[2:4])
 
 
 def _scores(attn, scores: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
@@ -73,12 +86,13 @@ def _scores(attn, scores: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
     return scores.masked_fill(hidden, float("-inf"))
 
 
-def _merge(state, scores: torch.Tensor, values: torch.Tensor, product: str):
-    """The running (maximum, sum, output) after one more part of the keys; None: none before it."""
+def _merge(state, scores: torch.Tensor, weighted):
+    """The running (maximum, sum, output) after one more part of the keys (`weighted(weights)`: its values' weighted
+    sum); None: none before it."""
     top = scores.amax(-1) if state is None else torch.maximum(state[0], scores.amax(-1))
     shift = torch.where(top == float("-inf"), torch.zeros_like(top), top)  # no key yet: exp(-inf - 0) = 0
     weights = torch.exp(scores - shift[..., None])
-    total, out = weights.sum(-1), torch.einsum(product, weights, values)
+    total, out = weights.sum(-1), weighted(weights)
     if state is not None:
         kept = torch.exp(state[0] - shift)
         total, out = state[1] * kept + total, state[2] * kept[..., None] + out
