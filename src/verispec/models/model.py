@@ -356,8 +356,8 @@ class Transformer(nn.Module):
 
         invariant=False lets a batch-invariant model use ordinary (faster) attention: for prefills and
         drafts, whose rounding never has to match a decode step's (a model with `fused_blocks` is invariant in
-        every pass). `head` replaces the output head (a
-        draft's restricted head, see draft_head.py).
+        every pass; so is one with a `pass_shape`, whose every pass runs at that shape: pass_shape.py). `head`
+        replaces the output head (a draft's restricted head, see draft_head.py).
         """
         batch, seq = tokens.shape
         if parents is not None and self.config.hybrid:
