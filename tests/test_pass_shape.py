@@ -245,7 +245,7 @@ def test_sampled_speculative_decoding_at_one_shape_follows_the_target_distributi
 
 
 # ---- the shape asked for ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("text", ["0x4", "8x", "x8", "8x300", "8*8", "eight"])
+@pytest.mark.parametrize("text", ["0x4", "8x", "x8", "8x300", "32x32", "8*8", "eight", "-1x8"])
 def test_a_malformed_pass_shape_is_refused_naming_the_forms(text):
     with pytest.raises(InvalidParameterError, match="GROUPSxWIDTH"):
         parse_pass_shape(text, "cpu")

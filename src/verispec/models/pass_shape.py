@@ -64,6 +64,7 @@ class PassShape:
 # every weight once whatever its rows (T(16)/T(1) was 1.10 on an H200), so padding a one-row step should cost little;
 # what 64 rows cost is benchmarks/gpu_costs.py's to measure (docs/speed.md "On a GPU")
 CUDA_PASS_SHAPE = PassShape(groups=8, width=8)
+MOST_ROWS = 512  # a pass's rows at most: each pass computes every row's logits (a large vocabulary's 0.6 MB a row)
 
 
 def parse_pass_shape(text: str | None, device: torch.device | str) -> PassShape | None:
@@ -74,9 +75,13 @@ def parse_pass_shape(text: str | None, device: torch.device | str) -> PassShape 
     if text == "off":
         return None
     found = re.fullmatch(r"(\d+)x(\d+)", str(text))
-    if found is None or not (1 <= int(found[1]) <= 256 and 1 <= int(found[2]) <= 256):
-        raise InvalidParameterError(f"pass shape {text!r}: use auto, off or GROUPSxWIDTH (each 1-256), e.g. 8x8")
-    return PassShape(groups=int(found[1]), width=int(found[2]))
+    groups, width = (int(found[1]), int(found[2])) if found is not None else (0, 0)
+    if min(groups, width) < 1 or groups * width > MOST_ROWS:
+        raise InvalidParameterError(
+            f"pass shape {text!r}: use auto, off or GROUPSxWIDTH (each at least 1, at most {MOST_ROWS} rows in all), "
+            "e.g. 8x8"
+        )
+    return PassShape(groups=groups, width=width)
 
 
 def uncovered(model) -> str | None:
