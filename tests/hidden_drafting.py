@@ -32,6 +32,20 @@ def on_native(target: LoadedModel) -> LoadedModel:
     return LoadedModel(target.name, target.path, native_from_dense(copy.deepcopy(target.model)), target.tokenizer)
 
 
+def alone_as_plain(spec: SpeculativeGenerator, plain: SpeculativeGenerator, prompts: list) -> int:
+    """Each prompt alone through `spec`: greedy output token for token, and seeds 3 and 8's sampled texts, as `plain`
+    writes them (asserted); returns the drafts accepted over the greedy runs."""
+    accepted = 0
+    for prompt in prompts:
+        out = spec.generate(prompt, max_tokens=40, ignore_eos=True, temperature=0)
+        assert out.token_ids == plain.generate(prompt, max_tokens=40, ignore_eos=True, temperature=0).token_ids
+        accepted += out.stats.accepted
+        for seed in (3, 8):
+            sampled = dict(max_tokens=24, ignore_eos=True, temperature=0.8, seed=seed)
+            assert spec.generate(prompt, **sampled).token_ids == plain.generate(prompt, **sampled).token_ids
+    return accepted
+
+
 def run_as_plain(scheduler: Scheduler, target: LoadedModel, requests: list, max_tokens: int = 30) -> dict:
     """`requests` (name, prompt ids, SamplingParams) submitted together and run to the end; each output is asserted
     plain decoding's for its prompt and seed. Returns the outputs by name."""

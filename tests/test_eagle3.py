@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from eagle3_heads import FOLDER_LAYOUTS, LAYOUTS, layer_config, write_agreeing_head, write_head
-from hidden_drafting import exact_first_two, on_native, rms, rotated, run_as_plain
+from hidden_drafting import alone_as_plain, exact_first_two, on_native, rms, rotated, run_as_plain
 from safetensors.torch import load_file
 
 from verispec import SpeculativeGenerator, load_model
@@ -175,14 +175,7 @@ def test_greedy_and_seeded_output_is_plain_decodings(one_thread, agreeing, nativ
     plain = SpeculativeGenerator(target, None, max_seq_len=256, progress=False)
     spec = SpeculativeGenerator(target, str(head), speculative_method="eagle3", num_speculative_tokens=4,
                                 max_seq_len=256, adaptive=False, progress=False, token_trees=trees)  # fmt: skip
-    accepted = 0
-    for prompt in PROMPTS:
-        out = spec.generate(prompt, max_tokens=40, ignore_eos=True, temperature=0)
-        assert out.token_ids == plain.generate(prompt, max_tokens=40, ignore_eos=True, temperature=0).token_ids
-        accepted += out.stats.accepted
-        for seed in (3, 8):
-            sampled = dict(max_tokens=24, ignore_eos=True, temperature=0.8, seed=seed)
-            assert spec.generate(prompt, **sampled).token_ids == plain.generate(prompt, **sampled).token_ids
+    accepted = alone_as_plain(spec, plain, PROMPTS)
     assert accepted > 10
 
 
