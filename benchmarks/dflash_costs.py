@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 
 import torch
+from timing import interleaved_medians  # beside this script
 from torch import nn
 
 from verispec import load_model
@@ -158,14 +158,7 @@ def measure(args) -> dict:
         raise SystemExit(f"{path} has {target.model.config.num_layers} layers, not {shape['layers']}")
     drafter = _drafter(target.model.config, shape["intermediate"])
     context = [int(t) for t in torch.randint(300, 30000, (args.context,), generator=torch.Generator().manual_seed(2))]
-    timers = _timers(target, drafter, context)
-    for timer in timers.values():
-        timer()  # warm-up
-    samples: dict[str, list[float]] = {name: [] for name in timers}
-    for _ in range(args.reps):
-        for name, timer in timers.items():
-            samples[name].append(timer())
-    median = {name: statistics.median(values) for name, values in samples.items()}
+    median = interleaved_medians(_timers(target, drafter, context), args.reps)
     print(json.dumps(median), file=sys.stderr)  # the raw figures, whatever the report makes of them
     return _report(args, median)
 

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
 from random_gguf import random_gguf  # beside this script
+from timing import interleaved_medians  # beside this script
 
 from verispec import load_model
 from verispec.engine.eagle3 import Eagle3Drafter
@@ -223,14 +223,7 @@ def measure(args) -> dict:
     target = load_model(path, "float32", progress=False, quantization="gguf")
     head = _head(target.model.config, shape["head_intermediate"])
     context = [int(t) for t in torch.randint(300, 30000, (args.context,), generator=torch.Generator().manual_seed(2))]
-    timers = _timers(target, head, context)
-    for timer in timers.values():
-        timer()  # warm-up
-    samples: dict[str, list[float]] = {name: [] for name in timers}
-    for _ in range(args.reps):
-        for name, timer in timers.items():
-            samples[name].append(timer())
-    median = {name: statistics.median(values) for name, values in samples.items()}
+    median = interleaved_medians(_timers(target, head, context), args.reps)
     print(json.dumps(median), file=sys.stderr)  # the raw figures, whatever the report makes of them
     return _report(args, median)
 
