@@ -6,7 +6,8 @@ transformers' own decoding of the same shape; and whether greedy speculative out
     python benchmarks/gpu_costs.py --hf                              # and transformers (eager; static cache + compile)
     python benchmarks/gpu_costs.py --device cpu --target tiny --draft tiny-draft --dtype float32   # a smoke run
 
-Per pass shape (--pass-shapes, "off" = PyTorch's ordinary passes), one sitting:
+Per pass shape (--pass-shapes, "off" = PyTorch's ordinary passes; "auto:compiled" = auto with each pass compiled by
+torch.compile, its compilations done before any timing), one sitting:
 - T(n): one sequence's pass over n new rows after a 256-token context (median of --reps); T(n)/T(1);
 - c: the draft shape's one-row step over the target's T(1);
 - GB/s at T(1): the target's weight bytes / T(1), against the card's read rate (a 4 GiB matrix-vector product);
@@ -35,6 +36,7 @@ from verispec.decoding.sampling import SamplingParams  # noqa: E402
 from verispec.engine.fixed_acceptance import fixed_acceptance  # noqa: E402
 from verispec.engine.requests import EngineRequest, FinishEvent  # noqa: E402
 from verispec.engine.scheduler import Scheduler, SchedulerConfig  # noqa: E402
+from verispec.errors import InvalidParameterError  # noqa: E402
 from verispec.models.config import ModelConfig  # noqa: E402
 from verispec.models.model import Transformer  # noqa: E402
 from verispec.models.pass_shape import parse_pass_shape, use_pass_shape  # noqa: E402
@@ -130,12 +132,21 @@ def prompts(count: int, vocab: int) -> list[list[int]]:
     return [torch.randint(3, min(vocab, 256), (CONTEXT,), generator=generator).tolist() for _ in range(count)]
 
 
-def run_batch(target, method: str | None, shape: str, prompts_: list[list[int]], tokens: int, k: int,
+def split(entry: str) -> tuple[str, bool]:
+    """A --pass-shapes entry as (the shape, compiled)."""
+    shape, _, how = entry.partition(":")
+    if how not in ("", "compiled"):
+        raise SystemExit(f"--pass-shapes: {entry!r}: a shape (off, auto, GxW), optionally followed by :compiled")
+    return shape, how == "compiled"
+
+
+def run_batch(target, method: str | None, entry: str, prompts_: list[list[int]], tokens: int, k: int,
               device: str) -> tuple[list[list[int]], float]:  # fmt: skip
     """Every prompt at once through one engine (greedy, --tokens each): the outputs and the wall seconds."""
+    shape, compiled = split(entry)
     config = SchedulerConfig(max_num_seqs=len(prompts_), max_model_len=CONTEXT + tokens + 2 * k + 2,
                              num_speculative_tokens=k, draft_policy="always" if method else "never",
-                             speculative_method=method, pass_shape=shape)  # fmt: skip
+                             speculative_method=method, pass_shape=shape, compile_passes=compiled)  # fmt: skip
     engine = Scheduler(target, None, config)
     finals: dict[int, FinishEvent] = {}
     synchronize(device)
@@ -177,13 +188,16 @@ def measure(args, save) -> dict:
     results: dict = {"device": torch.cuda.get_device_name(0) if device.startswith("cuda") else "cpu",
                      "torch": torch.__version__, "dtype": args.dtype, "read_GBps": read_rate(device)}  # fmt: skip
     print(f"read rate: {results['read_GBps']} GB/s", flush=True)
+    if not args.pass_shapes:
+        return results
     target = tiny_loaded(build(args.target, device, dtype), byte_tokenizer(), args.target)
     draft = build(args.draft, device, dtype)
     weight_bytes = sum(p.numel() * p.element_size() for p in target.model.parameters())
     for text in args.pass_shapes:
-        shape = parse_pass_shape(text, device)
-        use_pass_shape(target.model, shape, asked=text != "auto")
-        use_pass_shape(draft, shape, asked=text != "auto")
+        name, compiled = split(text)
+        shape = parse_pass_shape(name, device)
+        use_pass_shape(target.model, shape, asked=name != "auto", compiled=compiled)
+        use_pass_shape(draft, shape, asked=name != "auto", compiled=compiled)
         times = pass_times(target.model, (1, 2, 4, 8, 16), args.reps, device)
         step = pass_times(draft, (1,), args.reps, device)[1]
         row = {"T_ms": times, "T_ratio": {n: t / times[1] for n, t in times.items()}, "draft_step_ms": step,
@@ -234,7 +248,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     parser.add_argument("--target", default="7b", choices=sorted(SHAPES))
     parser.add_argument("--draft", default="0.5b", choices=sorted(SHAPES))
-    parser.add_argument("--pass-shapes", default="off,auto", type=lambda s: s.split(","))
+    parser.add_argument("--pass-shapes", default="off,auto,auto:compiled", type=lambda text: text.split(",") if text
+                        else [], help='comma-separated; "" measures none (with --hf: transformers alone)')  # fmt: skip
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--batch", type=int, default=8)
@@ -244,6 +259,11 @@ def main() -> None:
     parser.add_argument("--out", default=os.path.join(os.environ["OUT"], "gpu_costs.json") if "OUT" in os.environ
                         else None)  # fmt: skip
     args = parser.parse_args()
+    for entry in args.pass_shapes:  # its mistakes before minutes of building
+        try:
+            parse_pass_shape(split(entry)[0], args.device)
+        except InvalidParameterError as error:
+            raise SystemExit(f"--pass-shapes: {error}") from None
 
     def save(results: dict) -> None:
         if args.out:

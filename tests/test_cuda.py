@@ -208,3 +208,35 @@ def test_graph_replay_gives_the_bits_of_the_same_pass_run_eagerly(real_shape_pai
     finally:
         use_pass_shape(model, None)
     assert all(torch.equal(a, b) for a, b in zip(*outputs, strict=True))
+
+
+def test_compiled_passes_keep_a_rows_bfloat16_bits_in_every_pass_and_replay_their_eager_bits(real_shape_pair):
+    """Each shaped pass compiled by torch.compile (fused kernels) and replayed from CUDA graphs: a row's bfloat16
+    logits the same bits in every pass, and the bits of the same compiled passes run without graphs."""
+    from test_pass_shape import passes, same_bits
+
+    from verispec.models.pass_shape import CUDA_PASS_SHAPE, use_pass_shape
+
+    model = real_shape_pair[0].model
+    ids = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(0)).cuda()
+    try:
+        use_pass_shape(model, CUDA_PASS_SHAPE, compiled=True)
+        replayed = passes(model, ids)
+        assert same_bits(replayed)
+        assert any(runner._captured for runner in model._shaped.values())
+        use_pass_shape(model, CUDA_PASS_SHAPE, graphs=False, compiled=True)
+        assert same_bits({"decoded": replayed["decoded"], "eager": passes(model, ids)["decoded"]})
+    finally:
+        use_pass_shape(model, None)
+
+
+def test_in_bfloat16_with_compiled_passes_greedy_speculative_output_is_plain_output(real_shape_pair):
+    """The draft model (k 4) against plain decoding, both with compiled passes, alone and batched."""
+    target, draft = real_shape_pair
+    prompts = _real_prompts()[:3]
+    options = dict(device="cuda", dtype="bfloat16", max_seq_len=512, compile_passes=True)
+    plain = SpeculativeGenerator(target, None, **options)
+    expected = [plain.generate(p, max_tokens=96, ignore_eos=True).token_ids for p in prompts]
+    spec = SpeculativeGenerator(target, draft, speculative_method="draft", num_speculative_tokens=4, adaptive=False,
+                                **options)  # fmt: skip
+    assert [spec.generate(p, max_tokens=96, ignore_eos=True).token_ids for p in prompts] == expected

@@ -279,3 +279,90 @@ def test_a_mixture_of_experts_rows_are_the_same_bits_in_every_pass_at_one_shape(
     assert shaped.pass_graphs is False
     assert same_bits(passes(shaped, ids))
     assert not same_bits(passes(model(**overrides), ids))
+
+
+# ---- compiled passes (torch.compile) --------------------------------------------------------------------------------
+def compiled_model(**overrides):
+    made = model(**overrides)
+    use_pass_shape(made, PassShape(groups=2, width=4), compiled=True)
+    return made
+
+
+@pytest.mark.slow
+def test_compiled_passes_keep_a_rows_bits_in_every_pass_tapped_or_not_and_over_more_key_blocks():
+    """Compiled by torch.compile (fused kernels, which round otherwise than eager ones): a row's logits the same bits
+    in every pass; a pass tapping layers for served hidden states (EAGLE-3, DFlash: another compilation) gives the
+    bits of one that does not; a row read beside a sequence past KEY_BLOCK tokens (another compilation) too. The
+    control: compiled logits are not the eager pass's bits, so each check compares two compilations."""
+    ids = torch.randint(0, 257, (1, 40), generator=torch.Generator().manual_seed(0))
+    compiled = passes(compiled_model(), ids)
+    assert same_bits(compiled)
+    assert not same_bits({"decoded": compiled["decoded"], "eager": passes(model(PassShape(2, 4)), ids)["decoded"]})
+    tapping = compiled_model()
+    tapping.serve_hidden(lambda *served: None, layers=(1, 4))
+    assert same_bits({"decoded": compiled["decoded"], "tapped": passes(tapping, ids)["decoded"]})
+    made = compiled_model(max_position_embeddings=4096)
+    long_ids = torch.randint(0, 257, (1, KEY_BLOCK + 20), generator=torch.Generator().manual_seed(5))
+    cache = made.new_cache(num_slots=3, max_len=KEY_BLOCK + 32)
+    for slot in (0, 1):
+        made(long_ids[:, :40], cache, [slot])
+    made(long_ids, cache, [2])
+    alone = made(long_ids[:, 40:41], cache, [0])[0, 0]
+    beside = made(torch.stack([long_ids[0, 40:41], long_ids[0, 7:8]]), cache, [1, 2])[0, 0]
+    assert made._shaped[cache].key_blocks == 2
+    assert torch.equal(alone, beside)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "options",
+    [dict(speculative_method="draft", num_speculative_tokens=4, adaptive=False),
+     dict(speculative_method="oracle-tree", num_speculative_tokens=6, adaptive=False, token_trees=True)],
+    ids=["draft", "trees"],
+)  # fmt: skip
+def test_speculative_output_is_plain_output_to_every_logprobs_bit_with_compiled_passes(options):
+    target, draft = pair()
+    plain = generated(target, None, "2x4", compile_passes=True)
+    method = options.pop("speculative_method")
+    with fixed_acceptance([target.tokenizer.encode(p) + o[0] for p, o in zip(PROMPTS, plain, strict=True)], 0.6,
+                          tree=method == "oracle-tree") as oracle:  # fmt: skip
+        name = oracle if method.startswith("oracle") else method
+        speculative = generated(target, draft, "2x4", speculative_method=name, compile_passes=True, **options)
+    assert [(t, lp) for t, lp, _ in speculative] == [(t, lp) for t, lp, _ in plain]
+    assert 0 < sum(s.accepted for *_, s in speculative) < sum(s.drafted for *_, s in speculative)
+    assert target.model._shaped and all(r.compiled for r in target.model._shaped.values())
+
+
+def test_compiled_passes_are_refused_without_a_shape_and_for_a_mixture_of_experts():
+    with pytest.raises(InvalidParameterError, match="pass shape"):
+        SchedulerConfig(pass_shape="off", compile_passes=True)
+    with pytest.raises(InvalidParameterError, match="no pass shape"):
+        use_pass_shape(model(), None, compiled=True)
+    mixture = model(num_experts=4, experts_per_token=2, expert_intermediate_size=96)
+    with pytest.raises(InvalidParameterError, match="experts"):
+        use_pass_shape(mixture, PassShape(groups=2, width=4), compiled=True)
+    with pytest.raises(InvalidParameterError, match="auto is none on a CPU"):
+        Scheduler(tiny_loaded(model()), None, SchedulerConfig(max_num_seqs=1, max_model_len=64, compile_passes=True))
+
+
+@pytest.mark.slow
+def test_the_gpu_cost_benchmark_runs_on_the_cpu_and_finds_speculative_output_identical(tmp_path):
+    """benchmarks/gpu_costs.py (what a GPU visit runs) on tiny shapes: every figure written, and each speculative
+    output of fixed acceptance equal to plain output at its shape, ordinary, shaped and compiled."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_costs.py"
+    out = tmp_path / "costs.json"
+    command = [sys.executable, str(script), "--device", "cpu", "--target", "tiny", "--draft", "tiny-draft",
+               "--dtype", "float32", "--pass-shapes", "off,2x4,2x4:compiled", "--tokens", "12", "--reps", "1",
+               "--batch", "2", "--acceptance", "0.8", "--out", str(out)]  # fmt: skip
+    subprocess.run(command, check=True, capture_output=True)
+    results = json.loads(out.read_text())
+    for entry in ("off", "2x4", "2x4:compiled"):
+        row = results[f"shape_{entry}"]
+        assert row["T_ms"]["1"] > 0 and row["c"] > 0
+        assert row["batch_1"]["alpha_0.8"]["identical"] == "1/1"
+        assert row["batch_2"]["alpha_0.8"]["identical"] == "2/2"

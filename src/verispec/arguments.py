@@ -70,6 +70,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="every target pass at one padded shape GROUPSxWIDTH, so that a row's bits never depend on the pass "
         "(greedy speculative output = plain output in bfloat16 on a GPU); auto (default): 8x8 on CUDA, off on a CPU",
     )
+    parser.add_argument(
+        "--compile-passes",
+        action="store_true",
+        help="compile each shaped pass with torch.compile (fewer, fused kernels; the first pass of each kind "
+        "compiles for seconds to minutes); needs a pass shape",
+    )
 
 
 def _add_model_sources(parser: argparse.ArgumentParser) -> None:

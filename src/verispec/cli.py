@@ -62,6 +62,7 @@ def build_generator(args: argparse.Namespace, with_draft: bool = True):
         kv_cache_memory=args.kv_cache_memory,
         revision=args.revision,
         pass_shape=args.pass_shape,
+        compile_passes=args.compile_passes,
     )
 
 

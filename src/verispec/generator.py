@@ -52,6 +52,7 @@ class SpeculativeGenerator:
         kv_cache_memory: int | str | None = None,
         revision: str | None = None,
         pass_shape: str = "auto",
+        compile_passes: bool = False,
     ):
         """`target`, `draft`: a model loaded, or a source (a path, a bundled name, a Hugging Face repo id, an Ollama
         name, an LM Studio key: models/names.py). `speculative_method`: a name of engine/methods.py; None: the chosen
@@ -62,7 +63,8 @@ class SpeculativeGenerator:
         `token_trees`: suffix lookups may propose token trees (SchedulerConfig.token_trees). `kv_cache_memory`:
         bytes (or "4GiB") the KV caches may take (engine/budget.py; None: the whole context, at most half the memory
         available). `revision`: the target's on the Hugging Face hub, where it is named by repo id. `pass_shape`: every
-        target pass at one padded shape (SchedulerConfig.pass_shape; models/pass_shape.py)."""
+        target pass at one padded shape (SchedulerConfig.pass_shape; models/pass_shape.py), compiled where
+        `compile_passes`."""
         method = resolve_method(speculative_method, draft is not None)  # engine/methods.py: the one verdict
         if method is None or not method.uses_draft_model:
             draft = None
@@ -78,7 +80,7 @@ class SpeculativeGenerator:
             speculative_method=None if method is None else method.name,
             method_options={} if draft_vocab is None else {"draft_vocab": draft_vocab}, draft_window=draft_window,
             prefill_chunk=max_seq_len,  # one request: its whole prompt in one pass
-            token_trees=token_trees, pass_shape=pass_shape,
+            token_trees=token_trees, pass_shape=pass_shape, compile_passes=compile_passes,
             kv_cache_memory=None if kv_cache_memory is None else parse_memory(kv_cache_memory),
         )  # fmt: skip
         loaded = load_with_drafter(

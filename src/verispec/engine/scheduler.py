@@ -41,7 +41,7 @@ from ..decoding.stopping import check_stop
 from ..errors import InvalidParameterError, PromptTooLongError, VerispecError
 from ..models.loading import LoadedModel
 from ..models.model import Transformer
-from ..models.pass_shape import parse_pass_shape, use_pass_shape
+from ..models.pass_shape import parse_pass_shape, uncovered, use_pass_shape
 from .admitter import Admitter
 from .caches import CacheSizes, allocate
 from .draft_round import DraftRound
@@ -95,6 +95,8 @@ class SchedulerConfig:
     # every pass of the target (and of a draft model) at one padded shape, "GROUPSxWIDTH" (models/pass_shape.py: a
     # row's bits whatever the pass); "auto": 8x8 on CUDA, none on a CPU (whose native kernels are row-invariant)
     pass_shape: str = "auto"
+    # each shaped pass compiled by torch.compile (fewer, fused kernels; needs a pass shape; models/pass_shape.py)
+    compile_passes: bool = False
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_queue < 0 or (self.max_model_len is not None and self.max_model_len < 2):
@@ -109,6 +111,8 @@ class SchedulerConfig:
             raise InvalidParameterError(f"draft_policy must be one of {', '.join(POLICIES)}, got {self.draft_policy!r}")
         check_method_options(self.method_options)
         parse_pass_shape(self.pass_shape, "cpu")  # its form, before loading
+        if self.compile_passes and self.pass_shape == "off":
+            raise InvalidParameterError("compiled passes (--compile-passes) need a pass shape, not off")
         if self.draft_window < 0:
             raise InvalidParameterError(f"draft_window must be >= 0 (0 = the whole context), got {self.draft_window}")
         if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
@@ -151,14 +155,15 @@ class Scheduler:
     def _shape_passes(self, target: LoadedModel, draft: LoadedModel | None) -> None:
         """The pass shape on the target (refused by name where asked for and not covered) and on a draft model on
         PyTorch (for its CUDA graphs: a draft's bits need not match anything); CUDA graphs unless
-        VERISPEC_CUDA_GRAPHS=0."""
-        text = self.config.pass_shape
+        VERISPEC_CUDA_GRAPHS=0; compiled passes where the config says (refused without a shape)."""
+        text, compiled = self.config.pass_shape, self.config.compile_passes
         graphs = os.environ.get("VERISPEC_CUDA_GRAPHS", "1") != "0"
         shape = use_pass_shape(target.model, parse_pass_shape(text, target.model.device), asked=text != "auto",
-                               graphs=graphs)  # fmt: skip
+                               graphs=graphs, compiled=compiled)  # fmt: skip
         draft_model = getattr(draft, "model", None)  # a method's drafter may be a checkpoint of its own
         if isinstance(draft_model, Transformer):
-            use_pass_shape(draft_model, shape, graphs=graphs)
+            compiled = compiled and shape is not None and uncovered(draft_model) is None
+            use_pass_shape(draft_model, shape, graphs=graphs, compiled=compiled)
 
     def _build(self, target: LoadedModel, draft: LoadedModel | None, context: int) -> None:
         """The caches and the proposer (caches.py), then the rooms that share them."""

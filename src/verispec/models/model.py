@@ -285,6 +285,7 @@ class Transformer(nn.Module):
         # caches are made (their scratch block), by `use_pass_shape`
         self.pass_shape: PassShape | None = None
         self.pass_graphs = False  # on CUDA, replay each shaped pass from a CUDA graph
+        self.pass_compiled = False  # each shaped pass compiled by torch.compile
         self._shaped: weakref.WeakKeyDictionary[KVCache, ShapedPasses] = weakref.WeakKeyDictionary()
 
     @property
@@ -395,8 +396,9 @@ class Transformer(nn.Module):
         if self.pass_shape is None or cache.scratch_block is None:
             return None
         runner = self._shaped.get(cache)
-        if runner is None or runner.shape != self.pass_shape:
-            runner = self._shaped[cache] = ShapedPasses(self, cache, self.pass_shape, graphs=self.pass_graphs)
+        if runner is None or (runner.shape, runner.compiled) != (self.pass_shape, self.pass_compiled):
+            runner = self._shaped[cache] = ShapedPasses(self, cache, self.pass_shape, graphs=self.pass_graphs,
+                                                        compiled=self.pass_compiled)  # fmt: skip
         return runner
 
     def _shaped_forward(self, runner: ShapedPasses, groups: list, tokens: torch.Tensor, cache: KVCache, *,

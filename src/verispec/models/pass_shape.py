@@ -22,6 +22,11 @@ Static buffers. Every tensor a pass reads is a buffer of the runner, refilled in
 captured as a CUDA graph per (head, blocks of older keys) and replayed (`graphs`), which removes the ~1,300 kernel
 launches from Python a step costs eagerly.
 
+Compiled passes (`compiled`, opt-in). The pass may be compiled by torch.compile (once per head, blocks of older keys
+and tapped layers), which fuses the attention's and the norms' small operations into fewer kernels (what a replayed
+graph still runs one after another). Fused kernels round otherwise than eager ones, so a model's passes are all
+compiled or none: a compilation that fails raises, never falls back to eager passes beside compiled ones.
+
 A mixture of experts runs each chosen expert over the pass's whole row count (feed_forward.through_experts: the rows
 that chose it, then zeros), so that an expert's product has one shape too; which experts run depends on the tokens,
 so such a model's passes run eagerly, without graphs.
@@ -94,23 +99,32 @@ def uncovered(model) -> str | None:
     return None
 
 
-def use_pass_shape(model, shape: PassShape | None, *, asked: bool = False, graphs: bool = True) -> PassShape | None:
-    """Every pass of `model` (a Transformer) at `shape` from now on, replayed from CUDA graphs on CUDA where `graphs`
-    (None: its ordinary passes); caches made before keep their passes. A model the rule does not cover keeps its
-    ordinary passes, said once in the log, or refused where the shape was `asked` for by name. Returns the shape
+def use_pass_shape(model, shape: PassShape | None, *, asked: bool = False, graphs: bool = True,
+                   compiled: bool = False) -> PassShape | None:  # fmt: skip
+    """Every pass of `model` (a Transformer) at `shape` from now on, replayed from CUDA graphs on CUDA where `graphs`,
+    compiled by torch.compile where `compiled` (None: its ordinary passes); caches made before keep their passes. A
+    model the rule does not cover keeps its ordinary passes, said once in the log, or refused where the shape was
+    `asked` for by name; compiled passes are refused without a shape and for a mixture of experts. Returns the shape
     taken."""
     reason = uncovered(model) if shape is not None else None
+    if compiled and (shape is None or reason is not None):
+        why = reason or "no pass shape: --pass-shape GROUPSxWIDTH (auto is none on a CPU)"
+        raise InvalidParameterError(f"compiled passes (--compile-passes): not for this model ({why})")
     if reason is not None:
         if asked:
             raise InvalidParameterError(f"pass shape {shape}: not for this model ({reason}); use --pass-shape off")
         log.info("passes at their own shapes: %s", reason)
         shape = None
     mixtures = [m for m in model.modules() if hasattr(m, "padded")]  # feed_forward.through_experts
+    if compiled and mixtures:
+        raise InvalidParameterError("compiled passes (--compile-passes): not for this model (which experts a "
+                                    "mixture's pass runs depends on its tokens)")  # fmt: skip
     for mixture in mixtures:
         mixture.padded = shape is not None
     model.pass_shape = shape
     # which experts a pass runs depends on its tokens: a mixture's passes run eagerly
     model.pass_graphs = graphs and shape is not None and not mixtures
+    model.pass_compiled = compiled
     return shape
 
 
@@ -161,7 +175,7 @@ class ShapedPasses:
     """A model's passes over one cache at one shape: the static buffers, the fill, the computation (eager, or replayed
     from a CUDA graph)."""
 
-    def __init__(self, model, cache: KVCache, shape: PassShape, graphs: bool):
+    def __init__(self, model, cache: KVCache, shape: PassShape, graphs: bool, compiled: bool = False):
         if cache.scratch_block is None:
             raise ValueError("a pass shape needs a cache with a scratch block (Transformer.new_cache makes one)")
         if KEY_BLOCK % cache.block_size:
@@ -180,6 +194,9 @@ class ShapedPasses:
         self.key_blocks = 0  # blocks of older keys the pass reads
         self.rope = model.rope_tables(cache.max_len)
         self._captured: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
+        self.compiled = compiled
+        self._compute_pass = _compiled(self._compute) if compiled else self._compute
+        self._compiled_for: set[tuple[int, int, tuple[int, ...]]] = set()  # (head, key blocks, tapped) compiled
 
     # ---- one pass ----
     def run(self, groups: list[Group], tokens: torch.Tensor, head, tapped: tuple[int, ...] = ()):
@@ -187,12 +204,21 @@ class ShapedPasses:
         layer, float32 logits [groups x width, V], the inputs of the `tapped` layers; row g x width + i is group g's
         row i."""
         self._fill(groups, tokens)
+        self._announce(head, tapped)
         if self.graphs and not tapped:
             captured = self._graph(head)
             if captured is not None:
                 captured[0].replay()
                 return (*captured[1], {})
-        return self._compute(head, tapped)
+        return self._compute_pass(head, tapped)
+
+    def _announce(self, head, tapped: tuple[int, ...]) -> None:
+        """A compilation about to happen said in the log (it takes seconds to minutes, once)."""
+        key = (id(head), self.key_blocks, tapped)
+        if self.compiled and key not in self._compiled_for:
+            self._compiled_for.add(key)
+            log.info("compiling the %s pass over %d blocks of older keys%s (once; may take a minute)", self.shape,
+                     self.key_blocks, f", tapping layers {list(tapped)}" if tapped else "")  # fmt: skip
 
     def _fill(self, groups: list[Group], tokens: torch.Tensor) -> None:
         """The buffers for `groups` (their rows' tokens picked from the caller's `tokens`, flat). Padding rows write
@@ -303,14 +329,25 @@ class ShapedPasses:
         """A CUDA graph of the pass over the buffers as they are, and its output tensors."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm-up off the capture: lazy initialisations happen here
+        with torch.cuda.stream(stream):  # warm-up off the capture: lazy initialisations (and compilation) happen here
             for _ in range(2):
-                self._compute(head)
+                self._compute_pass(head)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            hidden, logits, _ = self._compute(head)
+            hidden, logits, _ = self._compute_pass(head)
         return graph, (hidden, logits)
+
+
+def _compiled(compute):
+    """`compute` compiled for one shape (a compilation per head, blocks of older keys and tapped layers, hence many
+    per process: the recompilation limits raised). Hitting a limit raises rather than running that pass eagerly beside
+    compiled ones, whose bits differ."""
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, 1024)
+    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 8192)
+    config.fail_on_recompile_limit_hit = True
+    return torch.compile(compute, dynamic=False, fullgraph=True)
 
 
 def shaped_forward(runner: ShapedPasses, tokens: torch.Tensor, groups: list[Group], *, keep: set[int] | None,
