@@ -64,6 +64,11 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "is more, at most half the memory available at start; memory is taken as the cache fills)",
     )
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: all cores)")
+    _add_pass_options(parser)
+
+
+def _add_pass_options(parser: argparse.ArgumentParser) -> None:
+    """--pass-shape, --compile-passes: how the target's passes run (models/pass_shape.py)."""
     parser.add_argument(
         "--pass-shape",
         default="auto",

@@ -59,12 +59,10 @@ class SpeculativeGenerator:
         drafter's with draft "auto", its default (suffix) with a draft model, plain decoding without one.
         `adaptive`: the engine's draft policy picks k = 0..num_speculative_tokens per step from measured costs
         (engine/policy.py); False drafts num_speculative_tokens every step. `draft_window`: the draft model reads a
-        long prompt's first tokens and its last `draft_window` only (0: all of it).
-        `token_trees`: suffix lookups may propose token trees (SchedulerConfig.token_trees). `kv_cache_memory`:
+        long prompt's first tokens and its last `draft_window` only (0: all of it). `kv_cache_memory`:
         bytes (or "4GiB") the KV caches may take (engine/budget.py; None: the whole context, at most half the memory
-        available). `revision`: the target's on the Hugging Face hub, where it is named by repo id. `pass_shape`: every
-        target pass at one padded shape (SchedulerConfig.pass_shape; models/pass_shape.py), compiled where
-        `compile_passes`."""
+        available). `revision`: the target's on the Hugging Face hub, where it is named by repo id. `token_trees`,
+        `pass_shape`, `compile_passes`: SchedulerConfig's (token trees from lookups; models/pass_shape.py)."""
         method = resolve_method(speculative_method, draft is not None)  # engine/methods.py: the one verdict
         if method is None or not method.uses_draft_model:
             draft = None

@@ -3,7 +3,6 @@ what it reads of a long context (draft_view)."""
 
 from __future__ import annotations
 
-import time
 from functools import cached_property, partial
 
 import torch
@@ -15,6 +14,7 @@ from ..models.draft_head import DraftHead
 from ..models.kv_cache import CacheFullError
 from ..models.model import Transformer
 from ..models.passes import padded_forward
+from .clock import settled
 from .drafting import DraftCost, DraftJob, Proposal, common_prefix
 
 CATCH_UP_WIDTH = 4  # longer draft catch-ups (after drafting was suspended) run alone first
@@ -225,9 +225,9 @@ class BatchedDrafter:
                 continue
             missing, took = tokens[keep:], 0.0
             if len(missing) > CATCH_UP_WIDTH:
-                begin = time.perf_counter()
+                begin = settled(self.model.device)
                 self._feed_alone(job.slot, missing[:-CATCH_UP_WIDTH])
-                took = time.perf_counter() - begin
+                took = settled(self.model.device) - begin
                 self.spent.catch_up_seconds += took
                 self.spent.catch_up_tokens += len(missing) - CATCH_UP_WIDTH
                 missing = missing[-CATCH_UP_WIDTH:]

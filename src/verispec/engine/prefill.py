@@ -4,13 +4,13 @@ the chunk paced beside others' decoding (prefill_pacing.py)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import torch
 
 from ..models.kv_cache import KVCache
 from ..models.model import Transformer
+from .clock import settled
 from .policy import DraftPolicy
 from .prefill_pacing import PrefillPacer
 from .prefixes import PrefixBlocks
@@ -49,14 +49,14 @@ class Prefiller:
         return any(other.request.owner != seq.request.owner for other in running if not other.prefilling)
 
     def compute_chunk(self, seq: Sequence, contended: bool) -> None:
-        begin = time.perf_counter()
+        begin = settled(self.model.device)
         end = min(seq.prefilled + self.pacer.tokens(contended), len(seq.prefill_ids) - 1)
         chunk = seq.prefill_ids[seq.prefilled : end]
         ids = torch.tensor([chunk], dtype=torch.long, device=self.model.device)
         self.model(ids, self.cache, [seq.slot], num_logits=1, invariant=False)
         self.prefixes.computed(seq.slot, seq.prefilled, end)
         seq.prefilled = end
-        seconds = time.perf_counter() - begin
+        seconds = settled(self.model.device) - begin
         seq.stats.time_prefill += seconds
         self.policy.record_prefill(seconds, len(chunk))
         self.pacer.prefilled(seconds, len(chunk), contended)

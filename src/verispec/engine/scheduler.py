@@ -44,6 +44,7 @@ from ..models.model import Transformer
 from ..models.pass_shape import parse_pass_shape, uncovered, use_pass_shape
 from .admitter import Admitter
 from .caches import CacheSizes, allocate
+from .clock import settled
 from .draft_round import DraftRound
 from .emission import Emitter
 from .methods import check_method_options, get_method, resolve_method
@@ -397,14 +398,15 @@ class Scheduler:
         limits = self.drafting.limits(seqs)
         records = [self.drafting.model_record(seq) for seq in seqs]
         ks = self.drafting.choose_ks(seqs, limits, records)
-        begin = time.perf_counter()
+        device = self.target.model.device
+        begin = settled(device)
         proposals = self.drafting.propose(seqs, ks, limits, records)
         masks = self.verifier.constrain(seqs, proposals)
         if self.on_demand:
             self.admitter.make_room(seqs, proposals)
-        drafted = time.perf_counter()
+        drafted = settled(device)
         verdicts = self.verifier.verify(seqs, proposals, masks)
-        verified = time.perf_counter()
+        verified = settled(device)
         self.pacer.decoded(verified - begin)
         self.drafting.record_step(
             len(seqs),

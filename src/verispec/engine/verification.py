@@ -5,7 +5,6 @@ accepted. Before the pass, each draft is cut where its grammar rejects it (struc
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
@@ -19,6 +18,7 @@ from ..kernels.native import argmax_rows
 from ..models.kv_cache import KVCache
 from ..models.model import Transformer
 from ..models.passes import pass_logits
+from .clock import settled
 from .drafting import Proposal
 from .policy import DraftPolicy
 from .sequence import Sequence, Verdict
@@ -81,12 +81,12 @@ class Verifier:
         if not live:
             return verdicts
         rows, parents = zip(*(self._row(seqs[i], proposals[i]) for i in live), strict=True)
-        begin = time.perf_counter()
+        begin = settled(self.model.device)
         logits, ends = pass_logits(
             self.model, self.cache, rows=list(rows), slots=[seqs[i].slot for i in live], parents=list(parents)
         )
         # the pass's rows as computed (padding included where there is any): what lookups are priced by
-        self.policy.record_pass(logits.shape[0], time.perf_counter() - begin)
+        self.policy.record_pass(logits.shape[0], settled(self.model.device) - begin)
         # each sequence's verification rows: the last k + 1 of its row
         spans = {i: (end - proposals[i].tokens.shape[0] - 1, end) for i, end in zip(live, ends, strict=True)}
         raws = {i: logits[start:end] for i, (start, end) in spans.items()}
