@@ -11,6 +11,7 @@ from ..decoding.sampling import keyed_draw
 from ..kernels.greedy import MAX_ROWS as GREEDY_MAX_ROWS
 from ..kernels.greedy import GreedySteps
 from ..models.draft_head import DraftHead
+from ..models.greedy_steps import DeviceGreedySteps
 from ..models.kv_cache import CacheFullError
 from ..models.model import Transformer
 from ..models.passes import padded_forward
@@ -117,11 +118,12 @@ class BatchedDrafter:
         return DraftHead(self.model, self.target_vocab_size, self.head_ids)
 
     @cached_property
-    def greedy_steps(self) -> GreedySteps | None:
-        """Greedy drafting in one native call per propose, where the model runs natively end to end."""
+    def greedy_steps(self) -> GreedySteps | DeviceGreedySteps:
+        """Greedy drafting in one call per propose: one native call where the model runs natively end to end, else
+        its passes with each step's tokens chosen on its device (one trip to the host)."""
         head = self.model.lm_head if self.head.module is None else self.head.module
         if not GreedySteps.supports(self.model, head):
-            return None
+            return DeviceGreedySteps(self.model, self.head)
         rows = head.out_features if self.head.ids is not None else min(head.out_features, self.target_vocab_size)
         return GreedySteps(self.model, head, self.head.ids, rows)
 

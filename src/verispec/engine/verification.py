@@ -124,7 +124,8 @@ class Verifier:
         for i in spans:
             if i in choices:
                 continue
-            adjusted = self.guarded(seqs[i], partial(_adjusted, seqs[i], proposals[i], raws[i], masks[i]))
+            raw = raws[i].cpu()  # a request's adjustments, grammar and keyed noise live on the host
+            adjusted = self.guarded(seqs[i], partial(_adjusted, seqs[i], proposals[i], raw, masks[i]))
             if adjusted is None:
                 choices[i] = None
             elif seqs[i].request.params.greedy:
@@ -148,7 +149,7 @@ class Verifier:
             tokens, rows = [draft[row - 1] for row in path], [0, *path]
         logprobs = None
         if seq.request.logprobs is not None:
-            logprobs = token_logprobs(raw[rows], [*tokens, next_token], seq.request.logprobs)
+            logprobs = token_logprobs(raw[rows].cpu(), [*tokens, next_token], seq.request.logprobs)
         return Verdict(accepted, next_token, logprobs, None if path is None else tokens)
 
 

@@ -42,6 +42,7 @@ class DraftHead:
         self.module = None if self.ids is None else restricted_head(model, self.ids)
         # ids usually start 0, 1, 2, ...: that run is placed with one slice copy, the rest by index
         self._run = 0 if self.ids is None else int((self.ids == torch.arange(len(self.ids))).cumprod(0).sum())
+        self._ids_on: torch.Tensor | None = None  # the ids on the device the logits were last on
 
     def argmax(self, logits: torch.Tensor) -> int:
         """The target-vocabulary id of the largest of one position's head logits, the lowest id on ties: what
@@ -50,6 +51,14 @@ class DraftHead:
             return int(align_to_vocab(logits, self.size).argmax())
         index = int(logits.argmax())
         return index if index < self._run else int(self.ids[index])
+
+    def argmax_rows(self, logits: torch.Tensor) -> torch.Tensor:
+        """`argmax` of each row of `logits` [rows, head rows], on their device: target-vocabulary ids [rows]."""
+        if self.ids is None:
+            return align_to_vocab(logits, self.size).argmax(-1)
+        if self._ids_on is None or self._ids_on.device != logits.device:
+            self._ids_on = self.ids.to(logits.device)  # once per device: a restricted head's ids are 65,536
+        return self._ids_on[logits.argmax(-1)]
 
     def over_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """[..., rows the head computed] -> [..., target vocabulary]."""

@@ -29,7 +29,7 @@ def padded_forward(
     With a `draft_head` it is a draft's forward: that head, ordinary attention (a draft's rounding never has
     to match a decode step's, see Transformer.forward), logits over the head's own rows (`DraftHead.over_vocab`
     spreads them over the target's vocabulary)."""
-    logits = padded_logits(model, cache, rows=rows, slots=slots, **options)
+    logits = padded_logits(model, cache, rows=rows, slots=slots, **options).cpu()
     return [logits[i, : len(row)] for i, row in enumerate(rows)]
 
 
@@ -41,7 +41,8 @@ def padded_logits(
     draft_head: DraftHead | None = None,
     parents: list[list[int] | None] | None = None,
 ) -> torch.Tensor:
-    """padded_forward's pass, its logits as one tensor [rows, widest row, V] (row i's first len(rows[i]) are its)."""
+    """padded_forward's pass, its logits as one tensor [rows, widest row, V] (row i's first len(rows[i]) are its) on
+    the model's device."""
     width = max(len(row) for row in rows)
     padded = [row + [PAD_TOKEN] * (width - len(row)) for row in rows]
     starts = [cache.lengths[slot] for slot in slots]
@@ -50,9 +51,9 @@ def padded_logits(
     if parents is not None and any(p is not None for p in parents):
         trees = [[-1] * width if p is None else p + [-1] * (width - len(p)) for p in parents]
     if draft_head is None:
-        logits = model(batch, cache, slots, parents=trees).cpu()
+        logits = model(batch, cache, slots, parents=trees)
     else:
-        logits = model(batch, cache, slots, invariant=False, head=draft_head.module).cpu()
+        logits = model(batch, cache, slots, invariant=False, head=draft_head.module)
     for slot, start, row in zip(slots, starts, rows, strict=True):
         cache.set_length(slot, start + len(row))
     return logits
@@ -62,11 +63,13 @@ def pass_logits(
     model: Transformer, cache: KVCache, rows: list[list[int]], slots: list[int], parents: list[list[int] | None]
 ) -> tuple[torch.Tensor, list[int]]:
     """A verify pass: one forward of all `rows` (row i appends to slot i; `parents` as padded_forward's). Returns
-    the logits of the rows it computed [rows, V] on the CPU and where each of `rows` ends among them. On the
+    the logits of the rows it computed [rows, V], left on the model's device (a GPU's pass sends the host only the
+    tokens chosen from them, and the rows a request needs whole: verification.py), and where each of `rows` ends
+    among them. On the
     native stack the rows are laid end to end (Transformer.forward_rows: no padding, the same bits); elsewhere
     they are padded to the widest, and the padding is computed too."""
     if model.fused_blocks is not None:
-        logits = model.forward_rows(rows, cache, slots, parents).cpu()
+        logits = model.forward_rows(rows, cache, slots, parents)
         return logits, list(itertools.accumulate(len(row) for row in rows))
     padded = padded_logits(model, cache, rows, slots, parents=parents)
     width = padded.shape[1]
