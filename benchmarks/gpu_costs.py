@@ -56,6 +56,7 @@ SHAPES = {  # Qwen2.5-7B, -1.5B and -0.5B-Instruct's shapes
                        intermediate_size=128, tie_word_embeddings=True, **QWEN),
 }  # fmt: skip
 CONTEXT = 256
+WIDEST = 16  # the widest pass timed
 
 
 def build(shape: str, device: str, dtype: torch.dtype) -> Transformer:
@@ -89,7 +90,7 @@ def read_rate(device: str) -> float | None:
 
 def pass_times(model: Transformer, widths: tuple[int, ...], reps: int, device: str) -> dict[int, float]:
     """Median ms of one sequence's pass over n new rows after CONTEXT tokens, per n (interleaved, rolled back)."""
-    cache = model.new_cache(num_slots=1, max_len=CONTEXT + max(widths) + 1)
+    cache = model.new_cache(num_slots=1, max_len=CONTEXT + WIDEST + 1)  # one size: compiled passes compile once
     context = torch.arange(1, CONTEXT + 1, device=device)[None] % model.config.vocab_size
     model(context, cache, [0], num_logits=1)
     samples: dict[int, list[float]] = {n: [] for n in widths}
@@ -114,7 +115,7 @@ def kernels_per_step(model: Transformer, device: str) -> int | None:
 
     graphs, model.pass_graphs = model.pass_graphs, False
     try:
-        cache = model.new_cache(num_slots=1, max_len=CONTEXT + 2)
+        cache = model.new_cache(num_slots=1, max_len=CONTEXT + WIDEST + 1)  # pass_times' size: compiled already
         context = torch.arange(1, CONTEXT + 1, device=device)[None] % model.config.vocab_size
         model(context, cache, [0], num_logits=1)
         model(context[:, :1], cache, [0])  # the step's own lazy initialisations, before counting
@@ -140,11 +141,13 @@ def split(entry: str) -> tuple[str, bool]:
     return shape, how == "compiled"
 
 
-def run_batch(target, method: str | None, entry: str, prompts_: list[list[int]], tokens: int, k: int,
-              device: str) -> tuple[list[list[int]], float]:  # fmt: skip
-    """Every prompt at once through one engine (greedy, --tokens each): the outputs and the wall seconds."""
-    shape, compiled = split(entry)
-    config = SchedulerConfig(max_num_seqs=len(prompts_), max_model_len=CONTEXT + tokens + 2 * k + 2,
+def run_batch(target, method: str | None, entry: str, prompts_: list[list[int]], tokens: int, args, device: str,
+              room: int | None = None) -> tuple[list[list[int]], float]:  # fmt: skip
+    """Every prompt at once through one engine of --batch slots (greedy, `tokens` each, the context sized for `room`
+    tokens, default --tokens): the outputs and the wall seconds. Every engine of a run has caches of one size, since
+    compiled passes compile once per cache size."""
+    shape, compiled, k = *split(entry), args.k
+    config = SchedulerConfig(max_num_seqs=args.batch, max_model_len=CONTEXT + (room or args.tokens) + 2 * k + 2,
                              num_speculative_tokens=k, draft_policy="always" if method else "never",
                              speculative_method=method, pass_shape=shape, compile_passes=compiled)  # fmt: skip
     engine = Scheduler(target, None, config)
@@ -163,15 +166,15 @@ def run_batch(target, method: str | None, entry: str, prompts_: list[list[int]],
 def speeds(target, shape: str, args, device: str) -> dict:
     """Plain and fixed-acceptance speculative tok/s, alone and batched, and how many outputs equal plain's."""
     result: dict = {}
+    run_batch(target, None, shape, prompts(args.batch, target.model.config.vocab_size), 8, args, device)  # warm-up
     for batch in sorted({1, args.batch}):
         batch_prompts = prompts(batch, target.model.config.vocab_size)
-        run_batch(target, None, shape, batch_prompts[:1], 8, args.k, device)  # warm-up (graphs captured)
-        plain, seconds = run_batch(target, None, shape, batch_prompts, args.tokens, args.k, device)
+        plain, seconds = run_batch(target, None, shape, batch_prompts, args.tokens, args, device)
         row = {"plain_tok_s": batch * args.tokens / seconds}
         truths = [p + o for p, o in zip(batch_prompts, plain, strict=True)]
         for acceptance in args.acceptance:
             with fixed_acceptance(truths, acceptance) as oracle:
-                outputs, seconds = run_batch(target, oracle, shape, batch_prompts, args.tokens, args.k, device)
+                outputs, seconds = run_batch(target, oracle, shape, batch_prompts, args.tokens, args, device)
             tok_s = batch * args.tokens / seconds
             same = sum(o == p for o, p in zip(outputs, plain, strict=True))
             row[f"alpha_{acceptance}"] = {"tok_s": tok_s, "speedup": tok_s / row["plain_tok_s"],
