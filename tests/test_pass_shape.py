@@ -74,6 +74,25 @@ def test_a_row_gets_the_same_bits_from_a_pass_that_reads_more_blocks_of_older_ke
     assert torch.equal(alone, beside)
 
 
+def test_a_row_with_no_older_keys_gets_the_same_bits_beside_a_sequence_past_a_key_block():
+    """A row at position 9 (no key older than its 16 newest) reads a block it does not reach when alone and two
+    beside a sequence past KEY_BLOCK tokens: the same bits, and the ordinary pass's logits to float rounding."""
+    made = model(PassShape(groups=2, width=4), max_position_embeddings=4096)
+    ids = torch.randint(0, 257, (1, KEY_BLOCK + 20), generator=torch.Generator().manual_seed(8))
+    cache = made.new_cache(num_slots=3, max_len=KEY_BLOCK + 32)
+    for slot in (0, 1):
+        made(ids[:, :9], cache, [slot])
+    made(ids, cache, [2])
+    alone = made(ids[:, 9:10], cache, [0])[0, 0]
+    assert made._shaped[cache].key_blocks == 1
+    beside = made(torch.stack([ids[0, 9:10], ids[0, 7:8]]), cache, [1, 2])[0, 0]
+    assert made._shaped[cache].key_blocks == 2
+    assert torch.equal(alone, beside)
+    ordinary = model(max_position_embeddings=4096)
+    reference = ordinary(ids[:, :10], ordinary.new_cache(max_len=16), [0])[0, -1]
+    torch.testing.assert_close(alone, reference, rtol=1e-4, atol=1e-4)
+
+
 def test_shaped_passes_compute_what_ordinary_passes_compute():
     ids = torch.randint(0, 257, (1, 40), generator=torch.Generator().manual_seed(1))
     ordinary, shaped = passes(model(), ids), passes(model(PassShape(groups=2, width=3)), ids)

@@ -7,10 +7,11 @@ the sum), attention another split over the keys, and in bfloat16 the rounding th
 a token verified in a k+1-row pass is not always the token a one-row decode step writes. Run every pass at one shape,
 `groups` groups of `width` rows, and every product has the same shape in every pass: a row's result is a function of
 its own inputs alone. Attention (shaped_attention.py) reads each row's keys in an order of its own: its older keys in
-blocks of positions (as many blocks as the pass's longest row needs: a block a row does not reach leaves its bits
-alone), then its newest positions gathered in chain order, where a token tree's node finds its ancestors. Prefill
-chunks take the same shape, so a prompt's keys are the same bits however it was cut (the scheduler's chunks depend on
-what else runs), and a sequence prefilled again after preemption gets back the bits it had.
+blocks of positions (as many blocks as the pass's longest row needs, at least one: a block a row does not reach
+leaves its bits alone), then its newest positions gathered in chain order, where a token tree's node finds its
+ancestors. Prefill chunks take the same shape, so a prompt's keys are the same bits however it was cut (the
+scheduler's chunks depend on what else runs), and a sequence prefilled again after preemption gets back the bits it
+had.
 
 The layout. A pass's rows are cut into groups of at most `width` consecutive rows of one slot (a long prefill fills
 several groups of its slot), and the groups into passes of `groups` groups, in order. Unused rows and groups are
@@ -249,7 +250,8 @@ class ShapedPasses:
         recent_block = np.where(valid, table[row_slot[:, None], np.maximum(recent, 0) // size], scratch)
         read = np.full((self.shape.groups, self.read_width), scratch, dtype=np.int64)
         read[: len(groups), : table.shape[1]] = table[[group.slot for group in groups]]
-        self.key_blocks = -(-int(columns["older"].max()) // KEY_BLOCK)
+        # at least one block (a block no row reaches leaves every sum as it was: one compilation and graph fewer)
+        self.key_blocks = max(1, -(-int(columns["older"].max()) // KEY_BLOCK))
         self._copy(tokens, columns, read=read, recent_block=recent_block, recent_row=np.where(valid, recent % size, 0),
                    recent_position=recent_position, real=flat)  # fmt: skip
 
