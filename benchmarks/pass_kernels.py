@@ -1,0 +1,113 @@
+"""How many kernels one decode step of a 28-layer model runs (a proxy for a GPU's per-step cost where small kernels
+dominate), on this machine: PyTorch's operations on the ordinary passes and at one pass shape run eagerly, and the
+kernels of the same shaped pass compiled by torch.compile (fused kernels and products, counted in inductor's output
+code: on a CPU C++ kernels, on CUDA Triton ones).
+
+    python benchmarks/pass_kernels.py                  # the CPU, a tiny-width 28-layer model
+    python benchmarks/pass_kernels.py --device cuda    # the same on a GPU (what its graphs replay)
+
+Operations that only re-view a tensor (view, permute, expand, ...) launch nothing and are not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+from verispec.models.pass_shape import PassShape, use_pass_shape  # noqa: E402
+from verispec.testing import tiny_config, tiny_model  # noqa: E402
+
+VIEWS = {"view", "_unsafe_view", "expand", "permute", "transpose", "t", "unsqueeze", "squeeze", "select", "slice",
+         "as_strided", "detach", "alias", "split", "split_with_sizes", "unflatten", "unbind", "lift_fresh",
+         "_reshape_alias"}  # fmt: skip
+CONTEXT = 300
+
+
+class Counted(TorchDispatchMode):
+    """Counts the operations that run a kernel."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ not in VIEWS:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+class OutputCode(logging.Handler):
+    """The output code inductor logs, kept."""
+
+    def __init__(self):
+        super().__init__()
+        self.texts: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.name.endswith("__output_code"):
+            self.texts.append(record.getMessage())
+
+
+def step_model(layers: int, device: str, shape: PassShape | None, compiled: bool = False):
+    model = tiny_model(tiny_config(num_layers=layers, hidden_size=128, intermediate_size=256), device=device)
+    use_pass_shape(model, shape, graphs=False, compiled=compiled)
+    ids = torch.randint(0, 256, (1, CONTEXT + 1), generator=torch.Generator().manual_seed(0)).to(device)
+    cache = model.new_cache(num_slots=1, max_len=CONTEXT + 8)
+    model(ids[:, :CONTEXT], cache, [0], num_logits=1)
+    return model, cache, ids
+
+
+def eager_ops(layers: int, device: str, shape: PassShape | None) -> int:
+    model, cache, ids = step_model(layers, device, shape)
+    model(ids[:, CONTEXT:], cache, [0])  # the step's own lazy initialisations, before counting
+    cache.set_length(0, CONTEXT)
+    with Counted() as counted:
+        model(ids[:, CONTEXT:], cache, [0])
+    return counted.count
+
+
+def compiled_kernels(layers: int, device: str, shape: PassShape) -> tuple[int, int]:
+    """(fused kernels, products and other library calls) in the compiled pass one decode step runs."""
+    handler = OutputCode()
+    torch._logging.set_logs(output_code=True)  # before the handler: it resets torch's loggers
+    logger = logging.getLogger("torch._inductor")  # where its modules' records stop
+    logger.addHandler(handler)
+    try:
+        with torch._inductor.config.patch(fx_graph_cache=False):  # a cached graph is loaded, not written out
+            model, cache, ids = step_model(layers, device, shape, compiled=True)
+            model(ids[:, CONTEXT:], cache, [0])
+    finally:
+        torch._logging.set_logs()
+        logger.removeHandler(handler)
+    modules = [text for text in handler.texts if "def call(" in text]
+    body = modules[-1].split("def call(", 1)[1]  # the last compilation: the decode step's key blocks
+    body = re.split(r"\n\s*def \w+\(|\ndef \w+\(", body)[0]
+    fused = len(re.findall(r"^\s+(?:cpp_fused_\w+\(|triton_\w+\.run\()", body, re.M))
+    library = len(re.findall(r"extern_kernels\.\w+\(|torch\.ops\.\w+\.\w+", body))
+    return fused, library
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", type=int, default=28)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--shape", default="8x8")
+    args = parser.parse_args()
+    groups, width = (int(n) for n in args.shape.split("x"))
+    shape = PassShape(groups=groups, width=width)
+    print(f"one decode step of a {args.layers}-layer model after {CONTEXT} tokens, on {args.device}:")
+    print(f"  ordinary passes, eager: {eager_ops(args.layers, args.device, None)} operations")
+    print(f"  pass shape {shape}, eager: {eager_ops(args.layers, args.device, shape)} operations")
+    fused, library = compiled_kernels(args.layers, args.device, shape)
+    print(f"  pass shape {shape}, compiled: {fused + library} kernels ({fused} fused, {library} products and others)")
+
+
+if __name__ == "__main__":
+    main()
