@@ -57,40 +57,26 @@ def test_a_rows_logits_are_the_same_bits_in_every_pass_at_one_shape():
     assert not same_bits(passes(model(), ids))
 
 
-def test_a_row_gets_the_same_bits_from_a_pass_that_reads_more_blocks_of_older_keys():
-    """A row decoded alone reads one block of KEY_BLOCK older positions; beside a sequence past KEY_BLOCK tokens the
-    pass reads two, which the row does not reach: the same bits."""
+@pytest.mark.parametrize("held", [40, 9], ids=["older-keys", "no-older-keys"])
+def test_a_row_gets_the_same_bits_from_a_pass_that_reads_more_blocks_of_older_keys(held):
+    """A row decoded alone reads one block of KEY_BLOCK older positions (at position 9, older than its 16 newest, it
+    reaches none of it); beside a sequence past KEY_BLOCK tokens the pass reads two, which the row does not reach: the
+    same bits, and the ordinary pass's logits to float rounding."""
     made = model(PassShape(groups=2, width=4), max_position_embeddings=4096)
     ids = torch.randint(0, 257, (1, KEY_BLOCK + 100), generator=torch.Generator().manual_seed(5))
     cache = made.new_cache(num_slots=3, max_len=KEY_BLOCK + 128)
     for slot in (0, 1):
-        made(ids[:, :40], cache, [slot])
+        made(ids[:, :held], cache, [slot])
     made(ids, cache, [2])
-    alone = made(ids[:, 40:41], cache, [0])[0, 0]
+    alone = made(ids[:, held : held + 1], cache, [0])[0, 0]
     runner = made._shaped[cache]
     assert runner.key_blocks == 1
-    beside = made(torch.stack([ids[0, 40:41], ids[0, 7:8]]), cache, [1, 2])[0, 0]
+    beside = made(torch.stack([ids[0, held : held + 1], ids[0, 7:8]]), cache, [1, 2])[0, 0]
     assert runner.key_blocks == 2
     assert torch.equal(alone, beside)
-
-
-def test_a_row_with_no_older_keys_gets_the_same_bits_beside_a_sequence_past_a_key_block():
-    """A row at position 9 (no key older than its 16 newest) reads a block it does not reach when alone and two
-    beside a sequence past KEY_BLOCK tokens: the same bits, and the ordinary pass's logits to float rounding."""
-    made = model(PassShape(groups=2, width=4), max_position_embeddings=4096)
-    ids = torch.randint(0, 257, (1, KEY_BLOCK + 20), generator=torch.Generator().manual_seed(8))
-    cache = made.new_cache(num_slots=3, max_len=KEY_BLOCK + 32)
-    for slot in (0, 1):
-        made(ids[:, :9], cache, [slot])
-    made(ids, cache, [2])
-    alone = made(ids[:, 9:10], cache, [0])[0, 0]
-    assert made._shaped[cache].key_blocks == 1
-    beside = made(torch.stack([ids[0, 9:10], ids[0, 7:8]]), cache, [1, 2])[0, 0]
-    assert made._shaped[cache].key_blocks == 2
-    assert torch.equal(alone, beside)
     ordinary = model(max_position_embeddings=4096)
-    reference = ordinary(ids[:, :10], ordinary.new_cache(max_len=16), [0])[0, -1]
-    torch.testing.assert_close(alone, reference, rtol=1e-4, atol=1e-4)
+    expected = ordinary(ids[:, : held + 1], ordinary.new_cache(max_len=64), [0])[0, -1]
+    torch.testing.assert_close(alone, expected, rtol=1e-4, atol=1e-4)
 
 
 def test_shaped_passes_compute_what_ordinary_passes_compute():
