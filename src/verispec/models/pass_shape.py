@@ -19,9 +19,10 @@ padding: they write into the cache's scratch block and attend to its first row. 
 row attends (layer by layer), so a group sees the rows of its slot in earlier groups of the same pass as it sees
 earlier passes'.
 
-Static buffers. Every tensor a pass reads is a buffer of the runner, refilled in place per pass; on CUDA the pass is
-captured as a CUDA graph per (head, blocks of older keys) and replayed (`graphs`), which removes the ~1,300 kernel
-launches from Python a step costs eagerly.
+Static buffers. Every tensor a pass reads is a buffer of the runner, refilled in place per pass (the indices the host
+plans in one copy: on a GPU one transfer a pass, not ten); on CUDA the pass is captured as a CUDA graph per (head,
+blocks of older keys) and replayed (`graphs`), which removes the ~1,300 kernel launches from Python a step costs
+eagerly.
 
 Compiled passes (`compiled`, opt-in). The pass may be compiled by torch.compile (once per head, blocks of older keys
 and tapped layers), which fuses the attention's and the norms' small operations into fewer kernels (what a replayed
@@ -186,12 +187,18 @@ class ShapedPasses:
         groups, width, device = shape.groups, shape.width, cache.device
         per = KEY_BLOCK // cache.block_size
         self.read_width = -(-cache.max_blocks // per) * per  # whole key blocks
-        zeros = lambda *size: torch.zeros(*size, dtype=torch.long, device=device)  # noqa: E731
-        self.tokens, self.positions, self.older_limit = zeros(groups, width), zeros(groups, width), zeros(groups, width)
-        self.write_block, self.write_row = zeros(groups * width), zeros(groups * width)
-        self.read = zeros(groups, self.read_width)
-        self.recent_block, self.recent_row = zeros(groups, width, RECENT), zeros(groups, width, RECENT)
-        self.recent_position = zeros(groups, width, RECENT)
+        self.tokens = torch.zeros(groups, width, dtype=torch.long, device=device)
+        # the planned indices, laid end to end in one buffer (one copy from the host a pass); `field` views them
+        shapes = {"positions": (groups, width), "older_limit": (groups, width), "write_block": (groups * width,),
+                  "write_row": (groups * width,), "read": (groups, self.read_width),
+                  "recent_block": (groups, width, RECENT), "recent_row": (groups, width, RECENT),
+                  "recent_position": (groups, width, RECENT), "source": (groups * width,),
+                  "padding": (groups * width,)}  # fmt: skip
+        sizes = [int(np.prod(shape)) for shape in shapes.values()]
+        offsets = list(itertools.accumulate(sizes, initial=0))[:-1]
+        self._fields = {name: (at, size, shape)
+                        for (name, shape), at, size in zip(shapes.items(), offsets, sizes, strict=True)}  # fmt: skip
+        self.index = torch.zeros(sum(sizes), dtype=torch.long, device=device)
         self.key_blocks = 0  # blocks of older keys the pass reads
         self.rope = model.rope_tables(cache.max_len)
         self._captured: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
@@ -252,40 +259,49 @@ class ShapedPasses:
         read[: len(groups), : table.shape[1]] = table[[group.slot for group in groups]]
         # at least one block (a block no row reaches leaves every sum as it was: one compilation and graph fewer)
         self.key_blocks = max(1, -(-int(columns["older"].max()) // KEY_BLOCK))
-        self._copy(tokens, columns, read=read, recent_block=recent_block, recent_row=np.where(valid, recent % size, 0),
-                   recent_position=recent_position, real=flat)  # fmt: skip
+        padding = np.ones(n, dtype=np.int64)
+        padding[flat] = 0
+        arrays = {"positions": columns["position"], "older_limit": columns["older"], "write_block": columns["block"],
+                  "write_row": columns["row"], "read": read, "recent_block": recent_block,
+                  "recent_row": np.where(valid, recent % size, 0), "recent_position": recent_position,
+                  "source": columns["source"], "padding": padding}  # fmt: skip
+        self._copy(tokens, arrays)
 
-    def _copy(self, tokens: torch.Tensor, columns: dict, *, read, recent_block, recent_row, recent_position,
-              real) -> None:  # fmt: skip
-        """The host's arrays into the buffers (the tokens picked on the device)."""
-        picked = tokens.reshape(-1)[torch.from_numpy(columns["source"]).to(tokens.device)]
-        keep = torch.zeros(self.shape.rows, dtype=torch.bool)
-        keep[torch.from_numpy(real)] = True
-        self.tokens.view(-1).copy_(picked.masked_fill(~keep.to(tokens.device), 0))
-        for buffer, array in ((self.positions, columns["position"]), (self.older_limit, columns["older"]),
-                              (self.write_block, columns["block"]), (self.write_row, columns["row"]),
-                              (self.read, read), (self.recent_block, recent_block), (self.recent_row, recent_row),
-                              (self.recent_position, recent_position)):  # fmt: skip
-            buffer.copy_(torch.from_numpy(np.ascontiguousarray(array)).view(buffer.shape))
+    def _copy(self, tokens: torch.Tensor, arrays: dict[str, np.ndarray]) -> None:
+        """The host's arrays into the index buffer, in one copy; the rows' tokens picked from the caller's `tokens` on
+        their device (a padding row's: 0)."""
+        packed = np.concatenate([np.ravel(arrays[name]) for name in self._fields])
+        self.index.copy_(torch.from_numpy(packed))
+        picked = tokens.reshape(-1)[self.field("source").to(tokens.device)]
+        self.tokens.view(-1).copy_(picked.masked_fill(self.field("padding").to(tokens.device).bool(), 0))
+
+    def field(self, name: str) -> torch.Tensor:
+        """One of the planned indices (a view of the index buffer): positions, older_limit, write_block, write_row,
+        read, recent_block, recent_row, recent_position, source, padding."""
+        at, size, shape = self._fields[name]
+        return self.index[at : at + size].view(shape)
 
     def _pages(self) -> ShapedPages:
         """Where the pass writes and what each row reads, per window (0: none): older keys at positions before the
         row's `older_limit` (and within the window), recent positions that exist (and within the window); the masks
         say what is hidden."""
         span = self.key_blocks * KEY_BLOCK
-        keys = torch.arange(span, device=self.read.device)
-        older = {0: keys[None, None, :] >= self.older_limit[:, :, None]}  # True: hidden from the row
-        recent = {0: self.recent_position < 0}
+        positions, recent_position = self.field("positions"), self.field("recent_position")
+        keys = torch.arange(span, device=self.index.device)
+        older = {0: keys[None, None, :] >= self.field("older_limit")[:, :, None]}  # True: hidden from the row
+        recent = {0: recent_position < 0}
         for window in self.model._windows:
-            older[window] = older[0] | (keys[None, None, :] <= self.positions[:, :, None] - window)
-            recent[window] = recent[0] | (self.recent_position <= self.positions[:, :, None] - window)
+            older[window] = older[0] | (keys[None, None, :] <= positions[:, :, None] - window)
+            recent[window] = recent[0] | (recent_position <= positions[:, :, None] - window)
         size = self.cache.block_size
         per = KEY_BLOCK // size
-        older_blocks = [self.read[:, b * per : (b + 1) * per].repeat_interleave(size, dim=1)
+        read = self.field("read")
+        older_blocks = [read[:, b * per : (b + 1) * per].repeat_interleave(size, dim=1)
                         for b in range(self.key_blocks)]  # fmt: skip
-        return ShapedPages(written=(self.write_block, slice(None), self.write_row), older_blocks=older_blocks,
-                           older_rows=keys[:KEY_BLOCK] % size, older=older, recent_block=self.recent_block,
-                           recent_row=self.recent_row, recent=recent)  # fmt: skip
+        return ShapedPages(written=(self.field("write_block"), slice(None), self.field("write_row")),
+                           older_blocks=older_blocks, older_rows=keys[:KEY_BLOCK] % size, older=older,
+                           recent_block=self.field("recent_block"), recent_row=self.field("recent_row"),
+                           recent=recent)  # fmt: skip
 
     def _compute(self, head, tapped: tuple[int, ...] = ()):
         """The pass over the buffers: every tensor it reads is one of them, so a CUDA graph can replay it."""
@@ -296,9 +312,10 @@ class ShapedPasses:
         if scale is not None:
             x = x * scale
         cos_full, sin_full = self.rope
+        positions = self.field("positions")
         tables = [
-            (cos_full[t][self.positions][..., :size].to(model.dtype).unsqueeze(2),
-             sin_full[t][self.positions][..., :size].to(model.dtype).unsqueeze(2))
+            (cos_full[t][positions][..., :size].to(model.dtype).unsqueeze(2),
+             sin_full[t][positions][..., :size].to(model.dtype).unsqueeze(2))
             for t, size in enumerate(model._table_sizes)
         ]  # fmt: skip
         where, taps = self._pages(), {}
