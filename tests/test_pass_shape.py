@@ -265,13 +265,14 @@ def test_auto_is_a_shape_on_cuda_and_none_on_a_cpu():
 
 
 def test_a_model_the_rule_does_not_cover_is_refused_by_name_and_left_alone_under_auto():
-    hybrid = tiny_model(tiny_config(linear_layers=(0,), linear_key_heads=2, linear_key_dim=16, linear_value_heads=2,
-                                    linear_value_dim=16, linear_conv_kernel=4))  # fmt: skip
-    with pytest.raises(InvalidParameterError, match="hybrid"):
-        use_pass_shape(hybrid, PassShape(groups=2, width=4), asked=True)
-    assert use_pass_shape(hybrid, PassShape(groups=2, width=4)) is None and hybrid.pass_shape is None
-    with pytest.raises(InvalidParameterError, match="hybrid"):
-        Scheduler(tiny_loaded(hybrid), None, SchedulerConfig(max_num_seqs=1, max_model_len=64, pass_shape="2x4"))
+    native = tiny_model(tiny_config())  # per-query attention of the native kernels: row-invariant already
+    for block in native.layers:
+        block.attn.batch_invariant = True
+    with pytest.raises(InvalidParameterError, match="row-invariant already"):
+        use_pass_shape(native, PassShape(groups=2, width=4), asked=True)
+    assert use_pass_shape(native, PassShape(groups=2, width=4)) is None and native.pass_shape is None
+    with pytest.raises(InvalidParameterError, match="row-invariant already"):
+        Scheduler(tiny_loaded(native), None, SchedulerConfig(max_num_seqs=1, max_model_len=64, pass_shape="2x4"))
 
 
 @pytest.mark.parametrize("beside", [False, True], ids=["in-place-of-the-mlp", "beside-the-mlp"])
@@ -284,6 +285,48 @@ def test_a_mixture_of_experts_rows_are_the_same_bits_in_every_pass_at_one_shape(
     assert shaped.pass_graphs is False
     assert same_bits(passes(shaped, ids))
     assert not same_bits(passes(model(**overrides), ids))
+
+
+# ---- a hybrid model (Qwen3.5's linear attention) ---------------------------------------------------------------------
+HYBRID = dict(linear_layers=(0, 2), linear_key_heads=2, linear_key_dim=16, linear_value_heads=4, linear_value_dim=16,
+              linear_conv_kernel=4)  # fmt: skip
+
+
+def test_a_hybrid_models_rows_are_the_same_bits_in_every_pass_at_one_shape():
+    """Its linear-attention layers step each group's rows in the recurrent form, prefills too, a slot's later group
+    from the state its earlier one left: a row's bits in every pass (ordinary passes: not), the ordinary logits to
+    float rounding. Its recurrent state steps in Python: no graphs, and no compiled passes."""
+    ids = torch.randint(0, 257, (1, 40), generator=torch.Generator().manual_seed(9))
+    shaped = model(PassShape(groups=2, width=4), **HYBRID)
+    assert shaped.pass_graphs is False
+    runs = passes(shaped, ids)
+    assert same_bits(runs)
+    ordinary = passes(model(**HYBRID), ids)
+    assert not same_bits(ordinary)
+    for a, b in zip(ordinary["decoded"], runs["decoded"], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    with pytest.raises(InvalidParameterError, match="hybrid"):
+        use_pass_shape(model(**HYBRID), PassShape(groups=2, width=4), compiled=True)
+    cache = shaped.new_cache(max_len=64)  # a prefill keeps each slot's last state only (a long one would fill memory)
+    shaped(ids[:, :30], cache, [0], num_logits=1, invariant=False)
+    assert set(cache.recurrent.saved[0]) == {30}
+    shaped(ids[:, 30:36], cache, [0])  # a verify pass keeps every row's: a rollback may land on any
+    assert set(cache.recurrent.saved[0]) >= set(range(31, 37))
+
+
+@pytest.mark.parametrize("method", ["suffix", "oracle"])
+def test_a_hybrid_models_speculative_output_is_plain_output_to_every_logprobs_bit_at_one_shape(method):
+    """Suffix lookups and drafts of fixed acceptance (rejections roll the recurrent state back to a verify row's) on
+    a hybrid target at shape 2x4: plain decoding's tokens and every logprob at that shape."""
+    target = tiny_loaded(model(**HYBRID), byte_tokenizer(), "t")
+    plain = generated(target, None, "2x4")
+    options = dict(num_speculative_tokens=3, adaptive=False)
+    truths = [target.tokenizer.encode(p) + o[0] for p, o in zip(PROMPTS, plain, strict=True)]
+    with fixed_acceptance(truths, 0.6) as oracle:
+        speculative = generated(target, None, "2x4", speculative_method=oracle if method == "oracle" else method,
+                                **options)  # fmt: skip
+    assert [(t, lp) for t, lp, _ in speculative] == [(t, lp) for t, lp, _ in plain]
+    assert sum(s.drafted for *_, s in speculative) > sum(s.accepted for *_, s in speculative) > 0
 
 
 # ---- compiled passes (torch.compile) --------------------------------------------------------------------------------

@@ -111,9 +111,13 @@ class GatedDeltaNet(nn.Module):
         self.out = nn.Linear(values, c.hidden_size, bias=False)
         self.batch_invariant = False  # what Attention has: each row's state is its own whatever the flag
 
-    def forward(self, x: torch.Tensor, states, slots: list[int], starts: list[int], recurrent_form: bool):
+    def forward(self, x: torch.Tensor, states, slots: list[int], starts: list[int], recurrent_form: bool,
+                fresh_states: bool = False):  # fmt: skip
         """x [batch, seq, hidden], row b appending to slot slots[b] (its state at length starts[b]). With
-        `recurrent_form` every row's state is kept (a rollback can land on any of them), else only the last."""
+        `recurrent_form` every row's state is kept (a rollback can land on any of them), else only the last. Rows
+        past the slots' (a shaped pass's padding groups) give zeros. `fresh_states`: the states in tensors of their
+        own, not the slot's two buffers in turn (a shaped pass steps a slot's groups one call each: a third group
+        would overwrite the first's states, where a rollback may land)."""
         mixed, z, b, a = self.w_qkvzba(x).float().split(self.split, dim=-1)
         beta = b.sigmoid()
         g = -self.a_log.float().exp() * F.softplus(a + self.dt_bias.float())
@@ -126,7 +130,7 @@ class GatedDeltaNet(nn.Module):
             convolved = F.silu((taps * self.conv.float()[:, None, :]).sum(-1)).T  # [seq, channels]
             q, k, v = self._heads(convolved)
             if recurrent_form:
-                buffer = partial(states.buffer, slot, self.index, seq, state)
+                buffer = None if fresh_states else partial(states.buffer, slot, self.index, seq, state)
                 out, after = recurrent(q, k, v, g=g[row], beta=beta[row], state=state, into=buffer)
                 windows = [conv_in[:, t + 1 : t + width] for t in range(seq)]
                 states.put(slot, self.index, start, windows=windows, states=after)
@@ -135,6 +139,8 @@ class GatedDeltaNet(nn.Module):
                 last = [conv_in[:, seq : seq + width - 1]]
                 states.put(slot, self.index, start + seq - 1, windows=last, states=[final])
             rows.append(out)
+        if len(rows) < x.shape[0]:
+            rows += [torch.zeros_like(rows[0])] * (x.shape[0] - len(rows))
         out = torch.stack(rows)  # [batch, seq, value heads, value size]
         normed = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm.float()
         gated = normed * F.silu(z.view(*z.shape[:2], self.value_heads, self.value_dim))

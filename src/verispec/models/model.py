@@ -30,7 +30,7 @@ from .feed_forward import MLP, GemmaMixture, MixtureOfExperts, PerLayerInput, Pe
 from .hidden_states import ServedHidden, tapped
 from .kv_cache import KVCache
 from .masks import causal_mask, tree_mask, tree_offsets, window_mask
-from .pass_shape import PassShape, ShapedPasses, kept_rows, plan_groups, shaped_forward
+from .pass_shape import PassShape, ShapedPasses, keep_group_ends, kept_rows, plan_groups, shaped_forward
 from .rope import rotary_table
 from .shaped_attention import ShapedPages
 
@@ -233,7 +233,8 @@ class Block(nn.Module):
     def forward(self, x, cos, sin, masks, cache, layer, where, slots, starts, invariant, per_layer=None):
         """`per_layer`: this layer's per-layer input [batch, seq, size] where the model has them."""
         if self.linear:  # verify and decode passes keep the state after every row: the recurrent form
-            h = self.attn(self.attn_norm(x), cache.recurrent, slots, starts, recurrent_form=invariant)
+            h = self.attn(self.attn_norm(x), cache.recurrent, slots, starts, recurrent_form=invariant,
+                          fresh_states=isinstance(where, ShapedPages))  # fmt: skip
         else:
             h = self.attn(self.attn_norm(x), cos, sin, masks, cache, layer, where, slots, starts, invariant)
         x = x + (h if self.post_attn_norm is None else self.post_attn_norm(h))
@@ -369,7 +370,7 @@ class Transformer(nn.Module):
         if runner is not None:
             groups = plan_groups(slots, starts, offsets, parents=parents, width=runner.shape.width)
             return self._shaped_forward(runner, groups, tokens, cache, slots=slots, starts=starts,
-                                        num_logits=num_logits, head=head)  # fmt: skip
+                                        num_logits=num_logits, head=head, invariant=invariant)  # fmt: skip
         x = self.embed(tokens)
         if self.fused_blocks is not None:
             flat = None
@@ -402,14 +403,17 @@ class Transformer(nn.Module):
         return runner
 
     def _shaped_forward(self, runner: ShapedPasses, groups: list, tokens: torch.Tensor, cache: KVCache, *,
-                        slots: list[int], starts: list[int], num_logits: int | None,
-                        head: nn.Module | None) -> torch.Tensor:  # fmt: skip
+                        slots: list[int], starts: list[int], num_logits: int | None, head: nn.Module | None,
+                        invariant: bool) -> torch.Tensor:  # fmt: skip
         """`forward` at the pass shape (its rows planned as `groups`): its logits [batch, num_logits or seq, V], the
-        slots' lengths advanced, the hidden states served."""
+        slots' lengths advanced, the hidden states served. A hybrid model's recurrent states: every row's kept in a
+        verify or decode pass (`invariant`: a rollback may land on any), else each slot's last after each shaped run
+        (a long prefill's states would fill the memory)."""
         batch, seq = tokens.shape
         tapped = tuple(self._served.layers or ()) if self._served is not None else ()
+        settle = None if cache.recurrent is None or invariant else partial(keep_group_ends, cache.recurrent)
         hidden, logits, taps = shaped_forward(runner, tokens, groups, keep=kept_rows(batch, seq, num_logits),
-                                              head=head, tapped=tapped)  # fmt: skip
+                                              head=head, tapped=tapped, after_run=settle)  # fmt: skip
         for slot in slots:
             cache.lengths[slot] += seq
         if self._served is not None:

@@ -33,8 +33,13 @@ A mixture of experts runs each chosen expert over the pass's whole row count (fe
 that chose it, then zeros), so that an expert's product has one shape too; which experts run depends on the tokens,
 so such a model's passes run eagerly, without graphs.
 
+A hybrid model (Qwen3.5) runs its linear-attention layers on each group's rows in the recurrent form, token by token,
+prefills too (a chunked prefill is other arithmetic, and its bits would depend on where the prompt was cut): each row's
+state is then the same sequence of operations on its own inputs in every pass, a group's padding rows stepped after its
+real ones and forgotten. Its recurrent state lives in Python, so its passes run eagerly, without graphs.
+
 Not covered (`uncovered`; such a model keeps its ordinary passes): the native stack and native attention
-(row-invariant already), hybrid models (their recurrent layers step row by row in Python).
+(row-invariant already).
 """
 
 from __future__ import annotations
@@ -93,11 +98,8 @@ def parse_pass_shape(text: str | None, device: torch.device | str) -> PassShape 
 
 def uncovered(model) -> str | None:
     """Why `model` (a Transformer) cannot take one pass shape, or None where it can."""
-    config = model.config
     if model.fused_blocks is not None or any(getattr(b.attn, "batch_invariant", False) for b in model.layers):
         return "its native kernels are row-invariant already"
-    if config.hybrid:
-        return "a hybrid model's recurrent layers step row by row"
     return None
 
 
@@ -118,14 +120,15 @@ def use_pass_shape(model, shape: PassShape | None, *, asked: bool = False, graph
         log.info("passes at their own shapes: %s", reason)
         shape = None
     mixtures = [m for m in model.modules() if hasattr(m, "padded")]  # feed_forward.through_experts
-    if compiled and mixtures:
-        raise InvalidParameterError("compiled passes (--compile-passes): not for this model (which experts a "
-                                    "mixture's pass runs depends on its tokens)")  # fmt: skip
+    eager = bool(mixtures) or model.config.hybrid  # passes that depend on their tokens, or step a state in Python
+    if compiled and eager:
+        raise InvalidParameterError("compiled passes (--compile-passes): not for this model (a mixture of experts "
+                                    "or a hybrid model: its passes run eagerly)")  # fmt: skip
     for mixture in mixtures:
         mixture.padded = shape is not None
     model.pass_shape = shape
-    # which experts a pass runs depends on its tokens: a mixture's passes run eagerly
-    model.pass_graphs = graphs and shape is not None and not mixtures
+    # which experts a pass runs depends on its tokens, a recurrent state steps in Python: such passes run eagerly
+    model.pass_graphs = graphs and shape is not None and not eager
     model.pass_compiled = compiled
     return shape
 
@@ -200,6 +203,8 @@ class ShapedPasses:
                         for (name, shape), at, size in zip(shapes.items(), offsets, sizes, strict=True)}  # fmt: skip
         self.index = torch.zeros(sum(sizes), dtype=torch.long, device=device)
         self.key_blocks = 0  # blocks of older keys the pass reads
+        self.group_slots: list[int] = []  # each real group's slot and its first row's storage (recurrent layers)
+        self.group_starts: list[int] = []
         self.rope = model.rope_tables(cache.max_len)
         self._captured: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         self.compiled = compiled
@@ -259,6 +264,8 @@ class ShapedPasses:
         read[: len(groups), : table.shape[1]] = table[[group.slot for group in groups]]
         # at least one block (a block no row reaches leaves every sum as it was: one compilation and graph fewer)
         self.key_blocks = max(1, -(-int(columns["older"].max()) // KEY_BLOCK))
+        self.group_slots = [group.slot for group in groups]
+        self.group_starts = [group.rows[0].storage for group in groups]
         padding = np.ones(n, dtype=np.int64)
         padding[flat] = 0
         arrays = {"positions": columns["position"], "older_limit": columns["older"], "write_block": columns["block"],
@@ -325,7 +332,11 @@ class ShapedPasses:
             if layer in tapped:
                 taps[layer] = x.reshape(self.shape.rows, -1).clone()
             layer_input = None if per_layer is None else per_layer[:, :, layer]
-            x = block(x, cos, sin, None, cache, layer, where, [], [0], False, per_layer=layer_input)
+            if block.linear:  # each real group's rows in the recurrent form, from its slot's state at its start
+                x = block(x, cos, sin, None, cache, layer, where, self.group_slots, self.group_starts, True,
+                          per_layer=layer_input)  # fmt: skip
+            else:
+                x = block(x, cos, sin, None, cache, layer, where, [], [0], False, per_layer=layer_input)
         if len(model.layers) in tapped:
             taps[len(model.layers)] = x.reshape(self.shape.rows, -1).clone()
         logits = model._head(model.norm(x), head)
@@ -370,10 +381,10 @@ def _compiled(compute):
 
 
 def shaped_forward(runner: ShapedPasses, tokens: torch.Tensor, groups: list[Group], *, keep: set[int] | None,
-                   head, tapped: tuple[int, ...]):  # fmt: skip
+                   head, tapped: tuple[int, ...], after_run=None):  # fmt: skip
     """The caller's pass (`tokens` [batch, seq], planned as `groups`) in passes of the runner's shape, in order:
     the hidden states [batch x seq, hidden] and taps per tapped layer in the caller's row order, and the logits of
-    the rows `keep` names (None: every row) in that order."""
+    the rows `keep` names (None: every row) in that order. `after_run(groups)` after each pass of the shape."""
     rows = tokens.numel()
     hidden = logits_rows = None
     taps: dict[int, torch.Tensor] = {}
@@ -382,6 +393,8 @@ def shaped_forward(runner: ShapedPasses, tokens: torch.Tensor, groups: list[Grou
     for begin in range(0, len(groups), runner.shape.groups):
         chunk = groups[begin : begin + runner.shape.groups]
         x, logits, chunk_taps = runner.run(chunk, tokens, head, tapped)
+        if after_run is not None:
+            after_run(chunk)
         index = [g * runner.shape.width + i for g, group in enumerate(chunk) for i in range(len(group.rows))]
         sources = [row.source for group in chunk for row in group.rows]
         at = torch.tensor(index, device=x.device)
@@ -397,6 +410,14 @@ def shaped_forward(runner: ShapedPasses, tokens: torch.Tensor, groups: list[Grou
     order = sorted(range(len(kept_sources)), key=kept_sources.__getitem__)
     logits_rows = torch.cat(kept)[torch.tensor(order, device=hidden.device)]
     return hidden, logits_rows, taps
+
+
+def keep_group_ends(recurrent, groups: list[Group]) -> None:
+    """Each slot's recurrent state (recurrent_state.py) kept at the end of its last real row among `groups` only: where
+    its next group, or the next pass, starts."""
+    ends = {group.slot: group.rows[-1].storage + 1 for group in groups}  # a slot's last group wins
+    for slot, end in ends.items():
+        recurrent.begin(slot, end)
 
 
 def kept_rows(batch: int, seq: int, num_logits: int | None) -> set[int] | None:

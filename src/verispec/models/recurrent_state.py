@@ -45,9 +45,11 @@ class RecurrentState:
         self.saved[slot] = {length: self._complete(slot, length)}
 
     def get(self, slot: int, layer: int, length: int) -> State:
-        state = self._complete(slot, length)[layer]
-        assert state is not None
-        return state
+        """Layer `layer`'s state at `length` (the later layers' may not be made yet: a pass of one pass shape steps a
+        slot's groups layer by layer, a later group starting where an earlier one of the same pass ended)."""
+        entry = self.saved[slot].get(length)
+        state = None if entry is None else entry[layer]
+        return self._complete(slot, length)[layer] if state is None else state  # (the first raises)
 
     def put(self, slot: int, layer: int, length: int, windows: list[torch.Tensor], states: list[torch.Tensor]) -> None:
         """Layer `layer`'s states after the tokens at lengths length + 1, length + 2, ..."""
