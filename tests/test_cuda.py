@@ -210,6 +210,31 @@ def test_graph_replay_gives_the_bits_of_the_same_pass_run_eagerly(real_shape_pai
     assert all(torch.equal(a, b) for a, b in zip(*outputs, strict=True))
 
 
+def test_a_draft_models_steps_on_the_gpu_never_wait_for_the_card(real_shape_pair):
+    """Shaped passes replayed from graphs, each step fed the tokens the last one chose on the card (what
+    models/greedy_steps.py does): no operation in the steps waits for the card (torch's sync debug mode raises on
+    one), so the host plans step i + 1 while the card runs step i."""
+    from verispec.models.pass_shape import CUDA_PASS_SHAPE, use_pass_shape
+
+    draft = real_shape_pair[1].model
+    try:
+        use_pass_shape(draft, CUDA_PASS_SHAPE)
+        cache = draft.new_cache(num_slots=2, max_len=128)
+        draft(torch.arange(1, 41, device="cuda").view(2, 20), cache, [0, 1], num_logits=1, invariant=False)
+        chosen = torch.tensor([[7], [9]], device="cuda")
+        for sync_mode in ("default", "error"):  # the first round captures the graphs, which waits
+            for _ in range(4):
+                torch.cuda.set_sync_debug_mode(sync_mode)
+                out = draft(chosen, cache, [0, 1], num_logits=1, invariant=False)
+                chosen = out[:, -1].argmax(-1, keepdim=True)
+            torch.cuda.set_sync_debug_mode("default")
+            for slot in (0, 1):
+                cache.set_length(slot, 20)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+        use_pass_shape(draft, None)
+
+
 def test_compiled_passes_keep_a_rows_bfloat16_bits_in_every_pass_and_replay_their_eager_bits(real_shape_pair):
     """Each shaped pass compiled by torch.compile (fused kernels) and replayed from CUDA graphs: a row's bfloat16
     logits the same bits in every pass, and the bits of the same compiled passes run without graphs."""

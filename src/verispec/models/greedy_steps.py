@@ -14,6 +14,7 @@ import torch
 
 from .draft_head import DraftHead
 from .kv_cache import KVCache
+from .pass_shape import on_device
 from .passes import padded_logits
 
 
@@ -30,7 +31,7 @@ class DeviceGreedySteps:
         if steps < 1 or len(feeds) != len(slots) or not all(feeds):
             raise ValueError("greedy steps take at least one step and one or more tokens per slot")
         logits = padded_logits(self.model, cache, rows=feeds, slots=slots, draft_head=self.head)
-        ends = torch.tensor([len(feed) - 1 for feed in feeds], device=logits.device)
+        ends = on_device([len(feed) - 1 for feed in feeds], logits.device)
         chosen = [self.head.argmax_rows(logits[torch.arange(len(feeds), device=logits.device), ends])]
         for _ in range(steps - 1):
             out = self.model(chosen[-1][:, None], cache, slots, num_logits=1, invariant=False, head=self.head.module)

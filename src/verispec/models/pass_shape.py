@@ -278,7 +278,7 @@ class ShapedPasses:
         """The host's arrays into the index buffer, in one copy; the rows' tokens picked from the caller's `tokens` on
         their device (a padding row's: 0)."""
         packed = np.concatenate([np.ravel(arrays[name]) for name in self._fields])
-        self.index.copy_(torch.from_numpy(packed))
+        self.index.copy_(on_device(packed, self.index.device))
         picked = tokens.reshape(-1)[self.field("source").to(tokens.device)]
         self.tokens.view(-1).copy_(picked.masked_fill(self.field("padding").to(tokens.device).bool(), 0))
 
@@ -397,19 +397,29 @@ def shaped_forward(runner: ShapedPasses, tokens: torch.Tensor, groups: list[Grou
             after_run(chunk)
         index = [g * runner.shape.width + i for g, group in enumerate(chunk) for i in range(len(group.rows))]
         sources = [row.source for group in chunk for row in group.rows]
-        at = torch.tensor(index, device=x.device)
-        into = torch.tensor(sources, device=x.device)
+        at, into = on_device(index, x.device), on_device(sources, x.device)
         if hidden is None:
             hidden = x.new_empty(rows, x.shape[-1])
         hidden[into] = x[at]
         for layer, tap in chunk_taps.items():
             taps.setdefault(layer, tap.new_empty(rows, tap.shape[-1]))[into] = tap[at]
         wanted = [n for n, source in enumerate(sources) if keep is None or source in keep]
-        kept.append(logits[at[wanted]])
+        kept.append(logits[on_device([index[n] for n in wanted], x.device)])
         kept_sources += [sources[n] for n in wanted]
     order = sorted(range(len(kept_sources)), key=kept_sources.__getitem__)
-    logits_rows = torch.cat(kept)[torch.tensor(order, device=hidden.device)]
+    logits_rows = torch.cat(kept)[on_device(order, hidden.device)]
     return hidden, logits_rows, taps
+
+
+def on_device(values, device: torch.device) -> torch.Tensor:
+    """`values` (a list or an array of integers) as a long tensor on `device`. To a GPU through pinned memory without
+    waiting: a blocking copy would wait for every pass queued before it, so the host could not plan the next pass (a
+    draft's next step) while the card runs this one; PyTorch's pinned-memory cache keeps the buffer until the copy is
+    done."""
+    host = torch.as_tensor(values, dtype=torch.long)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def keep_group_ends(recurrent, groups: list[Group]) -> None:
