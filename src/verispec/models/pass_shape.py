@@ -24,10 +24,10 @@ plans in one copy: on a GPU one transfer a pass, not ten); on CUDA the pass is c
 blocks of older keys) and replayed (`graphs`), which removes the ~1,300 kernel launches from Python a step costs
 eagerly.
 
-Compiled passes (`compiled`, opt-in). The pass may be compiled by torch.compile (once per head, blocks of older keys
-and tapped layers), which fuses the attention's and the norms' small operations into fewer kernels (what a replayed
-graph still runs one after another). Fused kernels round otherwise than eager ones, so a model's passes are all
-compiled or none: a compilation that fails raises, never falls back to eager passes beside compiled ones.
+Compiled passes (`compiled`, opt-in). The pass may be compiled by torch.compile (once per head, blocks of older keys,
+tapped layers and cache size), which fuses the attention's and the norms' small operations into fewer kernels (what
+a replayed graph still runs one after another). Fused kernels round otherwise than eager ones, so a model's passes
+are all compiled or none: a compilation that fails raises, never falls back to eager passes beside compiled ones.
 
 A mixture of experts runs each chosen expert over the pass's whole row count (feed_forward.through_experts: the rows
 that chose it, then zeros), so that an expert's product has one shape too; which experts run depends on the tokens,
@@ -108,7 +108,8 @@ def use_pass_shape(model, shape: PassShape | None, *, asked: bool = False, graph
     """Every pass of `model` (a Transformer) at `shape` from now on, replayed from CUDA graphs on CUDA where `graphs`,
     compiled by torch.compile where `compiled` (None: its ordinary passes); caches made before keep their passes. A
     model the rule does not cover keeps its ordinary passes, said once in the log, or refused where the shape was
-    `asked` for by name; compiled passes are refused without a shape and for a mixture of experts. Returns the shape
+    `asked` for by name; compiled passes are refused without a shape, for a mixture of experts and for a hybrid
+    model (their passes run eagerly). Returns the shape
     taken."""
     reason = uncovered(model) if shape is not None else None
     if compiled and (shape is None or reason is not None):
@@ -278,7 +279,7 @@ class ShapedPasses:
         """The host's arrays into the index buffer, in one copy; the rows' tokens picked from the caller's `tokens` on
         their device (a padding row's: 0)."""
         packed = np.concatenate([np.ravel(arrays[name]) for name in self._fields])
-        self.index.copy_(on_device(packed, self.index.device))
+        on_device(packed, self.index.device, into=self.index)
         picked = tokens.reshape(-1)[self.field("source").to(tokens.device)]
         self.tokens.view(-1).copy_(picked.masked_fill(self.field("padding").to(tokens.device).bool(), 0))
 
@@ -411,15 +412,17 @@ def shaped_forward(runner: ShapedPasses, tokens: torch.Tensor, groups: list[Grou
     return hidden, logits_rows, taps
 
 
-def on_device(values, device: torch.device) -> torch.Tensor:
-    """`values` (a list or an array of integers) as a long tensor on `device`. To a GPU through pinned memory without
-    waiting: a blocking copy would wait for every pass queued before it, so the host could not plan the next pass (a
-    draft's next step) while the card runs this one; PyTorch's pinned-memory cache keeps the buffer until the copy is
-    done."""
+def on_device(values, device: torch.device, into: torch.Tensor | None = None) -> torch.Tensor:
+    """`values` (a list or an array of integers) as a long tensor on `device`, or copied into `into` (a long tensor
+    there, of their size). To a GPU through pinned memory without waiting: a blocking copy would wait for every pass
+    queued before it, so the host could not plan the next pass (a draft's next step) while the card runs this one;
+    PyTorch's pinned-memory cache keeps the buffer until the copy is done."""
     host = torch.as_tensor(values, dtype=torch.long)
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
+    if device.type == "cuda":
+        host = host.pin_memory()
+    if into is not None:
+        return into.copy_(host, non_blocking=True)
+    return host.to(device, non_blocking=True)
 
 
 def keep_group_ends(recurrent, groups: list[Group]) -> None:

@@ -49,7 +49,9 @@ class RecurrentState:
         slot's groups layer by layer, a later group starting where an earlier one of the same pass ended)."""
         entry = self.saved[slot].get(length)
         state = None if entry is None else entry[layer]
-        return self._complete(slot, length)[layer] if state is None else state  # (the first raises)
+        if state is None:  # not kept at `length`: _complete raises, naming the lengths that are
+            return self._complete(slot, length)[layer]
+        return state
 
     def put(self, slot: int, layer: int, length: int, windows: list[torch.Tensor], states: list[torch.Tensor]) -> None:
         """Layer `layer`'s states after the tokens at lengths length + 1, length + 2, ..."""
