@@ -1,7 +1,8 @@
 """How many kernels one decode step of a 28-layer model runs (a proxy for a GPU's per-step cost where small kernels
 dominate), on this machine: PyTorch's operations on the ordinary passes and at one pass shape run eagerly, and the
-kernels of the same shaped pass compiled by torch.compile (fused kernels and products, counted in inductor's output
-code: on a CPU C++ kernels, on CUDA Triton ones).
+kernels of the same shaped pass compiled by torch.compile. Compiled passes are compiled by region (the layers' inputs,
+a layer, the head): their fused kernels and products are counted in inductor's output code (on a CPU C++ kernels, on
+CUDA Triton ones), a layer's once per layer, with the operations that run eagerly between the regions.
 
     python benchmarks/pass_kernels.py                  # the CPU, a tiny-width 28-layer model
     python benchmarks/pass_kernels.py --device cuda    # the same on a GPU (what its graphs replay)
@@ -73,8 +74,42 @@ def eager_ops(layers: int, device: str, shape: PassShape | None) -> int:
     return counted.count
 
 
-def compiled_kernels(layers: int, device: str, shape: PassShape) -> tuple[int, int]:
-    """(fused kernels, products and other library calls) in the compiled pass one decode step runs."""
+def outside_regions(layers: int, device: str, shape: PassShape) -> int:
+    """The operations of an eager shaped step outside the regions compiled passes compile (ShapedPasses._start,
+    _layer, _finish): what runs eagerly beside the compiled ones."""
+    inside = [0]
+
+    def region(function):
+        def counted(*args):
+            inside[0] += 1
+            try:
+                return function(*args)
+            finally:
+                inside[0] -= 1
+
+        return counted
+
+    class Outside(Counted):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if inside[0]:
+                return func(*args, **(kwargs or {}))
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    model, cache, ids = step_model(layers, device, shape)
+    model(ids[:, CONTEXT:], cache, [0])
+    cache.set_length(0, CONTEXT)
+    for runner in model._shaped.values():
+        runner._start, runner._layer, runner._finish = (
+            region(f) for f in (runner._start, runner._layer, runner._finish)
+        )
+    with Outside() as counted:
+        model(ids[:, CONTEXT:], cache, [0])
+    return counted.count
+
+
+def compiled_kernels(layers: int, device: str, shape: PassShape) -> tuple[int, int, int]:
+    """(fused kernels, products and other library calls, eager operations beside them) one decode step runs with
+    compiled passes: the layers' inputs, a layer's region once per layer and the head's, the rest eagerly."""
     handler = OutputCode()
     torch._logging.set_logs(output_code=True)  # before the handler: it resets torch's loggers
     logger = logging.getLogger("torch._inductor")  # where its modules' records stop
@@ -87,7 +122,17 @@ def compiled_kernels(layers: int, device: str, shape: PassShape) -> tuple[int, i
         torch._logging.set_logs()
         logger.removeHandler(handler)
     modules = [text for text in handler.texts if "def call(" in text]
-    body = modules[-1].split("def call(", 1)[1]  # the last compilation: the decode step's key blocks
+    if len(modules) != 3:  # the prefill and the step read as many key blocks: each region compiled once
+        raise SystemExit(f"expected 3 compiled regions (the layers' inputs, a layer, the head), got {len(modules)}")
+    counts = [_kernels(module) for module in modules]
+    fused = counts[0][0] + layers * counts[1][0] + counts[2][0]
+    library = counts[0][1] + layers * counts[1][1] + counts[2][1]
+    return fused, library, outside_regions(layers, device, shape)
+
+
+def _kernels(module: str) -> tuple[int, int]:
+    """(fused kernels, library calls) in one of inductor's output modules."""
+    body = module.split("def call(", 1)[1]
     body = re.split(r"\n\s*def \w+\(|\ndef \w+\(", body)[0]
     fused = len(re.findall(r"^\s+(?:cpp_fused_\w+\(|triton_\w+\.run\()", body, re.M))
     library = len(re.findall(r"extern_kernels\.\w+\(|torch\.ops\.\w+\.\w+", body))
@@ -105,8 +150,11 @@ def main() -> None:
     print(f"one decode step of a {args.layers}-layer model after {CONTEXT} tokens, on {args.device}:")
     print(f"  ordinary passes, eager: {eager_ops(args.layers, args.device, None)} operations")
     print(f"  pass shape {shape}, eager: {eager_ops(args.layers, args.device, shape)} operations")
-    fused, library = compiled_kernels(args.layers, args.device, shape)
-    print(f"  pass shape {shape}, compiled: {fused + library} kernels ({fused} fused, {library} products and others)")
+    fused, library, eager = compiled_kernels(args.layers, args.device, shape)
+    print(
+        f"  pass shape {shape}, compiled: {fused + library + eager} kernels ({fused} fused, {library} products "
+        f"and others in the compiled regions, {eager} eager operations beside them)"
+    )
 
 
 if __name__ == "__main__":

@@ -193,21 +193,30 @@ def test_a_rows_bfloat16_logits_are_the_same_bits_in_every_pass_on_the_gpu(real_
 
 
 def test_graph_replay_gives_the_bits_of_the_same_pass_run_eagerly(real_shape_pair):
+    """Decode steps replayed from CUDA graphs: the eager passes' logits, and the hidden states a drafter reads (EAGLE-3,
+    DFlash: passes that tap layers, captured as graphs of their own) the same bits."""
     from verispec.models.pass_shape import CUDA_PASS_SHAPE, use_pass_shape
 
     model = real_shape_pair[0].model
     ids = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(2)).cuda()
-    outputs = []
+    outputs, served = [], []
     try:
         for graphs in (True, False):
             use_pass_shape(model, CUDA_PASS_SHAPE, graphs=graphs)
             cache = model.new_cache(num_slots=2, max_len=64)
             model(ids[:, :16], cache, [0, 1])
-            outputs.append([model(ids[:, 16 + i : 17 + i], cache, [0, 1]) for i in range(8)])
-            assert bool(model._shaped[cache]._captured) == graphs  # replayed from graphs, not fallen back to eager
+            outputs.append([model(ids[:, 16 + i : 17 + i], cache, [0, 1]) for i in range(4)])
+            served.append([])
+            model.serve_hidden(lambda slots, starts, rows: served[-1].append(rows.clone()), layers=(1, 14, 27))
+            outputs[-1] += [model(ids[:, 20 + i : 21 + i], cache, [0, 1]) for i in range(4)]
+            model.serve_hidden(None)
+            captured = {tapped for _, _, tapped in model._shaped[cache]._captured}
+            assert captured == ({(), (1, 14, 27)} if graphs else set())  # replayed, tapped or not: no fallback
     finally:
+        model.serve_hidden(None)
         use_pass_shape(model, None)
     assert all(torch.equal(a, b) for a, b in zip(*outputs, strict=True))
+    assert len(served[0]) == 4 and all(torch.equal(a, b) for a, b in zip(*served, strict=True))
 
 
 def test_a_draft_models_steps_on_the_gpu_never_wait_for_the_card(real_shape_pair):

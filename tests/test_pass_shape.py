@@ -329,6 +329,46 @@ def test_a_hybrid_models_speculative_output_is_plain_output_to_every_logprobs_bi
     assert sum(s.drafted for *_, s in speculative) > sum(s.accepted for *_, s in speculative) > 0
 
 
+class ReplayedOnTheHost:
+    """A CUDA graph's stand-in on the CPU: captured, the pass's outputs; replayed, the pass run again into them (what
+    a graph's replay does to its static tensors)."""
+
+    def __init__(self, runner: ShapedPasses, head, tapped: tuple[int, ...]):
+        self.runner, self.head, self.tapped = runner, head, tapped
+        self.outputs = runner._compute(head, tapped)
+
+    def replay(self) -> None:
+        hidden, logits, taps = self.runner._compute(self.head, self.tapped)
+        self.outputs[0].copy_(hidden)
+        self.outputs[1].copy_(logits)
+        for layer, tap in taps.items():
+            self.outputs[2][layer].copy_(tap)
+
+
+def test_passes_replayed_from_graphs_tapped_or_not_give_the_logits_and_served_hidden_states_of_eager_ones():
+    """The graph path's bookkeeping on the CPU (a stand-in graph): passes that tap layers for a drafter (EAGLE-3,
+    DFlash) are captured as graphs of their own, and serve the same hidden states as eager passes."""
+    ids = torch.randint(0, 257, (2, 24), generator=torch.Generator().manual_seed(2))
+    runs = []
+    for graphs in (True, False):
+        made, served = model(PassShape(2, 4)), []
+        cache = made.new_cache(num_slots=2, max_len=64)
+        made(ids[:, :16], cache, [0, 1])
+        runner = made._shaped[cache]
+        if graphs:
+            runner.graphs = True
+            runner._capture = lambda head, tapped, runner=runner: (graph := ReplayedOnTheHost(runner, head, tapped),
+                                                                   graph.outputs)  # fmt: skip
+        logits = [made(ids[:, 16 + i : 17 + i], cache, [0, 1]) for i in range(2)]
+        made.serve_hidden(lambda slots, starts, rows, served=served: served.append(rows.clone()), layers=(1, 3))
+        logits += [made(ids[:, 18 + i : 19 + i], cache, [0, 1]) for i in range(3)]
+        runs.append((logits, served, {tapped for *_, tapped in runner._captured}))
+    (replayed, replayed_served, captured), (eager, eager_served, _) = runs
+    assert captured == {(), (1, 3)}
+    assert all(torch.equal(a, b) for a, b in zip(replayed, eager, strict=True))
+    assert len(eager_served) == 3 and all(torch.equal(a, b) for a, b in zip(replayed_served, eager_served, strict=True))
+
+
 # ---- compiled passes (torch.compile) --------------------------------------------------------------------------------
 def compiled_model(**overrides):
     made = model(**overrides)
@@ -339,9 +379,9 @@ def compiled_model(**overrides):
 @pytest.mark.slow
 def test_compiled_passes_keep_a_rows_bits_in_every_pass_tapped_or_not_and_over_more_key_blocks():
     """Compiled by torch.compile (fused kernels, which round otherwise than eager ones): a row's logits the same bits
-    in every pass; a pass tapping layers for served hidden states (EAGLE-3, DFlash: another compilation) gives the
-    bits of one that does not; a row read beside a sequence past KEY_BLOCK tokens (another compilation) too. The
-    control: compiled logits are not the eager pass's bits, so each check compares two compilations."""
+    in every pass; a pass tapping layers for served hidden states (EAGLE-3, DFlash) gives the bits of one that does
+    not; a row read beside a sequence past KEY_BLOCK tokens (another compilation) too. The control: compiled logits
+    are not the eager pass's bits, so each check compares two compilations."""
     ids = torch.randint(0, 257, (1, 40), generator=torch.Generator().manual_seed(0))
     compiled = passes(compiled_model(), ids)
     assert same_bits(compiled)
@@ -379,6 +419,21 @@ def test_speculative_output_is_plain_output_to_every_logprobs_bit_with_compiled_
     assert [(t, lp) for t, lp, _ in speculative] == [(t, lp) for t, lp, _ in plain]
     assert 0 < sum(s.accepted for *_, s in speculative) < sum(s.drafted for *_, s in speculative)
     assert target.model._shaped and all(r.compiled for r in target.model._shaped.values())
+
+
+@pytest.mark.slow
+def test_compiled_passes_compile_one_region_for_every_layer_alike():
+    """Compiled by region (the layers' inputs, a layer, the head): a 6-layer model's passes take three compilations,
+    not one per layer (a whole pass compiled as one took 70 s on a 28-layer model, by region 9 s)."""
+    from torch._dynamo.utils import counters
+
+    made = compiled_model(hidden_size=96, num_heads=6, intermediate_size=192, num_layers=6)
+    before = counters["stats"]["unique_graphs"]
+    ids = torch.randint(0, 257, (1, 40), generator=torch.Generator().manual_seed(0))
+    cache = made.new_cache(num_slots=1, max_len=64)
+    made(ids[:, :30], cache, [0])
+    made(ids[:, 30:31], cache, [0])
+    assert counters["stats"]["unique_graphs"] - before == 3  # per layer: 8; as one whole pass: 1
 
 
 def test_compiled_passes_are_refused_without_a_shape_and_for_a_mixture_of_experts():

@@ -90,24 +90,31 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, masks, cache, layer, where, slots, starts, invariant):
         """`cos`/`sin` None: this layer has no rotary embedding; `masks`: per window (0: none), the mask; `where`:
         the pass's addresses in the cache (PassPages)."""
+        layer_keys, layer_values = cache.keys[self.source], cache.values[self.source]
+        q, gate = self._project(x, cos, sin, layer_keys, layer_values, where.written)
+        keys, values = where.keys_values(self.source, layer_keys, layer_values, span=max(starts) + x.shape[1])
+        attended = self._attend(q, keys, values, masks=masks, starts=starts, invariant=invariant)
+        return self._out(attended.to(x.dtype), gate)
+
+    def shaped(self, x, cos, sin, keys, values, where: ShapedPages) -> torch.Tensor:
+        """In a pass of one shape (pass_shape.py): `x`'s attention over this layer's pools `keys`, `values` (its
+        source's), each row's keys in its own order."""
+        q, gate = self._project(x, cos, sin, keys, values, where.written)
+        return self._out(where.attend(self, q, keys, values).to(x.dtype), gate)
+
+    def _project(self, x, cos, sin, keys, values, written) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """`x`'s queries (turned, in the pools' dtype) and output gate; its keys and values written into the pools
+        at `written` (a layer that shares another's cache: that layer wrote them before, in this pass)."""
         batch, seq, _ = x.shape
         projected = self.wqkv(x)
         q, gate = self._queries(projected)
         if cos is not None:
             q = self._rotate(q, cos, sin)
-        layer_keys, layer_values = cache.keys[self.source], cache.values[self.source]
-        if not self.shares:  # a shared layer's source wrote this pass's keys and values before it
+        if not self.shares:
             k, v = self._keys_values(projected, cos, sin)
-            layer_keys[where.written] = k.reshape(batch * seq, self.num_kv_heads, self.head_dim).to(layer_keys.dtype)
-            layer_values[where.written] = v.reshape(batch * seq, self.num_kv_heads, self.head_dim).to(
-                layer_values.dtype
-            )
-        q = q.to(layer_keys.dtype)  # the cache may hold float32 (see Transformer.new_cache)
-        if isinstance(where, ShapedPages):  # a pass of one shape: each row's keys in its own order
-            return self._out(where.attend(self, q, layer_keys, layer_values).to(x.dtype), gate)
-        keys, values = where.keys_values(self.source, layer_keys, layer_values, span=max(starts) + seq)
-        attended = self._attend(q, keys, values, masks=masks, starts=starts, invariant=invariant)
-        return self._out(attended.to(x.dtype), gate)
+            keys[written] = k.reshape(batch * seq, self.num_kv_heads, self.head_dim).to(keys.dtype)
+            values[written] = v.reshape(batch * seq, self.num_kv_heads, self.head_dim).to(values.dtype)
+        return q.to(keys.dtype), gate  # the cache may hold float32 (see Transformer.new_cache)
 
     def _queries(self, projected: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The queries [batch, seq, heads, head size] (normed where the config says) of the q/k/v product, and the
@@ -237,6 +244,16 @@ class Block(nn.Module):
                           fresh_states=isinstance(where, ShapedPages))  # fmt: skip
         else:
             h = self.attn(self.attn_norm(x), cos, sin, masks, cache, layer, where, slots, starts, invariant)
+        return self._after_mixer(x, h, per_layer)
+
+    def shaped(self, x, cos, sin, keys, values, where: ShapedPages, per_layer=None) -> torch.Tensor:
+        """An attention layer in a pass of one shape (pass_shape.py) over its pools `keys`, `values`. It reads
+        nothing that tells one layer from another but its weights and pools: one compilation serves every layer alike
+        (pass_shape.py's compiled passes)."""
+        return self._after_mixer(x, self.attn.shaped(self.attn_norm(x), cos, sin, keys, values, where), per_layer)
+
+    def _after_mixer(self, x, h, per_layer):
+        """The rest of the layer after its token mixer's output `h`: residuals, the feed-forward, per-layer input."""
         x = x + (h if self.post_attn_norm is None else self.post_attn_norm(h))
         h = self.mlp(self.mlp_norm(x))
         if self.beside is not None:

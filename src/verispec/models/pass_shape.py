@@ -21,13 +21,16 @@ earlier passes'.
 
 Static buffers. Every tensor a pass reads is a buffer of the runner, refilled in place per pass (the indices the host
 plans in one copy: on a GPU one transfer a pass, not ten); on CUDA the pass is captured as a CUDA graph per (head,
-blocks of older keys) and replayed (`graphs`), which removes the ~1,300 kernel launches from Python a step costs
-eagerly.
+blocks of older keys, tapped layers) and replayed (`graphs`), which removes the ~1,300 kernel launches from Python a
+step costs eagerly.
 
-Compiled passes (`compiled`, opt-in). The pass may be compiled by torch.compile (once per head, blocks of older keys,
-tapped layers and cache size), which fuses the attention's and the norms' small operations into fewer kernels (what
-a replayed graph still runs one after another). Fused kernels round otherwise than eager ones, so a model's passes
-are all compiled or none: a compilation that fails raises, never falls back to eager passes beside compiled ones.
+Compiled passes (`compiled`, opt-in). The pass may be compiled by torch.compile, which fuses the attention's and the
+norms' small operations into fewer kernels (what a replayed graph still runs one after another). It is compiled by
+region: the layers' inputs (once per cache and blocks of older keys), an attention layer (once per blocks of older
+keys, for every layer alike: a layer reads nothing that tells it from another but its weights and pools) and the head
+(once per head), so a 28-layer model compiles in seconds, not minutes. Fused kernels round otherwise than eager ones,
+so a model's passes are all compiled or none: a compilation that fails raises, never falls back to eager passes beside
+compiled ones.
 
 A mixture of experts runs each chosen expert over the pass's whole row count (feed_forward.through_experts: the rows
 that chose it, then zeros), so that an expert's product has one shape too; which experts run depends on the tokens,
@@ -207,10 +210,13 @@ class ShapedPasses:
         self.group_slots: list[int] = []  # each real group's slot and its first row's storage (recurrent layers)
         self.group_starts: list[int] = []
         self.rope = model.rope_tables(cache.max_len)
-        self._captured: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
+        self._captured: dict[tuple, tuple[torch.cuda.CUDAGraph, tuple]] = {}  # by (head, key blocks, tapped)
         self.compiled = compiled
-        self._compute_pass = _compiled(self._compute) if compiled else self._compute
-        self._compiled_for: set[tuple[int, int, tuple[int, ...]]] = set()  # (head, key blocks, tapped) compiled
+        # compiled by region (see _compute)
+        self._start = _compiled(self._begin) if compiled else self._begin
+        self._layer = _compiled(_layer) if compiled else _layer
+        self._finish = _compiled(_finish) if compiled else _finish
+        self._compiled_for: set[tuple[int, int]] = set()  # (head, key blocks) compiled
 
     # ---- one pass ----
     def run(self, groups: list[Group], tokens: torch.Tensor, head, tapped: tuple[int, ...] = ()):
@@ -218,21 +224,20 @@ class ShapedPasses:
         layer, float32 logits [groups x width, V], the inputs of the `tapped` layers; row g x width + i is group g's
         row i."""
         self._fill(groups, tokens)
-        self._announce(head, tapped)
-        if self.graphs and not tapped:
-            captured = self._graph(head)
+        self._announce(head)
+        if self.graphs:
+            captured = self._graph(head, tapped)
             if captured is not None:
                 captured[0].replay()
-                return (*captured[1], {})
-        return self._compute_pass(head, tapped)
+                return captured[1]
+        return self._compute(head, tapped)
 
-    def _announce(self, head, tapped: tuple[int, ...]) -> None:
-        """A compilation about to happen said in the log (it takes seconds to minutes, once)."""
-        key = (id(head), self.key_blocks, tapped)
+    def _announce(self, head) -> None:
+        """A compilation about to happen said in the log (seconds, once)."""
+        key = (id(head), self.key_blocks)
         if self.compiled and key not in self._compiled_for:
             self._compiled_for.add(key)
-            log.info("compiling the %s pass over %d blocks of older keys%s (once; may take a minute)", self.shape,
-                     self.key_blocks, f", tapping layers {list(tapped)}" if tapped else "")  # fmt: skip
+            log.info("compiling the %s pass over %d blocks of older keys (once)", self.shape, self.key_blocks)
 
     def _fill(self, groups: list[Group], tokens: torch.Tensor) -> None:
         """The buffers for `groups` (their rows' tokens picked from the caller's `tokens`, flat). Padding rows write
@@ -289,10 +294,10 @@ class ShapedPasses:
         at, size, shape = self._fields[name]
         return self.index[at : at + size].view(shape)
 
-    def _pages(self) -> ShapedPages:
-        """Where the pass writes and what each row reads, per window (0: none): older keys at positions before the
-        row's `older_limit` (and within the window), recent positions that exist (and within the window); the masks
-        say what is hidden."""
+    def _pages(self) -> dict:
+        """ShapedPages' tensors: where the pass writes and what each row reads, per window (0: none): older keys at
+        positions before the row's `older_limit` (and within the window), recent positions that exist (and within the
+        window); the masks say what is hidden."""
         span = self.key_blocks * KEY_BLOCK
         positions, recent_position = self.field("positions"), self.field("recent_position")
         keys = torch.arange(span, device=self.index.device)
@@ -306,14 +311,20 @@ class ShapedPasses:
         read = self.field("read")
         older_blocks = [read[:, b * per : (b + 1) * per].repeat_interleave(size, dim=1)
                         for b in range(self.key_blocks)]  # fmt: skip
-        return ShapedPages(written=(self.field("write_block"), slice(None), self.field("write_row")),
-                           older_blocks=older_blocks, older_rows=keys[:KEY_BLOCK] % size, older=older,
-                           recent_block=self.field("recent_block"), recent_row=self.field("recent_row"),
-                           recent=recent)  # fmt: skip
+        return dict(
+            written=(self.field("write_block"), slice(None), self.field("write_row")),
+            older_blocks=older_blocks,
+            older_rows=keys[:KEY_BLOCK] % size,
+            older=older,
+            recent_block=self.field("recent_block"),
+            recent_row=self.field("recent_row"),
+            recent=recent,
+        )
 
-    def _compute(self, head, tapped: tuple[int, ...] = ()):
-        """The pass over the buffers: every tensor it reads is one of them, so a CUDA graph can replay it."""
-        model, cache = self.model, self.cache
+    def _begin(self):
+        """What the pass's layers read: the first hidden states, the per-layer inputs (or None), the rotary tables
+        per table, ShapedPages' tensors."""
+        model = self.model
         x = model.embed(self.tokens)
         per_layer = model._per_layer(self.tokens, x)
         scale = model.embedding_scale(x.dtype)
@@ -326,7 +337,15 @@ class ShapedPasses:
              sin_full[t][positions][..., :size].to(model.dtype).unsqueeze(2))
             for t, size in enumerate(model._table_sizes)
         ]  # fmt: skip
-        where, taps = self._pages(), {}
+        return x, per_layer, tables, self._pages()
+
+    def _compute(self, head, tapped: tuple[int, ...] = ()):
+        """The pass over the buffers: every tensor it reads is one of them, so a CUDA graph can replay it. Compiled
+        passes compile it by region (`_begin`, a layer, the head): one compilation serves every layer alike, where a
+        whole pass compiled as one took minutes on a 28-layer model."""
+        model, cache = self.model, self.cache
+        x, per_layer, tables, pages = self._start()
+        where, taps = ShapedPages(**pages), {}
         for layer, block in enumerate(model.layers):
             table = model._layer_tables[layer]
             cos, sin = tables[table] if table >= 0 else (None, None)
@@ -337,43 +356,54 @@ class ShapedPasses:
                 x = block(x, cos, sin, None, cache, layer, where, self.group_slots, self.group_starts, True,
                           per_layer=layer_input)  # fmt: skip
             else:
-                x = block(x, cos, sin, None, cache, layer, where, [], [0], False, per_layer=layer_input)
+                source = block.attn.source
+                x = self._layer(block, x, cos, sin, cache.keys[source], cache.values[source], where, layer_input)
         if len(model.layers) in tapped:
             taps[len(model.layers)] = x.reshape(self.shape.rows, -1).clone()
-        logits = model._head(model.norm(x), head)
+        logits = self._finish(model, x, head)
         return x.reshape(self.shape.rows, -1), logits.reshape(self.shape.rows, -1), taps
 
-    def _graph(self, head):
-        """The pass captured as a CUDA graph for `head` (None: the model's own) and the pass's blocks of older keys,
-        once; its outputs are static tensors each replay overwrites."""
-        key = (id(head), self.key_blocks)
+    def _graph(self, head, tapped: tuple[int, ...]):
+        """The pass captured as a CUDA graph for `head` (None: the model's own), the pass's blocks of older keys and
+        its `tapped` layers, once; its outputs (as `_compute`'s) are static tensors each replay overwrites."""
+        key = (id(head), self.key_blocks, tapped)
         if key not in self._captured:
             try:
-                self._captured[key] = self._capture(head)
+                self._captured[key] = self._capture(head, tapped)
             except RuntimeError:  # a GPU or an op that cannot be captured: the same passes, run eagerly
                 log.warning("CUDA graph capture failed; shaped passes run eagerly", exc_info=True)
                 self.graphs = False
                 return None
         return self._captured[key]
 
-    def _capture(self, head):
-        """A CUDA graph of the pass over the buffers as they are, and its output tensors."""
+    def _capture(self, head, tapped: tuple[int, ...]):
+        """A CUDA graph of the pass over the buffers as they are, and its outputs."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # warm-up off the capture: lazy initialisations (and compilation) happen here
             for _ in range(2):
-                self._compute_pass(head)
+                self._compute(head, tapped)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            hidden, logits, _ = self._compute_pass(head)
-        return graph, (hidden, logits)
+            outputs = self._compute(head, tapped)
+        return graph, outputs
+
+
+def _layer(block, x, cos, sin, keys, values, where: ShapedPages, per_layer):
+    """An attention layer of a shaped pass (Block.shaped): a region compiled once for all layers alike."""
+    return block.shaped(x, cos, sin, keys, values, where, per_layer)
+
+
+def _finish(model, x, head):
+    """The pass's logits of its last hidden states `x`."""
+    return model._head(model.norm(x), head)
 
 
 def _compiled(compute):
-    """`compute` compiled for one shape (a compilation per head, blocks of older keys and tapped layers, hence many
-    per process: the recompilation limits raised). Hitting a limit raises rather than running that pass eagerly beside
-    compiled ones, whose bits differ."""
+    """`compute` compiled for one shape (a compilation per head, blocks of older keys, cache, and kind of layer where
+    layers differ: the recompilation limits raised). Hitting a limit raises rather than running that pass eagerly
+    beside compiled ones, whose bits differ."""
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, 1024)
     config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 8192)
