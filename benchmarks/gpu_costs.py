@@ -228,7 +228,7 @@ def transformers_decoding(args) -> dict:
     torch.manual_seed(0)
     with torch.device(args.device):
         model = Qwen2ForCausalLM(config).to(getattr(torch, args.dtype)).eval()
-    ids = torch.arange(1000, 1000 + CONTEXT, device=args.device)[None]
+    ids = torch.arange(1000, 1000 + CONTEXT, device=args.device)[None] % shape["vocab_size"]
 
     def tok_s(**options) -> float:
         synchronize(args.device)
