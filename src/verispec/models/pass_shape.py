@@ -210,6 +210,7 @@ class ShapedPasses:
         self.group_slots: list[int] = []  # each real group's slot and its first row's storage (recurrent layers)
         self.group_starts: list[int] = []
         self.rope = model.rope_tables(cache.max_len)
+        self._most_kv_heads = max((b.attn.num_kv_heads for b in model.layers if not b.linear), default=1)
         self._captured: dict[tuple, tuple[torch.cuda.CUDAGraph, tuple]] = {}  # by (head, key blocks, tapped)
         self.compiled = compiled
         # compiled by region (see _compute)
@@ -319,6 +320,7 @@ class ShapedPasses:
             recent_block=self.field("recent_block"),
             recent_row=self.field("recent_row"),
             recent=recent,
+            heads=torch.arange(self._most_kv_heads, device=self.index.device),
         )
 
     def _begin(self):

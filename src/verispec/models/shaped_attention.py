@@ -37,9 +37,10 @@ class ShapedPages:
     but those `recent` hides (likewise). Keys are gathered straight into the products' layouts: no copy between."""
 
     def __init__(self, *, written: tuple, older_blocks: list[torch.Tensor], older_rows: torch.Tensor, older: dict,
-                 recent_block: torch.Tensor, recent_row: torch.Tensor, recent: dict):  # fmt: skip
+                 recent_block: torch.Tensor, recent_row: torch.Tensor, recent: dict, heads: torch.Tensor):  # fmt: skip
         self.written, self.older_blocks, self.older_rows, self.older = written, older_blocks, older_rows, older
         self.recent_block, self.recent_row, self.recent = recent_block, recent_row, recent
+        self.heads = heads  # 0, 1, ... up to a layer's most kv heads: made once a pass, not per layer
 
     def attend(self, attn, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """[groups, width, heads x head size]: `attn`'s (an Attention's) queries `q` [groups, width, heads, head
@@ -49,7 +50,7 @@ class ShapedPages:
         # scaled once for both parts (the scores' scale folded into the queries: one multiplication fewer per part)
         grouped = (q.float() * attn.scale).view(groups, width, kv_heads, heads // kv_heads, size)
         state = self._older(attn, grouped, keys, values) if self.older_blocks else None
-        where = (self.recent_block[:, :, None, :], torch.arange(kv_heads, device=q.device)[:, None],
+        where = (self.recent_block[:, :, None, :], self.heads[:kv_heads, None],
                  self.recent_row[:, :, None, :])  # [groups, width, kv heads, RECENT]  # fmt: skip
         scores = grouped @ keys[where].float().transpose(-1, -2)  # [groups, width, kv heads, group, RECENT]
         hidden = self.recent[attn.window][:, :, None, None, :]
@@ -64,7 +65,7 @@ class ShapedPages:
         ([groups, width, kv heads, group, ...]); each block one product per (group, kv head)."""
         groups, width, kv_heads, group, size = grouped.shape
         by_head = grouped.permute(0, 2, 1, 3, 4).reshape(groups, kv_heads, width * group, size)
-        heads = torch.arange(kv_heads, device=grouped.device)[:, None]
+        heads = self.heads[:kv_heads, None]
         state = None
         for block, blocks in enumerate(self.older_blocks):
             where = (blocks[:, None, :], heads, self.older_rows)  # [groups, kv heads, KEY_BLOCK]
@@ -90,7 +91,8 @@ def _merge(state, scores: torch.Tensor, weighted):
     """The running (maximum, sum, output) after one more part of the keys (`weighted(weights)`: its values' weighted
     sum); None: none before it."""
     top = scores.amax(-1) if state is None else torch.maximum(state[0], scores.amax(-1))
-    shift = torch.where(top == float("-inf"), torch.zeros_like(top), top)  # no key yet: exp(-inf - 0) = 0
+    # no key yet (top -inf): shifted by the least finite number instead, so exp(-inf - shift) = 0; one operation
+    shift = top.clamp(min=torch.finfo(top.dtype).min)
     weights = torch.exp(scores - shift[..., None])
     total, out = weights.sum(-1), weighted(weights)
     if state is not None:
