@@ -16,6 +16,7 @@ import argparse
 import logging
 import re
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -80,10 +81,10 @@ def outside_regions(layers: int, device: str, shape: PassShape) -> int:
     inside = [0]
 
     def region(function):
-        def counted(*args):
+        def counted(*args, **kwargs):
             inside[0] += 1
             try:
-                return function(*args)
+                return function(*args, **kwargs)
             finally:
                 inside[0] -= 1
 
@@ -107,16 +108,19 @@ def outside_regions(layers: int, device: str, shape: PassShape) -> int:
     return counted.count
 
 
-def compiled_kernels(layers: int, device: str, shape: PassShape) -> tuple[int, int, int]:
+def compiled_kernels(layers: int, device: str, shape: PassShape) -> tuple[int, int, int, float]:
     """(fused kernels, products and other library calls, eager operations beside them) one decode step runs with
-    compiled passes: the layers' inputs, a layer's region once per layer and the head's, the rest eagerly."""
+    compiled passes: the layers' inputs, a layer's region once per layer and the head's, the rest eagerly; and the
+    seconds the first pass took (its compilation, no cache of an earlier run used)."""
     handler = OutputCode()
     torch._logging.set_logs(output_code=True)  # before the handler: it resets torch's loggers
     logger = logging.getLogger("torch._inductor")  # where its modules' records stop
     logger.addHandler(handler)
     try:
         with torch._inductor.config.patch(fx_graph_cache=False):  # a cached graph is loaded, not written out
+            begin = time.perf_counter()
             model, cache, ids = step_model(layers, device, shape, compiled=True)
+            compiling = time.perf_counter() - begin
             model(ids[:, CONTEXT:], cache, [0])
     finally:
         torch._logging.set_logs()
@@ -127,7 +131,7 @@ def compiled_kernels(layers: int, device: str, shape: PassShape) -> tuple[int, i
     counts = [_kernels(module) for module in modules]
     fused = counts[0][0] + layers * counts[1][0] + counts[2][0]
     library = counts[0][1] + layers * counts[1][1] + counts[2][1]
-    return fused, library, outside_regions(layers, device, shape)
+    return fused, library, outside_regions(layers, device, shape), compiling
 
 
 def _kernels(module: str) -> tuple[int, int]:
@@ -150,10 +154,11 @@ def main() -> None:
     print(f"one decode step of a {args.layers}-layer model after {CONTEXT} tokens, on {args.device}:")
     print(f"  ordinary passes, eager: {eager_ops(args.layers, args.device, None)} operations")
     print(f"  pass shape {shape}, eager: {eager_ops(args.layers, args.device, shape)} operations")
-    fused, library, eager = compiled_kernels(args.layers, args.device, shape)
+    fused, library, eager, compiling = compiled_kernels(args.layers, args.device, shape)
     print(
         f"  pass shape {shape}, compiled: {fused + library + eager} kernels ({fused} fused, {library} products "
-        f"and others in the compiled regions, {eager} eager operations beside them)"
+        f"and others in the compiled regions, {eager} eager operations beside them); its first pass compiled in "
+        f"{compiling:.1f} s"
     )
 
 

@@ -79,7 +79,7 @@ def _add_pass_options(parser: argparse.ArgumentParser) -> None:
         "--compile-passes",
         action="store_true",
         help="compile each shaped pass with torch.compile (fewer, fused kernels; the first pass of each kind "
-        "compiles for seconds to minutes); needs a pass shape",
+        "compiles for seconds); needs a pass shape",
     )
 
 

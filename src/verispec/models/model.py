@@ -91,18 +91,18 @@ class Attention(nn.Module):
         """`cos`/`sin` None: this layer has no rotary embedding; `masks`: per window (0: none), the mask; `where`:
         the pass's addresses in the cache (PassPages)."""
         layer_keys, layer_values = cache.keys[self.source], cache.values[self.source]
-        q, gate = self._project(x, cos, sin, layer_keys, layer_values, where.written)
+        q, gate = self._project(x, cos, sin, keys=layer_keys, values=layer_values, written=where.written)
         keys, values = where.keys_values(self.source, layer_keys, layer_values, span=max(starts) + x.shape[1])
         attended = self._attend(q, keys, values, masks=masks, starts=starts, invariant=invariant)
         return self._out(attended.to(x.dtype), gate)
 
-    def shaped(self, x, cos, sin, keys, values, where: ShapedPages) -> torch.Tensor:
+    def shaped(self, x, cos, sin, *, keys, values, where: ShapedPages) -> torch.Tensor:
         """In a pass of one shape (pass_shape.py): `x`'s attention over this layer's pools `keys`, `values` (its
         source's), each row's keys in its own order."""
-        q, gate = self._project(x, cos, sin, keys, values, where.written)
+        q, gate = self._project(x, cos, sin, keys=keys, values=values, written=where.written)
         return self._out(where.attend(self, q, keys, values).to(x.dtype), gate)
 
-    def _project(self, x, cos, sin, keys, values, written) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def _project(self, x, cos, sin, *, keys, values, written) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """`x`'s queries (turned, in the pools' dtype) and output gate; its keys and values written into the pools
         at `written` (a layer that shares another's cache: that layer wrote them before, in this pass)."""
         batch, seq, _ = x.shape
@@ -246,11 +246,12 @@ class Block(nn.Module):
             h = self.attn(self.attn_norm(x), cos, sin, masks, cache, layer, where, slots, starts, invariant)
         return self._after_mixer(x, h, per_layer)
 
-    def shaped(self, x, cos, sin, keys, values, where: ShapedPages, per_layer=None) -> torch.Tensor:
+    def shaped(self, x, cos, sin, *, keys, values, where: ShapedPages, per_layer=None) -> torch.Tensor:
         """An attention layer in a pass of one shape (pass_shape.py) over its pools `keys`, `values`. It reads
         nothing that tells one layer from another but its weights and pools: one compilation serves every layer alike
         (pass_shape.py's compiled passes)."""
-        return self._after_mixer(x, self.attn.shaped(self.attn_norm(x), cos, sin, keys, values, where), per_layer)
+        mixed = self.attn.shaped(self.attn_norm(x), cos, sin, keys=keys, values=values, where=where)
+        return self._after_mixer(x, mixed, per_layer)
 
     def _after_mixer(self, x, h, per_layer):
         """The rest of the layer after its token mixer's output `h`: residuals, the feed-forward, per-layer input."""

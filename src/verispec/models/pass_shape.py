@@ -359,7 +359,8 @@ class ShapedPasses:
                           per_layer=layer_input)  # fmt: skip
             else:
                 source = block.attn.source
-                x = self._layer(block, x, cos, sin, cache.keys[source], cache.values[source], where, layer_input)
+                x = self._layer(block, x, cos=cos, sin=sin, keys=cache.keys[source], values=cache.values[source],
+                                where=where, per_layer=layer_input)  # fmt: skip
         if len(model.layers) in tapped:
             taps[len(model.layers)] = x.reshape(self.shape.rows, -1).clone()
         logits = self._finish(model, x, head)
@@ -392,9 +393,9 @@ class ShapedPasses:
         return graph, outputs
 
 
-def _layer(block, x, cos, sin, keys, values, where: ShapedPages, per_layer):
+def _layer(block, x, *, cos, sin, keys, values, where: ShapedPages, per_layer):
     """An attention layer of a shaped pass (Block.shaped): a region compiled once for all layers alike."""
-    return block.shaped(x, cos, sin, keys, values, where, per_layer)
+    return block.shaped(x, cos, sin, keys=keys, values=values, where=where, per_layer=per_layer)
 
 
 def _finish(model, x, head):
