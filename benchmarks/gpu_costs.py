@@ -11,7 +11,8 @@ torch.compile, its compilations done before any timing), one sitting:
 - T(n): one sequence's pass over n new rows after a 256-token context (median of --reps); T(n)/T(1);
 - c: the draft shape's one-row step over the target's T(1);
 - GB/s at T(1): the target's weight bytes / T(1), against the card's read rate (a 4 GiB matrix-vector product);
-- kernels per step: the CUDA kernels one decode step runs (what a graph replays, or Python launches without one);
+- kernels per step: the CUDA kernels one decode step runs (what a graph replays, or Python launches without one),
+  their summed time on the card (T(1) less that is gaps between kernels) and the dozen that take most of it;
 - plain tok/s: greedy decoding of --tokens tokens after a 256-token prompt, prefill included;
 - speculative tok/s with drafts of fixed acceptance (engine/fixed_acceptance.py: the target's own continuation, a share
   --acceptance right) at k = --k, alone and --batch sequences at once, and the speedup over plain at that batch;
@@ -106,9 +107,10 @@ def pass_times(model: Transformer, widths: tuple[int, ...], reps: int, device: s
     return {n: statistics.median(s) * 1e3 for n, s in samples.items()}
 
 
-def kernels_per_step(model: Transformer, device: str) -> int | None:
-    """CUDA kernels one decode step runs (PyTorch's profiler), its passes run eagerly: what a graph replays, or what
-    Python launches one by one without a graph. None off CUDA."""
+def kernels_per_step(model: Transformer, device: str) -> dict | None:
+    """The CUDA kernels one decode step runs (PyTorch's profiler), its passes run eagerly: what a graph replays, or
+    what Python launches one by one without a graph. Their count, their summed time on the card (against T(1): the
+    rest is gaps between kernels), and the kernels that take most of it, by name. None off CUDA."""
     if not device.startswith("cuda"):
         return None
     from torch.profiler import ProfilerActivity, profile
@@ -123,9 +125,15 @@ def kernels_per_step(model: Transformer, device: str) -> int | None:
         with profile(activities=[ProfilerActivity.CUDA]) as profiled:
             model(context[:, :1], cache, [0])
             synchronize(device)
-        return sum(1 for event in profiled.events() if event.device_type.name == "CUDA")
     finally:
         model.pass_graphs = graphs
+    kernels = [event for event in profiled.events() if event.device_type.name == "CUDA"]
+    by_name: dict[str, list[float]] = {}
+    for event in kernels:
+        by_name.setdefault(event.name[:80], []).append(event.time_range.elapsed_us())
+    top = sorted(by_name.items(), key=lambda item: -sum(item[1]))[:12]
+    return {"count": len(kernels), "busy_ms": sum(sum(times) for times in by_name.values()) / 1e3,
+            "top": [[name, len(times), round(sum(times), 1)] for name, times in top]}  # fmt: skip
 
 
 def prompts(count: int, vocab: int) -> list[list[int]]:
