@@ -223,8 +223,9 @@ def measure(args, save) -> dict:
     return results
 
 
-def transformers_decoding(args) -> dict:
-    """transformers' greedy decoding of the target's shape: eager, then with its static cache (compiled)."""
+def transformers_decoding(args, result: dict, save) -> None:
+    """transformers' greedy decoding of the target's shape into `result`: eager, then with its static cache
+    (compiled), `save()` after each (its compilation takes a minute or two: a visit cut short keeps the eager one)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     shape = SHAPES[args.target]
@@ -245,12 +246,11 @@ def transformers_decoding(args) -> dict:
         synchronize(args.device)
         return (out.shape[1] - ids.shape[1]) / (time.perf_counter() - begin)
 
-    result = {}
     for name, options in (("eager", {}), ("static_compiled", {"cache_implementation": "static"})):
         tok_s(**options)  # warm-up (compilation)
         result[name + "_tok_s"] = statistics.median([tok_s(**options) for _ in range(3)])
         print(f"transformers {name}: {result[name + '_tok_s']:.1f} tok/s", flush=True)
-    return result
+        save()
 
 
 def main() -> None:
@@ -282,8 +282,8 @@ def main() -> None:
 
     results = measure(args, save)
     if args.hf:
-        results["transformers"] = transformers_decoding(args)
-        save(results)
+        results["transformers"] = {}
+        transformers_decoding(args, results["transformers"], lambda: save(results))
     print(json.dumps(results, indent=1))
 
 
