@@ -7,7 +7,8 @@ CUDA Triton ones), a layer's once per layer, with the operations that run eagerl
     python benchmarks/pass_kernels.py                  # the CPU, a tiny-width 28-layer model
     python benchmarks/pass_kernels.py --device cuda    # the same on a GPU (what its graphs replay)
 
-Operations that only re-view a tensor (view, permute, expand, ...) launch nothing and are not counted.
+Operations that only re-view a tensor (view, permute, expand, a reshape or a conversion that returns its input's
+memory) launch nothing and are not counted.
 """
 
 from __future__ import annotations
@@ -33,16 +34,36 @@ CONTEXT = 300
 
 
 class Counted(TorchDispatchMode):
-    """Counts the operations that run a kernel."""
+    """Counts the operations that run a kernel: those that write in place, or whose result is new memory (a
+    conversion to the dtype a tensor has, or a reshape that views, returns its input's memory and runs nothing)."""
 
     def __init__(self):
         super().__init__()
         self.count = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket.__name__ not in VIEWS:
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if name not in VIEWS and (name.endswith("_") or not _aliases(out, args, kwargs)):
             self.count += 1
-        return func(*args, **(kwargs or {}))
+        return out
+
+
+def _aliases(out, args, kwargs) -> bool:
+    """Whether every tensor `out` holds lies in the memory of a tensor among the inputs."""
+    inputs = {t.untyped_storage().data_ptr() for t in _tensors((args, kwargs))}
+    outputs = [t.untyped_storage().data_ptr() for t in _tensors(out)]
+    return bool(outputs) and all(ptr in inputs for ptr in outputs)
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _tensors(item)]
+    if isinstance(value, dict):
+        return [t for item in value.values() for t in _tensors(item)]
+    return []
 
 
 class OutputCode(logging.Handler):
