@@ -144,19 +144,30 @@ def test_in_bfloat16_at_a_real_shape_greedy_speculative_output_is_plain_output(r
     expected = [plain.generate(p, max_tokens=96, ignore_eos=True).token_ids for p in prompts]
     sampled = [plain.generate(p, max_tokens=48, ignore_eos=True, temperature=0.8, seed=i).token_ids
                for i, p in enumerate(prompts)]  # fmt: skip
+    table: dict[str, dict[str, str]] = {}  # method -> mode -> "equal / prompts" (first differing tokens): all shown
     with fixed_acceptance([p + e for p, e in zip(prompts, expected, strict=True)], 0.7, tree=True) as oracle:
-        for options in (
-            dict(speculative_method="draft", num_speculative_tokens=4, adaptive=False),
-            dict(speculative_method="suffix"),
-            dict(speculative_method=oracle, num_speculative_tokens=4, adaptive=False, token_trees=True),
+        for name, options in (
+            ("draft k4", dict(speculative_method="draft", num_speculative_tokens=4, adaptive=False)),
+            ("suffix", dict(speculative_method="suffix")),
+            ("tree", dict(speculative_method=oracle, num_speculative_tokens=4, adaptive=False, token_trees=True)),
         ):
             spec = SpeculativeGenerator(target, draft, device="cuda", dtype="bfloat16", max_seq_len=512, **options)
             alone = [spec.generate(p, max_tokens=96, ignore_eos=True).token_ids for p in prompts]
-            assert alone == expected, options
             draws = [spec.generate(p, max_tokens=48, ignore_eos=True, temperature=0.8, seed=i).token_ids
                      for i, p in enumerate(prompts)]  # fmt: skip
-            assert draws == sampled, options
-            assert _batched(target, draft, prompts, **options) == expected, options
+            batched = _batched(target, draft, prompts, **options)
+            table[name] = {"alone": _agreement(alone, expected), "seeded": _agreement(draws, sampled),
+                           "batched": _agreement(batched, expected)}  # fmt: skip
+    total = f"{len(prompts)}/{len(prompts)}"
+    assert all(cell.startswith(total) for row in table.values() for cell in row.values()), table
+
+
+def _agreement(outputs: list[list[int]], expected: list[list[int]]) -> str:
+    """How many outputs equal the expected ones, and where each that does not first differs."""
+    equal = sum(o == e for o, e in zip(outputs, expected, strict=True))
+    firsts = [next((i for i, (a, b) in enumerate(zip(o, e, strict=False)) if a != b), min(len(o), len(e)))
+              for o, e in zip(outputs, expected, strict=True) if o != e]  # fmt: skip
+    return f"{equal}/{len(expected)}" + (f" (first differing tokens {firsts})" if firsts else "")
 
 
 def _batched(target, draft, prompts, **options) -> list[list[int]]:
