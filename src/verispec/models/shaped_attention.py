@@ -34,13 +34,14 @@ class ShapedPages:
     block of older keys, each group's cache block and row at each of its KEY_BLOCK positions (`older_blocks` [groups,
     KEY_BLOCK] per block, `older_rows` [KEY_BLOCK]) but those `older` hides (per window, [groups, width, key blocks x
     KEY_BLOCK], True: hidden), and its recent keys' addresses (`recent_block`, `recent_row` [groups, width, RECENT])
-    but those `recent` hides (likewise). Keys are gathered straight into the products' layouts: no copy between."""
+    but those `recent` hides (likewise); `heads` counts 0, 1, ... up to a layer's most kv heads (made once a pass).
+    Keys are gathered straight into the products' layouts: no copy between."""
 
     def __init__(self, *, written: tuple, older_blocks: list[torch.Tensor], older_rows: torch.Tensor, older: dict,
                  recent_block: torch.Tensor, recent_row: torch.Tensor, recent: dict, heads: torch.Tensor):  # fmt: skip
         self.written, self.older_blocks, self.older_rows, self.older = written, older_blocks, older_rows, older
         self.recent_block, self.recent_row, self.recent = recent_block, recent_row, recent
-        self.heads = heads  # 0, 1, ... up to a layer's most kv heads: made once a pass, not per layer
+        self.heads = heads
 
     def attend(self, attn, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """[groups, width, heads x head size]: `attn`'s (an Attention's) queries `q` [groups, width, heads, head
