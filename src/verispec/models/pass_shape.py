@@ -26,7 +26,7 @@ step costs eagerly.
 
 Compiled passes (`compiled`, opt-in). The pass may be compiled by torch.compile, which fuses the attention's and the
 norms' small operations into fewer kernels (what a replayed graph still runs one after another). It is compiled by
-region: the layers' inputs (once per cache and blocks of older keys), an attention layer (once per blocks of older
+region: the layers' inputs (once per count of blocks of older keys), an attention layer (once per blocks of older
 keys, for every layer alike: a layer reads nothing that tells it from another but its weights and pools) and the head
 (once per head), so a 28-layer model compiles in seconds, not minutes. Fused kernels round otherwise than eager ones,
 so a model's passes are all compiled or none: a compilation that fails raises, never falls back to eager passes beside
@@ -234,11 +234,13 @@ class ShapedPasses:
         return self._compute(head, tapped)
 
     def _announce(self, head) -> None:
-        """A compilation about to happen said in the log (seconds, once)."""
+        """A new kind of pass said in the log: its regions compile at its first run, unless an earlier cache compiled
+        them (seconds)."""
         key = (id(head), self.key_blocks)
         if self.compiled and key not in self._compiled_for:
             self._compiled_for.add(key)
-            log.info("compiling the %s pass over %d blocks of older keys (once)", self.shape, self.key_blocks)
+            log.info("compiled passes: the %s pass over %d blocks of older keys (compiled at its first run: seconds)",
+                     self.shape, self.key_blocks)  # fmt: skip
 
     def _fill(self, groups: list[Group], tokens: torch.Tensor) -> None:
         """The buffers for `groups` (their rows' tokens picked from the caller's `tokens`, flat). Padding rows write
@@ -404,8 +406,8 @@ def _finish(model, x, head):
 
 
 def _compiled(compute):
-    """`compute` compiled for one shape (a compilation per head, blocks of older keys, cache, and kind of layer where
-    layers differ: the recompilation limits raised). Hitting a limit raises rather than running that pass eagerly
+    """`compute` compiled for one shape (a compilation per head, count of blocks of older keys, and kind of layer
+    where layers differ: the recompilation limits raised). Hitting a limit raises rather than running that pass eagerly
     beside compiled ones, whose bits differ."""
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, 1024)
