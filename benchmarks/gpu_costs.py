@@ -7,7 +7,8 @@ transformers' own decoding of the same shape; and whether greedy speculative out
     python benchmarks/gpu_costs.py --device cpu --target tiny --draft tiny-draft --dtype float32   # a smoke run
 
 Per pass shape (--pass-shapes, "off" = PyTorch's ordinary passes; "auto:compiled" = auto with each pass compiled by
-torch.compile, its compilations done before any timing), one sitting:
+torch.compile, its compilations done before any timing; "auto:written" = auto with the attention written out in
+PyTorch's operations in place of the fused Triton kernel, kernels/triton_attention.py), one run:
 - T(n): one sequence's pass over n new rows after a 256-token context (median of --reps); T(n)/T(1);
 - c: the draft shape's one-row step over the target's T(1);
 - GB/s at T(1): the target's weight bytes / T(1), against the card's read rate (a 4 GiB matrix-vector product);
@@ -142,11 +143,18 @@ def prompts(count: int, vocab: int) -> list[list[int]]:
 
 
 def split(entry: str) -> tuple[str, bool]:
-    """A --pass-shapes entry as (the shape, compiled)."""
-    shape, _, how = entry.partition(":")
-    if how not in ("", "compiled"):
-        raise SystemExit(f"--pass-shapes: {entry!r}: a shape (off, auto, GxW), optionally followed by :compiled")
-    return shape, how == "compiled"
+    """A --pass-shapes entry as (the shape, compiled); `written` says whether it asks for the written-out attention."""
+    shape, *how = entry.split(":")
+    if not set(how) <= {"compiled", "written"}:
+        raise SystemExit(f"--pass-shapes: {entry!r}: a shape (off, auto, GxW), optionally followed by :compiled "
+                         "and/or :written")  # fmt: skip
+    return shape, "compiled" in how
+
+
+def written(entry: str) -> bool:
+    """Whether a --pass-shapes entry asks for the written-out attention (VERISPEC_FUSED_ATTENTION=0) in place of the
+    fused kernel (kernels/triton_attention.py), the default on CUDA."""
+    return "written" in entry.split(":")[1:]
 
 
 def run_batch(target, method: str | None, entry: str, prompts_: list[list[int]], tokens: int, args, device: str,
@@ -207,12 +215,15 @@ def measure(args, save) -> dict:
     for text in args.pass_shapes:
         name, compiled = split(text)
         shape = parse_pass_shape(name, device)
+        # read by the engines' use_pass_shape too (speeds)
+        os.environ["VERISPEC_FUSED_ATTENTION"] = "0" if written(text) else "auto"
         use_pass_shape(target.model, shape, asked=name != "auto", compiled=compiled)
         use_pass_shape(draft, shape, asked=name != "auto", compiled=compiled)
         times = pass_times(target.model, (1, 2, 4, 8, 16), args.reps, device)
         step = pass_times(draft, (1,), args.reps, device)[1]
-        row = {"T_ms": times, "T_ratio": {n: t / times[1] for n, t in times.items()}, "draft_step_ms": step,
-               "c": step / times[1], "GBps_at_T1": weight_bytes / (times[1] / 1e3) / 1e9,
+        row = {"fused_attention": target.model.pass_fused, "T_ms": times,
+               "T_ratio": {n: t / times[1] for n, t in times.items()}, "draft_step_ms": step, "c": step / times[1],
+               "GBps_at_T1": weight_bytes / (times[1] / 1e3) / 1e9,
                "kernels_per_step": kernels_per_step(target.model, device)}  # fmt: skip
         print(f"pass shape {text}: {json.dumps(row)}", flush=True)
         results[f"shape_{text}"] = row
@@ -259,8 +270,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     parser.add_argument("--target", default="7b", choices=sorted(SHAPES))
     parser.add_argument("--draft", default="0.5b", choices=sorted(SHAPES))
-    parser.add_argument("--pass-shapes", default="off,auto,auto:compiled", type=lambda text: text.split(",") if text
-                        else [], help='comma-separated; "" measures none (with --hf: transformers alone)')  # fmt: skip
+    parser.add_argument("--pass-shapes", default="off,auto,auto:compiled,auto:written",
+                        type=lambda text: text.split(",") if text else [],
+                        help='comma-separated; "" measures none (with --hf: transformers alone)')  # fmt: skip
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--batch", type=int, default=8)

@@ -13,7 +13,7 @@ timeout 90 python3 setup.py build_ext --inplace >> "$OUT/build.log" 2>&1 || echo
 # the compiled passes' tests come last in the file: a cut loses those first
 timeout 150 python3 -m pytest -q -p no:cacheprovider --durations=0 tests/test_cuda.py > "$OUT/tests.log" 2>&1
 echo "tests rc $?" >> "$OUT/tests.log"
-timeout 240 python3 benchmarks/gpu_costs.py --pass-shapes off,auto,auto:compiled --out "$OUT/gpu_costs.json" \
+timeout 240 python3 benchmarks/gpu_costs.py --pass-shapes off,auto,auto:compiled,auto:written --out "$OUT/gpu_costs.json" \
   > "$OUT/costs.log" 2>&1
 echo "costs rc $?" >> "$OUT/costs.log"
 if [ "${GPU_VISIT_HF:-1}" != 0 ]; then

@@ -7,6 +7,9 @@ CUDA Triton ones), a layer's once per layer, with the operations that run eagerl
     python benchmarks/pass_kernels.py                  # the CPU, a tiny-width 28-layer model
     python benchmarks/pass_kernels.py --device cuda    # the same on a GPU (what its graphs replay)
 
+Then the same with the fused attention (kernels/triton_attention.py, the default on CUDA) where Triton is installed;
+on a CPU its kernel runs in Triton's interpreter (minutes: the prefill before the step runs in Python).
+
 Operations that only re-view a tensor (view, permute, expand, a reshape or a conversion that returns its input's
 memory) launch nothing and are not counted.
 """
@@ -24,6 +27,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+from verispec.kernels import triton_attention  # noqa: E402
 from verispec.models.pass_shape import PassShape, use_pass_shape  # noqa: E402
 from verispec.testing import tiny_config, tiny_model  # noqa: E402
 
@@ -78,17 +82,17 @@ class OutputCode(logging.Handler):
             self.texts.append(record.getMessage())
 
 
-def step_model(layers: int, device: str, shape: PassShape | None, compiled: bool = False):
+def step_model(layers: int, device: str, shape: PassShape | None, compiled: bool = False, fused: bool = False):
     model = tiny_model(tiny_config(num_layers=layers, hidden_size=128, intermediate_size=256), device=device)
-    use_pass_shape(model, shape, graphs=False, compiled=compiled)
+    use_pass_shape(model, shape, graphs=False, compiled=compiled, fused=fused)
     ids = torch.randint(0, 256, (1, CONTEXT + 1), generator=torch.Generator().manual_seed(0)).to(device)
     cache = model.new_cache(num_slots=1, max_len=CONTEXT + 8)
     model(ids[:, :CONTEXT], cache, [0], num_logits=1)
     return model, cache, ids
 
 
-def eager_ops(layers: int, device: str, shape: PassShape | None) -> int:
-    model, cache, ids = step_model(layers, device, shape)
+def eager_ops(layers: int, device: str, shape: PassShape | None, fused: bool = False) -> int:
+    model, cache, ids = step_model(layers, device, shape, fused=fused)
     model(ids[:, CONTEXT:], cache, [0])  # the step's own lazy initialisations, before counting
     cache.set_length(0, CONTEXT)
     with Counted() as counted:
@@ -96,7 +100,7 @@ def eager_ops(layers: int, device: str, shape: PassShape | None) -> int:
     return counted.count
 
 
-def outside_regions(layers: int, device: str, shape: PassShape) -> int:
+def outside_regions(layers: int, device: str, shape: PassShape, fused: bool = False) -> int:
     """The operations of an eager shaped step outside the regions compiled passes compile (ShapedPasses._start,
     _layer, _finish): what runs eagerly beside the compiled ones."""
     inside = [0]
@@ -117,7 +121,7 @@ def outside_regions(layers: int, device: str, shape: PassShape) -> int:
                 return func(*args, **(kwargs or {}))
             return super().__torch_dispatch__(func, types, args, kwargs)
 
-    model, cache, ids = step_model(layers, device, shape)
+    model, cache, ids = step_model(layers, device, shape, fused=fused)
     model(ids[:, CONTEXT:], cache, [0])
     cache.set_length(0, CONTEXT)
     for runner in model._shaped.values():
@@ -129,7 +133,7 @@ def outside_regions(layers: int, device: str, shape: PassShape) -> int:
     return counted.count
 
 
-def compiled_kernels(layers: int, device: str, shape: PassShape) -> tuple[int, int, int, float]:
+def compiled_kernels(layers: int, device: str, shape: PassShape, fused: bool = False) -> tuple[int, int, int, float]:
     """(fused kernels, products and other library calls, eager operations beside them) one decode step runs with
     compiled passes: the layers' inputs, a layer's region once per layer and the head's, the rest eagerly; and the
     seconds the first pass took (its compilation, no cache of an earlier run used)."""
@@ -140,7 +144,7 @@ def compiled_kernels(layers: int, device: str, shape: PassShape) -> tuple[int, i
     try:
         with torch._inductor.config.patch(fx_graph_cache=False):  # a cached graph is loaded, not written out
             begin = time.perf_counter()
-            model, cache, ids = step_model(layers, device, shape, compiled=True)
+            model, cache, ids = step_model(layers, device, shape, compiled=True, fused=fused)
             compiling = time.perf_counter() - begin
             model(ids[:, CONTEXT:], cache, [0])
     finally:
@@ -150,9 +154,9 @@ def compiled_kernels(layers: int, device: str, shape: PassShape) -> tuple[int, i
     if len(modules) != 3:  # the prefill and the step read as many key blocks: each region compiled once
         raise SystemExit(f"expected 3 compiled regions (the layers' inputs, a layer, the head), got {len(modules)}")
     counts = [_kernels(module) for module in modules]
-    fused = counts[0][0] + layers * counts[1][0] + counts[2][0]
+    kernels = counts[0][0] + layers * counts[1][0] + counts[2][0]
     library = counts[0][1] + layers * counts[1][1] + counts[2][1]
-    return fused, library, outside_regions(layers, device, shape), compiling
+    return kernels, library, outside_regions(layers, device, shape, fused=fused), compiling
 
 
 def _kernels(module: str) -> tuple[int, int]:
@@ -160,7 +164,7 @@ def _kernels(module: str) -> tuple[int, int]:
     body = module.split("def call(", 1)[1]
     body = re.split(r"\n\s*def \w+\(|\ndef \w+\(", body)[0]
     fused = len(re.findall(r"^\s+(?:cpp_fused_\w+\(|triton_\w+\.run\()", body, re.M))
-    library = len(re.findall(r"extern_kernels\.\w+\(|torch\.ops\.\w+\.\w+", body))
+    library = len(re.findall(r"^\s+(?:\w+ = )?(?:extern_kernels\.\w+|torch\.ops(?:\.\w+)+)\(", body, re.M))
     return fused, library
 
 
@@ -170,6 +174,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--shape", default="8x8")
     args = parser.parse_args()
+    if not args.device.startswith("cuda"):  # Triton's kernels run in its interpreter, in Python
+        triton_attention.use_interpreter()
     groups, width = (int(n) for n in args.shape.split("x"))
     shape = PassShape(groups=groups, width=width)
     print(f"one decode step of a {args.layers}-layer model after {CONTEXT} tokens, on {args.device}:")
@@ -180,6 +186,16 @@ def main() -> None:
         f"  pass shape {shape}, compiled: {fused + library + eager} kernels ({fused} fused, {library} products "
         f"and others in the compiled regions, {eager} eager operations beside them); its first pass compiled in "
         f"{compiling:.1f} s"
+    )
+    if not triton_attention.available():
+        print('  (the fused attention needs Triton: pip install -e ".[test]")')
+        return
+    print(f"  with the fused attention (kernels/triton_attention.py), eager: "
+          f"{eager_ops(args.layers, args.device, shape, fused=True)} operations")  # fmt: skip
+    fused, library, eager, _ = compiled_kernels(args.layers, args.device, shape, fused=True)
+    print(
+        f"  with the fused attention, compiled: {fused + library + eager} kernels ({fused} fused, {library} products "
+        f"and attention kernels in the compiled regions, {eager} eager operations beside them)"
     )
 
 

@@ -1,6 +1,12 @@
 import pytest
 import torch
 
+# Triton's kernels (kernels/triton_attention.py) run in its interpreter where no GPU is
+if not torch.cuda.is_available():
+    from verispec.kernels import triton_attention
+
+    triton_attention.use_interpreter()
+
 
 @pytest.fixture(autouse=True)
 def _one_thread_for_small_models(request):

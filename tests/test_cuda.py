@@ -132,6 +132,21 @@ def _real_prompts() -> list[list[int]]:
     return [torch.randint(0, 256, (48,), generator=generator).tolist() for _ in range(6)]
 
 
+def test_the_fused_attention_runs_on_the_gpu_and_shaped_passes_take_it_there(real_shape_pair):
+    """kernels/triton_attention.py compiled for this card agrees with plain attention here (`usable`), and a pass shape
+    takes it by default on CUDA: the tests below run it (where it did not run, they run the written-out attention)."""
+    from verispec.kernels import triton_attention
+    from verispec.models.pass_shape import CUDA_PASS_SHAPE, use_pass_shape
+
+    model = real_shape_pair[0].model
+    assert triton_attention.usable(str(model.device))
+    try:
+        use_pass_shape(model, CUDA_PASS_SHAPE)
+        assert model.pass_fused
+    finally:
+        use_pass_shape(model, None)
+
+
 def test_in_bfloat16_at_a_real_shape_greedy_speculative_output_is_plain_output(real_shape_pair):
     """6 prompts x 96 tokens; a draft model (k 4), suffix lookups and drafts of fixed acceptance as token trees, each
     alone and the 6 batched in one engine, against plain decoding at the same (default) pass shape; seeded sampling
@@ -187,7 +202,8 @@ def _batched(target, draft, prompts, **options) -> list[list[int]]:
 
 def test_a_rows_bfloat16_logits_are_the_same_bits_in_every_pass_on_the_gpu(real_shape_pair):
     """tests/test_pass_shape.py's check (decode steps, a verify pass beside another sequence, a prefill's end) in
-    bfloat16 on the GPU, replayed from CUDA graphs; the control: the ordinary passes differ."""
+    bfloat16 on the GPU, replayed from CUDA graphs, with the fused attention (the default) and written out; the
+    control: the ordinary passes differ."""
     from test_pass_shape import passes, same_bits
 
     from verispec.models.pass_shape import CUDA_PASS_SHAPE, use_pass_shape
@@ -195,8 +211,9 @@ def test_a_rows_bfloat16_logits_are_the_same_bits_in_every_pass_on_the_gpu(real_
     model = real_shape_pair[0].model
     ids = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(0)).cuda()
     try:
-        use_pass_shape(model, CUDA_PASS_SHAPE)
-        assert same_bits(passes(model, ids))
+        for fused in (None, False):
+            use_pass_shape(model, CUDA_PASS_SHAPE, fused=fused)
+            assert same_bits(passes(model, ids)), f"fused attention: {model.pass_fused}"
         use_pass_shape(model, None)
         assert not same_bits(passes(model, ids))
     finally:

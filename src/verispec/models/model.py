@@ -305,6 +305,7 @@ class Transformer(nn.Module):
         self.pass_shape: PassShape | None = None
         self.pass_graphs = False  # on CUDA, replay each shaped pass from a CUDA graph
         self.pass_compiled = False  # each shaped pass compiled by torch.compile
+        self.pass_fused = False  # each shaped pass's attention one Triton kernel a layer (kernels/triton_attention)
         self._shaped: weakref.WeakKeyDictionary[KVCache, ShapedPasses] = weakref.WeakKeyDictionary()
 
     @property
@@ -415,9 +416,10 @@ class Transformer(nn.Module):
         if self.pass_shape is None or cache.scratch_block is None:
             return None
         runner = self._shaped.get(cache)
-        if runner is None or (runner.shape, runner.compiled) != (self.pass_shape, self.pass_compiled):
+        wanted = (self.pass_shape, self.pass_compiled, self.pass_fused)
+        if runner is None or (runner.shape, runner.compiled, runner.fused) != wanted:
             runner = self._shaped[cache] = ShapedPasses(self, cache, self.pass_shape, graphs=self.pass_graphs,
-                                                        compiled=self.pass_compiled)  # fmt: skip
+                                                        compiled=self.pass_compiled, fused=self.pass_fused)  # fmt: skip
         return runner
 
     def _shaped_forward(self, runner: ShapedPasses, groups: list, tokens: torch.Tensor, cache: KVCache, *,

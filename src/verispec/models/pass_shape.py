@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import re
 from dataclasses import dataclass
 
@@ -56,6 +57,7 @@ import numpy as np
 import torch
 
 from ..errors import InvalidParameterError
+from ..kernels import triton_attention
 from .kv_cache import KVCache
 from .shaped_attention import KEY_BLOCK, RECENT, ShapedPages
 
@@ -107,9 +109,11 @@ def uncovered(model) -> str | None:
 
 
 def use_pass_shape(model, shape: PassShape | None, *, asked: bool = False, graphs: bool = True,
-                   compiled: bool = False) -> PassShape | None:  # fmt: skip
+                   compiled: bool = False, fused: bool | None = None) -> PassShape | None:  # fmt: skip
     """Every pass of `model` (a Transformer) at `shape` from now on, replayed from CUDA graphs on CUDA where `graphs`,
-    compiled by torch.compile where `compiled` (None: its ordinary passes); caches made before keep their passes. A
+    compiled by torch.compile where `compiled` (None: its ordinary passes), its attention by one Triton kernel a layer
+    where `fused` (None: on CUDA where the kernel runs, unless VERISPEC_FUSED_ATTENTION=0; see `fused_attention`);
+    caches made before keep their passes. A
     model the rule does not cover keeps its ordinary passes, said once in the log, or refused where the shape was
     `asked` for by name; compiled passes are refused without a shape, for a mixture of experts and for a hybrid
     model (their passes run eagerly). Returns the shape
@@ -134,7 +138,25 @@ def use_pass_shape(model, shape: PassShape | None, *, asked: bool = False, graph
     # which experts a pass runs depends on its tokens, a recurrent state steps in Python: such passes run eagerly
     model.pass_graphs = graphs and shape is not None and not eager
     model.pass_compiled = compiled
+    model.pass_fused = fused_attention(model, shape, fused)
     return shape
+
+
+def fused_attention(model, shape: PassShape | None, fused: bool | None) -> bool:
+    """Whether `model`'s shaped passes take kernels/triton_attention's attention: never without a shape or where a
+    layer's attention is soft-capped (not covered); where `fused` is None, as VERISPEC_FUSED_ATTENTION says: unset, on
+    CUDA where the kernel runs (triton_attention.usable); 1, on any device where it runs (a CPU: under Triton's
+    interpreter, TRITON_INTERPRET=1); 0, never. Decided before the first pass: the kernel's bits are not the
+    written-out attention's, so a model's passes take one or the other."""
+    attentions = [block.attn for block in model.layers if not block.linear]
+    if shape is None or fused is False or not all(triton_attention.covers(attn) for attn in attentions):
+        return False
+    if fused:  # asked for by name (the tests)
+        return True
+    asked = os.environ.get("VERISPEC_FUSED_ATTENTION", "auto")
+    if asked == "0" or (asked != "1" and model.device.type != "cuda"):
+        return False
+    return triton_attention.usable(str(model.device))
 
 
 # ---- planning: the caller's rows as groups --------------------------------------------------------------------------
@@ -184,7 +206,8 @@ class ShapedPasses:
     """A model's passes over one cache at one shape: the static buffers, the fill, the computation (eager, or replayed
     from a CUDA graph)."""
 
-    def __init__(self, model, cache: KVCache, shape: PassShape, graphs: bool, compiled: bool = False):
+    def __init__(self, model, cache: KVCache, shape: PassShape, graphs: bool, compiled: bool = False,
+                 fused: bool = False):  # fmt: skip
         if cache.scratch_block is None:
             raise ValueError("a pass shape needs a cache with a scratch block (Transformer.new_cache makes one)")
         if KEY_BLOCK % cache.block_size:
@@ -213,6 +236,7 @@ class ShapedPasses:
         self._most_kv_heads = max((b.attn.num_kv_heads for b in model.layers if not b.linear), default=1)
         self._captured: dict[tuple, tuple[torch.cuda.CUDAGraph, tuple]] = {}  # by (head, key blocks, tapped)
         self.compiled = compiled
+        self.fused = fused  # attention by kernels/triton_attention (model.pass_fused)
         # compiled by region (see _compute)
         self._start = _compiled(self._begin) if compiled else self._begin
         self._layer = _compiled(_layer) if compiled else _layer
@@ -300,8 +324,14 @@ class ShapedPasses:
     def _pages(self) -> dict:
         """ShapedPages' tensors: where the pass writes and what each row reads, per window (0: none): older keys at
         positions before the row's `older_limit` (and within the window), recent positions that exist (and within the
-        window); the masks say what is hidden."""
-        span = self.key_blocks * KEY_BLOCK
+        window); the masks say what is hidden. With fused attention, the planned indices the kernel reads."""
+        span, size = self.key_blocks * KEY_BLOCK, self.cache.block_size
+        written = (self.field("write_block"), slice(None), self.field("write_row"))
+        if self.fused:  # the kernel reads the planned indices as they are
+            names = ("read", "positions", "older_limit", "recent_block", "recent_row", "recent_position")
+            return dict(
+                written=written, fused={name: self.field(name) for name in names} | dict(span=span, block_size=size)
+            )
         positions, recent_position = self.field("positions"), self.field("recent_position")
         keys = torch.arange(span, device=self.index.device)
         older = {0: keys[None, None, :] >= self.field("older_limit")[:, :, None]}  # True: hidden from the row
@@ -309,13 +339,12 @@ class ShapedPasses:
         for window in self.model._windows:
             older[window] = older[0] | (keys[None, None, :] <= positions[:, :, None] - window)
             recent[window] = recent[0] | (recent_position <= positions[:, :, None] - window)
-        size = self.cache.block_size
         per = KEY_BLOCK // size
         read = self.field("read")
         older_blocks = [read[:, b * per : (b + 1) * per].repeat_interleave(size, dim=1)
                         for b in range(self.key_blocks)]  # fmt: skip
         return dict(
-            written=(self.field("write_block"), slice(None), self.field("write_row")),
+            written=written,
             older_blocks=older_blocks,
             older_rows=keys[:KEY_BLOCK] % size,
             older=older,

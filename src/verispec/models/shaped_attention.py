@@ -23,6 +23,7 @@ from functools import partial
 
 import torch
 
+from ..kernels import triton_attention
 from ..kernels.stack import TREE_ROWS
 
 KEY_BLOCK = 1024  # older keys per block: a multiple of the cache's block size
@@ -30,22 +31,28 @@ RECENT = TREE_ROWS  # newest positions gathered per row: a tree's nodes lie fewe
 
 
 class ShapedPages:
-    """Where a shaped pass writes (`written`: the pools' index of its rows, in order) and what each row reads: per
-    block of older keys, each group's cache block and row at each of its KEY_BLOCK positions (`older_blocks` [groups,
-    KEY_BLOCK] per block, `older_rows` [KEY_BLOCK]) but those `older` hides (per window, [groups, width, key blocks x
-    KEY_BLOCK], True: hidden), and its recent keys' addresses (`recent_block`, `recent_row` [groups, width, RECENT])
-    but those `recent` hides (likewise); `heads` counts 0, 1, ... up to a layer's most kv heads (made once a pass).
-    Keys are gathered straight into the products' layouts: no copy between."""
+    """Where a shaped pass writes (`written`: the pools' index of its rows, in order) and what each row reads, in one of
+    two forms. Written out: per block of older keys, each group's cache block and row at each of its KEY_BLOCK
+    positions (`older_blocks` [groups, KEY_BLOCK] per block, `older_rows` [KEY_BLOCK]) but those `older` hides (per
+    window, [groups, width, key blocks x KEY_BLOCK], True: hidden), and its recent keys' addresses (`recent_block`,
+    `recent_row` [groups, width, RECENT]) but those `recent` hides (likewise); `heads` counts 0, 1, ... up to a layer's
+    most kv heads (made once a pass); keys are gathered straight into the products' layouts. Or `fused`: the
+    arguments of kernels/triton_attention.attend, which reads the same keys where the cache holds them (on CUDA)."""
 
-    def __init__(self, *, written: tuple, older_blocks: list[torch.Tensor], older_rows: torch.Tensor, older: dict,
-                 recent_block: torch.Tensor, recent_row: torch.Tensor, recent: dict, heads: torch.Tensor):  # fmt: skip
-        self.written, self.older_blocks, self.older_rows, self.older = written, older_blocks, older_rows, older
+    def __init__(self, *, written: tuple, fused: dict | None = None, older_blocks: list[torch.Tensor] = (),
+                 older_rows: torch.Tensor | None = None, older: dict | None = None,
+                 recent_block: torch.Tensor | None = None, recent_row: torch.Tensor | None = None,
+                 recent: dict | None = None, heads: torch.Tensor | None = None):  # fmt: skip
+        self.written, self.fused = written, fused
+        self.older_blocks, self.older_rows, self.older = older_blocks, older_rows, older
         self.recent_block, self.recent_row, self.recent = recent_block, recent_row, recent
         self.heads = heads
 
     def attend(self, attn, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """[groups, width, heads x head size]: `attn`'s (an Attention's) queries `q` [groups, width, heads, head
         size] over the pools `keys`, `values` [blocks, kv heads, block size, head size]."""
+        if self.fused is not None:
+            return triton_attention.attend(attn, q, keys, values, **self.fused)
         groups, width, heads, size = q.shape
         kv_heads = attn.num_kv_heads
         # scaled once for both parts (the scores' scale folded into the queries: one multiplication fewer per part)

@@ -1,0 +1,164 @@
+"""A shaped pass's attention (models/shaped_attention.py) as one Triton kernel a layer, on CUDA.
+
+Written out in PyTorch's operations, a layer's attention at the pass shape is four products and five fused kernels
+even compiled (benchmarks/pass_kernels.py), and its keys are gathered into copies first; at a decode step's size each
+of those kernels costs about what reading its data does. Here one kernel reads each key once, where the cache holds
+it, and keeps the running softmax in registers.
+
+The rule it keeps (docs/decisions.md "One pass shape on a GPU"): a row's result is a function of its own query and
+keys. A program computes one group's rows for one kv head: every product has one shape (ROWS x D times D x TILE), the
+older keys are read in tiles of TILE positions from position 0 up, the same tiles in every pass, then the row's RECENT
+newest positions one by one in position order (a token tree's node: its ancestors, wherever the pass stored them). A
+tile every key of which is hidden from every row of the program leaves the running (maximum, sum, output) as they
+were, bit for bit (weights exp(-inf) = 0, the old state scaled by exp(0) = 1), so the kernel skips the tiles beyond
+its group's reach and before its window: a row's bits do not depend on how far the pass's other rows reach.
+
+Products are taken in float32 (input_precision "ieee"), as the written-out attention takes them. Soft-capped scores
+are not covered (`covers`): such a model keeps the written-out attention. `usable(device)` runs the kernel once on
+the device before a model takes it, so that a Triton or a card it does not run on is found before the first pass, not
+between two passes whose bits would then differ.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+
+import torch
+
+log = logging.getLogger("verispec")
+
+TILE = 32  # older keys per tile: a multiple of 16 (tl.dot), a divisor of shaped_attention.KEY_BLOCK
+
+
+def available() -> bool:
+    """Whether Triton is installed (PyTorch's CUDA builds bring it)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def use_interpreter() -> None:
+    """The kernel runs in Triton's interpreter from now on, in Python, on any device (a CPU: the tests,
+    benchmarks/pass_kernels.py); before its first use, which decides between compiling and interpreting it. Triton
+    3.6's interpreter reads a loop bound held in a tensor by int() of a one-element array, which NumPy 2 refuses:
+    read by .item() instead."""
+    import os  # noqa: PLC0415
+
+    os.environ["TRITON_INTERPRET"] = "1"
+    if not available():
+        return
+    from triton.runtime import interpreter  # noqa: PLC0415
+
+    patch = interpreter._patch_lang_tensor
+    if getattr(patch, "bounds_read_by_item", False):
+        return
+
+    def patched(tensor, scope) -> None:
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+    patched.bounds_read_by_item = True
+    interpreter._patch_lang_tensor = patched
+
+
+def covers(attn) -> bool:
+    """Whether the kernel computes `attn`'s (an Attention's) attention: not soft-capped scores."""
+    return not attn.softcap
+
+
+def attend(attn, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, *, read: torch.Tensor,
+           older_limit: torch.Tensor, positions: torch.Tensor, recent_block: torch.Tensor, recent_row: torch.Tensor,
+           recent_position: torch.Tensor, span: int, block_size: int) -> torch.Tensor:  # fmt: skip
+    """[groups, width, heads x head size] in q's dtype: `attn`'s queries `q` [groups, width, heads, head size] over the
+    pools `keys`, `values` [blocks, kv heads, block size, head size], as ShapedPages.attend defines it: each group's
+    older keys (positions below its rows' `older_limit`, at most `span`) in the cache blocks `read` [groups, blocks]
+    names, its rows' recent keys at (`recent_block`, `recent_row`) [groups, width, RECENT] where `recent_position` is
+    not negative; within `attn.window` of the row's `positions` where the layer has a window."""
+    return shaped_attention(q.contiguous(), keys, values, read, older_limit.contiguous(), positions.contiguous(),
+                            recent_block.contiguous(), recent_row.contiguous(), recent_position.contiguous(),
+                            attn.sinks, attn.num_kv_heads, float(attn.scale), int(attn.window or 0), int(span),
+                            int(block_size))  # fmt: skip
+
+
+# an operation of its own to torch.compile (one call in a compiled region, traced no further) and to CUDA graphs
+@torch.library.custom_op("verispec::shaped_attention", mutates_args=())
+def shaped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, read: torch.Tensor,
+                     older_limit: torch.Tensor, positions: torch.Tensor, recent_block: torch.Tensor,
+                     recent_row: torch.Tensor, recent_position: torch.Tensor, sinks: torch.Tensor | None,
+                     kv_heads: int, scale: float, window: int, span: int, block_size: int) -> torch.Tensor:  # fmt: skip
+    """`attend`'s launch of the kernel, one program per (group, kv head)."""
+    from .triton_attention_kernel import attention, triton  # noqa: PLC0415 - Triton at first use
+
+    groups, width, heads, size = q.shape
+    group = heads // kv_heads
+    out = q.new_empty(groups, width, heads * size)
+    attention[(groups, kv_heads)](
+        q, keys, values, out, read, older_limit, positions, recent_block, recent_row, recent_position,
+        sinks if sinks is not None else q, scale, window, span, q.stride(0), q.stride(1), q.stride(2),
+        *keys.stride()[:3], *values.stride()[:3], out.stride(0), out.stride(1), read.stride(0), read.stride(1),
+        WIDTH=width, GROUP=group, ROWS=max(16, triton.next_power_of_2(width * group)), SIZE=size,
+        D=max(16, triton.next_power_of_2(size)), BLOCK_SIZE=block_size, TILE=TILE, RECENT=recent_block.shape[-1],
+        WINDOWED=window > 0, SINKS=sinks is not None, num_warps=8,
+    )  # fmt: skip
+    return out
+
+
+@shaped_attention.register_fake
+def _(q, keys, values, read, older_limit, positions, recent_block, recent_row, recent_position, sinks, kv_heads,
+      scale, window, span, block_size):  # fmt: skip
+    groups, width, heads, size = q.shape
+    return q.new_empty(groups, width, heads * size)
+
+
+@functools.cache
+def usable(device: str) -> bool:
+    """Whether the kernel runs on `device` (a CUDA device's name) and agrees with the written-out attention there, on a
+    small case; said once in the log where it does not."""
+    if not available():
+        return False
+    try:
+        return _agrees(torch.device(device))
+    except Exception:  # any failure to compile or launch: the written-out attention, for every pass
+        log.warning("the fused shaped attention does not run on %s; shaped passes write attention out", device,
+                    exc_info=True)  # fmt: skip
+        return False
+
+
+def _agrees(device: torch.device) -> bool:
+    class Layer:
+        num_kv_heads, scale, window, softcap, sinks = 2, 0.125, 0, None, None
+
+    gen = torch.Generator().manual_seed(0)
+    groups, width, heads, size, block_size, span, recent = 2, 2, 4, 64, 16, 1024, 16
+    keys, values = (torch.randn(2 * span // block_size, 2, block_size, size, generator=gen).to(device)
+                    for _ in range(2))  # fmt: skip
+    q = torch.randn(groups, width, heads, size, generator=gen).to(device)
+    read = torch.arange(keys.shape[0], device=device).view(groups, -1)
+    positions = torch.tensor([[40, 41], [900, 901]], device=device)
+    recent_position = positions[..., None] + torch.arange(1 - recent, 1, device=device)
+    recent_block = read.gather(1, (recent_position // block_size).flatten(1)).view_as(recent_position)
+    got = attend(Layer(), q, keys, values, read=read, older_limit=positions - recent + 1, positions=positions,
+                 recent_block=recent_block, recent_row=recent_position % block_size, recent_position=recent_position,
+                 span=span, block_size=block_size)  # fmt: skip
+    expected = _reference(q, keys, values, read, positions, block_size, scale=Layer.scale)
+    if not torch.allclose(got, expected, atol=1e-4, rtol=1e-4):
+        log.warning("the fused shaped attention disagrees on %s (largest difference %.3g); shaped passes write "
+                    "attention out", device, (got - expected).abs().max().item())  # fmt: skip
+        return False
+    return True
+
+
+def _reference(q, keys, values, read, positions, block_size: int, *, scale: float) -> torch.Tensor:
+    """Causal attention of each row over its group's positions 0 .. its own, read plainly."""
+    groups, width, heads, size = q.shape
+    group = heads // keys.shape[1]
+    out = torch.empty(groups, width, heads, size, device=q.device)
+    for g in range(groups):
+        for i in range(width):
+            at = torch.arange(int(positions[g, i]) + 1, device=q.device)
+            blocks, rows = read[g, at // block_size], at % block_size
+            k = keys[blocks, :, rows].repeat_interleave(group, 1)  # [keys, heads, size]
+            v = values[blocks, :, rows].repeat_interleave(group, 1)
+            weights = torch.softmax(torch.einsum("hd,khd->hk", q[g, i] * scale, k), -1)
+            out[g, i] = torch.einsum("hk,khd->hd", weights, v)
+    return out.reshape(groups, width, -1)

@@ -1,0 +1,144 @@
+"""The fused shaped attention (kernels/triton_attention.py) on the CPU, under Triton's interpreter (tests/conftest.py
+sets TRITON_INTERPRET=1 where no GPU is): it computes what the written-out attention computes (windows, sinks, token
+trees, older keys past a block), a row's bits are the same in every pass and whatever the other groups reach (the
+negative control: the same kernel with tiles that begin where the group's reach does), speculative output is plain
+output to every logprob's bit; soft-capped models keep the written-out attention. On a GPU, tests/test_cuda.py runs
+the compiled kernel (the default there). Small models: the interpreter runs each program in Python."""
+
+import pytest
+import torch
+
+from verispec.kernels import triton_attention
+from verispec.models.pass_shape import PassShape, use_pass_shape
+from verispec.models.shaped_attention import KEY_BLOCK, RECENT, ShapedPages
+from verispec.testing import tiny_config, tiny_model
+
+pytestmark = pytest.mark.skipif(not triton_attention.available(), reason="Triton is not installed (pip install -e "
+                                '".[test]" brings it)')  # fmt: skip
+
+CONFIG = dict(vocab_size=257, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
+
+
+def model(shape: PassShape | None, fused: bool, **overrides):
+    made = tiny_model(tiny_config(**{**CONFIG, **overrides}), seed=1, scale=2.0, residual_gain=0.3)
+    use_pass_shape(made, shape, fused=fused)
+    return made
+
+
+def passes(made, ids: torch.Tensor) -> dict[str, list[torch.Tensor]]:
+    """The logits of the same 4 tokens after the same 20: decoded one by one, as a 4-row verify pass beside another
+    sequence's 3 rows, as the end of one prefill."""
+    cache = made.new_cache(num_slots=4, max_len=64)
+    for slot in (0, 1):
+        made(ids[:, :20], cache, [slot])
+    made(ids[:, 3:20], cache, [2])
+    decoded = [made(ids[:, 20 + i : 21 + i], cache, [0])[0, 0] for i in range(4)]
+    batch = torch.stack([ids[0, 20:24], torch.cat([ids[0, 9:12], ids[0, :1]])])
+    verified = made(batch, cache, [1, 2])[0]
+    prefilled = made(ids[:, :24], cache, [3])[0, 20:]
+    return {"decoded": decoded, "verified": list(verified), "prefilled": list(prefilled)}
+
+
+def same_bits(runs: dict[str, list[torch.Tensor]]) -> bool:
+    first = runs["decoded"]
+    return all(torch.equal(a, b) for name in runs for a, b in zip(first, runs[name], strict=True))
+
+
+def close(runs: dict, expected: dict) -> None:
+    for name in runs:
+        for a, b in zip(runs[name], expected[name], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_the_kernel_runs_and_agrees_with_plain_attention_here():
+    assert triton_attention.usable("cpu")
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"layer_windows": (18, 0), "attn_sinks": True}],
+    ids=["plain", "windows-and-sinks"],
+)
+def test_a_rows_logits_are_the_same_bits_in_every_pass_and_the_written_out_attentions_to_rounding(overrides):
+    ids = torch.randint(0, 257, (1, 24), generator=torch.Generator().manual_seed(0))
+    fused = model(PassShape(groups=2, width=4), True, **overrides)
+    assert fused.pass_fused
+    runs = passes(fused, ids)
+    assert same_bits(runs)
+    close(runs, passes(model(PassShape(groups=2, width=4), False, **overrides), ids))
+
+
+def test_token_trees_through_the_kernel_compute_what_ordinary_passes_compute():
+    """Two slots' trees, a node's ancestors spread over groups of width 3: the logits of ordinary passes."""
+    ids = torch.randint(0, 257, (2, 14), generator=torch.Generator().manual_seed(2))
+    parents = [[-1, 0, 1, 0, 3, 1], [-1, -1, 1, 1, 2, 4]]
+    results = []
+    for made in (model(None, False), model(PassShape(groups=2, width=3), True)):
+        cache = made.new_cache(num_slots=2, max_len=32)
+        made(ids[:, :8], cache, [0, 1])
+        results.append(made(ids[:, 8:14], cache, [0, 1], parents=parents))
+    torch.testing.assert_close(results[0], results[1], rtol=1e-4, atol=1e-4)
+
+
+class Layer:  # what the kernel reads of an Attention
+    num_kv_heads, scale, window, softcap, sinks = 2, 0.125, 0, None, None
+
+
+BLOCK_SIZE = 16
+
+
+def kernel_inputs(read: torch.Tensor, far: int) -> dict:
+    """The kernel's inputs for two groups of 2 rows: group 0's at positions 40 and 41 (older keys in its first two
+    tiles), group 1's at `far` (its older keys reaching as far); as many blocks of older keys as group 1 needs."""
+    positions = torch.tensor([[40, 41], [far, far]])
+    recent_position = positions[..., None] + torch.arange(1 - RECENT, 1)
+    recent_block = read.gather(1, (recent_position // BLOCK_SIZE).flatten(1)).view_as(recent_position)
+    return dict(read=read, older_limit=positions - RECENT + 1, positions=positions, recent_block=recent_block,
+                recent_row=recent_position % BLOCK_SIZE, recent_position=recent_position,
+                span=-(-far // KEY_BLOCK) * KEY_BLOCK, block_size=BLOCK_SIZE)  # fmt: skip
+
+
+def test_a_row_gets_the_same_bits_whatever_the_other_groups_reach(monkeypatch):
+    """Group 0's rows beside a group reaching 100 keys (one block of older keys read), then beside one reaching past
+    the first block (two read): the same bits, and the written-out attention's to rounding. The control: tiles of
+    another size in the second pass give group 0 other bits, so the comparison sees a tiling that changes."""
+    gen = torch.Generator().manual_seed(0)
+    keys, values = (torch.randn(4 * KEY_BLOCK // BLOCK_SIZE, 2, BLOCK_SIZE, 32, generator=gen) for _ in range(2))
+    q = torch.randn(2, 2, 4, 32, generator=gen)
+    read = torch.arange(keys.shape[0]).view(2, -1)
+    near, far = kernel_inputs(read, 100), kernel_inputs(read, KEY_BLOCK + 300)
+    alone = triton_attention.attend(Layer(), q, keys, values, **near)
+    assert torch.equal(alone[0], triton_attention.attend(Layer(), q, keys, values, **far)[0])
+    written = ShapedPages(written=(), **_written_out(near)).attend(Layer(), q, keys, values)
+    torch.testing.assert_close(alone, written, rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(triton_attention, "TILE", 16)
+    assert not torch.equal(alone[0], triton_attention.attend(Layer(), q, keys, values, **far)[0])
+
+
+def _written_out(inputs: dict) -> dict:
+    """ShapedPages' written-out form of the kernel's inputs (pass_shape.ShapedPasses._pages)."""
+    span, read, block_size = inputs["span"], inputs["read"], inputs["block_size"]
+    keys = torch.arange(span)
+    per = KEY_BLOCK // block_size
+    return dict(
+        older_blocks=[read[:, b * per : (b + 1) * per].repeat_interleave(block_size, dim=1)
+                      for b in range(span // KEY_BLOCK)],
+        older_rows=keys[:KEY_BLOCK] % block_size,
+        older={0: keys[None, None, :] >= inputs["older_limit"][:, :, None]},
+        recent_block=inputs["recent_block"], recent_row=inputs["recent_row"],
+        recent={0: inputs["recent_position"] < 0}, heads=torch.arange(2),
+    )  # fmt: skip
+
+
+def test_a_soft_capped_model_keeps_the_written_out_attention():
+    assert not model(PassShape(groups=2, width=4), True, attn_softcap=50.0).pass_fused
+
+
+def test_the_kernel_is_taken_where_asked_and_on_cuda_only_by_default(monkeypatch):
+    monkeypatch.delenv("VERISPEC_FUSED_ATTENTION", raising=False)
+    assert not model(PassShape(groups=2, width=4), None).pass_fused  # a CPU: off unless asked
+    monkeypatch.setenv("VERISPEC_FUSED_ATTENTION", "1")
+    assert model(PassShape(groups=2, width=4), None).pass_fused
+    assert not model(None, None).pass_fused
+    monkeypatch.setenv("VERISPEC_FUSED_ATTENTION", "0")
+    assert not model(PassShape(groups=2, width=4), None).pass_fused
