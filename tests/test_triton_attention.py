@@ -5,6 +5,10 @@ negative control: the same kernel with tiles that begin where the group's reach 
 output to every logprob's bit; soft-capped models keep the written-out attention. On a GPU, tests/test_cuda.py runs
 the compiled kernel (the default there). Small models: the interpreter runs each program in Python."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -142,3 +146,49 @@ def test_the_kernel_is_taken_where_asked_and_on_cuda_only_by_default(monkeypatch
     assert not model(None, None).pass_fused
     monkeypatch.setenv("VERISPEC_FUSED_ATTENTION", "0")
     assert not model(PassShape(groups=2, width=4), None).pass_fused
+
+
+COMPILE = """
+import inspect, subprocess, sys
+from pathlib import Path
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from verispec.kernels import triton_attention
+from verispec.kernels.triton_attention_kernel import attention
+
+arch, size, group, recent = (int(sys.argv[i]) for i in (1, 2, 3, 5))
+windowed, folder = sys.argv[4] == "1", Path(sys.argv[6])
+pointers = {"q_ptr", "k_ptr", "v_ptr", "out_ptr", "sinks_ptr"}
+signature = {name: "*bf16" if name in pointers else "*i64" if name.endswith("_ptr") else "fp32" if name == "scale"
+             else "constexpr" if name.isupper() else "i32" for name in inspect.signature(attention.fn).parameters}
+constants = dict(WIDTH=8, GROUP=group, ROWS=triton_attention.ROWS, SIZE=size, D=size, BLOCK_SIZE=64,
+                 TILE=triton_attention.TILE, RECENT=recent, WINDOWED=windowed, SINKS=windowed)
+compiled = triton.compile(ASTSource(fn=attention, signature=signature, constexprs=constants),
+                          target=GPUTarget("cuda", arch, 32), options={"num_warps": triton_attention.WARPS})
+ptx = folder / "kernel.ptx"
+ptx.write_text(compiled.asm["ptx"])
+ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+# the architecture the PTX names (Hopper's with its own instructions: sm_90a)
+target = compiled.asm["ptx"].split(".target ", 1)[1].split()[0].rstrip(",")
+report = subprocess.run([ptxas, f"-arch={target}", "-v", ptx, "-o", folder / "kernel.o"], capture_output=True,
+                        text=True, check=True)
+print(report.stdout + report.stderr)
+"""
+
+
+@pytest.mark.parametrize("arch", [80, 90], ids=["ampere", "hopper"])
+@pytest.mark.parametrize("size, group, windowed", [(128, 7, False), (64, 7, False), (64, 8, True)],
+                         ids=["7b", "0.5b", "windows-and-sinks"])  # fmt: skip
+def test_the_kernel_compiles_for_the_cards_it_is_for_without_spilling_registers(arch, size, group, windowed,
+                                                                                tmp_path):  # fmt: skip
+    """Compiled for an A100's and an H100's architecture here, without a GPU (Triton's compiler and its bundled
+    ptxas, in a process of its own: this one interprets Triton), at the default pass shape's layouts (Qwen2.5-7B's 7
+    query heads a kv head of 128 values; 0.5B's of 64; windows and sinks): no error, and no register spilled to
+    memory (ptxas -v)."""
+    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    arguments = [str(n) for n in (arch, size, group, int(windowed), RECENT)] + [str(tmp_path)]
+    done = subprocess.run([sys.executable, "-c", COMPILE, *arguments], capture_output=True, text=True, env=env,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert " 0 bytes spill stores" in done.stdout, done.stdout

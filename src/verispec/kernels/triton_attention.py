@@ -30,6 +30,8 @@ import torch
 log = logging.getLogger("verispec")
 
 TILE = 32  # older keys per tile: a multiple of 16 (tl.dot), a divisor of shaped_attention.KEY_BLOCK
+ROWS = 16  # a group's rows (x query heads of one kv head) per program: at least 16 (tl.dot)
+WARPS = 8  # with ROWS and TILE: no register spilled at head sizes 64 and 128 (tests/test_triton_attention.py)
 
 
 def available() -> bool:
@@ -86,19 +88,19 @@ def shaped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
                      older_limit: torch.Tensor, positions: torch.Tensor, recent_block: torch.Tensor,
                      recent_row: torch.Tensor, recent_position: torch.Tensor, sinks: torch.Tensor | None,
                      kv_heads: int, scale: float, window: int, span: int, block_size: int) -> torch.Tensor:  # fmt: skip
-    """`attend`'s launch of the kernel, one program per (group, kv head)."""
+    """`attend`'s launch of the kernel, one program per (group, kv head, ROWS of the group's rows x query heads)."""
     from .triton_attention_kernel import attention, triton  # noqa: PLC0415 - Triton at first use
 
     groups, width, heads, size = q.shape
     group = heads // kv_heads
     out = q.new_empty(groups, width, heads * size)
-    attention[(groups, kv_heads)](
+    attention[(groups, kv_heads, triton.cdiv(width * group, ROWS))](
         q, keys, values, out, read, older_limit, positions, recent_block, recent_row, recent_position,
         sinks if sinks is not None else q, scale, window, span, q.stride(0), q.stride(1), q.stride(2),
         *keys.stride()[:3], *values.stride()[:3], out.stride(0), out.stride(1), read.stride(0), read.stride(1),
-        WIDTH=width, GROUP=group, ROWS=max(16, triton.next_power_of_2(width * group)), SIZE=size,
+        WIDTH=width, GROUP=group, ROWS=ROWS, SIZE=size,
         D=max(16, triton.next_power_of_2(size)), BLOCK_SIZE=block_size, TILE=TILE, RECENT=recent_block.shape[-1],
-        WINDOWED=window > 0, SINKS=sinks is not None, num_warps=8,
+        WINDOWED=window > 0, SINKS=sinks is not None, num_warps=WARPS,
     )  # fmt: skip
     return out
 

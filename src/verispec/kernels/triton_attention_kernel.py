@@ -12,8 +12,8 @@ def attention(q_ptr, k_ptr, v_ptr, out_ptr, read_ptr, limit_ptr, pos_ptr, rblock
                WIDTH: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr, SIZE: tl.constexpr,
                D: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, RECENT: tl.constexpr,
                WINDOWED: tl.constexpr, SINKS: tl.constexpr):  # fmt: skip
-    g, kv = tl.program_id(0), tl.program_id(1)
-    r = tl.arange(0, ROWS)  # row r: the group's row r // GROUP, the kv head's query head r % GROUP
+    g, kv, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    r = part * ROWS + tl.arange(0, ROWS)  # row r: the group's row r // GROUP, the kv head's query head r % GROUP
     real = r < WIDTH * GROUP
     w = tl.where(real, r // GROUP, 0)
     head = kv * GROUP + r % GROUP
@@ -56,15 +56,15 @@ def attention(q_ptr, k_ptr, v_ptr, out_ptr, read_ptr, limit_ptr, pos_ptr, rblock
         block = tl.load(rblock_ptr + at, mask=real, other=0)
         row = tl.load(rrow_ptr + at, mask=real, other=0)
         recent_position = tl.load(rpos_ptr + at, mask=real, other=-1)
-        k = tl.load(k_ptr + block[:, None] * k_b + kv * k_h + row[:, None] * k_r + d[None, :],
-                    mask=in_size[None, :], other=0.0).to(tl.float32)  # fmt: skip
-        v = tl.load(v_ptr + block[:, None] * v_b + kv * v_h + row[:, None] * v_r + d[None, :],
-                    mask=in_size[None, :], other=0.0).to(tl.float32)  # fmt: skip
-        score = tl.sum(q * k, 1)
         hidden = recent_position < 0
         if WINDOWED:
             hidden = hidden | (recent_position <= position - window)
-        score = tl.where(hidden, float("-inf"), score)
+        seen = (~hidden)[:, None] & in_size[None, :]  # a hidden key is not read: its weight is 0
+        k = tl.load(k_ptr + block[:, None] * k_b + kv * k_h + row[:, None] * k_r + d[None, :], mask=seen,
+                    other=0.0).to(tl.float32)  # fmt: skip
+        score = tl.where(hidden, float("-inf"), tl.sum(q * k, 1))
+        v = tl.load(v_ptr + block[:, None] * v_b + kv * v_h + row[:, None] * v_r + d[None, :], mask=seen,
+                    other=0.0).to(tl.float32)  # fmt: skip
         new_top = tl.maximum(top, score)
         shift = tl.maximum(new_top, -3.4028234663852886e38)
         weight = tl.exp(score - shift)
