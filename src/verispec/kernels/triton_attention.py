@@ -6,12 +6,13 @@ of those kernels costs about what reading its data does. Here one kernel reads e
 it, and keeps the running softmax in registers.
 
 The rule it keeps (docs/decisions.md "One pass shape on a GPU"): a row's result is a function of its own query and
-keys. A program computes one group's rows for one kv head: every product has one shape (ROWS x D times D x TILE), the
-older keys are read in tiles of TILE positions from position 0 up, the same tiles in every pass, then the row's RECENT
-newest positions one by one in position order (a token tree's node: its ancestors, wherever the pass stored them). A
-tile every key of which is hidden from every row of the program leaves the running (maximum, sum, output) as they
-were, bit for bit (weights exp(-inf) = 0, the old state scaled by exp(0) = 1), so the kernel skips the tiles beyond
-its group's reach and before its window: a row's bits do not depend on how far the pass's other rows reach.
+keys. A program computes ROWS of one group's (row, query head) pairs for one kv head: every product has one shape
+(ROWS x D times D x TILE), the older keys are read in tiles of TILE positions from position 0 up, the same tiles in
+every pass, then the row's RECENT newest positions one by one in position order (a token tree's node: its ancestors,
+wherever the pass stored them). A tile every key of which is hidden from every row of the program leaves the running
+(maximum, sum, output) as they were, bit for bit (weights exp(-inf) = 0, the old state scaled by exp(0) = 1), so the
+kernel skips the tiles beyond its rows' reach and before their window: a row's bits do not depend on how far the
+pass's other rows reach.
 
 Products are taken in float32 (input_precision "ieee"), as the written-out attention takes them. Soft-capped scores
 are not covered (`covers`): such a model keeps the written-out attention. `usable(device)` runs the kernel once on

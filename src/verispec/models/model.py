@@ -246,20 +246,33 @@ class Block(nn.Module):
             h = self.attn(self.attn_norm(x), cos, sin, masks, cache, layer, where, slots, starts, invariant)
         return self._after_mixer(x, h, per_layer)
 
-    def shaped(self, x, cos, sin, *, keys, values, where: ShapedPages, per_layer=None) -> torch.Tensor:
+    @property
+    def defers_residual(self) -> bool:
+        """Whether the layer's last step is the addition of its feed-forward output (an attention layer with no
+        per-layer input or scalar after it), which a shaped pass may leave to the next layer (`shaped`)."""
+        return not self.linear and self.per_layer is None and self.scalar is None
+
+    def shaped(self, x, cos, sin, *, keys, values, where: ShapedPages, per_layer=None, defer: bool = False):
         """An attention layer in a pass of one shape (pass_shape.py) over its pools `keys`, `values`. It reads
         nothing that tells one layer from another but its weights and pools: one compilation serves every layer alike
-        (pass_shape.py's compiled passes)."""
+        (pass_shape.py's compiled passes). `defer` (where `defers_residual`): returns (the hidden states before the
+        feed-forward output is added, that output); else (the hidden states, None)."""
         mixed = self.attn.shaped(self.attn_norm(x), cos, sin, keys=keys, values=values, where=where)
-        return self._after_mixer(x, mixed, per_layer)
+        if defer:
+            return self._after_mixer(x, mixed, per_layer, defer=True)
+        return self._after_mixer(x, mixed, per_layer), None
 
-    def _after_mixer(self, x, h, per_layer):
-        """The rest of the layer after its token mixer's output `h`: residuals, the feed-forward, per-layer input."""
+    def _after_mixer(self, x, h, per_layer, defer: bool = False):
+        """The rest of the layer after its token mixer's output `h`: residuals, the feed-forward, per-layer input;
+        with `defer`, (x, the feed-forward output it would add last), else x."""
         x = x + (h if self.post_attn_norm is None else self.post_attn_norm(h))
         h = self.mlp(self.mlp_norm(x))
         if self.beside is not None:
             h = self.beside(x, h)
-        x = x + (h if self.post_mlp_norm is None else self.post_mlp_norm(h))
+        h = h if self.post_mlp_norm is None else self.post_mlp_norm(h)
+        if defer:
+            return x, h
+        x = x + h
         if self.per_layer is not None:
             x = x + self.per_layer(x, per_layer)
         return x if self.scalar is None else x * self.scalar

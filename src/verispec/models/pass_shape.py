@@ -237,6 +237,9 @@ class ShapedPasses:
         self._captured: dict[tuple, tuple[torch.cuda.CUDAGraph, tuple]] = {}  # by (head, key blocks, tapped)
         self.compiled = compiled
         self.fused = fused  # attention by kernels/triton_attention (model.pass_fused)
+        # each layer's last residual addition done by the next layer's region (fused with its norm where compiled: a
+        # kernel a layer fewer), where every layer ends with that addition
+        self.defers = all(block.defers_residual for block in model.layers)
         # compiled by region (see _compute)
         self._start = _compiled(self._begin) if compiled else self._begin
         self._layer = _compiled(_layer) if compiled else _layer
@@ -370,31 +373,33 @@ class ShapedPasses:
              sin_full[t][positions][..., :size].to(model.dtype).unsqueeze(2))
             for t, size in enumerate(model._table_sizes)
         ]  # fmt: skip
-        return x, per_layer, tables, self._pages()
+        # the residual the layers defer (`defers`): none yet
+        pending = torch.zeros_like(x) if self.defers else None
+        return x, pending, per_layer, tables, self._pages()
 
     def _compute(self, head, tapped: tuple[int, ...] = ()):
         """The pass over the buffers: every tensor it reads is one of them, so a CUDA graph can replay it. Compiled
         passes compile it by region (`_begin`, a layer, the head): one compilation serves every layer alike, where a
         whole pass compiled as one took minutes on a 28-layer model."""
         model, cache = self.model, self.cache
-        x, per_layer, tables, pages = self._start()
+        x, pending, per_layer, tables, pages = self._start()
         where, taps = ShapedPages(**pages), {}
         for layer, block in enumerate(model.layers):
             table = model._layer_tables[layer]
             cos, sin = tables[table] if table >= 0 else (None, None)
             if layer in tapped:
-                taps[layer] = x.reshape(self.shape.rows, -1).clone()
+                taps[layer] = (x if pending is None else x + pending).reshape(self.shape.rows, -1).clone()
             layer_input = None if per_layer is None else per_layer[:, :, layer]
             if block.linear:  # each real group's rows in the recurrent form, from its slot's state at its start
                 x = block(x, cos, sin, None, cache, layer, where, self.group_slots, self.group_starts, True,
                           per_layer=layer_input)  # fmt: skip
             else:
                 source = block.attn.source
-                x = self._layer(block, x, cos=cos, sin=sin, keys=cache.keys[source], values=cache.values[source],
-                                where=where, per_layer=layer_input)  # fmt: skip
+                x, pending = self._layer(block, x, pending, cos=cos, sin=sin, keys=cache.keys[source],
+                                         values=cache.values[source], where=where, per_layer=layer_input)  # fmt: skip
+        x, logits = self._finish(model, x, pending, head)
         if len(model.layers) in tapped:
             taps[len(model.layers)] = x.reshape(self.shape.rows, -1).clone()
-        logits = self._finish(model, x, head)
         return x.reshape(self.shape.rows, -1), logits.reshape(self.shape.rows, -1), taps
 
     def _graph(self, head, tapped: tuple[int, ...]):
@@ -424,14 +429,21 @@ class ShapedPasses:
         return graph, outputs
 
 
-def _layer(block, x, *, cos, sin, keys, values, where: ShapedPages, per_layer):
-    """An attention layer of a shaped pass (Block.shaped): a region compiled once for all layers alike."""
-    return block.shaped(x, cos, sin, keys=keys, values=values, where=where, per_layer=per_layer)
+def _layer(block, x, pending, *, cos, sin, keys, values, where: ShapedPages, per_layer):
+    """An attention layer of a shaped pass (Block.shaped): a region compiled once for all layers alike. `pending`: the
+    last layer's feed-forward output, added here (fused with this layer's norm where compiled), or None; returns the
+    hidden states and this layer's feed-forward output where it defers it too (else None)."""
+    if pending is not None:
+        x = x + pending
+    return block.shaped(x, cos, sin, keys=keys, values=values, where=where, per_layer=per_layer,
+                        defer=pending is not None)  # fmt: skip
 
 
-def _finish(model, x, head):
-    """The pass's logits of its last hidden states `x`."""
-    return model._head(model.norm(x), head)
+def _finish(model, x, pending, head):
+    """The pass's last hidden states (`x` and the `pending` feed-forward output, or None) and their logits."""
+    if pending is not None:
+        x = x + pending
+    return x, model._head(model.norm(x), head)
 
 
 def _compiled(compute):
