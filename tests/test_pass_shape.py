@@ -30,17 +30,17 @@ def model(shape: PassShape | None = None, **overrides):
     return made
 
 
-def passes(model, ids: torch.Tensor) -> dict[str, list[torch.Tensor]]:
-    """The logits of the same 6 tokens after the same 30, as decode steps one by one, as one 6-row verify pass beside
-    another sequence's 3-row pass, and as the end of one prefill."""
+def passes(model, ids: torch.Tensor, context: int = 30, steps: int = 6) -> dict[str, list[torch.Tensor]]:
+    """The logits of the same `steps` tokens after the same `context`, as decode steps one by one, as one verify pass
+    beside another sequence's 3 rows, and as the end of one prefill."""
     cache = model.new_cache(num_slots=4, max_len=128)
-    model(ids[:, :30], cache, [0])
-    model(ids[:, :30], cache, [1])
+    model(ids[:, :context], cache, [0])
+    model(ids[:, :context], cache, [1])
     model(ids[:, 5:20], cache, [2])
-    decoded = [model(ids[:, 30 + i : 31 + i], cache, [0])[0, 0] for i in range(6)]
-    batch = torch.stack([ids[0, 30:36], torch.cat([ids[0, 20:23], ids[0, :3]])])
+    decoded = [model(ids[:, context + i : context + i + 1], cache, [0])[0, 0] for i in range(steps)]
+    batch = torch.stack([ids[0, context : context + steps], torch.cat([ids[0, 20:23], ids[0, : steps - 3]])])
     verified = model(batch, cache, [1, 2])[0]
-    prefilled = model(ids[:, :36], cache, [3])[0, 30:]
+    prefilled = model(ids[:, : context + steps], cache, [3])[0, context:]
     return {"decoded": decoded, "verified": list(verified), "prefilled": list(prefilled)}
 
 

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import torch
+from test_pass_shape import passes, same_bits
 
 from verispec.kernels import triton_attention
 from verispec.models.pass_shape import PassShape, use_pass_shape
@@ -27,25 +28,6 @@ def model(shape: PassShape | None, fused: bool, **overrides):
     made = tiny_model(tiny_config(**{**CONFIG, **overrides}), seed=1, scale=2.0, residual_gain=0.3)
     use_pass_shape(made, shape, fused=fused)
     return made
-
-
-def passes(made, ids: torch.Tensor) -> dict[str, list[torch.Tensor]]:
-    """The logits of the same 4 tokens after the same 20: decoded one by one, as a 4-row verify pass beside another
-    sequence's 3 rows, as the end of one prefill."""
-    cache = made.new_cache(num_slots=4, max_len=64)
-    for slot in (0, 1):
-        made(ids[:, :20], cache, [slot])
-    made(ids[:, 3:20], cache, [2])
-    decoded = [made(ids[:, 20 + i : 21 + i], cache, [0])[0, 0] for i in range(4)]
-    batch = torch.stack([ids[0, 20:24], torch.cat([ids[0, 9:12], ids[0, :1]])])
-    verified = made(batch, cache, [1, 2])[0]
-    prefilled = made(ids[:, :24], cache, [3])[0, 20:]
-    return {"decoded": decoded, "verified": list(verified), "prefilled": list(prefilled)}
-
-
-def same_bits(runs: dict[str, list[torch.Tensor]]) -> bool:
-    first = runs["decoded"]
-    return all(torch.equal(a, b) for name in runs for a, b in zip(first, runs[name], strict=True))
 
 
 def close(runs: dict, expected: dict) -> None:
@@ -67,9 +49,9 @@ def test_a_rows_logits_are_the_same_bits_in_every_pass_and_the_written_out_atten
     ids = torch.randint(0, 257, (1, 24), generator=torch.Generator().manual_seed(0))
     fused = model(PassShape(groups=2, width=4), True, **overrides)
     assert fused.pass_fused
-    runs = passes(fused, ids)
+    runs = passes(fused, ids, context=20, steps=4)
     assert same_bits(runs)
-    close(runs, passes(model(PassShape(groups=2, width=4), False, **overrides), ids))
+    close(runs, passes(model(PassShape(groups=2, width=4), False, **overrides), ids, context=20, steps=4))
 
 
 def test_token_trees_through_the_kernel_compute_what_ordinary_passes_compute():
