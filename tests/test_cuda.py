@@ -139,7 +139,7 @@ def test_the_fused_attention_runs_on_the_gpu_and_shaped_passes_take_it_there(rea
     from verispec.models.pass_shape import CUDA_PASS_SHAPE, use_pass_shape
 
     model = real_shape_pair[0].model
-    assert triton_attention.usable(str(model.device))
+    assert triton_attention.usable(str(model.device), torch.bfloat16, (model.layers[0].attn.head_dim,))
     try:
         use_pass_shape(model, CUDA_PASS_SHAPE)
         assert model.pass_fused

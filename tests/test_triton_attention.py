@@ -37,7 +37,8 @@ def close(runs: dict, expected: dict) -> None:
 
 
 def test_the_kernel_runs_and_agrees_with_plain_attention_here():
-    assert triton_attention.usable("cpu")
+    assert triton_attention.usable("cpu", torch.float32, (64, 128))
+    assert triton_attention.usable("cpu", torch.bfloat16, (64,))
 
 
 @pytest.mark.parametrize(
@@ -174,3 +175,25 @@ def test_the_kernel_compiles_for_the_cards_it_is_for_without_spilling_registers(
                           timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert " 0 bytes spill stores" in done.stdout, done.stdout
+
+
+@pytest.mark.slow
+def test_compiled_passes_with_the_fused_attention_keep_a_rows_bits_in_every_pass_tapped_or_not():
+    """torch.compile's regions around the kernel (an operation of its own to them, verispec::shaped_attention): a
+    row's logits the same bits in every pass, and in a pass tapping layers for served hidden states. The control:
+    compiled logits are not the eager fused pass's bits, so each check compares two compilations."""
+    ids = torch.randint(0, 257, (1, 24), generator=torch.Generator().manual_seed(0))
+
+    def compiled():
+        made = model(None, False)
+        use_pass_shape(made, PassShape(groups=2, width=4), compiled=True, fused=True)
+        assert made.pass_fused
+        return made
+
+    runs = passes(compiled(), ids, context=20, steps=4)
+    assert same_bits(runs)
+    eager = passes(model(PassShape(groups=2, width=4), True), ids, context=20, steps=4)
+    assert not same_bits({"decoded": runs["decoded"], "eager": eager["decoded"]})
+    tapping = compiled()
+    tapping.serve_hidden(lambda *served: None, layers=(1, 2))
+    assert same_bits({"decoded": runs["decoded"], "tapped": passes(tapping, ids, context=20, steps=4)["decoded"]})

@@ -114,39 +114,42 @@ def _(q, keys, values, read, older_limit, positions, recent_block, recent_row, r
 
 
 @functools.cache
-def usable(device: str) -> bool:
-    """Whether the kernel runs on `device` (a CUDA device's name) and agrees with the written-out attention there, on a
-    small case; said once in the log where it does not."""
+def usable(device: str, dtype: torch.dtype = torch.float32, sizes: tuple[int, ...] = (64,)) -> bool:
+    """Whether the kernel runs on `device` (a CUDA device's name) over queries and pools of `dtype` and heads of each
+    of `sizes` values, and agrees with plain attention there, on a small case; said once in the log where it does
+    not."""
     if not available():
         return False
     try:
-        return _agrees(torch.device(device))
+        return all(_agrees(torch.device(device), dtype, size) for size in sizes)
     except Exception:  # any failure to compile or launch: the written-out attention, for every pass
         log.warning("the fused shaped attention does not run on %s; shaped passes write attention out", device,
                     exc_info=True)  # fmt: skip
         return False
 
 
-def _agrees(device: torch.device) -> bool:
+def _agrees(device: torch.device, dtype: torch.dtype, size: int) -> bool:
     class Layer:
-        num_kv_heads, scale, window, softcap, sinks = 2, 0.125, 0, None, None
+        num_kv_heads, scale, window, softcap, sinks = 2, size**-0.5, 0, None, None
 
     gen = torch.Generator().manual_seed(0)
-    groups, width, heads, size, block_size, span, recent = 2, 2, 4, 64, 16, 1024, 16
-    keys, values = (torch.randn(2 * span // block_size, 2, block_size, size, generator=gen).to(device)
+    groups, width, heads, block_size, span, recent = 2, 2, 4, 16, 1024, 16
+    keys, values = (torch.randn(2 * span // block_size, 2, block_size, size, generator=gen).to(device, dtype)
                     for _ in range(2))  # fmt: skip
-    q = torch.randn(groups, width, heads, size, generator=gen).to(device)
+    q = torch.randn(groups, width, heads, size, generator=gen).to(device, dtype)
     read = torch.arange(keys.shape[0], device=device).view(groups, -1)
     positions = torch.tensor([[40, 41], [900, 901]], device=device)
     recent_position = positions[..., None] + torch.arange(1 - recent, 1, device=device)
     recent_block = read.gather(1, (recent_position // block_size).flatten(1)).view_as(recent_position)
     got = attend(Layer(), q, keys, values, read=read, older_limit=positions - recent + 1, positions=positions,
                  recent_block=recent_block, recent_row=recent_position % block_size, recent_position=recent_position,
-                 span=span, block_size=block_size)  # fmt: skip
-    expected = _reference(q, keys, values, read, positions, block_size, scale=Layer.scale)
-    if not torch.allclose(got, expected, atol=1e-4, rtol=1e-4):
-        log.warning("the fused shaped attention disagrees on %s (largest difference %.3g); shaped passes write "
-                    "attention out", device, (got - expected).abs().max().item())  # fmt: skip
+                 span=span, block_size=block_size).float()  # fmt: skip
+    expected = _reference(q.float(), keys.float(), values.float(), read, positions, block_size, scale=Layer.scale)
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2  # the output rounded to a 16-bit type
+    if not torch.allclose(got, expected, atol=tolerance, rtol=tolerance):
+        log.warning("the fused shaped attention disagrees on %s in %s at head size %d (largest difference %.3g); "
+                    "shaped passes write attention out", device, dtype, size,
+                    (got - expected).abs().max().item())  # fmt: skip
         return False
     return True
 

@@ -156,7 +156,8 @@ def fused_attention(model, shape: PassShape | None, fused: bool | None) -> bool:
     asked = os.environ.get("VERISPEC_FUSED_ATTENTION", "auto")
     if asked == "0" or (asked != "1" and model.device.type != "cuda"):
         return False
-    return triton_attention.usable(str(model.device))
+    sizes = tuple(sorted({attn.head_dim for attn in attentions}))
+    return triton_attention.usable(str(model.device), model.dtype, sizes)
 
 
 # ---- planning: the caller's rows as groups --------------------------------------------------------------------------
