@@ -32,6 +32,11 @@ keys, for every layer alike: a layer reads nothing that tells it from another bu
 so a model's passes are all compiled or none: a compilation that fails raises, never falls back to eager passes beside
 compiled ones.
 
+Fused attention (on CUDA where it runs: `fused_attention`). ShapedPages.attend by one Triton kernel a layer
+(kernels/triton_attention.py), which reads the planned indices as they are, where written out it is a dozen kernels;
+its bits are not the written-out attention's, so a model's passes take one or the other, decided before the first.
+A layer's last residual addition is done by the next layer's region (fused there with its norm where compiled).
+
 A mixture of experts runs each chosen expert over the pass's whole row count (feed_forward.through_experts: the rows
 that chose it, then zeros), so that an expert's product has one shape too; which experts run depends on the tokens,
 so such a model's passes run eagerly, without graphs.
@@ -113,11 +118,9 @@ def use_pass_shape(model, shape: PassShape | None, *, asked: bool = False, graph
     """Every pass of `model` (a Transformer) at `shape` from now on, replayed from CUDA graphs on CUDA where `graphs`,
     compiled by torch.compile where `compiled` (None: its ordinary passes), its attention by one Triton kernel a layer
     where `fused` (None: on CUDA where the kernel runs, unless VERISPEC_FUSED_ATTENTION=0; see `fused_attention`);
-    caches made before keep their passes. A
-    model the rule does not cover keeps its ordinary passes, said once in the log, or refused where the shape was
-    `asked` for by name; compiled passes are refused without a shape, for a mixture of experts and for a hybrid
-    model (their passes run eagerly). Returns the shape
-    taken."""
+    caches made before keep their passes. A model the rule does not cover keeps its ordinary passes, said once in the
+    log, or refused where the shape was `asked` for by name; compiled passes are refused without a shape, for a
+    mixture of experts and for a hybrid model (their passes run eagerly). Returns the shape taken."""
     reason = uncovered(model) if shape is not None else None
     if compiled and (shape is None or reason is not None):
         why = reason or "no pass shape: --pass-shape GROUPSxWIDTH (auto is none on a CPU)"
