@@ -77,10 +77,12 @@ def attend(attn, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, *, r
     older keys (positions below its rows' `older_limit`, at most `span`) in the cache blocks `read` [groups, blocks]
     names, its rows' recent keys at (`recent_block`, `recent_row`) [groups, width, RECENT] where `recent_position` is
     not negative; within `attn.window` of the row's `positions` where the layer has a window."""
-    return shaped_attention(q.contiguous(), keys, values, read, older_limit.contiguous(), positions.contiguous(),
-                            recent_block.contiguous(), recent_row.contiguous(), recent_position.contiguous(),
-                            attn.sinks, attn.num_kv_heads, float(attn.scale), int(attn.window or 0), int(span),
-                            int(block_size))  # fmt: skip
+    return shaped_attention(q=q.contiguous(), keys=keys, values=values, read=read,
+                            older_limit=older_limit.contiguous(), positions=positions.contiguous(),
+                            recent_block=recent_block.contiguous(), recent_row=recent_row.contiguous(),
+                            recent_position=recent_position.contiguous(), sinks=attn.sinks,
+                            kv_heads=attn.num_kv_heads, scale=float(attn.scale), window=int(attn.window or 0),
+                            span=int(span), block_size=int(block_size))  # fmt: skip
 
 
 # an operation of its own to torch.compile (one call in a compiled region, traced no further) and to CUDA graphs
@@ -144,7 +146,15 @@ def _agrees(device: torch.device, dtype: torch.dtype, size: int) -> bool:
     got = attend(Layer(), q, keys, values, read=read, older_limit=positions - recent + 1, positions=positions,
                  recent_block=recent_block, recent_row=recent_position % block_size, recent_position=recent_position,
                  span=span, block_size=block_size).float()  # fmt: skip
-    expected = _reference(q.float(), keys.float(), values.float(), read, positions, block_size, scale=Layer.scale)
+    expected = _reference(
+        q.float(),
+        keys.float(),
+        values.float(),
+        read=read,
+        positions=positions,
+        block_size=block_size,
+        scale=Layer.scale,
+    )
     tolerance = 1e-4 if dtype == torch.float32 else 2e-2  # the output rounded to a 16-bit type
     if not torch.allclose(got, expected, atol=tolerance, rtol=tolerance):
         log.warning("the fused shaped attention disagrees on %s in %s at head size %d (largest difference %.3g); "
@@ -154,7 +164,7 @@ def _agrees(device: torch.device, dtype: torch.dtype, size: int) -> bool:
     return True
 
 
-def _reference(q, keys, values, read, positions, block_size: int, *, scale: float) -> torch.Tensor:
+def _reference(q, keys, values, *, read, positions, block_size: int, scale: float) -> torch.Tensor:
     """Causal attention of each row over its group's positions 0 .. its own, read plainly."""
     groups, width, heads, size = q.shape
     group = heads // keys.shape[1]

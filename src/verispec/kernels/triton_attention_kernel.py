@@ -4,14 +4,16 @@ PyTorch's CUDA builds, and takes a moment to import). What it computes and the r
 import triton
 import triton.language as tl
 
+LEAST = tl.constexpr(-3.4028234663852886e38)  # float32's least finite number
+
 
 @triton.jit
 def attention(q_ptr, k_ptr, v_ptr, out_ptr, read_ptr, limit_ptr, pos_ptr, rblock_ptr, rrow_ptr, rpos_ptr,
-               sinks_ptr, scale, window, span,
-               q_g, q_w, q_h, k_b, k_h, k_r, v_b, v_h, v_r, o_g, o_w, read_g, read_w,
-               WIDTH: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr, SIZE: tl.constexpr,
-               D: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, RECENT: tl.constexpr,
-               WINDOWED: tl.constexpr, SINKS: tl.constexpr):  # fmt: skip
+              sinks_ptr, scale, window, span,
+              q_g, q_w, q_h, k_b, k_h, k_r, v_b, v_h, v_r, o_g, o_w, read_g, read_w,
+              WIDTH: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr, SIZE: tl.constexpr,
+              D: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, RECENT: tl.constexpr,
+              WINDOWED: tl.constexpr, SINKS: tl.constexpr):  # fmt: skip
     g, kv, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     r = part * ROWS + tl.arange(0, ROWS)  # row r: the group's row r // GROUP, the kv head's query head r % GROUP
     real = r < WIDTH * GROUP
@@ -23,57 +25,82 @@ def attention(q_ptr, k_ptr, v_ptr, out_ptr, read_ptr, limit_ptr, pos_ptr, rblock
                 mask=real[:, None] & in_size[None, :], other=0.0).to(tl.float32) * scale  # fmt: skip
     limit = tl.load(limit_ptr + g * WIDTH + w, mask=real, other=0)  # older keys: positions below the limit
     position = tl.load(pos_ptr + g * WIDTH + w, mask=real, other=0)
-    top = tl.full([ROWS], float("-inf"), tl.float32)
-    total = tl.zeros([ROWS], tl.float32)
-    out = tl.zeros([ROWS, D], tl.float32)
-    # the tiles some row of the group reaches: the others leave every row's state as it is (skipped)
+    keys, values = k_ptr + kv * k_h, v_ptr + kv * v_h  # this kv head's pools
+    # the tiles some row of the program reaches: the others leave every row's state as it is (skipped)
     reach = tl.cdiv(tl.minimum(tl.max(limit, 0), span), TILE)
     first = 0
     if WINDOWED:  # from the tile of the first key the earliest row reading older keys sees
         first = tl.maximum(tl.min(tl.where(limit > 0, position, 1 << 30), 0) - window + 1, 0) // TILE
-    for tile in range(first, reach):
-        keys_at = tile * TILE + tl.arange(0, TILE)
-        block = tl.load(read_ptr + g * read_g + (keys_at // BLOCK_SIZE) * read_w)
-        row = keys_at % BLOCK_SIZE
-        k = tl.load(k_ptr + block[:, None] * k_b + kv * k_h + row[:, None] * k_r + d[None, :],
-                    mask=in_size[None, :], other=0.0).to(tl.float32)  # fmt: skip
-        v = tl.load(v_ptr + block[:, None] * v_b + kv * v_h + row[:, None] * v_r + d[None, :],
-                    mask=in_size[None, :], other=0.0).to(tl.float32)  # fmt: skip
-        scores = tl.dot(q, tl.trans(k), input_precision="ieee")
-        hidden = keys_at[None, :] >= limit[:, None]
-        if WINDOWED:
-            hidden = hidden | (keys_at[None, :] <= position[:, None] - window)
-        scores = tl.where(hidden, float("-inf"), scores)
-        new_top = tl.maximum(top, tl.max(scores, 1))
-        shift = tl.maximum(new_top, -3.4028234663852886e38)  # no key yet (-inf): exp(-inf - shift) = 0
-        weights = tl.exp(scores - shift[:, None])
-        kept = tl.exp(top - shift)
-        total = total * kept + tl.sum(weights, 1)
-        out = out * kept[:, None] + tl.dot(weights, v, input_precision="ieee")
-        top = new_top
-    for j in range(RECENT):  # the newest positions, one at a time, in position order
-        at = (g * WIDTH + w) * RECENT + j
-        block = tl.load(rblock_ptr + at, mask=real, other=0)
-        row = tl.load(rrow_ptr + at, mask=real, other=0)
-        recent_position = tl.load(rpos_ptr + at, mask=real, other=-1)
-        hidden = recent_position < 0
-        if WINDOWED:
-            hidden = hidden | (recent_position <= position - window)
-        seen = (~hidden)[:, None] & in_size[None, :]  # a hidden key is not read: its weight is 0
-        k = tl.load(k_ptr + block[:, None] * k_b + kv * k_h + row[:, None] * k_r + d[None, :], mask=seen,
-                    other=0.0).to(tl.float32)  # fmt: skip
-        score = tl.where(hidden, float("-inf"), tl.sum(q * k, 1))
-        v = tl.load(v_ptr + block[:, None] * v_b + kv * v_h + row[:, None] * v_r + d[None, :], mask=seen,
-                    other=0.0).to(tl.float32)  # fmt: skip
-        new_top = tl.maximum(top, score)
-        shift = tl.maximum(new_top, -3.4028234663852886e38)
-        weight = tl.exp(score - shift)
-        kept = tl.exp(top - shift)
-        total = total * kept + weight
-        out = out * kept[:, None] + weight[:, None] * v
-        top = new_top
+    top, total, out = _older(q=q, keys=keys, values=values, read=read_ptr + g * read_g, read_w=read_w, k_b=k_b,
+                             k_r=k_r, v_b=v_b, v_r=v_r, limit=limit, position=position, window=window, first=first,
+                             reach=reach, d=d, in_size=in_size, ROWS=ROWS, D=D, BLOCK_SIZE=BLOCK_SIZE, TILE=TILE,
+                             WINDOWED=WINDOWED)  # fmt: skip
+    recent = (g * WIDTH + w) * RECENT  # the row's RECENT addresses
+    top, total, out = _recent(q=q, keys=keys, values=values, blocks=rblock_ptr + recent, rows=rrow_ptr + recent,
+                              positions=rpos_ptr + recent, real=real, position=position, window=window, k_b=k_b,
+                              k_r=k_r, v_b=v_b, v_r=v_r, d=d, in_size=in_size, top=top, total=total, out=out,
+                              RECENT=RECENT, WINDOWED=WINDOWED)  # fmt: skip
     if SINKS:  # a sink logit per head takes its share of the softmax, with no value
         total = total + tl.exp(tl.load(sinks_ptr + head).to(tl.float32) - top)
     out = out / tl.where(real, total, 1.0)[:, None]  # rows past the group's: no keys, not stored
     tl.store(out_ptr + g * o_g + w[:, None] * o_w + head[:, None] * SIZE + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=real[:, None] & in_size[None, :])  # fmt: skip
+
+
+@triton.jit
+def _older(q, keys, values, read, read_w, k_b, k_r, v_b, v_r, limit, position, window, first, reach, d, in_size,
+           ROWS: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
+           WINDOWED: tl.constexpr):  # fmt: skip
+    """The running (maximum, sum, output) over the older keys' tiles `first` .. `reach` - 1, in position order, each
+    tile one product of the rows' queries and one of their weights."""
+    top = tl.full([ROWS], float("-inf"), tl.float32)
+    total = tl.zeros([ROWS], tl.float32)
+    out = tl.zeros([ROWS, D], tl.float32)
+    for tile in range(first, reach):
+        keys_at = tile * TILE + tl.arange(0, TILE)
+        block = tl.load(read + (keys_at // BLOCK_SIZE) * read_w)
+        row = keys_at % BLOCK_SIZE
+        k = tl.load(keys + block[:, None] * k_b + row[:, None] * k_r + d[None, :], mask=in_size[None, :],
+                    other=0.0).to(tl.float32)  # fmt: skip
+        v = tl.load(values + block[:, None] * v_b + row[:, None] * v_r + d[None, :], mask=in_size[None, :],
+                    other=0.0).to(tl.float32)  # fmt: skip
+        hidden = keys_at[None, :] >= limit[:, None]
+        if WINDOWED:
+            hidden = hidden | (keys_at[None, :] <= position[:, None] - window)
+        scores = tl.where(hidden, float("-inf"), tl.dot(q, tl.trans(k), input_precision="ieee"))
+        new_top = tl.maximum(top, tl.max(scores, 1))
+        shift = tl.maximum(new_top, LEAST)  # no key yet (-inf): exp(-inf - shift) = 0
+        weights = tl.exp(scores - shift[:, None])
+        kept = tl.exp(top - shift)
+        total = total * kept + tl.sum(weights, 1)
+        out = out * kept[:, None] + tl.dot(weights, v, input_precision="ieee")
+        top = new_top
+    return top, total, out
+
+
+@triton.jit
+def _recent(q, keys, values, blocks, rows, positions, real, position, window, k_b, k_r, v_b, v_r, d, in_size, top,
+            total, out, RECENT: tl.constexpr, WINDOWED: tl.constexpr):  # fmt: skip
+    """The running (maximum, sum, output) after each row's RECENT newest keys, one at a time in position order, at
+    the addresses (`blocks`, `rows`) of each row's; a hidden one (`positions` negative, or outside the window) is not
+    read."""
+    for j in range(RECENT):
+        block = tl.load(blocks + j, mask=real, other=0)
+        row = tl.load(rows + j, mask=real, other=0)
+        recent_position = tl.load(positions + j, mask=real, other=-1)
+        hidden = recent_position < 0
+        if WINDOWED:
+            hidden = hidden | (recent_position <= position - window)
+        seen = (~hidden)[:, None] & in_size[None, :]
+        k = tl.load(keys + block[:, None] * k_b + row[:, None] * k_r + d[None, :], mask=seen, other=0.0).to(tl.float32)
+        score = tl.where(hidden, float("-inf"), tl.sum(q * k, 1))
+        v = tl.load(values + block[:, None] * v_b + row[:, None] * v_r + d[None, :], mask=seen,
+                    other=0.0).to(tl.float32)  # fmt: skip
+        new_top = tl.maximum(top, score)
+        shift = tl.maximum(new_top, LEAST)
+        weight = tl.exp(score - shift)
+        kept = tl.exp(top - shift)
+        total = total * kept + weight
+        out = out * kept[:, None] + weight[:, None] * v
+        top = new_top
+    return top, total, out
