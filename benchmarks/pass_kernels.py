@@ -8,7 +8,8 @@ CUDA Triton ones), a layer's once per layer, with the operations that run eagerl
     python benchmarks/pass_kernels.py --device cuda    # the same on a GPU (what its graphs replay)
 
 Then the same with the fused attention (kernels/triton_attention.py, the default on CUDA) where Triton is installed;
-on a CPU its kernel runs in Triton's interpreter (minutes: the prefill before the step runs in Python).
+on a CPU its kernel runs in Triton's interpreter. The prefill before the step runs eagerly with the attention written
+out (the cache's numbers do not change what a step runs).
 
 Operations that only re-view a tensor (view, permute, expand, a reshape or a conversion that returns its input's
 memory) launch nothing and are not counted.
@@ -83,11 +84,14 @@ class OutputCode(logging.Handler):
 
 
 def step_model(layers: int, device: str, shape: PassShape | None, compiled: bool = False, fused: bool = False):
+    """The model, its cache after CONTEXT tokens and the tokens; the prefill's passes eager and written out (the
+    cache's numbers do not change what a step runs, and the interpreter would take minutes), the step's as asked."""
     model = tiny_model(tiny_config(num_layers=layers, hidden_size=128, intermediate_size=256), device=device)
-    use_pass_shape(model, shape, graphs=False, compiled=compiled, fused=fused)
+    use_pass_shape(model, shape, graphs=False, fused=False)
     ids = torch.randint(0, 256, (1, CONTEXT + 1), generator=torch.Generator().manual_seed(0)).to(device)
     cache = model.new_cache(num_slots=1, max_len=CONTEXT + 8)
     model(ids[:, :CONTEXT], cache, [0], num_logits=1)
+    use_pass_shape(model, shape, graphs=False, compiled=compiled, fused=fused)
     return model, cache, ids
 
 
@@ -137,16 +141,17 @@ def compiled_kernels(layers: int, device: str, shape: PassShape, fused: bool = F
     """(fused kernels, products and other library calls, eager operations beside them) one decode step runs with
     compiled passes: the layers' inputs, a layer's region once per layer and the head's, the rest eagerly; and the
     seconds the first pass took (its compilation, no cache of an earlier run used)."""
+    torch._dynamo.reset()  # an earlier call's compiled regions (the head's is the same function) compile again
     handler = OutputCode()
     torch._logging.set_logs(output_code=True)  # before the handler: it resets torch's loggers
     logger = logging.getLogger("torch._inductor")  # where its modules' records stop
     logger.addHandler(handler)
     try:
         with torch._inductor.config.patch(fx_graph_cache=False):  # a cached graph is loaded, not written out
-            begin = time.perf_counter()
             model, cache, ids = step_model(layers, device, shape, compiled=True, fused=fused)
-            compiling = time.perf_counter() - begin
+            begin = time.perf_counter()
             model(ids[:, CONTEXT:], cache, [0])
+            compiling = time.perf_counter() - begin
     finally:
         torch._logging.set_logs()
         logger.removeHandler(handler)
