@@ -13,10 +13,13 @@ import pytest
 import torch
 from test_pass_shape import passes, same_bits
 
+from verispec import SpeculativeGenerator
+from verispec.engine.fixed_acceptance import fixed_acceptance
+from verispec.errors import InvalidParameterError
 from verispec.kernels import triton_attention
 from verispec.models.pass_shape import PassShape, use_pass_shape
 from verispec.models.shaped_attention import KEY_BLOCK, RECENT, ShapedPages
-from verispec.testing import tiny_config, tiny_model
+from verispec.testing import byte_tokenizer, tiny_config, tiny_loaded, tiny_model
 
 pytestmark = pytest.mark.skipif(not triton_attention.available(), reason="Triton is not installed (pip install -e "
                                 '".[test]" brings it)')  # fmt: skip
@@ -129,6 +132,30 @@ def test_the_kernel_is_taken_where_asked_and_on_cuda_only_by_default(monkeypatch
     assert not model(None, None).pass_fused
     monkeypatch.setenv("VERISPEC_FUSED_ATTENTION", "0")
     assert not model(PassShape(groups=2, width=4), None).pass_fused
+    monkeypatch.setenv("VERISPEC_FUSED_ATTENTION", "yes")
+    with pytest.raises(InvalidParameterError, match="VERISPEC_FUSED_ATTENTION='yes': use 1"):
+        model(PassShape(groups=2, width=4), None)
+
+
+def test_speculative_output_through_the_kernel_is_plain_output_to_every_logprobs_bit(monkeypatch):
+    """Drafts of fixed acceptance as token trees (a node's ancestors found by the kernel's recent keys), verified at
+    2x4 through the engine, against plain decoding at 2x4: the same tokens and logprobs, the kernel taken by both. The
+    control, that ordinary passes differ in the last bits: tests/test_pass_shape.py."""
+    monkeypatch.setenv("VERISPEC_FUSED_ATTENTION", "1")
+    made = model(None, False)
+    target = tiny_loaded(made, byte_tokenizer(), "t")
+    prompt = "def add(a, b):"
+    plain = SpeculativeGenerator(target, None, pass_shape="2x4", max_seq_len=64)
+    expected = plain.generate(prompt, max_tokens=12, ignore_eos=True, logprobs=0)
+    assert made.pass_fused
+    with fixed_acceptance([target.tokenizer.encode(prompt) + expected.token_ids], 0.6, tree=True) as oracle:
+        spec = SpeculativeGenerator(target, None, pass_shape="2x4", max_seq_len=64, speculative_method=oracle,
+                                    num_speculative_tokens=4, adaptive=False, token_trees=True)  # fmt: skip
+        out = spec.generate(prompt, max_tokens=12, ignore_eos=True, logprobs=0)
+    assert made.pass_fused
+    assert out.token_ids == expected.token_ids
+    assert [e.logprob for e in out.logprobs] == [e.logprob for e in expected.logprobs]
+    assert 0 < out.stats.accepted < out.stats.drafted
 
 
 COMPILE = """
@@ -137,6 +164,9 @@ from pathlib import Path
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from verispec import SpeculativeGenerator
+from verispec.engine.fixed_acceptance import fixed_acceptance
+from verispec.errors import InvalidParameterError
 from verispec.kernels import triton_attention
 from verispec.kernels.triton_attention_kernel import attention
 

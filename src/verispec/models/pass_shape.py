@@ -156,8 +156,11 @@ def fused_attention(model, shape: PassShape | None, fused: bool | None) -> bool:
         return False
     if fused:  # asked for by name (the tests)
         return True
-    asked = os.environ.get("VERISPEC_FUSED_ATTENTION", "auto")
-    if asked == "0" or (asked != "1" and model.device.type != "cuda"):
+    asked = os.environ.get("VERISPEC_FUSED_ATTENTION", "auto").strip().lower() or "auto"
+    if asked not in ("auto", "0", "1"):
+        raise InvalidParameterError(f"VERISPEC_FUSED_ATTENTION={asked!r}: use 1 (the fused attention wherever it "
+                                    "runs), 0 (written out) or auto (on CUDA); unset is auto")  # fmt: skip
+    if asked == "0" or (asked == "auto" and model.device.type != "cuda"):
         return False
     sizes = tuple(sorted({attn.head_dim for attn in attentions}))
     return triton_attention.usable(str(model.device), model.dtype, sizes)
