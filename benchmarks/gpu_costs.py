@@ -17,7 +17,9 @@ PyTorch's operations in place of the fused Triton kernel, kernels/triton_attenti
 - plain tok/s: greedy decoding of --tokens tokens after a 256-token prompt, prefill included;
 - speculative tok/s with drafts of fixed acceptance (engine/fixed_acceptance.py: the target's own continuation, a share
   --acceptance right) at k = --k, alone and --batch sequences at once, and the speedup over plain at that batch;
-- identical: each speculative output equals plain output at the same shape (greedy), counted.
+- identical: each speculative output equals plain output at the same shape (greedy), counted;
+- after --long-context tokens: T(1) and c per pass shape not compiled, and with the fused attention whether splitting
+  the older keys into chunks pays (`:walked`: one program walks them all).
 Writes everything as JSON to --out (default $OUT/gpu_costs.json where $OUT is set).
 """
 
@@ -39,6 +41,7 @@ from verispec.engine.fixed_acceptance import fixed_acceptance  # noqa: E402
 from verispec.engine.requests import EngineRequest, FinishEvent  # noqa: E402
 from verispec.engine.scheduler import Scheduler, SchedulerConfig  # noqa: E402
 from verispec.errors import InvalidParameterError  # noqa: E402
+from verispec.kernels import triton_attention  # noqa: E402
 from verispec.models.config import ModelConfig  # noqa: E402
 from verispec.models.model import Transformer  # noqa: E402
 from verispec.models.pass_shape import parse_pass_shape, use_pass_shape  # noqa: E402
@@ -90,15 +93,16 @@ def read_rate(device: str) -> float | None:
     return rate
 
 
-def pass_times(model: Transformer, widths: tuple[int, ...], reps: int, device: str) -> dict[int, float]:
-    """Median ms of one sequence's pass over n new rows after CONTEXT tokens, per n (interleaved, rolled back)."""
-    cache = model.new_cache(num_slots=1, max_len=CONTEXT + WIDEST + 1)  # one size: compiled passes compile once
-    context = torch.arange(1, CONTEXT + 1, device=device)[None] % model.config.vocab_size
+def pass_times(model: Transformer, widths: tuple[int, ...], reps: int, device: str,
+               length: int = CONTEXT) -> dict[int, float]:  # fmt: skip
+    """Median ms of one sequence's pass over n new rows after `length` tokens, per n (interleaved, rolled back)."""
+    cache = model.new_cache(num_slots=1, max_len=length + WIDEST + 1)  # one size: compiled passes compile once
+    context = torch.arange(1, length + 1, device=device)[None] % model.config.vocab_size
     model(context, cache, [0], num_logits=1)
     samples: dict[int, list[float]] = {n: [] for n in widths}
     for rep in range(reps + 2):
         for n in widths:
-            cache.set_length(0, CONTEXT)
+            cache.set_length(0, length)
             synchronize(device)
             begin = time.perf_counter()
             model(context[:, :n], cache, [0], num_logits=n)
@@ -157,6 +161,14 @@ def written(entry: str) -> bool:
     return "written" in entry.split(":")[1:]
 
 
+FUSED_ATTENTION = os.environ.get("VERISPEC_FUSED_ATTENTION", "auto")  # as the run was started: 1 on a CPU interprets
+
+
+def choose_attention(entry: str) -> None:
+    """VERISPEC_FUSED_ATTENTION for an entry's passes (read by use_pass_shape, the engines' too)."""
+    os.environ["VERISPEC_FUSED_ATTENTION"] = "0" if written(entry) else FUSED_ATTENTION
+
+
 def run_batch(target, method: str | None, entry: str, prompts_: list[list[int]], tokens: int, args, device: str,
               room: int | None = None) -> tuple[list[list[int]], float]:  # fmt: skip
     """Every prompt at once through one engine of --batch slots (greedy, `tokens` each, the context sized for `room`
@@ -204,6 +216,8 @@ def measure(args, save) -> dict:
     """Every figure but transformers', `save(results)` called after each pass shape's (a visit cut short keeps what
     it measured)."""
     device, dtype = args.device, getattr(torch, args.dtype)
+    if FUSED_ATTENTION == "1" and not device.startswith("cuda"):
+        triton_attention.use_interpreter()  # the kernel's smoke run on a CPU (slow: Python runs each program)
     results: dict = {"device": torch.cuda.get_device_name(0) if device.startswith("cuda") else "cpu",
                      "torch": torch.__version__, "dtype": args.dtype, "read_GBps": read_rate(device)}  # fmt: skip
     print(f"read rate: {results['read_GBps']} GB/s", flush=True)
@@ -215,8 +229,7 @@ def measure(args, save) -> dict:
     for text in args.pass_shapes:
         name, compiled = split(text)
         shape = parse_pass_shape(name, device)
-        # read by the engines' use_pass_shape too (speeds)
-        os.environ["VERISPEC_FUSED_ATTENTION"] = "0" if written(text) else "auto"
+        choose_attention(text)
         use_pass_shape(target.model, shape, asked=name != "auto", compiled=compiled)
         use_pass_shape(draft, shape, asked=name != "auto", compiled=compiled)
         times = pass_times(target.model, (1, 2, 4, 8, 16), args.reps, device)
@@ -230,8 +243,36 @@ def measure(args, save) -> dict:
         save(results)
         row |= speeds(target, text, args, device)
         save(results)
+    if args.long_context:
+        long_context(target, draft, args, results.setdefault("long_context", {}), save=lambda: save(results))
     use_pass_shape(target.model, None)
     return results
+
+
+def long_context(target, draft, args, result: dict, save) -> None:
+    """T(1) and a draft step after --long-context tokens into `result`, per --pass-shapes entry not compiled; with the
+    fused attention also `:walked`, one program walking each row's older keys (triton_attention.CHUNK past the
+    context) where the default splits them into chunks: what the split buys. `save()` after each."""
+    entries = [entry for entry in args.pass_shapes if not split(entry)[1]]
+    for entry in entries + [f"{entry}:walked" for entry in entries if split(entry)[0] != "off" and not written(entry)]:
+        name = split(entry.removesuffix(":walked"))[0]
+        shape = parse_pass_shape(name, args.device)
+        choose_attention(entry)
+        chunk = triton_attention.CHUNK
+        triton_attention.CHUNK = 1 << 30 if entry.endswith(":walked") else chunk
+        try:
+            for model in (target.model, draft):
+                use_pass_shape(model, shape, asked=name != "auto")
+            if entry.endswith(":walked") and not target.model.pass_fused:
+                continue  # the attention written out: nothing walks
+            t1 = pass_times(target.model, (1,), args.reps, args.device, length=args.long_context)[1]
+            step = pass_times(draft, (1,), args.reps, args.device, length=args.long_context)[1]
+        finally:
+            triton_attention.CHUNK = chunk
+        result[entry] = {"fused_attention": target.model.pass_fused, "T1_ms": t1, "draft_step_ms": step,
+                         "c": step / t1}  # fmt: skip
+        print(f"after {args.long_context} tokens, {entry}: {json.dumps(result[entry])}", flush=True)
+        save()
 
 
 def transformers_decoding(args, result: dict, save) -> None:
@@ -278,10 +319,15 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--acceptance", default="0.6,0.8", type=lambda s: [float(a) for a in s.split(",")])
     parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--long-context", type=int, default=4000,
+                        help="then T(1) and c after this many tokens (0: not measured)")  # fmt: skip
     parser.add_argument("--hf", action="store_true", help="transformers' decoding of the target shape too")
     parser.add_argument("--out", default=os.path.join(os.environ["OUT"], "gpu_costs.json") if "OUT" in os.environ
                         else None)  # fmt: skip
     args = parser.parse_args()
+    longest = min(SHAPES[args.target]["max_position_embeddings"], SHAPES[args.draft]["max_position_embeddings"])
+    if not 0 <= args.long_context <= longest - WIDEST - 1:
+        raise SystemExit(f"--long-context: from 0 to {longest - WIDEST - 1} (the shapes' positions)")
     for entry in args.pass_shapes:  # its mistakes before minutes of building
         try:
             parse_pass_shape(split(entry)[0], args.device)

@@ -147,6 +147,31 @@ def test_the_fused_attention_runs_on_the_gpu_and_shaped_passes_take_it_there(rea
         use_pass_shape(model, None)
 
 
+def test_the_fused_attention_keeps_a_rows_bits_where_a_pass_splits_older_keys_into_chunks_on_the_gpu():
+    """The kernels compiled for this card, in bfloat16 at the 7B's head layout (7 query heads a kv head, 128 values):
+    a row whose older keys fit in one chunk gets the same bits in a pass that walks them as in one that splits a
+    further group's keys into chunks; a row past the first chunk the same bits beside a group reaching 100 keys and
+    one reaching past two chunks; plain attention's to bfloat16 rounding."""
+    from test_triton_attention import BLOCK_SIZE, Layer, kernel_inputs
+
+    from verispec.kernels import triton_attention
+
+    gen = torch.Generator().manual_seed(0)
+    pools = [torch.randn(6 * triton_attention.CHUNK // BLOCK_SIZE, 2, BLOCK_SIZE, 128, generator=gen) for _ in "kv"]
+    keys, values = (pool.to("cuda", torch.bfloat16) for pool in pools)
+    q = torch.randn(2, 2, 14, 128, generator=gen).to("cuda", torch.bfloat16)
+    read = torch.arange(keys.shape[0], device="cuda").view(2, -1)
+    chunk = triton_attention.CHUNK
+    for near, short, long in ((40, 100, chunk + 300), (chunk + 200, 100, 2 * chunk + 300)):
+        beside = [kernel_inputs(read, far, near=near) for far in (short, long)]
+        got = [triton_attention.attend(Layer(), q, keys, values, **inputs) for inputs in beside]
+        assert torch.equal(got[0][0], got[1][0]), f"row at {near}"
+        expected = triton_attention._reference(q.float(), keys.float(), values.float(), read=read,
+                                               positions=beside[0]["positions"], block_size=BLOCK_SIZE,
+                                               scale=Layer.scale)  # fmt: skip
+        torch.testing.assert_close(got[0].float(), expected, rtol=2e-2, atol=2e-2)
+
+
 def test_in_bfloat16_at_a_real_shape_greedy_speculative_output_is_plain_output(real_shape_pair):
     """6 prompts x 96 tokens; a draft model (k 4), suffix lookups and drafts of fixed acceptance as token trees, each
     alone and the 6 batched in one engine, against plain decoding at the same (default) pass shape; seeded sampling

@@ -461,7 +461,7 @@ def test_the_gpu_cost_benchmark_runs_on_the_cpu_and_finds_speculative_output_ide
     out = tmp_path / "costs.json"
     command = [sys.executable, str(script), "--device", "cpu", "--target", "tiny", "--draft", "tiny-draft",
                "--dtype", "float32", "--pass-shapes", "off,2x4,2x4:compiled", "--tokens", "12", "--reps", "1",
-               "--batch", "2", "--acceptance", "0.8", "--out", str(out)]  # fmt: skip
+               "--batch", "2", "--acceptance", "0.8", "--long-context", "300", "--out", str(out)]  # fmt: skip
     subprocess.run(command, check=True, capture_output=True)
     results = json.loads(out.read_text())
     for entry in ("off", "2x4", "2x4:compiled"):
@@ -469,3 +469,5 @@ def test_the_gpu_cost_benchmark_runs_on_the_cpu_and_finds_speculative_output_ide
         assert row["T_ms"]["1"] > 0 and row["c"] > 0
         assert row["batch_1"]["alpha_0.8"]["identical"] == "1/1"
         assert row["batch_2"]["alpha_0.8"]["identical"] == "2/2"
+    assert set(results["long_context"]) == {"off", "2x4"}  # not compiled; nothing walked where nothing is fused
+    assert all(row["T1_ms"] > 0 and row["c"] > 0 for row in results["long_context"].values())

@@ -14,6 +14,13 @@ wherever the pass stored them). A tile every key of which is hidden from every r
 kernel skips the tiles beyond its rows' reach and before their window: a row's bits do not depend on how far the
 pass's other rows reach.
 
+Past the first CHUNK older positions a program would walk a long context alone, while the card's other processors
+wait: a pass whose older keys reach further splits them into chunks of CHUNK positions, each chunk's state (maximum,
+sum, output) computed by a program of its own from scratch, then merged in position order by one program per rows,
+which adds the recent keys. The chunks are fixed by position, so a row's bits still do not depend on the other rows;
+and a row whose older keys fit in the first chunk gets the same bits in a pass that splits as in one that does not
+(its one chunk's state merged into the empty state is multiplied by exactly 1, the empty one by exactly 0).
+
 Products are taken in float32 (input_precision "ieee"), as the written-out attention takes them. Soft-capped scores
 are not covered (`covers`): such a model keeps the written-out attention. `usable(device)` runs the kernel once on
 the device before a model takes it, so that a Triton or a card it does not run on is found before the first pass, not
@@ -33,6 +40,11 @@ log = logging.getLogger("verispec")
 TILE = 32  # older keys per tile: a multiple of 16 (tl.dot), a divisor of shaped_attention.KEY_BLOCK
 ROWS = 16  # a group's rows (x query heads of one kv head) per program: at least 16 (tl.dot)
 WARPS = 8  # with ROWS and TILE: no register spilled at head sizes 64 and 128 (tests/test_triton_attention.py)
+# older keys one program walks: a pass reaching further splits them into chunks of this many positions, a program
+# each (the card's processors share a long context), and merges the chunks' states. Not under shaped_attention's
+# KEY_BLOCK: a pass reads at least one such block (its span), and a row must not be split in one pass and walked in
+# another (triton_attention_kernel.py)
+CHUNK = 1024
 
 
 def available() -> bool:
@@ -91,19 +103,37 @@ def shaped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
                      older_limit: torch.Tensor, positions: torch.Tensor, recent_block: torch.Tensor,
                      recent_row: torch.Tensor, recent_position: torch.Tensor, sinks: torch.Tensor | None,
                      kv_heads: int, scale: float, window: int, span: int, block_size: int) -> torch.Tensor:  # fmt: skip
-    """`attend`'s launch of the kernel, one program per (group, kv head, ROWS of the group's rows x query heads)."""
-    from .triton_attention_kernel import attention, triton  # noqa: PLC0415 - Triton at first use
+    """`attend`'s launch: one program per (group, kv head, ROWS of the group's rows x query heads), or, where the
+    pass's older keys reach past CHUNK positions, one per chunk of those and one merging them."""
+    from .triton_attention_kernel import attention, chunk, merge, triton  # noqa: PLC0415 - Triton at first use
 
     groups, width, heads, size = q.shape
-    group = heads // kv_heads
+    group, parts = heads // kv_heads, triton.cdiv(width * heads // kv_heads, ROWS)
     out = q.new_empty(groups, width, heads * size)
-    attention[(groups, kv_heads, triton.cdiv(width * group, ROWS))](
-        q, keys, values, out, read, older_limit, positions, recent_block, recent_row, recent_position,
-        sinks if sinks is not None else q, scale, window, span, q.stride(0), q.stride(1), q.stride(2),
-        *keys.stride()[:3], *values.stride()[:3], out.stride(0), out.stride(1), read.stride(0), read.stride(1),
-        WIDTH=width, GROUP=group, ROWS=ROWS, SIZE=size,
-        D=max(16, triton.next_power_of_2(size)), BLOCK_SIZE=block_size, TILE=TILE, RECENT=recent_block.shape[-1],
-        WINDOWED=window > 0, SINKS=sinks is not None, num_warps=WARPS,
+    rows = (q, keys, values)
+    strides = (*q.stride()[:3], *keys.stride()[:3], *values.stride()[:3])
+    recent = (recent_block, recent_row, recent_position)
+    shapes = dict(WIDTH=width, GROUP=group, ROWS=ROWS, SIZE=size, D=max(16, triton.next_power_of_2(size)))
+    has_sinks, sinks = sinks is not None, sinks if sinks is not None else q  # q: a pointer never read
+    if span <= CHUNK:
+        attention[(groups, kv_heads, parts)](
+            *rows, out, read, older_limit, positions, *recent, sinks, scale, window, span, *strides, out.stride(0),
+            out.stride(1), read.stride(0), read.stride(1), **shapes, BLOCK_SIZE=block_size, TILE=TILE,
+            RECENT=recent_block.shape[-1], WINDOWED=window > 0, SINKS=has_sinks, num_warps=WARPS,
+        )  # fmt: skip
+        return out
+    chunks = triton.cdiv(span, CHUNK)
+    tops, totals = (q.new_empty(groups * chunks * width * heads, dtype=torch.float32) for _ in range(2))
+    states = q.new_empty(groups * chunks * width * heads, shapes["D"], dtype=torch.float32)
+    chunk[(groups, kv_heads, parts * chunks)](
+        *rows, read, older_limit, positions, tops, totals, states, scale, window, span, chunks, *strides,
+        read.stride(0), read.stride(1), **shapes, BLOCK_SIZE=block_size, TILE=TILE, CHUNK=CHUNK,
+        WINDOWED=window > 0, num_warps=WARPS,
+    )  # fmt: skip
+    merge[(groups, kv_heads, parts)](
+        *rows, out, older_limit, positions, *recent, tops, totals, states, sinks, scale, window, span, chunks,
+        *strides, out.stride(0), out.stride(1), **shapes, CHUNK=CHUNK, RECENT=recent_block.shape[-1],
+        WINDOWED=window > 0, SINKS=has_sinks, num_warps=WARPS,
     )  # fmt: skip
     return out
 
@@ -123,24 +153,26 @@ def usable(device: str, dtype: torch.dtype = torch.float32, sizes: tuple[int, ..
     if not available():
         return False
     try:
-        return all(_agrees(torch.device(device), dtype, size) for size in sizes)
+        # a pass of one chunk of older keys, and one that splits them (a group reaching past CHUNK)
+        return all(_agrees(torch.device(device), dtype, size, far) for size in sizes for far in (900, CHUNK + 900))
     except Exception:  # any failure to compile or launch: the written-out attention, for every pass
         log.warning("the fused shaped attention does not run on %s; shaped passes write attention out", device,
                     exc_info=True)  # fmt: skip
         return False
 
 
-def _agrees(device: torch.device, dtype: torch.dtype, size: int) -> bool:
+def _agrees(device: torch.device, dtype: torch.dtype, size: int, far: int) -> bool:
     class Layer:
         num_kv_heads, scale, window, softcap, sinks = 2, size**-0.5, 0, None, None
 
     gen = torch.Generator().manual_seed(0)
-    groups, width, heads, block_size, span, recent = 2, 2, 4, 16, 1024, 16
+    groups, width, heads, block_size, recent = 2, 2, 4, 16, 16
+    span = -(-far // CHUNK) * CHUNK
     keys, values = (torch.randn(2 * span // block_size, 2, block_size, size, generator=gen).to(device, dtype)
                     for _ in range(2))  # fmt: skip
     q = torch.randn(groups, width, heads, size, generator=gen).to(device, dtype)
     read = torch.arange(keys.shape[0], device=device).view(groups, -1)
-    positions = torch.tensor([[40, 41], [900, 901]], device=device)
+    positions = torch.tensor([[40, 41], [far, far + 1]], device=device)
     recent_position = positions[..., None] + torch.arange(1 - recent, 1, device=device)
     recent_block = read.gather(1, (recent_position // block_size).flatten(1)).view_as(recent_position)
     got = attend(Layer(), q, keys, values, read=read, older_limit=positions - recent + 1, positions=positions,

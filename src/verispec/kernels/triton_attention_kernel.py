@@ -1,5 +1,10 @@
-"""The Triton source of kernels/triton_attention.py's kernel (imported at its first use: Triton is there only in
-PyTorch's CUDA builds, and takes a moment to import). What it computes and the rule it keeps: triton_attention.py."""
+"""The Triton source of kernels/triton_attention.py's kernels (imported at their first use: Triton is there only in
+PyTorch's CUDA builds, and takes a moment to import). What they compute and the rule they keep: triton_attention.py.
+
+`attention` walks all of a program's older keys; past the first CHUNK positions `chunk` and `merge` split them: one
+program per CHUNK positions (a chunk's running state from scratch), then one merging the chunks' states in position
+order. A row whose older keys fit in one chunk gets the same bits either way (its one state merged into the empty one:
+products by exactly 0 and 1), and a row reaching further is only ever in passes that split."""
 
 import triton
 import triton.language as tl
@@ -14,8 +19,80 @@ def attention(q_ptr, k_ptr, v_ptr, out_ptr, read_ptr, limit_ptr, pos_ptr, rblock
               WIDTH: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr, SIZE: tl.constexpr,
               D: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, RECENT: tl.constexpr,
               WINDOWED: tl.constexpr, SINKS: tl.constexpr):  # fmt: skip
+    """One program: ROWS of group g's (row, query head) pairs for kv head `kv`, over all their keys."""
     g, kv, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    r = part * ROWS + tl.arange(0, ROWS)  # row r: the group's row r // GROUP, the kv head's query head r % GROUP
+    real, w, head, d, in_size, q, limit, position = _rows(q_ptr, limit_ptr, pos_ptr, scale, g, kv, part, q_g, q_w, q_h,
+                                                          WIDTH, GROUP, ROWS, SIZE, D)  # fmt: skip
+    first, reach = _tiles(limit, position, window, span, TILE, WINDOWED)
+    top, total, out = _older(q=q, keys=k_ptr + kv * k_h, values=v_ptr + kv * v_h, read=read_ptr + g * read_g,
+                             read_w=read_w, k_b=k_b, k_r=k_r, v_b=v_b, v_r=v_r, limit=limit, position=position,
+                             window=window, first=first, reach=reach, d=d, in_size=in_size, ROWS=ROWS, D=D,
+                             BLOCK_SIZE=BLOCK_SIZE, TILE=TILE, WINDOWED=WINDOWED)  # fmt: skip
+    _finish(q, k_ptr, v_ptr, out_ptr, rblock_ptr, rrow_ptr, rpos_ptr, sinks_ptr, window, g, kv, w, head, real,
+            position, d, in_size, top, total, out, k_b, k_h, k_r, v_b, v_h, v_r, o_g, o_w, WIDTH, SIZE, RECENT,
+            WINDOWED, SINKS)  # fmt: skip
+
+
+@triton.jit
+def chunk(q_ptr, k_ptr, v_ptr, read_ptr, limit_ptr, pos_ptr, top_ptr, total_ptr, state_ptr, scale, window, span,
+          chunks, q_g, q_w, q_h, k_b, k_h, k_r, v_b, v_h, v_r, read_g, read_w,
+          WIDTH: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr, SIZE: tl.constexpr, D: tl.constexpr,
+          BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, CHUNK: tl.constexpr, WINDOWED: tl.constexpr):  # fmt: skip
+    """One program: `attention`'s rows over the older keys of chunk c alone (positions c x CHUNK up to the next
+    chunk's), from an empty state; stores the state (maximum, sum, output) for `merge`."""
+    g, kv, at = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    part, c = at // chunks, at % chunks
+    real, w, head, d, in_size, q, limit, position = _rows(q_ptr, limit_ptr, pos_ptr, scale, g, kv, part, q_g, q_w, q_h,
+                                                          WIDTH, GROUP, ROWS, SIZE, D)  # fmt: skip
+    first, reach = _tiles(limit, position, window, span, TILE, WINDOWED)
+    per = CHUNK // TILE
+    top, total, out = _older(q=q, keys=k_ptr + kv * k_h, values=v_ptr + kv * v_h, read=read_ptr + g * read_g,
+                             read_w=read_w, k_b=k_b, k_r=k_r, v_b=v_b, v_r=v_r, limit=limit, position=position,
+                             window=window, first=tl.maximum(first, c * per), reach=tl.minimum(reach, (c + 1) * per),
+                             d=d, in_size=in_size, ROWS=ROWS, D=D, BLOCK_SIZE=BLOCK_SIZE, TILE=TILE,
+                             WINDOWED=WINDOWED)  # fmt: skip
+    at_state = ((g * chunks + c) * WIDTH + w) * (tl.num_programs(1) * GROUP) + head  # [groups, chunks, width, heads]
+    tl.store(top_ptr + at_state, top, mask=real)
+    tl.store(total_ptr + at_state, total, mask=real)
+    tl.store(state_ptr + at_state[:, None] * D + d[None, :], out, mask=real[:, None])
+
+
+@triton.jit
+def merge(q_ptr, k_ptr, v_ptr, out_ptr, limit_ptr, pos_ptr, rblock_ptr, rrow_ptr, rpos_ptr, top_ptr, total_ptr,
+          state_ptr, sinks_ptr, scale, window, span, chunks,
+          q_g, q_w, q_h, k_b, k_h, k_r, v_b, v_h, v_r, o_g, o_w,
+          WIDTH: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr, SIZE: tl.constexpr, D: tl.constexpr,
+          CHUNK: tl.constexpr, RECENT: tl.constexpr, WINDOWED: tl.constexpr, SINKS: tl.constexpr):  # fmt: skip
+    """One program: `attention`'s rows, their chunks' states merged in position order (as far as a row of the program
+    reaches), then their recent keys."""
+    g, kv, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    real, w, head, d, in_size, q, limit, position = _rows(q_ptr, limit_ptr, pos_ptr, scale, g, kv, part, q_g, q_w, q_h,
+                                                          WIDTH, GROUP, ROWS, SIZE, D)  # fmt: skip
+    top = tl.full([ROWS], float("-inf"), tl.float32)
+    total = tl.zeros([ROWS], tl.float32)
+    out = tl.zeros([ROWS, D], tl.float32)
+    for c in range(0, tl.cdiv(tl.minimum(tl.max(limit, 0), span), CHUNK)):
+        at_state = ((g * chunks + c) * WIDTH + w) * (tl.num_programs(1) * GROUP) + head
+        chunk_top = tl.load(top_ptr + at_state, mask=real, other=float("-inf"))
+        chunk_total = tl.load(total_ptr + at_state, mask=real, other=0.0)
+        chunk_out = tl.load(state_ptr + at_state[:, None] * D + d[None, :], mask=real[:, None], other=0.0)
+        new_top = tl.maximum(top, chunk_top)
+        shift = tl.maximum(new_top, LEAST)
+        kept, taken = tl.exp(top - shift), tl.exp(chunk_top - shift)
+        total = total * kept + chunk_total * taken
+        out = out * kept[:, None] + chunk_out * taken[:, None]
+        top = new_top
+    _finish(q, k_ptr, v_ptr, out_ptr, rblock_ptr, rrow_ptr, rpos_ptr, sinks_ptr, window, g, kv, w, head, real,
+            position, d, in_size, top, total, out, k_b, k_h, k_r, v_b, v_h, v_r, o_g, o_w, WIDTH, SIZE, RECENT,
+            WINDOWED, SINKS)  # fmt: skip
+
+
+@triton.jit
+def _rows(q_ptr, limit_ptr, pos_ptr, scale, g, kv, part, q_g, q_w, q_h, WIDTH: tl.constexpr, GROUP: tl.constexpr,
+          ROWS: tl.constexpr, SIZE: tl.constexpr, D: tl.constexpr):  # fmt: skip
+    """A program's rows: pair r is the group's row r // GROUP, the kv head's query head r % GROUP; their scaled
+    queries (float32), the limits of their older keys (positions below) and their positions."""
+    r = part * ROWS + tl.arange(0, ROWS)
     real = r < WIDTH * GROUP
     w = tl.where(real, r // GROUP, 0)
     head = kv * GROUP + r % GROUP
@@ -23,23 +100,32 @@ def attention(q_ptr, k_ptr, v_ptr, out_ptr, read_ptr, limit_ptr, pos_ptr, rblock
     in_size = d < SIZE
     q = tl.load(q_ptr + g * q_g + w[:, None] * q_w + head[:, None] * q_h + d[None, :],
                 mask=real[:, None] & in_size[None, :], other=0.0).to(tl.float32) * scale  # fmt: skip
-    limit = tl.load(limit_ptr + g * WIDTH + w, mask=real, other=0)  # older keys: positions below the limit
+    limit = tl.load(limit_ptr + g * WIDTH + w, mask=real, other=0)
     position = tl.load(pos_ptr + g * WIDTH + w, mask=real, other=0)
-    keys, values = k_ptr + kv * k_h, v_ptr + kv * v_h  # this kv head's pools
-    # the tiles some row of the program reaches: the others leave every row's state as it is (skipped)
+    return real, w, head, d, in_size, q, limit, position
+
+
+@triton.jit
+def _tiles(limit, position, window, span, TILE: tl.constexpr, WINDOWED: tl.constexpr):
+    """The older keys' tiles some row of the program sees: from `first` (the tile of the first key the earliest row
+    reading older keys sees in its window) up to `reach`. The others leave every row's state as it is (skipped)."""
     reach = tl.cdiv(tl.minimum(tl.max(limit, 0), span), TILE)
     first = 0
-    if WINDOWED:  # from the tile of the first key the earliest row reading older keys sees
+    if WINDOWED:
         first = tl.maximum(tl.min(tl.where(limit > 0, position, 1 << 30), 0) - window + 1, 0) // TILE
-    top, total, out = _older(q=q, keys=keys, values=values, read=read_ptr + g * read_g, read_w=read_w, k_b=k_b,
-                             k_r=k_r, v_b=v_b, v_r=v_r, limit=limit, position=position, window=window, first=first,
-                             reach=reach, d=d, in_size=in_size, ROWS=ROWS, D=D, BLOCK_SIZE=BLOCK_SIZE, TILE=TILE,
-                             WINDOWED=WINDOWED)  # fmt: skip
+    return first, reach
+
+
+@triton.jit
+def _finish(q, k_ptr, v_ptr, out_ptr, rblock_ptr, rrow_ptr, rpos_ptr, sinks_ptr, window, g, kv, w, head, real,
+            position, d, in_size, top, total, out, k_b, k_h, k_r, v_b, v_h, v_r, o_g, o_w, WIDTH: tl.constexpr,
+            SIZE: tl.constexpr, RECENT: tl.constexpr, WINDOWED: tl.constexpr, SINKS: tl.constexpr):  # fmt: skip
+    """The rows' recent keys after their older ones, the sinks' shares, the normalised output stored."""
     recent = (g * WIDTH + w) * RECENT  # the row's RECENT addresses
-    top, total, out = _recent(q=q, keys=keys, values=values, blocks=rblock_ptr + recent, rows=rrow_ptr + recent,
-                              positions=rpos_ptr + recent, real=real, position=position, window=window, k_b=k_b,
-                              k_r=k_r, v_b=v_b, v_r=v_r, d=d, in_size=in_size, top=top, total=total, out=out,
-                              RECENT=RECENT, WINDOWED=WINDOWED)  # fmt: skip
+    top, total, out = _recent(q=q, keys=k_ptr + kv * k_h, values=v_ptr + kv * v_h, blocks=rblock_ptr + recent,
+                              rows=rrow_ptr + recent, positions=rpos_ptr + recent, real=real, position=position,
+                              window=window, k_b=k_b, k_r=k_r, v_b=v_b, v_r=v_r, d=d, in_size=in_size, top=top,
+                              total=total, out=out, RECENT=RECENT, WINDOWED=WINDOWED)  # fmt: skip
     if SINKS:  # a sink logit per head takes its share of the softmax, with no value
         total = total + tl.exp(tl.load(sinks_ptr + head).to(tl.float32) - top)
     out = out / tl.where(real, total, 1.0)[:, None]  # rows past the group's: no keys, not stored
