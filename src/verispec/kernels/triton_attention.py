@@ -108,7 +108,8 @@ def shaped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     from .triton_attention_kernel import attention, chunk, merge, triton  # noqa: PLC0415 - Triton at first use
 
     groups, width, heads, size = q.shape
-    group, parts = heads // kv_heads, triton.cdiv(width * heads // kv_heads, ROWS)
+    group = heads // kv_heads
+    parts = triton.cdiv(width * group, ROWS)
     out = q.new_empty(groups, width, heads * size)
     rows = (q, keys, values)
     strides = (*q.stride()[:3], *keys.stride()[:3], *values.stride()[:3])

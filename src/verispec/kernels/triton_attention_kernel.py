@@ -21,16 +21,20 @@ def attention(q_ptr, k_ptr, v_ptr, out_ptr, read_ptr, limit_ptr, pos_ptr, rblock
               WINDOWED: tl.constexpr, SINKS: tl.constexpr):  # fmt: skip
     """One program: ROWS of group g's (row, query head) pairs for kv head `kv`, over all their keys."""
     g, kv, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    real, w, head, d, in_size, q, limit, position = _rows(q_ptr, limit_ptr, pos_ptr, scale, g, kv, part, q_g, q_w, q_h,
-                                                          WIDTH, GROUP, ROWS, SIZE, D)  # fmt: skip
-    first, reach = _tiles(limit, position, window, span, TILE, WINDOWED)
+    real, w, head, d, in_size, q, limit, position = _rows(q_ptr=q_ptr, limit_ptr=limit_ptr, pos_ptr=pos_ptr,
+                                                          scale=scale, g=g, kv=kv, part=part, q_g=q_g, q_w=q_w,
+                                                          q_h=q_h, WIDTH=WIDTH, GROUP=GROUP, ROWS=ROWS, SIZE=SIZE,
+                                                          D=D)  # fmt: skip
+    first, reach = _tiles(limit=limit, position=position, window=window, span=span, TILE=TILE, WINDOWED=WINDOWED)
     top, total, out = _older(q=q, keys=k_ptr + kv * k_h, values=v_ptr + kv * v_h, read=read_ptr + g * read_g,
                              read_w=read_w, k_b=k_b, k_r=k_r, v_b=v_b, v_r=v_r, limit=limit, position=position,
                              window=window, first=first, reach=reach, d=d, in_size=in_size, ROWS=ROWS, D=D,
                              BLOCK_SIZE=BLOCK_SIZE, TILE=TILE, WINDOWED=WINDOWED)  # fmt: skip
-    _finish(q, k_ptr, v_ptr, out_ptr, rblock_ptr, rrow_ptr, rpos_ptr, sinks_ptr, window, g, kv, w, head, real,
-            position, d, in_size, top, total, out, k_b, k_h, k_r, v_b, v_h, v_r, o_g, o_w, WIDTH, SIZE, RECENT,
-            WINDOWED, SINKS)  # fmt: skip
+    _finish(q=q, k_ptr=k_ptr, v_ptr=v_ptr, out_ptr=out_ptr, rblock_ptr=rblock_ptr, rrow_ptr=rrow_ptr,
+            rpos_ptr=rpos_ptr, sinks_ptr=sinks_ptr, window=window, g=g, kv=kv, w=w, head=head, real=real,
+            position=position, d=d, in_size=in_size, top=top, total=total, out=out, k_b=k_b, k_h=k_h, k_r=k_r,
+            v_b=v_b, v_h=v_h, v_r=v_r, o_g=o_g, o_w=o_w, WIDTH=WIDTH, SIZE=SIZE, RECENT=RECENT, WINDOWED=WINDOWED,
+            SINKS=SINKS)  # fmt: skip
 
 
 @triton.jit
@@ -42,9 +46,11 @@ def chunk(q_ptr, k_ptr, v_ptr, read_ptr, limit_ptr, pos_ptr, top_ptr, total_ptr,
     chunk's), from an empty state; stores the state (maximum, sum, output) for `merge`."""
     g, kv, at = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     part, c = at // chunks, at % chunks
-    real, w, head, d, in_size, q, limit, position = _rows(q_ptr, limit_ptr, pos_ptr, scale, g, kv, part, q_g, q_w, q_h,
-                                                          WIDTH, GROUP, ROWS, SIZE, D)  # fmt: skip
-    first, reach = _tiles(limit, position, window, span, TILE, WINDOWED)
+    real, w, head, d, in_size, q, limit, position = _rows(q_ptr=q_ptr, limit_ptr=limit_ptr, pos_ptr=pos_ptr,
+                                                          scale=scale, g=g, kv=kv, part=part, q_g=q_g, q_w=q_w,
+                                                          q_h=q_h, WIDTH=WIDTH, GROUP=GROUP, ROWS=ROWS, SIZE=SIZE,
+                                                          D=D)  # fmt: skip
+    first, reach = _tiles(limit=limit, position=position, window=window, span=span, TILE=TILE, WINDOWED=WINDOWED)
     per = CHUNK // TILE
     top, total, out = _older(q=q, keys=k_ptr + kv * k_h, values=v_ptr + kv * v_h, read=read_ptr + g * read_g,
                              read_w=read_w, k_b=k_b, k_r=k_r, v_b=v_b, v_r=v_r, limit=limit, position=position,
@@ -66,8 +72,10 @@ def merge(q_ptr, k_ptr, v_ptr, out_ptr, limit_ptr, pos_ptr, rblock_ptr, rrow_ptr
     """One program: `attention`'s rows, their chunks' states merged in position order (as far as a row of the program
     reaches), then their recent keys."""
     g, kv, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    real, w, head, d, in_size, q, limit, position = _rows(q_ptr, limit_ptr, pos_ptr, scale, g, kv, part, q_g, q_w, q_h,
-                                                          WIDTH, GROUP, ROWS, SIZE, D)  # fmt: skip
+    real, w, head, d, in_size, q, limit, position = _rows(q_ptr=q_ptr, limit_ptr=limit_ptr, pos_ptr=pos_ptr,
+                                                          scale=scale, g=g, kv=kv, part=part, q_g=q_g, q_w=q_w,
+                                                          q_h=q_h, WIDTH=WIDTH, GROUP=GROUP, ROWS=ROWS, SIZE=SIZE,
+                                                          D=D)  # fmt: skip
     top = tl.full([ROWS], float("-inf"), tl.float32)
     total = tl.zeros([ROWS], tl.float32)
     out = tl.zeros([ROWS, D], tl.float32)
@@ -82,9 +90,11 @@ def merge(q_ptr, k_ptr, v_ptr, out_ptr, limit_ptr, pos_ptr, rblock_ptr, rrow_ptr
         total = total * kept + chunk_total * taken
         out = out * kept[:, None] + chunk_out * taken[:, None]
         top = new_top
-    _finish(q, k_ptr, v_ptr, out_ptr, rblock_ptr, rrow_ptr, rpos_ptr, sinks_ptr, window, g, kv, w, head, real,
-            position, d, in_size, top, total, out, k_b, k_h, k_r, v_b, v_h, v_r, o_g, o_w, WIDTH, SIZE, RECENT,
-            WINDOWED, SINKS)  # fmt: skip
+    _finish(q=q, k_ptr=k_ptr, v_ptr=v_ptr, out_ptr=out_ptr, rblock_ptr=rblock_ptr, rrow_ptr=rrow_ptr,
+            rpos_ptr=rpos_ptr, sinks_ptr=sinks_ptr, window=window, g=g, kv=kv, w=w, head=head, real=real,
+            position=position, d=d, in_size=in_size, top=top, total=total, out=out, k_b=k_b, k_h=k_h, k_r=k_r,
+            v_b=v_b, v_h=v_h, v_r=v_r, o_g=o_g, o_w=o_w, WIDTH=WIDTH, SIZE=SIZE, RECENT=RECENT, WINDOWED=WINDOWED,
+            SINKS=SINKS)  # fmt: skip
 
 
 @triton.jit
