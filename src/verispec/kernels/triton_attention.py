@@ -103,38 +103,33 @@ def shaped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
                      older_limit: torch.Tensor, positions: torch.Tensor, recent_block: torch.Tensor,
                      recent_row: torch.Tensor, recent_position: torch.Tensor, sinks: torch.Tensor | None,
                      kv_heads: int, scale: float, window: int, span: int, block_size: int) -> torch.Tensor:  # fmt: skip
-    """`attend`'s launch: one program per (group, kv head, ROWS of the group's rows x query heads), or, where the
-    pass's older keys reach past CHUNK positions, one per chunk of those and one merging them."""
-    from .triton_attention_kernel import attention, chunk, merge, triton  # noqa: PLC0415 - Triton at first use
+    """`attend`'s launch: one program per (group, kv head, ROWS of the group's rows x query heads); where the pass's
+    older keys reach past CHUNK positions, one per chunk of those before, whose states those programs merge."""
+    from .triton_attention_kernel import attention, chunk, triton  # noqa: PLC0415 - Triton at first use
 
     groups, width, heads, size = q.shape
     group = heads // kv_heads
     parts = triton.cdiv(width * group, ROWS)
     out = q.new_empty(groups, width, heads * size)
-    rows = (q, keys, values)
     strides = (*q.stride()[:3], *keys.stride()[:3], *values.stride()[:3])
-    recent = (recent_block, recent_row, recent_position)
-    shapes = dict(WIDTH=width, GROUP=group, ROWS=ROWS, SIZE=size, D=max(16, triton.next_power_of_2(size)))
-    has_sinks, sinks = sinks is not None, sinks if sinks is not None else q  # q: a pointer never read
-    if span <= CHUNK:
-        attention[(groups, kv_heads, parts)](
-            *rows, out, read, older_limit, positions, *recent, sinks, scale, window, span, *strides, out.stride(0),
-            out.stride(1), read.stride(0), read.stride(1), **shapes, BLOCK_SIZE=block_size, TILE=TILE,
-            RECENT=recent_block.shape[-1], WINDOWED=window > 0, SINKS=has_sinks, num_warps=WARPS,
+    shapes = dict(WIDTH=width, GROUP=group, ROWS=ROWS, SIZE=size, D=max(16, triton.next_power_of_2(size)),
+                  TILE=TILE, CHUNK=CHUNK, WINDOWED=window > 0)  # fmt: skip
+    split = span > CHUNK
+    chunks = triton.cdiv(span, CHUNK) if split else 1
+    # the chunks' states: (maximum, sum) and output per (group, chunk, row, query head), in float32
+    tops, totals = (q.new_empty(groups * chunks * width * heads if split else 1, dtype=torch.float32)
+                    for _ in range(2))  # fmt: skip
+    states = q.new_empty(tops.shape[0], shapes["D"] if split else 1, dtype=torch.float32)
+    if split:
+        chunk[(groups, kv_heads, parts * chunks)](
+            q, keys, values, read, older_limit, positions, tops, totals, states, scale, window, span, chunks,
+            *strides, read.stride(0), read.stride(1), **shapes, BLOCK_SIZE=block_size, num_warps=WARPS,
         )  # fmt: skip
-        return out
-    chunks = triton.cdiv(span, CHUNK)
-    tops, totals = (q.new_empty(groups * chunks * width * heads, dtype=torch.float32) for _ in range(2))
-    states = q.new_empty(groups * chunks * width * heads, shapes["D"], dtype=torch.float32)
-    chunk[(groups, kv_heads, parts * chunks)](
-        *rows, read, older_limit, positions, tops, totals, states, scale, window, span, chunks, *strides,
-        read.stride(0), read.stride(1), **shapes, BLOCK_SIZE=block_size, TILE=TILE, CHUNK=CHUNK,
-        WINDOWED=window > 0, num_warps=WARPS,
-    )  # fmt: skip
-    merge[(groups, kv_heads, parts)](
-        *rows, out, older_limit, positions, *recent, tops, totals, states, sinks, scale, window, span, chunks,
-        *strides, out.stride(0), out.stride(1), **shapes, CHUNK=CHUNK, RECENT=recent_block.shape[-1],
-        WINDOWED=window > 0, SINKS=has_sinks, num_warps=WARPS,
+    attention[(groups, kv_heads, parts)](
+        q, keys, values, out, read, older_limit, positions, recent_block, recent_row, recent_position, tops, totals,
+        states, sinks if sinks is not None else q, scale, window, span, chunks, *strides, out.stride(0),
+        out.stride(1), read.stride(0), read.stride(1), **shapes, BLOCK_SIZE=block_size,
+        RECENT=recent_block.shape[-1], SINKS=sinks is not None, SPLIT=split, num_warps=WARPS,
     )  # fmt: skip
     return out
 

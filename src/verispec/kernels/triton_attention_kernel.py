@@ -1,10 +1,11 @@
 """The Triton source of kernels/triton_attention.py's kernels (imported at their first use: Triton is there only in
 PyTorch's CUDA builds, and takes a moment to import). What they compute and the rule they keep: triton_attention.py.
 
-`attention` walks all of a program's older keys; past the first CHUNK positions `chunk` and `merge` split them: one
-program per CHUNK positions (a chunk's running state from scratch), then one merging the chunks' states in position
-order. A row whose older keys fit in one chunk gets the same bits either way (its one state merged into the empty one:
-products by exactly 0 and 1), and a row reaching further is only ever in passes that split."""
+`attention` walks all of a program's older keys; past the first CHUNK positions (SPLIT) `chunk` splits them, one
+program per CHUNK positions computing a chunk's running state from scratch, and `attention` merges the chunks' states
+in position order instead of walking. A row whose older keys fit in one chunk gets the same bits either way (its one
+state merged into the empty one: products by exactly 0 and 1), and a row reaching further is only ever in passes that
+split."""
 
 import triton
 import triton.language as tl
@@ -14,27 +15,39 @@ LEAST = tl.constexpr(-3.4028234663852886e38)  # float32's least finite number
 
 @triton.jit
 def attention(q_ptr, k_ptr, v_ptr, out_ptr, read_ptr, limit_ptr, pos_ptr, rblock_ptr, rrow_ptr, rpos_ptr,
-              sinks_ptr, scale, window, span,
+              top_ptr, total_ptr, state_ptr, sinks_ptr, scale, window, span, chunks,
               q_g, q_w, q_h, k_b, k_h, k_r, v_b, v_h, v_r, o_g, o_w, read_g, read_w,
               WIDTH: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr, SIZE: tl.constexpr,
-              D: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, RECENT: tl.constexpr,
-              WINDOWED: tl.constexpr, SINKS: tl.constexpr):  # fmt: skip
-    """One program: ROWS of group g's (row, query head) pairs for kv head `kv`, over all their keys."""
+              D: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, CHUNK: tl.constexpr,
+              RECENT: tl.constexpr, WINDOWED: tl.constexpr, SINKS: tl.constexpr, SPLIT: tl.constexpr):  # fmt: skip
+    """One program: ROWS of group g's (row, query head) pairs for kv head `kv`, over all their keys: the older ones
+    walked here, or (SPLIT) their `chunks` chunks' states merged; then the recent ones."""
     g, kv, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     real, w, head, d, in_size, q, limit, position = _rows(q_ptr=q_ptr, limit_ptr=limit_ptr, pos_ptr=pos_ptr,
                                                           scale=scale, g=g, kv=kv, part=part, q_g=q_g, q_w=q_w,
                                                           q_h=q_h, WIDTH=WIDTH, GROUP=GROUP, ROWS=ROWS, SIZE=SIZE,
                                                           D=D)  # fmt: skip
-    first, reach = _tiles(limit=limit, position=position, window=window, span=span, TILE=TILE, WINDOWED=WINDOWED)
-    top, total, out = _older(q=q, keys=k_ptr + kv * k_h, values=v_ptr + kv * v_h, read=read_ptr + g * read_g,
-                             read_w=read_w, k_b=k_b, k_r=k_r, v_b=v_b, v_r=v_r, limit=limit, position=position,
-                             window=window, first=first, reach=reach, d=d, in_size=in_size, ROWS=ROWS, D=D,
-                             BLOCK_SIZE=BLOCK_SIZE, TILE=TILE, WINDOWED=WINDOWED)  # fmt: skip
-    _finish(q=q, k_ptr=k_ptr, v_ptr=v_ptr, out_ptr=out_ptr, rblock_ptr=rblock_ptr, rrow_ptr=rrow_ptr,
-            rpos_ptr=rpos_ptr, sinks_ptr=sinks_ptr, window=window, g=g, kv=kv, w=w, head=head, real=real,
-            position=position, d=d, in_size=in_size, top=top, total=total, out=out, k_b=k_b, k_h=k_h, k_r=k_r,
-            v_b=v_b, v_h=v_h, v_r=v_r, o_g=o_g, o_w=o_w, WIDTH=WIDTH, SIZE=SIZE, RECENT=RECENT, WINDOWED=WINDOWED,
-            SINKS=SINKS)  # fmt: skip
+    if SPLIT:
+        top, total, out = _merged(top_ptr=top_ptr, total_ptr=total_ptr, state_ptr=state_ptr, chunks=chunks, g=g,
+                                  w=w, head=head, real=real, d=d, limit=limit, span=span, WIDTH=WIDTH, GROUP=GROUP,
+                                  ROWS=ROWS, D=D, CHUNK=CHUNK)  # fmt: skip
+    else:
+        first, reach = _tiles(limit=limit, position=position, window=window, span=span, TILE=TILE,
+                              WINDOWED=WINDOWED)  # fmt: skip
+        top, total, out = _older(q=q, keys=k_ptr + kv * k_h, values=v_ptr + kv * v_h, read=read_ptr + g * read_g,
+                                 read_w=read_w, k_b=k_b, k_r=k_r, v_b=v_b, v_r=v_r, limit=limit, position=position,
+                                 window=window, first=first, reach=reach, d=d, in_size=in_size, ROWS=ROWS, D=D,
+                                 BLOCK_SIZE=BLOCK_SIZE, TILE=TILE, WINDOWED=WINDOWED)  # fmt: skip
+    recent = (g * WIDTH + w) * RECENT  # the row's RECENT addresses
+    top, total, out = _recent(q=q, keys=k_ptr + kv * k_h, values=v_ptr + kv * v_h, blocks=rblock_ptr + recent,
+                              rows=rrow_ptr + recent, positions=rpos_ptr + recent, real=real, position=position,
+                              window=window, k_b=k_b, k_r=k_r, v_b=v_b, v_r=v_r, d=d, in_size=in_size, top=top,
+                              total=total, out=out, RECENT=RECENT, WINDOWED=WINDOWED)  # fmt: skip
+    if SINKS:  # a sink logit per head takes its share of the softmax, with no value
+        total = total + tl.exp(tl.load(sinks_ptr + head).to(tl.float32) - top)
+    out = out / tl.where(real, total, 1.0)[:, None]  # rows past the group's: no keys, not stored
+    tl.store(out_ptr + g * o_g + w[:, None] * o_w + head[:, None] * SIZE + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=real[:, None] & in_size[None, :])  # fmt: skip
 
 
 @triton.jit
@@ -43,7 +56,7 @@ def chunk(q_ptr, k_ptr, v_ptr, read_ptr, limit_ptr, pos_ptr, top_ptr, total_ptr,
           WIDTH: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr, SIZE: tl.constexpr, D: tl.constexpr,
           BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, CHUNK: tl.constexpr, WINDOWED: tl.constexpr):  # fmt: skip
     """One program: `attention`'s rows over the older keys of chunk c alone (positions c x CHUNK up to the next
-    chunk's), from an empty state; stores the state (maximum, sum, output) for `merge`."""
+    chunk's), from an empty state; stores the state (maximum, sum, output) for `attention` to merge."""
     g, kv, at = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     part, c = at // chunks, at % chunks
     real, w, head, d, in_size, q, limit, position = _rows(q_ptr=q_ptr, limit_ptr=limit_ptr, pos_ptr=pos_ptr,
@@ -64,18 +77,10 @@ def chunk(q_ptr, k_ptr, v_ptr, read_ptr, limit_ptr, pos_ptr, top_ptr, total_ptr,
 
 
 @triton.jit
-def merge(q_ptr, k_ptr, v_ptr, out_ptr, limit_ptr, pos_ptr, rblock_ptr, rrow_ptr, rpos_ptr, top_ptr, total_ptr,
-          state_ptr, sinks_ptr, scale, window, span, chunks,
-          q_g, q_w, q_h, k_b, k_h, k_r, v_b, v_h, v_r, o_g, o_w,
-          WIDTH: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr, SIZE: tl.constexpr, D: tl.constexpr,
-          CHUNK: tl.constexpr, RECENT: tl.constexpr, WINDOWED: tl.constexpr, SINKS: tl.constexpr):  # fmt: skip
-    """One program: `attention`'s rows, their chunks' states merged in position order (as far as a row of the program
-    reaches), then their recent keys."""
-    g, kv, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    real, w, head, d, in_size, q, limit, position = _rows(q_ptr=q_ptr, limit_ptr=limit_ptr, pos_ptr=pos_ptr,
-                                                          scale=scale, g=g, kv=kv, part=part, q_g=q_g, q_w=q_w,
-                                                          q_h=q_h, WIDTH=WIDTH, GROUP=GROUP, ROWS=ROWS, SIZE=SIZE,
-                                                          D=D)  # fmt: skip
+def _merged(top_ptr, total_ptr, state_ptr, chunks, g, w, head, real, d, limit, span, WIDTH: tl.constexpr,
+            GROUP: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr):  # fmt: skip
+    """The running (maximum, sum, output) over the chunks' states `chunk` stored, in position order, as far as a row
+    of the program reaches (a chunk past a row's reach holds the empty state, which leaves its sums as they were)."""
     top = tl.full([ROWS], float("-inf"), tl.float32)
     total = tl.zeros([ROWS], tl.float32)
     out = tl.zeros([ROWS, D], tl.float32)
@@ -90,11 +95,7 @@ def merge(q_ptr, k_ptr, v_ptr, out_ptr, limit_ptr, pos_ptr, rblock_ptr, rrow_ptr
         total = total * kept + chunk_total * taken
         out = out * kept[:, None] + chunk_out * taken[:, None]
         top = new_top
-    _finish(q=q, k_ptr=k_ptr, v_ptr=v_ptr, out_ptr=out_ptr, rblock_ptr=rblock_ptr, rrow_ptr=rrow_ptr,
-            rpos_ptr=rpos_ptr, sinks_ptr=sinks_ptr, window=window, g=g, kv=kv, w=w, head=head, real=real,
-            position=position, d=d, in_size=in_size, top=top, total=total, out=out, k_b=k_b, k_h=k_h, k_r=k_r,
-            v_b=v_b, v_h=v_h, v_r=v_r, o_g=o_g, o_w=o_w, WIDTH=WIDTH, SIZE=SIZE, RECENT=RECENT, WINDOWED=WINDOWED,
-            SINKS=SINKS)  # fmt: skip
+    return top, total, out
 
 
 @triton.jit
@@ -124,23 +125,6 @@ def _tiles(limit, position, window, span, TILE: tl.constexpr, WINDOWED: tl.const
     if WINDOWED:
         first = tl.maximum(tl.min(tl.where(limit > 0, position, 1 << 30), 0) - window + 1, 0) // TILE
     return first, reach
-
-
-@triton.jit
-def _finish(q, k_ptr, v_ptr, out_ptr, rblock_ptr, rrow_ptr, rpos_ptr, sinks_ptr, window, g, kv, w, head, real,
-            position, d, in_size, top, total, out, k_b, k_h, k_r, v_b, v_h, v_r, o_g, o_w, WIDTH: tl.constexpr,
-            SIZE: tl.constexpr, RECENT: tl.constexpr, WINDOWED: tl.constexpr, SINKS: tl.constexpr):  # fmt: skip
-    """The rows' recent keys after their older ones, the sinks' shares, the normalised output stored."""
-    recent = (g * WIDTH + w) * RECENT  # the row's RECENT addresses
-    top, total, out = _recent(q=q, keys=k_ptr + kv * k_h, values=v_ptr + kv * v_h, blocks=rblock_ptr + recent,
-                              rows=rrow_ptr + recent, positions=rpos_ptr + recent, real=real, position=position,
-                              window=window, k_b=k_b, k_r=k_r, v_b=v_b, v_r=v_r, d=d, in_size=in_size, top=top,
-                              total=total, out=out, RECENT=RECENT, WINDOWED=WINDOWED)  # fmt: skip
-    if SINKS:  # a sink logit per head takes its share of the softmax, with no value
-        total = total + tl.exp(tl.load(sinks_ptr + head).to(tl.float32) - top)
-    out = out / tl.where(real, total, 1.0)[:, None]  # rows past the group's: no keys, not stored
-    tl.store(out_ptr + g * o_g + w[:, None] * o_w + head[:, None] * SIZE + d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=real[:, None] & in_size[None, :])  # fmt: skip
 
 
 @triton.jit
